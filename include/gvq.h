@@ -1,0 +1,377 @@
+/*
+ * gvq.h -- the public API of gvq, gradient aggregation for data-parallel training.
+ *
+ * gvq mirrors NCCL: a program written against nccl.h ports by renaming `nccl` to `gvq`
+ * (ncclAllReduce -> gvqAllReduce, ncclFloat32 -> gvqFloat32, ...). The same argument orders,
+ * in-place rules and bootstrap (rank 0 calls gvqGetUniqueId, the program broadcasts the id,
+ * every rank calls gvqCommInitRank) apply.
+ *
+ * Host buffers travel over Open MPI. The host backend is synchronous: a collective returns when
+ * its result is in recvbuff, and the stream argument is accepted and ignored.
+ *
+ * Every call returns a gvqResult_t. Outputs come last and are written only on success. The
+ * function that detects an error logs a WARN line naming what was wrong (see GVQ_DEBUG) and
+ * gvqGetLastError returns that line.
+ *
+ * C99. Thread-safety: calls on different communicators may come from different threads; calls
+ * on one communicator must be serialized by the caller, except gvqCommAbort, which may be called
+ * from any thread to unblock a call in progress.
+ */
+#ifndef GVQ_H_
+#define GVQ_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define GVQ_API
+#elif defined(GVQ_BUILDING_LIBRARY)
+#define GVQ_API __attribute__((visibility("default")))
+#else
+#define GVQ_API
+#endif
+
+#define GVQ_MAJOR 0
+#define GVQ_MINOR 1
+#define GVQ_PATCH 0
+#define GVQ_VERSION_CODE(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define GVQ_VERSION GVQ_VERSION_CODE(GVQ_MAJOR, GVQ_MINOR, GVQ_PATCH)
+
+/* Result codes. The numbering follows NCCL's where the two share a name. */
+typedef enum {
+    gvqSuccess            = 0,
+    gvqUnhandledCudaError = 1,
+    gvqSystemError        = 2,
+    gvqInternalError      = 3,
+    gvqInvalidArgument    = 4,
+    gvqInvalidUsage       = 5,
+    gvqRemoteError        = 6,
+    gvqInProgress         = 7,
+    gvqTimeout            = 8,
+    gvqNumResults         = 9
+} gvqResult_t;
+
+/* Element types. gvqFloat16 is IEEE binary16, gvqBfloat16 is bfloat16; both reduce in fp32. */
+typedef enum {
+    gvqInt8     = 0, gvqChar = 0,
+    gvqUint8    = 1,
+    gvqInt32    = 2, gvqInt = 2,
+    gvqUint32   = 3,
+    gvqInt64    = 4,
+    gvqUint64   = 5,
+    gvqFloat16  = 6, gvqHalf = 6,
+    gvqFloat32  = 7, gvqFloat = 7,
+    gvqFloat64  = 8, gvqDouble = 8,
+    gvqBfloat16 = 9,
+    gvqNumTypes = 10
+} gvqDataType_t;
+
+/* Reductions. gvqAvg sums, then divides once by the number of ranks at the end (integer types
+ * divide with C's truncation). */
+typedef enum {
+    gvqSum    = 0,
+    gvqProd   = 1,
+    gvqMax    = 2,
+    gvqMin    = 3,
+    gvqAvg    = 4,
+    gvqNumOps = 5
+} gvqRedOp_t;
+
+#define GVQ_UNIQUE_ID_BYTES 128
+/* Opaque bootstrap handle made by gvqGetUniqueId on one rank and handed to the others. */
+typedef struct {
+    char internal[GVQ_UNIQUE_ID_BYTES];
+} gvqUniqueId;
+
+/* Communicator handle. */
+typedef struct gvqComm *gvqComm_t;
+
+/* A cudaStream_t for device buffers; ignored (pass NULL) for host buffers. */
+typedef void *gvqStream_t;
+
+#define GVQ_CONFIG_MAGIC     0x67767163u /* 'gvqc' */
+#define GVQ_CONFIG_UNDEF_INT INT32_MIN
+
+/* Versioned communicator configuration. Fill it with GVQ_CONFIG_INITIALIZER and set only the
+ * fields you need; a field left at GVQ_CONFIG_UNDEF_INT takes its value from the environment
+ * (GVQ_TIMEOUT_MS, ...) or its default. New fields are only ever appended. */
+typedef struct {
+    size_t size;       /* sizeof(gvqConfig_t) as the caller compiled it */
+    unsigned int magic;   /* GVQ_CONFIG_MAGIC */
+    unsigned int version; /* GVQ_VERSION the caller compiled against */
+    int blocking;      /* 1: calls return when done (the only mode of the host backend) */
+    int timeoutMs;     /* a transfer that makes no progress this long fails with gvqTimeout;
+                          0 waits forever */
+    int chunkBytes;    /* ring pipeline chunk size in bytes */
+} gvqConfig_t;
+
+#define GVQ_CONFIG_INITIALIZER                                                       \
+    {                                                                                \
+        sizeof(gvqConfig_t), GVQ_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,    \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT                               \
+    }
+
+/* ---------------------------------------------------------------------------------------------
+ * Library and errors
+ * ------------------------------------------------------------------------------------------ */
+
+/* Writes GVQ_VERSION of the library (not of the header) to *version. Returns gvqInvalidArgument
+ * if version is NULL. */
+GVQ_API gvqResult_t gvqGetVersion(int *version);
+
+/* Returns a static string describing result code `result` ("invalid argument", ...). Never NULL. */
+GVQ_API const char *gvqGetErrorString(gvqResult_t result);
+
+/* Returns the text of the last WARN logged by the calling thread (the facts behind the last
+ * error: which argument, which peer, which value), or "" if none. `comm` may be NULL; it is
+ * accepted for NCCL compatibility. The string stays valid until the thread's next gvq call. */
+GVQ_API const char *gvqGetLastError(gvqComm_t comm);
+
+/* ---------------------------------------------------------------------------------------------
+ * Communicators
+ * ------------------------------------------------------------------------------------------ */
+
+/* Creates a bootstrap id. Call it on one rank (the root) and pass the bytes to every rank that
+ * will call gvqCommInitRank with it, e.g. with MPI_Bcast. The calling process listens on a TCP
+ * port (interface from GVQ_SOCKET_IFNAME, else the first non-loopback IPv4 interface) until all
+ * ranks have joined or the timeout passes. Each id serves one gvqCommInitRank round.
+ * Errors: gvqInvalidArgument (NULL), gvqSystemError (no socket could be opened). */
+GVQ_API gvqResult_t gvqGetUniqueId(gvqUniqueId *uniqueId);
+
+/* Creates a communicator of `nranks` ranks in which the caller is `rank`. Blocking and
+ * collective: returns once all nranks processes called it with the same id. The processes must
+ * belong to one MPI job (launched together by mpirun); MPI is initialized with
+ * MPI_THREAD_MULTIPLE if the program did not do so (and finalized at exit).
+ * Errors: gvqInvalidArgument (NULL comm, nranks < 1, rank outside [0, nranks), an id not made by
+ * gvqGetUniqueId), gvqInvalidUsage (ranks disagree on nranks, two ranks claim the same rank,
+ * processes not in one MPI job), gvqTimeout (not every rank joined within the timeout),
+ * gvqSystemError. */
+GVQ_API gvqResult_t gvqCommInitRank(gvqComm_t *comm, int nranks, gvqUniqueId commId, int rank);
+
+/* As gvqCommInitRank, with a configuration (NULL means all defaults). A config whose size,
+ * magic or version is wrong is refused with gvqInvalidArgument. */
+GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUniqueId commId,
+                                          int rank, gvqConfig_t *config);
+
+/* Frees a communicator once its operations are done. Local (not collective); never hangs.
+ * Errors: gvqInvalidArgument (NULL or already destroyed). */
+GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm);
+
+/* Marks the communicator aborted, makes any call blocked on it in another thread return
+ * gvqInvalidUsage ("aborted") promptly, waits for such calls to leave and frees the
+ * communicator. Local; never hangs. Errors: gvqInvalidArgument (NULL or already destroyed). */
+GVQ_API gvqResult_t gvqCommAbort(gvqComm_t comm);
+
+/* Writes the number of ranks to *count. Errors: gvqInvalidArgument. */
+GVQ_API gvqResult_t gvqCommCount(const gvqComm_t comm, int *count);
+
+/* Writes the caller's rank to *rank. Errors: gvqInvalidArgument. */
+GVQ_API gvqResult_t gvqCommUserRank(const gvqComm_t comm, int *rank);
+
+/* Writes to *asyncError the error that broke the communicator (gvqTimeout, gvqRemoteError, ...)
+ * or gvqSuccess if it is healthy. A broken communicator refuses further collectives with that
+ * error; destroy or abort it. Errors: gvqInvalidArgument. */
+GVQ_API gvqResult_t gvqCommGetAsyncError(gvqComm_t comm, gvqResult_t *asyncError);
+
+/* ---------------------------------------------------------------------------------------------
+ * Collectives. NCCL's argument orders and in-place rules. `count` is in elements. With host
+ * buffers each call blocks until done, unless it is inside gvqGroupStart/gvqGroupEnd, where it
+ * is queued and runs at the outermost gvqGroupEnd (buffers must stay valid until then).
+ * Every rank receives bitwise-identical results. Errors common to all: gvqInvalidArgument (NULL
+ * or destroyed comm, NULL buffer with count > 0, bad datatype or op, root out of range),
+ * gvqTimeout / gvqRemoteError (a peer did not answer or failed), gvqInvalidUsage (the
+ * communicator was aborted or is broken).
+ * ------------------------------------------------------------------------------------------ */
+
+/* Reduces `count` elements of every rank's sendbuff with `op` and writes the result to every
+ * rank's recvbuff. In place when sendbuff == recvbuff. */
+GVQ_API gvqResult_t gvqAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                 gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
+                                 gvqStream_t stream);
+
+/* Copies `count` elements of root's sendbuff into every rank's recvbuff. sendbuff is read on
+ * the root only. In place when sendbuff == recvbuff. */
+GVQ_API gvqResult_t gvqBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                                 gvqDataType_t datatype, int root, gvqComm_t comm,
+                                 gvqStream_t stream);
+
+/* NCCL's legacy in-place broadcast: gvqBroadcast(buff, buff, ...). */
+GVQ_API gvqResult_t gvqBcast(void *buff, size_t count, gvqDataType_t datatype, int root,
+                             gvqComm_t comm, gvqStream_t stream);
+
+/* Reduces every rank's sendbuff with `op` into root's recvbuff; recvbuff is only used on the
+ * root (it may be NULL elsewhere). In place when sendbuff == recvbuff. */
+GVQ_API gvqResult_t gvqReduce(const void *sendbuff, void *recvbuff, size_t count,
+                              gvqDataType_t datatype, gvqRedOp_t op, int root, gvqComm_t comm,
+                              gvqStream_t stream);
+
+/* Reduces nranks*recvcount elements of every sendbuff with `op` and leaves block `rank` (the
+ * elements [rank*recvcount, (rank+1)*recvcount)) of the result in that rank's recvbuff.
+ * In place when recvbuff == sendbuff + rank*recvcount*sizeof(element). */
+GVQ_API gvqResult_t gvqReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                     gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
+                                     gvqStream_t stream);
+
+/* Gathers sendcount elements from every rank into every recvbuff, rank r's at
+ * recvbuff + r*sendcount elements. In place when sendbuff == recvbuff + rank*sendcount
+ * elements. */
+GVQ_API gvqResult_t gvqAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                                 gvqDataType_t datatype, gvqComm_t comm, gvqStream_t stream);
+
+/* Sends `count` elements to rank `peer`, which must post a matching gvqRecv (same count and
+ * datatype). Messages between a pair of ranks arrive in the order sent. Outside a group the
+ * call blocks until the message is delivered; put a send and a receive that depend on each
+ * other inside one gvqGroupStart/gvqGroupEnd. */
+GVQ_API gvqResult_t gvqSend(const void *sendbuff, size_t count, gvqDataType_t datatype, int peer,
+                            gvqComm_t comm, gvqStream_t stream);
+
+/* Receives `count` elements from rank `peer` into recvbuff. A message of a different size is
+ * reported as gvqRemoteError. Blocking rules as gvqSend. */
+GVQ_API gvqResult_t gvqRecv(void *recvbuff, size_t count, gvqDataType_t datatype, int peer,
+                            gvqComm_t comm, gvqStream_t stream);
+
+/* Opens a group: the calls that follow on this thread are queued, not run. Groups nest. */
+GVQ_API gvqResult_t gvqGroupStart(void);
+
+/* Closes a group; at the outermost gvqGroupEnd the queued collectives run in call order, then
+ * all queued sends and receives are posted together and completed, so a group may hold a
+ * send and a receive that depend on each other. Returns the first error of the group.
+ * Errors: gvqInvalidUsage (no open group), and any error of the queued calls. */
+GVQ_API gvqResult_t gvqGroupEnd(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Compressed allreduce (GradiVeQ, QSGD). A compressor belongs to one tensor (one layer's
+ * gradient) of one communicator; every rank creates its compressors in the same order with the
+ * same config, and every rank holds bitwise-identical compressor state at all times.
+ *
+ * GradiVeQ schedule per compressor: warm-up (W calls, aggregated with the sampling codec) ->
+ * sampling (T calls; the summed first slice of each reuse group is kept) -> fit (PCA, spread over
+ * the ranks and broadcast) -> compressed (S calls; coefficients summed inside the ring) ->
+ * sampling ... A compressed phase ends early when a majority of ranks see a local compression
+ * loss above the threshold.
+ * ------------------------------------------------------------------------------------------ */
+
+typedef struct gvqCompressor *gvqCompressor_t;
+
+typedef enum {
+    gvqCodecNone     = 0, /* plain ring */
+    gvqCodecGradiveq = 1, /* PCA compression, summed in the compressed domain */
+    gvqCodecQsgd     = 2  /* stochastic quantization; decoded, added, re-encoded at each hop */
+} gvqCodec_t;
+
+typedef enum {
+    gvqPhaseWarmup     = 0,
+    gvqPhaseSample     = 1,
+    gvqPhaseCompressed = 2,
+    gvqPhasePlain      = 3  /* codec none, or QSGD alone: no schedule */
+} gvqCompressorPhase_t;
+
+#define GVQ_COMPRESSOR_CONFIG_MAGIC 0x67767178u /* 'gvqx' */
+
+/* Versioned compressor configuration. Fill it with GVQ_COMPRESSOR_CONFIG_INITIALIZER; every
+ * field left at GVQ_CONFIG_UNDEF_INT (or a float left at -1) takes the default in brackets. */
+typedef struct {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int codec;           /* gvqCodec_t [gvqCodecGradiveq] */
+    int filters;         /* K of a conv layer [K][D][H][W]; with depth/height/width. All four
+                            unset: a flat tensor (K = 1). K*D*H*W must equal the count. */
+    int depth, height, width;
+    int sliceSize;       /* L, a multiple of K [the smallest multiple of K >= 256, at most the
+                            count] */
+    int reuse;           /* C, slices per compressor [all slices of the tensor: one compressor] */
+    float lossThreshold; /* eps in (0, 1) [0.01] */
+    int warmupIters;     /* W [0] */
+    int sampleIters;     /* T [100] */
+    int compressedIters; /* S [400] */
+    int sampleCodec;     /* codec during warm-up and sampling: gvqCodecNone or gvqCodecQsgd [None] */
+    int qsgdBits;        /* 2, 4 or 8 [4] */
+    int qsgdBucket;      /* values per QSGD bucket [512] */
+    int qsgdMaxNorm;     /* 1: scale buckets by the max norm, 0: by the L2 norm [1] */
+    int wireType;        /* GradiVeQ coefficients on the wire: gvqFloat32 or gvqFloat16 [Float32] */
+    int errorFeedback;   /* 1: add what compression dropped to the next call's gradient [0] */
+    int maxDims;         /* cap on d [L] */
+    int seed;            /* QSGD random seed [0] */
+} gvqCompressorConfig_t;
+
+#define GVQ_COMPRESSOR_CONFIG_INITIALIZER                                                     \
+    {                                                                                         \
+        sizeof(gvqCompressorConfig_t), GVQ_COMPRESSOR_CONFIG_MAGIC, GVQ_VERSION,              \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
+            GVQ_CONFIG_UNDEF_INT, -1.0f, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,          \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT                  \
+    }
+
+/* What a compressor is doing and has done. */
+typedef struct {
+    int codec;             /* gvqCodec_t */
+    int phase;             /* gvqCompressorPhase_t */
+    long long iteration;   /* calls so far */
+    long long phaseIter;   /* calls in the current phase */
+    int dims;              /* d of the current compressor (0 before the first fit) */
+    int sliceSize;         /* L */
+    int groups;            /* compressors of the tensor (reuse groups) */
+    double ratio;          /* uncompressed / wire bytes of the compressed phase (QSGD: of every call) */
+    double lastLoss;       /* this rank's last local compression loss ||x - x_hat|| / ||x|| */
+    double keptEnergy;     /* share of the sample variance the last fit kept */
+    long long fits;        /* successful fits */
+    long long fitsRefused; /* fits refused (non-finite samples) */
+    long long earlyExits;  /* compressed phases ended by the vote */
+    double fitSeconds;     /* wall time of the last fit on this rank (eigen-solves + broadcast) */
+    unsigned long long wireBytes; /* bytes this rank sent for this tensor, all calls */
+    unsigned long long rawBytes;  /* what a plain fp32 ring would send per rank for the same calls:
+                                     2(n-1)/n of the tensor per call, a per-rank average */
+    char reason[160];      /* why the tensor is not compressed right now, or "" */
+} gvqCompressorStats_t;
+
+/* Creates a compressor for a tensor of `count` floats. Collective in the sense that every rank
+ * must create its compressors in the same order with the same config (no communication now).
+ * Errors: gvqInvalidArgument with a WARN naming the field (L not a multiple of K, shape not
+ * matching count, eps outside (0,1), d cap > L, unknown codec, QSGD bits not 2/4/8, ...). */
+GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
+                                        const gvqCompressorConfig_t *config,
+                                        gvqCompressor_t *compressor);
+
+/* Frees a compressor. Local. */
+GVQ_API gvqResult_t gvqCompressorDestroy(gvqCompressor_t compressor);
+
+/* Copies the compressor's statistics to *stats. */
+GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t compressor, gvqCompressorStats_t *stats);
+
+/* Allreduce of `count` gvqFloat32 values through the compressor (op gvqSum or gvqAvg). The
+ * result is the exact sum during warm-up and sampling with codec none, an approximation
+ * otherwise, and bitwise identical on every rank. In place when sendbuff == recvbuff. Not
+ * allowed inside a group. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count, type or
+ * op the compressor was not made for, gvqInvalidUsage inside a group. */
+GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
+                                           gvqDataType_t datatype, gvqRedOp_t op,
+                                           gvqCompressor_t compressor, gvqComm_t comm,
+                                           gvqStream_t stream);
+
+/* Writes the compressor's state (phase, counters, samples, U, Z, d, residuals) to buf. With
+ * buf NULL, writes the size needed to *size and nothing else. Errors: gvqInvalidArgument
+ * (buffer too small: *size then holds the size needed). */
+GVQ_API gvqResult_t gvqCompressorSave(gvqCompressor_t compressor, void *buf, size_t *size);
+
+/* Restores a state written by gvqCompressorSave into a compressor created with the same count
+ * and config, so a restarted job continues exactly. Errors: gvqInvalidArgument (not a saved
+ * state, or one of another shape or config). */
+GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t compressor, const void *buf, size_t size);
+
+/* The same, to and from a file. Errors: gvqSystemError (I/O), as above otherwise. */
+GVQ_API gvqResult_t gvqCompressorSaveFile(gvqCompressor_t compressor, const char *path);
+GVQ_API gvqResult_t gvqCompressorLoadFile(gvqCompressor_t compressor, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GVQ_H_ */

@@ -1,0 +1,363 @@
+/*
+ * comm.c -- communicators: creation (bootstrap + MPI, or in-process for tests), the registry of
+ * live communicators that lets argument checks refuse a destroyed one, destroy and abort.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "gvq_comm.h"
+
+/* ---- registry of live communicators ------------------------------------------------------ */
+
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static gvqComm_t *live;
+static size_t nlive, live_cap;
+
+static gvqResult_t live_add(gvqComm_t c) {
+    pthread_mutex_lock(&live_lock);
+    if (nlive == live_cap) {
+        size_t cap = live_cap ? 2 * live_cap : 16;
+        gvqComm_t *n = realloc(live, cap * sizeof *n);
+        if (n == NULL) {
+            pthread_mutex_unlock(&live_lock);
+            return gvqSystemError;
+        }
+        live = n;
+        live_cap = cap;
+    }
+    live[nlive++] = c;
+    pthread_mutex_unlock(&live_lock);
+    return gvqSuccess;
+}
+
+static int live_find(gvqComm_t c) {
+    for (size_t i = 0; i < nlive; i++)
+        if (live[i] == c) return (int)i;
+    return -1;
+}
+
+int gvq_comm_is_live(gvqComm_t comm) {
+    pthread_mutex_lock(&live_lock);
+    int ok = comm != NULL && live_find(comm) >= 0;
+    pthread_mutex_unlock(&live_lock);
+    return ok;
+}
+
+/* Take comm out of the registry (so no new call can enter it); 0 if it was not live. */
+static int live_remove(gvqComm_t c) {
+    pthread_mutex_lock(&live_lock);
+    int i = c != NULL ? live_find(c) : -1;
+    if (i >= 0) live[i] = live[--nlive];
+    pthread_mutex_unlock(&live_lock);
+    return i >= 0;
+}
+
+/* Enter a call on comm: it must be live, not aborted and not broken. */
+gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
+    gvqResult_t res = gvqSuccess;
+    pthread_mutex_lock(&live_lock);
+    if (comm == NULL || live_find(comm) < 0) {
+        GVQ_WARN("%s: comm %p is %s", fn, (void *)comm, comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
+        res = gvqInvalidArgument;
+    } else if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
+        GVQ_WARN("%s: the communicator was aborted", fn);
+        res = gvqInvalidUsage;
+    } else if (comm->broken != gvqSuccess) {
+        GVQ_WARN("%s: the communicator is broken by an earlier error (%s); destroy or abort it", fn,
+                 gvqGetErrorString(comm->broken));
+        res = comm->broken;
+    } else {
+        __atomic_add_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL);
+        gvq_log_set_rank(comm->rank);
+    }
+    pthread_mutex_unlock(&live_lock);
+    return res;
+}
+
+void gvq_comm_leave(gvqComm_t comm) { __atomic_sub_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL); }
+
+/* ---- configuration ----------------------------------------------------------------------- */
+
+gvqResult_t gvq_config_resolve(const gvqConfig_t *config, const char *caller, int64_t *timeout_ms,
+                               size_t *chunk_bytes) {
+    *timeout_ms = gvq_param(GVQ_PARAM_TIMEOUT_MS);
+    *chunk_bytes = (size_t)gvq_param(GVQ_PARAM_CHUNK_BYTES);
+    if (*chunk_bytes < 64 || *chunk_bytes > (1u << 30)) {
+        GVQ_WARN("GVQ_CHUNK_BYTES=%zu is outside [64, 2^30]; using 1 MiB", *chunk_bytes);
+        *chunk_bytes = 1 << 20;
+    }
+    if (config == NULL) return gvqSuccess;
+    if (config->magic != GVQ_CONFIG_MAGIC) {
+        GVQ_WARN("%s: config->magic is 0x%x, not GVQ_CONFIG_MAGIC (initialize the config with "
+                 "GVQ_CONFIG_INITIALIZER)", caller, config->magic);
+        return gvqInvalidArgument;
+    }
+    if (config->size < offsetof(gvqConfig_t, chunkBytes) + sizeof(int) ||
+        config->version > GVQ_VERSION) {
+        GVQ_WARN("%s: config->size %zu / version %u do not match this library (version %d)",
+                 caller, config->size, config->version, GVQ_VERSION);
+        return gvqInvalidArgument;
+    }
+    if (config->blocking != GVQ_CONFIG_UNDEF_INT && config->blocking != 1) {
+        GVQ_WARN("%s: config->blocking=%d: the host backend only runs blocking communicators", caller,
+                 config->blocking);
+        return gvqInvalidArgument;
+    }
+    if (config->timeoutMs != GVQ_CONFIG_UNDEF_INT) {
+        if (config->timeoutMs < 0) {
+            GVQ_WARN("%s: config->timeoutMs=%d is negative", caller, config->timeoutMs);
+            return gvqInvalidArgument;
+        }
+        *timeout_ms = config->timeoutMs;
+    }
+    if (config->chunkBytes != GVQ_CONFIG_UNDEF_INT) {
+        if (config->chunkBytes < 64 || config->chunkBytes > (1 << 30)) {
+            GVQ_WARN("%s: config->chunkBytes=%d is outside [64, 2^30]", caller, config->chunkBytes);
+            return gvqInvalidArgument;
+        }
+        *chunk_bytes = (size_t)config->chunkBytes;
+    }
+    return gvqSuccess;
+}
+
+/* ---- creation ---------------------------------------------------------------------------- */
+
+gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, const char *caller,
+                            gvqComm_t *out) {
+    int64_t timeout_ms;
+    size_t chunk;
+    gvqResult_t res = gvq_config_resolve(config, caller, &timeout_ms, &chunk);
+    if (res != gvqSuccess) {
+        xport->ops->destroy(xport);
+        return res;
+    }
+    gvqComm_t c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        xport->ops->destroy(xport);
+        return gvqSystemError;
+    }
+    c->magic = GVQ_COMM_MAGIC;
+    c->rank = xport->rank;
+    c->nranks = xport->nranks;
+    c->xport = xport;
+    c->dev = &gvq_host_device;
+    c->broken = gvqSuccess;
+    c->chunk_bytes = chunk;
+    xport->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
+    xport->abort_flag = &c->abort_flag;
+    xport->broken = &c->broken;
+    if ((res = live_add(c)) != gvqSuccess) {
+        xport->ops->destroy(xport);
+        free(c);
+        return res;
+    }
+    gvq_log_set_rank(c->rank);
+    GVQ_INFO("%s: comm %p rank %d nranks %d transport %s device %s timeout %lld ms chunk %zu B",
+             caller, (void *)c, c->rank, c->nranks, xport->ops->name, c->dev->name,
+             (long long)timeout_ms, chunk);
+    if (c->rank == 0) gvq_param_dump();
+    *out = c;
+    return gvqSuccess;
+}
+
+static uint32_t hash_host(void) {
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    uint32_t h = 2166136261u;
+    for (const char *p = host; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+    return h;
+}
+
+GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUniqueId commId,
+                                          int rank, gvqConfig_t *config) {
+    if (comm == NULL) {
+        GVQ_WARN("gvqCommInitRank: comm is NULL");
+        return gvqInvalidArgument;
+    }
+    if (nranks < 1) {
+        GVQ_WARN("gvqCommInitRank: nranks=%d must be at least 1", nranks);
+        return gvqInvalidArgument;
+    }
+    if (rank < 0 || rank >= nranks) {
+        GVQ_WARN("gvqCommInitRank: rank=%d is outside [0, %d)", rank, nranks);
+        return gvqInvalidArgument;
+    }
+    if (!gvq_bootstrap_id_valid(&commId)) {
+        GVQ_WARN("gvqCommInitRank: commId was not made by gvqGetUniqueId (or was not broadcast "
+                 "intact)");
+        return gvqInvalidArgument;
+    }
+    gvq_log_set_rank(rank);
+    int64_t timeout_ms;
+    size_t chunk;
+    GVQCHECK(gvq_config_resolve(config, "gvqCommInitRank", &timeout_ms, &chunk));
+    int wrank = 0, wsize = 0;
+    GVQCHECK(gvq_mpi_ensure_init(&wrank, &wsize));
+
+    gvq_peer_info_t mine = {wrank, wsize, (int32_t)getpid(), hash_host()};
+    gvq_peer_info_t *all = calloc((size_t)nranks, sizeof *all);
+    int *wranks = calloc((size_t)nranks, sizeof *wranks);
+    char *seen = calloc((size_t)wsize, 1);
+    gvqResult_t res = gvqSuccess;
+    uint64_t nonce = 0;
+    if (all == NULL || wranks == NULL || seen == NULL) {
+        res = gvqSystemError;
+        goto out_free;
+    }
+    GVQCHECKGOTO(gvq_bootstrap_exchange(&commId, nranks, rank, &mine,
+                                        (uint64_t)timeout_ms * 1000000ull, all, &nonce),
+                 res, out_free);
+    for (int r = 0; r < nranks; r++) {
+        if (all[r].world_size != wsize || all[r].world_rank < 0 || all[r].world_rank >= wsize ||
+            seen[all[r].world_rank]) {
+            GVQ_WARN("gvqCommInitRank: rank %d (pid %d, MPI world rank %d of %d) is not a distinct "
+                     "process of this MPI job (world size %d); launch every rank with one mpirun",
+                     r, all[r].pid, all[r].world_rank, all[r].world_size, wsize);
+            res = gvqInvalidUsage;
+            goto out_free;
+        }
+        seen[all[r].world_rank] = 1;
+        wranks[r] = all[r].world_rank;
+    }
+    gvq_transport_t *t = NULL;
+    GVQCHECKGOTO(gvq_mpi_transport_from_world(wranks, nranks, rank, (int)(nonce % 32768u), &t), res,
+                 out_free);
+    res = gvq_comm_create(t, config, "gvqCommInitRank", comm);
+out_free:
+    free(all);
+    free(wranks);
+    free(seen);
+    return res;
+}
+
+GVQ_API gvqResult_t gvqCommInitRank(gvqComm_t *comm, int nranks, gvqUniqueId commId, int rank) {
+    return gvqCommInitRankConfig(comm, nranks, commId, rank, NULL);
+}
+
+/* ---- in-process communicators (unit tests) ------------------------------------------------ */
+
+typedef struct {
+    int refs;
+    void *world;
+} inproc_owner_t;
+
+gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_t *comms) {
+    if (nranks < 1 || comms == NULL) return gvqInvalidArgument;
+    inproc_owner_t *own = calloc(1, sizeof *own);
+    if (own == NULL) return gvqSystemError;
+    GVQCHECK(gvq_inproc_world_create(nranks, &own->world));
+    for (int r = 0; r < nranks; r++) {
+        gvq_transport_t *t = NULL;
+        gvqResult_t res = gvq_inproc_transport_create(own->world, r, &t);
+        if (res == gvqSuccess) res = gvq_comm_create(t, config, "inproc", &comms[r]);
+        if (res != gvqSuccess) {
+            for (int q = 0; q < r; q++) gvqCommDestroy(comms[q]);
+            if (own->refs == 0) {
+                gvq_inproc_world_destroy(own->world);
+                free(own);
+            }
+            return res;
+        }
+        comms[r]->owned_world = own;
+        own->refs++;
+    }
+    return gvqSuccess;
+}
+
+/* ---- destruction ------------------------------------------------------------------------- */
+
+static void comm_free(gvqComm_t c) {
+    /* calls still inside (another thread, after an abort) leave promptly */
+    while (__atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) > 0) usleep(1000);
+    gvq_auto_free(c);
+    /* a broken communicator may have sends from scratch still in the transport's hands; the
+     * scratch is then left allocated rather than freed under them */
+    int keep = c->broken != gvqSuccess && c->xport->cancel_keeps_buffers;
+    c->xport->ops->destroy(c->xport);
+    if (!keep && c->scratch != NULL) c->dev->free(c->scratch);
+    if (c->owned_world != NULL) {
+        inproc_owner_t *own = c->owned_world;
+        if (__atomic_sub_fetch(&own->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+            gvq_inproc_world_destroy(own->world);
+            free(own);
+        }
+    }
+    c->magic = 0;
+    free(c);
+}
+
+GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm) {
+    if (!live_remove(comm)) {
+        GVQ_WARN("gvqCommDestroy: comm %p is %s", (void *)comm,
+                 comm == NULL ? "NULL" : "not a live communicator (destroyed twice?)");
+        return gvqInvalidArgument;
+    }
+    comm_free(comm);
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqCommAbort(gvqComm_t comm) {
+    pthread_mutex_lock(&live_lock);
+    int i = comm != NULL ? live_find(comm) : -1;
+    if (i >= 0) {
+        __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
+        live[i] = live[--nlive];
+    }
+    pthread_mutex_unlock(&live_lock);
+    if (i < 0) {
+        GVQ_WARN("gvqCommAbort: comm %p is %s", (void *)comm,
+                 comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
+        return gvqInvalidArgument;
+    }
+    GVQ_INFO("gvqCommAbort: comm %p rank %d aborted", (void *)comm, comm->rank);
+    if (comm->broken == gvqSuccess) comm->broken = gvqInvalidUsage;
+    comm_free(comm);
+    return gvqSuccess;
+}
+
+/* ---- queries ----------------------------------------------------------------------------- */
+
+GVQ_API gvqResult_t gvqCommCount(const gvqComm_t comm, int *count) {
+    if (!gvq_comm_is_live(comm) || count == NULL) {
+        GVQ_WARN("gvqCommCount: %s", count == NULL ? "count is NULL" : "comm is not a live communicator");
+        return gvqInvalidArgument;
+    }
+    *count = comm->nranks;
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqCommUserRank(const gvqComm_t comm, int *rank) {
+    if (!gvq_comm_is_live(comm) || rank == NULL) {
+        GVQ_WARN("gvqCommUserRank: %s", rank == NULL ? "rank is NULL" : "comm is not a live communicator");
+        return gvqInvalidArgument;
+    }
+    *rank = comm->rank;
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqCommGetAsyncError(gvqComm_t comm, gvqResult_t *asyncError) {
+    if (!gvq_comm_is_live(comm) || asyncError == NULL) {
+        GVQ_WARN("gvqCommGetAsyncError: %s",
+                 asyncError == NULL ? "asyncError is NULL" : "comm is not a live communicator");
+        return gvqInvalidArgument;
+    }
+    *asyncError = comm->broken;
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqGetVersion(int *version) {
+    if (version == NULL) {
+        GVQ_WARN("gvqGetVersion: version is NULL");
+        return gvqInvalidArgument;
+    }
+    *version = GVQ_VERSION;
+    return gvqSuccess;
+}
+
+GVQ_API const char *gvqGetLastError(gvqComm_t comm) {
+    (void)comm;
+    return gvq_log_last_warn();
+}

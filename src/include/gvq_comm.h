@@ -1,0 +1,78 @@
+/*
+ * gvq_comm.h -- the communicator and the internal entry points between src/ files.
+ */
+#ifndef GVQ_COMM_H_
+#define GVQ_COMM_H_
+
+#include "gvq_algo.h"
+
+#define GVQ_COMM_MAGIC 0x67767143u /* 'gvqC' */
+
+struct gvqComm {
+    uint32_t magic;
+    int rank;
+    int nranks;
+    gvq_transport_t *xport;
+    const gvq_device_ops_t *dev;
+    int abort_flag;     /* atomic; set by gvqCommAbort */
+    int inflight;       /* atomic; calls in progress on this communicator */
+    gvqResult_t broken; /* first transport error; gvqSuccess while healthy */
+    size_t chunk_bytes;
+    void *scratch;
+    size_t scratch_bytes;
+    void *owned_world; /* in-process world owned by this communicator, freed by the last rank */
+    int ntensors;      /* compressors created so far: spreads the fits over the ranks */
+    struct gvq_auto *autos; /* zero-code mode: compressors attached per (buffer, count) */
+};
+
+/* Zero-code mode (compressor.c): with GVQ_CODEC=gradiveq|qsgd, a plain float sum/avg allreduce
+ * goes through a compressor attached to its (recvbuff, count). *handled = 0 when the call does
+ * not qualify (then it runs as a plain allreduce). The caller has entered the communicator. */
+gvqResult_t gvq_auto_allreduce(gvqComm_t comm, const void *send, void *recv, size_t count,
+                               gvqDataType_t dtype, gvqRedOp_t op, int *handled);
+void gvq_auto_free(gvqComm_t comm);
+
+/* Resolve a config (NULL: defaults) into timeout and chunk size; refuses a bad header. */
+gvqResult_t gvq_config_resolve(const gvqConfig_t *config, const char *caller, int64_t *timeout_ms,
+                               size_t *chunk_bytes);
+
+/* Wrap a transport into a communicator and register it as live. Takes ownership of xport, also
+ * on failure. */
+gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, const char *caller,
+                            gvqComm_t *out);
+
+/* Check that comm is a live communicator, for argument checks (never dereferences a dangling
+ * pointer). */
+int gvq_comm_is_live(gvqComm_t comm);
+
+/* Enter a call on comm (it must be live, not aborted, not broken) and leave it. A communicator
+ * is freed only when no call is inside. */
+gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn);
+void gvq_comm_leave(gvqComm_t comm);
+
+/* Whether the calling thread is inside gvqGroupStart/gvqGroupEnd (collectives.c). */
+int gvq_group_active(void);
+
+/* In-process communicators for unit tests: comms[r] for r < nranks, ranks as threads. */
+gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_t *comms);
+
+/* Bootstrap (bootstrap.c): exchange (rank -> world rank) through the root named in id. */
+typedef struct {
+    int32_t world_rank;
+    int32_t world_size;
+    int32_t pid;
+    uint32_t host_hash;
+} gvq_peer_info_t;
+gvqResult_t gvq_bootstrap_exchange(const gvqUniqueId *id, int nranks, int rank,
+                                   const gvq_peer_info_t *mine, uint64_t timeout_ns,
+                                   gvq_peer_info_t *all, uint64_t *nonce);
+int gvq_bootstrap_id_valid(const gvqUniqueId *id);
+
+/* MPI transport (transport/mpi.c). */
+gvqResult_t gvq_mpi_ensure_init(int *world_rank, int *world_size);
+gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int rank, int tag,
+                                         gvq_transport_t **t);
+/* A transport on a duplicate of *(MPI_Comm *)mpi_comm (collective over that communicator). */
+gvqResult_t gvq_mpi_transport_dup(const void *mpi_comm, gvq_transport_t **t);
+
+#endif /* GVQ_COMM_H_ */

@@ -1,0 +1,69 @@
+/*
+ * gvq_transport.h -- the transport ops table: how bytes move between the ranks of a
+ * communicator. Implementations: src/transport/mpi.c (Open MPI), src/transport/inproc.c (ranks
+ * as threads of one process, for unit tests). A NCCL transport comes with the CUDA backend.
+ *
+ * All operations are non-blocking: isend/irecv post a transfer and fill a request; test
+ * reports completion. gvq_xport_wait (transport.c) is the one blocking loop, which enforces the
+ * communicator's timeout and abort flag. Messages between a pair of ranks with the same tag
+ * match in the order posted.
+ */
+#ifndef GVQ_TRANSPORT_H_
+#define GVQ_TRANSPORT_H_
+
+#include "gvq_util.h"
+
+/* Tags separate the traffic of collectives from user point-to-point messages. */
+enum { GVQ_TAG_P2P = 1, GVQ_TAG_COLL = 2 };
+
+typedef struct {
+    uint64_t handle[2]; /* owned by the transport */
+    size_t bytes;       /* expected (recv) or sent size */
+    int peer;
+    int active;         /* posted and not completed */
+} gvq_req_t;
+
+struct gvq_transport;
+
+typedef struct gvq_transport_ops {
+    size_t size; /* sizeof(gvq_transport_ops_t), to catch tables built against another layout */
+    const char *name;
+    gvqResult_t (*isend)(struct gvq_transport *t, int peer, int tag, const void *buf, size_t bytes,
+                         gvq_req_t *req);
+    gvqResult_t (*irecv)(struct gvq_transport *t, int peer, int tag, void *buf, size_t bytes,
+                         gvq_req_t *req);
+    /* *done = 1 when complete (the request is then inactive). A receive whose message is not
+     * `bytes` long completes with gvqRemoteError. */
+    gvqResult_t (*test)(struct gvq_transport *t, gvq_req_t *req, int *done);
+    /* Give up on a request that will not complete (after a timeout or an abort). */
+    void (*cancel)(struct gvq_transport *t, gvq_req_t *req);
+    void (*destroy)(struct gvq_transport *t);
+} gvq_transport_ops_t;
+
+typedef struct gvq_transport {
+    const gvq_transport_ops_t *ops;
+    int rank;
+    int nranks;
+    uint64_t timeout_ns;   /* 0: wait forever */
+    int *abort_flag;       /* read atomically; set by gvqCommAbort */
+    gvqResult_t *broken;   /* the error that broke the communicator, gvqSuccess while healthy */
+    int cancel_keeps_buffers; /* a cancelled send may still read its buffer later (MPI) */
+    void *impl;
+} gvq_transport_t;
+
+/* Wait for `n` requests (inactive ones are skipped). On timeout or abort the unfinished
+ * requests are cancelled, the communicator marked broken and the error returned with a WARN
+ * naming the peer and what was pending. */
+gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const char *what);
+static inline gvqResult_t gvq_xport_wait(gvq_transport_t *t, gvq_req_t *req, const char *what) {
+    return gvq_xport_waitall(t, req, 1, what);
+}
+/* Cancel every active request of the array (error paths). */
+void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n);
+
+/* Transports built into the library. */
+gvqResult_t gvq_inproc_world_create(int nranks, void **world);
+void gvq_inproc_world_destroy(void *world);
+gvqResult_t gvq_inproc_transport_create(void *world, int rank, gvq_transport_t **t);
+
+#endif /* GVQ_TRANSPORT_H_ */

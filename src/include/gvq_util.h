@@ -1,0 +1,177 @@
+/*
+ * gvq_util.h -- internal utilities shared by every layer: error checks, logging, tunables,
+ * time, and the element types' sizes and conversions.
+ *
+ * Nothing here knows about MPI, NCCL or CUDA; algorithms/ may include it.
+ */
+#ifndef GVQ_UTIL_H_
+#define GVQ_UTIL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "gvq.h"
+
+/* ---- logging (src/util/log.c) ------------------------------------------------------------- */
+
+typedef enum {
+    GVQ_LOG_NONE  = 0,
+    GVQ_LOG_VERSION = 1,
+    GVQ_LOG_WARN  = 2,
+    GVQ_LOG_INFO  = 3,
+    GVQ_LOG_TRACE = 4
+} gvq_log_level_t;
+
+extern int gvq_log_level_cached; /* -1 until GVQ_DEBUG was read */
+int gvq_log_level(void);
+void gvq_log(gvq_log_level_t level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The rank printed in log lines of the calling thread (-1: none). */
+void gvq_log_set_rank(int rank);
+/* The text of the calling thread's last WARN. */
+const char *gvq_log_last_warn(void);
+
+#define GVQ_LOG_ENABLED(lvl) \
+    ((gvq_log_level_cached >= 0 ? gvq_log_level_cached : gvq_log_level()) >= (lvl))
+#define GVQ_WARN(...) gvq_log(GVQ_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
+#define GVQ_INFO(...)                                                  \
+    do {                                                               \
+        if (GVQ_LOG_ENABLED(GVQ_LOG_INFO))                             \
+            gvq_log(GVQ_LOG_INFO, __FILE__, __LINE__, __VA_ARGS__);    \
+    } while (0)
+#define GVQ_TRACE(...)                                                 \
+    do {                                                               \
+        if (GVQ_LOG_ENABLED(GVQ_LOG_TRACE))                            \
+            gvq_log(GVQ_LOG_TRACE, __FILE__, __LINE__, __VA_ARGS__);   \
+    } while (0)
+
+/* ---- error propagation -------------------------------------------------------------------- */
+
+/* Return the failure of `call` to the caller; the function that detected it already warned. */
+#define GVQCHECK(call)                                                        \
+    do {                                                                      \
+        gvqResult_t gvq_res_ = (call);                                        \
+        if (gvq_res_ != gvqSuccess) {                                         \
+            GVQ_TRACE("%s -> %s", #call, gvqGetErrorString(gvq_res_));        \
+            return gvq_res_;                                                  \
+        }                                                                     \
+    } while (0)
+
+/* Store the failure of `call` in `res` and jump to `label` (a cleanup label). */
+#define GVQCHECKGOTO(call, res, label)                                        \
+    do {                                                                      \
+        (res) = (call);                                                       \
+        if ((res) != gvqSuccess) {                                            \
+            GVQ_TRACE("%s -> %s", #call, gvqGetErrorString(res));             \
+            goto label;                                                       \
+        }                                                                     \
+    } while (0)
+
+/* ---- tunables (src/util/param.c) ----------------------------------------------------------
+ * One list, so a tool can print every knob with its value and help text. */
+#define GVQ_PARAM_LIST(X)                                                                    \
+    X(TIMEOUT_MS, "GVQ_TIMEOUT_MS", 600000,                                                  \
+      "a transfer that makes no progress for this many ms fails with gvqTimeout (0: never)") \
+    X(CHUNK_BYTES, "GVQ_CHUNK_BYTES", 1 << 20,                                               \
+      "ring and chain pipeline chunk size in bytes")                                         \
+    X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", 16,                                        \
+      "polls of an unfinished transfer before the waiting thread yields the core")           \
+    X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", 0,                                               \
+      "TCP port of the bootstrap root (0: any free port)")
+
+typedef enum {
+#define GVQ_PARAM_ENUM(id, env, def, help) GVQ_PARAM_##id,
+    GVQ_PARAM_LIST(GVQ_PARAM_ENUM)
+#undef GVQ_PARAM_ENUM
+    GVQ_PARAM_COUNT
+} gvq_param_id_t;
+
+/* The value of a tunable: the environment variable if set and valid, else the default. */
+int64_t gvq_param(gvq_param_id_t id);
+/* Log every tunable with its value, source and help at INFO. */
+void gvq_param_dump(void);
+
+/* ---- time --------------------------------------------------------------------------------- */
+uint64_t gvq_now_ns(void);
+
+/* ---- element types (src/util/dtype.c) ----------------------------------------------------- */
+size_t gvq_dtype_size(gvqDataType_t t); /* 0 for an invalid type */
+const char *gvq_dtype_name(gvqDataType_t t);
+const char *gvq_op_name(gvqRedOp_t op);
+int gvq_dtype_valid(int t);
+int gvq_op_valid(int op);
+int gvq_dtype_is_float(gvqDataType_t t);
+
+/* IEEE binary16 and bfloat16 <-> float, round to nearest even, NaN kept NaN. */
+static inline float gvq_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf / nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: normalize */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while ((man & 0x400u) == 0);
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t gvq_float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0));
+    if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (absx < 0x38800000u) { /* below 2^-14: subnormal half or zero */
+        if (absx < 0x33000000u) /* below 2^-25: rounds to zero */
+            return sign;
+        uint32_t e = absx >> 23;
+        uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e; /* 14..24 */
+        uint32_t half_m = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1u);
+        uint32_t halfway = 1u << (shift - 1u);
+        if (rem > halfway || (rem == halfway && (half_m & 1u)))
+            half_m++;
+        return (uint16_t)(sign | half_m);
+    }
+    uint32_t r = absx + 0xfffu + ((absx >> 13) & 1u); /* round to nearest even */
+    return (uint16_t)(sign | (uint16_t)((r - 0x38000000u) >> 13));
+}
+
+static inline float gvq_bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t gvq_float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u); /* quiet nan */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+#define GVQ_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define GVQ_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define GVQ_DIV_UP(a, b) (((a) + (b)-1) / (b))
+
+#endif /* GVQ_UTIL_H_ */

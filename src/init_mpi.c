@@ -1,0 +1,29 @@
+/*
+ * init_mpi.c -- gvqCommInitMPI: a communicator over an existing MPI communicator.
+ */
+#include "gvq_comm.h"
+#include "gvq_mpi.h"
+
+GVQ_API gvqResult_t gvqCommInitMPI(gvqComm_t *comm, MPI_Comm mpiComm, const gvqConfig_t *config) {
+    if (comm == NULL) {
+        GVQ_WARN("gvqCommInitMPI: comm is NULL");
+        return gvqInvalidArgument;
+    }
+    if (mpiComm == MPI_COMM_NULL) {
+        GVQ_WARN("gvqCommInitMPI: mpiComm is MPI_COMM_NULL");
+        return gvqInvalidArgument;
+    }
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (!inited || fin) {
+        GVQ_WARN("gvqCommInitMPI: MPI is %s", fin ? "already finalized" : "not initialized");
+        return gvqInvalidUsage;
+    }
+    int64_t tmo;
+    size_t chunk;
+    GVQCHECK(gvq_config_resolve(config, "gvqCommInitMPI", &tmo, &chunk));
+    gvq_transport_t *t = NULL;
+    GVQCHECK(gvq_mpi_transport_dup(&mpiComm, &t));
+    return gvq_comm_create(t, config, "gvqCommInitMPI", comm);
+}

@@ -1,0 +1,72 @@
+/*
+ * transport.c -- the one blocking loop of gvq. Every wait goes through here so that a stuck
+ * peer becomes gvqTimeout and gvqCommAbort unblocks the waiter, on every transport.
+ *
+ * The loop polls; after GVQ_SPIN_BEFORE_YIELD fruitless polls it yields the core, which matters
+ * when ranks outnumber cores (oversubscribed runs).
+ */
+#include <sched.h>
+
+#include "gvq_transport.h"
+
+void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n) {
+    for (int i = 0; i < n; i++)
+        if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
+}
+
+static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_req_t *reqs, int n, gvqResult_t res) {
+    gvq_xport_cancelall(t, reqs, n);
+    if (t->broken != NULL && *t->broken == gvqSuccess) *t->broken = res;
+    return res;
+}
+
+gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const char *what) {
+    const int64_t spin = gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD);
+    uint64_t start = 0;
+    int64_t idle = 0;
+    int pending = 0;
+    for (int i = 0; i < n; i++) pending += reqs[i].active;
+    while (pending > 0) {
+        int progressed = 0;
+        for (int i = 0; i < n; i++) {
+            if (!reqs[i].active) continue;
+            int done = 0;
+            gvqResult_t res = t->ops->test(t, &reqs[i], &done);
+            if (res != gvqSuccess) { /* the transport warned with the facts */
+                GVQ_TRACE("%s: transfer with peer %d failed (%s)", what, reqs[i].peer,
+                          gvqGetErrorString(res));
+                return waitall_fail(t, reqs, n, res);
+            }
+            if (done) {
+                pending--;
+                progressed = 1;
+            }
+        }
+        if (pending == 0) break;
+        if (progressed) {
+            idle = 0;
+            start = 0;
+            continue;
+        }
+        if (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE)) {
+            GVQ_WARN("%s: communicator aborted while waiting for %d transfer(s)", what, pending);
+            return waitall_fail(t, reqs, n, gvqInvalidUsage);
+        }
+        if (++idle >= spin) {
+            idle = 0;
+            sched_yield();
+            uint64_t now = gvq_now_ns();
+            if (start == 0) start = now;
+            if (t->timeout_ns != 0 && now - start > t->timeout_ns) {
+                int peer = -1;
+                for (int i = 0; i < n && peer < 0; i++)
+                    if (reqs[i].active) peer = reqs[i].peer;
+                GVQ_WARN("%s: no progress for %llu ms with %d transfer(s) pending (first peer %d); "
+                         "the peer is gone or stuck (GVQ_TIMEOUT_MS)",
+                         what, (unsigned long long)(t->timeout_ns / 1000000ull), pending, peer);
+                return waitall_fail(t, reqs, n, gvqTimeout);
+            }
+        }
+    }
+    return gvqSuccess;
+}
