@@ -1,0 +1,133 @@
+/*
+ * gvq_algo.h -- the collective algorithms and the codec interface they carry data through.
+ *
+ * Algorithms see only a transport ops table, a device ops table and plain C (no mpi.h, nccl.h
+ * or CUDA header), so one ring serves MPI and NCCL, host and device memory, and unit tests can
+ * run it over the in-process transport.
+ */
+#ifndef GVQ_ALGO_H_
+#define GVQ_ALGO_H_
+
+#include "gvq_device.h"
+#include "gvq_transport.h"
+
+/* What a collective needs from its communicator. */
+typedef struct {
+    gvq_transport_t *xport;
+    const gvq_device_ops_t *dev;
+    size_t chunk_bytes;   /* pipeline chunk size */
+    void **scratch;       /* grown on demand by gvq_coll_scratch; owned by the communicator */
+    size_t *scratch_bytes;
+    unsigned long long *bytes_sent; /* if not NULL, the ring adds the bytes it sends */
+} gvq_coll_ctx_t;
+
+/* A scratch area of at least `bytes`, valid until the next call on the same context. */
+gvqResult_t gvq_coll_scratch(gvq_coll_ctx_t *ctx, size_t bytes, void **out);
+
+/*
+ * A codec turns a piece of a tensor into what travels on the wire and back (ALGORITHMS.md
+ * section 1). The ring calls, per chunk of a segment (off and count in elements of the tensor,
+ * off a multiple of `granule`):
+ *   encode_combine(local, in, out): out = encode(local) (+) in, or encode(local) when in is NULL
+ *   decode(wire, dst):              dst = decode(wire), once per chunk after full aggregation
+ * The identity codec sets wire_is_values: its wire is the element values themselves, so the ring
+ * reduces straight into the output buffer and never calls decode.
+ */
+typedef struct gvq_codec {
+    const char *name;
+    int wire_is_values;
+    size_t granule; /* segment and chunk boundaries fall on multiples of this many elements */
+    size_t (*wire_bytes)(const struct gvq_codec *c, size_t off, size_t count);
+    gvqResult_t (*encode_combine)(const struct gvq_codec *c, size_t off, size_t count,
+                                  const void *local, const void *in_wire, void *out_wire);
+    gvqResult_t (*decode)(const struct gvq_codec *c, size_t off, size_t count, const void *wire,
+                          void *dst);
+    const gvq_device_ops_t *dev;
+    gvqDataType_t dtype;
+    gvqRedOp_t op; /* the elementwise op (gvqAvg reduces as gvqSum; the divide comes last) */
+    void *state;   /* the codec's own */
+} gvq_codec_t;
+
+/* The identity codec: the plain allreduce. */
+void gvq_codec_identity_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvqDataType_t dtype,
+                             gvqRedOp_t op);
+
+/* ---- QSGD (codec_qsgd.c) ------------------------------------------------------------------ */
+enum { GVQ_QSGD_NORM_L2 = 0, GVQ_QSGD_NORM_MAX = 1 };
+typedef struct {
+    int bits;      /* 2, 4 or 8: one sign bit, the rest the level */
+    int levels;    /* s = 2^(bits-1) - 1 */
+    size_t bucket; /* values per bucket (one scale each) */
+    int norm;      /* GVQ_QSGD_NORM_L2 or GVQ_QSGD_NORM_MAX */
+    uint32_t seed, rank;
+    uint32_t call; /* set per allreduce, part of the random counter */
+    float *tmp;    /* one bucket, for decode-add-encode at a hop */
+} gvq_qsgd_t;
+gvqResult_t gvq_qsgd_init(gvq_qsgd_t *q, int bits, size_t bucket, int norm, uint32_t seed,
+                          uint32_t rank);
+void gvq_qsgd_fini(gvq_qsgd_t *q);
+void gvq_codec_qsgd_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_qsgd_t *q);
+
+/* ---- GradiVeQ (codec_gradiveq.c, pca.c) ------------------------------------------------------
+ * The codec works on the filter-collocated vector (gvq_collocate). Full slices of L values
+ * travel as d coefficients c = U^T (x - Z/N) of their reuse group's compressor; the tail shorter
+ * than L travels as raw floats. Coefficients add on the wire; decode is x = U c + Z. */
+typedef struct {
+    size_t count;   /* M, elements of the (collocated) tensor */
+    size_t L, d, C; /* slice size, kept dimensions, slices per compressor (reuse factor) */
+    size_t ngroups; /* ceil(full slices / C) */
+    int nranks;
+    int wire_fp16;  /* coefficients as IEEE half on the wire */
+    const float *U; /* ngroups blocks of L x d, column-major (ld L) */
+    const float *Z; /* ngroups blocks of L */
+    float *UZ;      /* ngroups blocks of d: U^T Z, precomputed by gvq_gradiveq_prepare */
+    float *tmp;     /* scratch for fp16 wires */
+    size_t tmp_len;
+    /* added up by every encode of local values (each local slice is encoded once per ring):
+     * ||x - Z/N||^2 and ||U^T (x - Z/N)||^2 over full slices, ||x||^2 over everything; the local
+     * compression loss is sqrt(x2 - c2) / sqrt(all2) since U has orthonormal columns */
+    double local_x2, local_c2, local_all2;
+} gvq_gradiveq_t;
+/* Check the shape and precompute U^T Z (uses dev->sgemm). */
+gvqResult_t gvq_gradiveq_prepare(gvq_gradiveq_t *g, const gvq_device_ops_t *dev);
+void gvq_gradiveq_fini(gvq_gradiveq_t *g);
+void gvq_codec_gradiveq_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gradiveq_t *g);
+
+/* Filter collocation of a conv gradient [K][D][H][W]: the K values at one (d, h, w) become
+ * adjacent, positions ordered depth first, then width, then height:
+ * dst[((h*W + w)*D + d)*K + k] = src[((k*D + d)*H + h)*W + w]. gvq_uncollocate inverts it. */
+void gvq_collocate(const float *src, float *dst, size_t K, size_t D, size_t H, size_t W);
+void gvq_uncollocate(const float *src, float *dst, size_t K, size_t D, size_t H, size_t W);
+
+/* PCA fit (pca.c): from T samples of length L (column-major L x T, each sample contiguous),
+ * Z = mean, covariance (1/T) sum (s - Z)(s - Z)^T, its eigen-decomposition, and U = the d leading
+ * eigenvectors, d the smallest with (sum of the d largest eigenvalues) / (sum of all) >= 1 - eps,
+ * capped at dmax. U must hold L*L floats (only the first L*d are meaningful on return).
+ * Refuses samples holding NaN or Inf with gvqInvalidArgument and a WARN naming the sample. */
+gvqResult_t gvq_pca_fit(const gvq_device_ops_t *dev, size_t L, size_t T, const float *samples,
+                        double eps, size_t dmax, float *U, float *Z, size_t *d,
+                        double *kept_energy);
+
+/* Ring allreduce (reduce-scatter then allgather) of `count` elements through `codec`; src may
+ * equal dst. gvqAvg divides once at the end. */
+gvqResult_t gvq_ring_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
+                               void *dst, size_t count, gvqRedOp_t op);
+
+/* Ring reduce-scatter: src holds nranks*recvcount elements, dst receives block `rank`. */
+gvqResult_t gvq_ring_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *dst,
+                                    size_t recvcount, gvqDataType_t dtype, gvqRedOp_t op);
+
+/* Ring allgather: rank r's `count` elements land at dst + r*count elements on every rank. */
+gvqResult_t gvq_ring_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                               gvqDataType_t dtype);
+
+/* Pipelined chain broadcast from `root` (root -> root+1 -> ... ), in chunks. */
+gvqResult_t gvq_chain_broadcast(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t bytes,
+                                int root);
+
+/* Pipelined chain reduce ending at `root` (root+1 -> root+2 -> ... -> root), in chunks. dst is
+ * used on the root only. */
+gvqResult_t gvq_chain_reduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                             gvqDataType_t dtype, gvqRedOp_t op, int root);
+
+#endif /* GVQ_ALGO_H_ */
