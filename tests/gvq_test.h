@@ -1,0 +1,77 @@
+/*
+ * gvq_test.h -- small helpers shared by the unit tests: checks that count failures, and a
+ * runner that executes a function on N in-process ranks (threads), gloo's habit.
+ */
+#ifndef GVQ_TEST_H_
+#define GVQ_TEST_H_
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gvq_comm.h"
+
+static int gvq_test_failures;
+static pthread_mutex_t gvq_test_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define EXPECT(cond, ...)                                                  \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            pthread_mutex_lock(&gvq_test_lock);                            \
+            if (gvq_test_failures++ < 50) {                                \
+                fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+                fprintf(stderr, __VA_ARGS__);                              \
+                fprintf(stderr, "\n");                                     \
+            }                                                              \
+            pthread_mutex_unlock(&gvq_test_lock);                          \
+        }                                                                  \
+    } while (0)
+
+#define EXPECT_RES(call, want)                                                         \
+    do {                                                                               \
+        gvqResult_t got_ = (call);                                                     \
+        EXPECT(got_ == (want), "%s returned %s, expected %s (%s)", #call,             \
+               gvqGetErrorString(got_), gvqGetErrorString(want), gvqGetLastError(NULL)); \
+    } while (0)
+
+typedef void (*gvq_rank_fn)(gvqComm_t comm, int rank, int nranks, void *arg);
+
+typedef struct {
+    gvq_rank_fn fn;
+    gvqComm_t comm;
+    int rank, nranks;
+    void *arg;
+} gvq_test_thread_t;
+
+static void *gvq_test_thread_main(void *p) {
+    gvq_test_thread_t *t = p;
+    t->fn(t->comm, t->rank, t->nranks, t->arg);
+    return NULL;
+}
+
+/* Run fn on nranks in-process ranks of a fresh communicator; destroys it afterwards. */
+static inline void gvq_test_run(int nranks, const gvqConfig_t *cfg, gvq_rank_fn fn, void *arg) {
+    gvqComm_t comms[16];
+    gvq_test_thread_t th[16];
+    pthread_t tid[16];
+    gvqResult_t res = gvq_comm_init_inproc(nranks, cfg, comms);
+    EXPECT(res == gvqSuccess, "gvq_comm_init_inproc(%d): %s", nranks, gvqGetErrorString(res));
+    if (res != gvqSuccess) return;
+    for (int r = 0; r < nranks; r++) {
+        th[r] = (gvq_test_thread_t){fn, comms[r], r, nranks, arg};
+        pthread_create(&tid[r], NULL, gvq_test_thread_main, &th[r]);
+    }
+    for (int r = 0; r < nranks; r++) pthread_join(tid[r], NULL);
+    for (int r = 0; r < nranks; r++) gvqCommDestroy(comms[r]);
+}
+
+static inline int gvq_test_finish(const char *name) {
+    if (gvq_test_failures) {
+        fprintf(stderr, "%s: %d failure(s)\n", name, gvq_test_failures);
+        return 1;
+    }
+    printf("%s: all checks passed\n", name);
+    return 0;
+}
+
+#endif /* GVQ_TEST_H_ */

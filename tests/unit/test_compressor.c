@@ -1,0 +1,316 @@
+/*
+ * test_compressor.c -- compressor handles on in-process ranks: config refusals naming the
+ * field; the GradiVeQ schedule (warm-up -> sample -> fit -> compressed -> sample) at the right
+ * calls; d equal to the rank of low-rank gradients and their reconstruction; exact sums while
+ * sampling; the early exit by vote; NaN samples refused; outputs bitwise identical on every rank;
+ * save/load resuming identically; QSGD compressors; conv shapes (collocation) and error feedback.
+ */
+#include <math.h>
+
+#include "gvq_test.h"
+
+#define SL 16   /* slice size */
+#define RANK 3  /* rank of the synthetic gradients */
+
+/* Slice s of rank r at iteration t: sum_j a_j(r,t,s) B_j, with B fixed -- every slice lies in
+ * one RANK-dimensional subspace, as GradiVeQ assumes of a conv layer. */
+static float grad(int r, int t, size_t i) {
+    size_t s = i / SL, e = i % SL;
+    double v = 0;
+    for (int j = 0; j < RANK; j++) {
+        double a = sin((0.7 + 0.45 * j) * t + 1.3 * r + 0.9 * (double)s + 2.1 * j);
+        double ph = 6.283185307179586 * (double)e / SL; /* orthogonal directions of equal norm */
+        double b = j == 0 ? cos(ph) : j == 1 ? sin(ph) : cos(2 * ph);
+        v += a * b;
+    }
+    return (float)v;
+}
+
+static double exact_sum(int n, int t, size_t i) {
+    double v = 0;
+    for (int r = 0; r < n; r++) v += grad(r, t, i);
+    return v;
+}
+
+typedef struct {
+    size_t count;
+    gvqCompressorConfig_t cfg;
+    int iters;
+    int nan_iter;      /* iteration at which rank 0 feeds a NaN, -1 none */
+    int noise_from;    /* iteration from which gradients leave the subspace, -1 never */
+    float *out[8];     /* last output per rank */
+    gvqCompressorStats_t st[8];
+    int phases[64];    /* rank 0: phase before each call */
+    double err[64];    /* rank 0: relative error vs the exact sum per call */
+    const char *save_path; int save_at; /* save after this call */
+    const char *load_path;             /* load before the first call */
+    int start_t;
+} sched_t;
+
+static void rank_sched(gvqComm_t comm, int rank, int nranks, void *arg) {
+    sched_t *sc = arg;
+    gvqCompressor_t comp;
+    EXPECT_RES(gvqCompressorCreate(comm, sc->count, &sc->cfg, &comp), gvqSuccess);
+    if (sc->load_path) EXPECT_RES(gvqCompressorLoadFile(comp, sc->load_path), gvqSuccess);
+    float *x = malloc(sizeof(float) * sc->count), *y = malloc(sizeof(float) * sc->count);
+    for (int it = 0; it < sc->iters; it++) {
+        int t = sc->start_t + it;
+        for (size_t i = 0; i < sc->count; i++) {
+            x[i] = grad(rank, t, i);
+            if (sc->noise_from >= 0 && t >= sc->noise_from) x[i] += (float)sin(12.9898 * (double)i * (rank + 1) + t) * 3;
+        }
+        if (t == sc->nan_iter && rank == 0) x[0] = NAN;
+        gvqCompressorStats_t st;
+        gvqCompressorGetStats(comp, &st);
+        if (rank == 0 && it < 64) sc->phases[it] = st.phase;
+        EXPECT_RES(gvqAllReduceCompressed(x, y, sc->count, gvqFloat32, gvqSum, comp, comm, NULL), gvqSuccess);
+        if (rank == 0 && it < 64 && sc->noise_from < 0) {
+            double e2 = 0, n2 = 0;
+            for (size_t i = 0; i < sc->count; i++) {
+                double want = exact_sum(nranks, t, i);
+                e2 += (y[i] - want) * (y[i] - want);
+                n2 += want * want;
+            }
+            sc->err[it] = sqrt(e2 / n2);
+        }
+        if (sc->save_path && it == sc->save_at && rank == 0) EXPECT_RES(gvqCompressorSaveFile(comp, sc->save_path), gvqSuccess);
+    }
+    gvqCompressorGetStats(comp, &sc->st[rank]);
+    sc->out[rank] = y;
+    free(x);
+    EXPECT_RES(gvqCompressorDestroy(comp), gvqSuccess);
+}
+
+static gvqCompressorConfig_t base_cfg(void) {
+    gvqCompressorConfig_t c = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    c.codec = gvqCodecGradiveq;
+    c.sliceSize = SL;
+    c.lossThreshold = 0.01f;
+    c.warmupIters = 2;
+    c.sampleIters = 6;
+    c.maxDims = 8;
+    c.compressedIters = 4;
+    return c;
+}
+
+static void free_outs(sched_t *sc, int n) {
+    for (int r = 0; r < n; r++) free(sc->out[r]), sc->out[r] = NULL;
+}
+
+static void test_schedule(void) {
+    for (int n = 1; n <= 4; n++) {
+        sched_t sc;
+        memset(&sc, 0, sizeof sc);
+        sc.count = SL * 20 + 5; /* 20 slices and a tail */
+        sc.cfg = base_cfg();
+        sc.iters = 20;
+        sc.nan_iter = -1;
+        sc.noise_from = -1;
+        gvq_test_run(n, NULL, rank_sched, &sc);
+        /* calls 0-1 warm-up, 2-7 sampling, fit at the end of call 7, 8-11 compressed, 12-17 sampling,
+         * second fit, 18-19 compressed */
+        for (int it = 0; it < 20; it++) {
+            int want = it < 2 ? gvqPhaseWarmup : it < 8 ? gvqPhaseSample : it < 12 ? gvqPhaseCompressed : it < 18 ? gvqPhaseSample : gvqPhaseCompressed;
+            EXPECT(sc.phases[it] == want, "n=%d call %d: phase %d, want %d", n, it, sc.phases[it], want);
+            if (sc.phases[it] != gvqPhaseCompressed)
+                EXPECT(sc.err[it] < 1e-6, "n=%d call %d (uncompressed) error %g", n, it, sc.err[it]);
+            else
+                EXPECT(sc.err[it] < 1e-4, "n=%d call %d (compressed, exact low rank) error %g", n, it, sc.err[it]);
+        }
+        EXPECT(sc.st[0].dims == RANK, "n=%d: d=%d, the data has rank %d", n, sc.st[0].dims, RANK);
+        EXPECT(sc.st[0].fits == 2 && sc.st[0].earlyExits == 0, "n=%d fits %lld exits %lld", n, sc.st[0].fits, sc.st[0].earlyExits);
+        EXPECT(fabs(sc.st[0].ratio - (double)(sc.count * 4) / (20 * RANK * 4 + 5 * 4)) < 1e-9, "ratio %g", sc.st[0].ratio);
+        EXPECT(n == 1 || sc.st[0].wireBytes < sc.st[0].rawBytes, "wire %llu raw %llu", sc.st[0].wireBytes, sc.st[0].rawBytes);
+        for (int r = 1; r < n; r++)
+            EXPECT(memcmp(sc.out[r], sc.out[0], sc.count * 4) == 0, "n=%d rank %d output differs", n, r);
+        free_outs(&sc, n);
+    }
+}
+
+static void test_early_exit_and_nan(void) {
+    sched_t sc;
+    memset(&sc, 0, sizeof sc);
+    sc.count = SL * 8;
+    sc.cfg = base_cfg();
+    sc.cfg.compressedIters = 10;
+    sc.iters = 12;
+    sc.nan_iter = -1;
+    sc.noise_from = 9; /* compressed from call 8; call 9 leaves the subspace: every rank votes */
+    gvq_test_run(3, NULL, rank_sched, &sc);
+    EXPECT(sc.phases[8] == gvqPhaseCompressed && sc.phases[9] == gvqPhaseCompressed, "phases %d %d", sc.phases[8], sc.phases[9]);
+    EXPECT(sc.phases[10] == gvqPhaseSample, "after the vote: phase %d", sc.phases[10]);
+    EXPECT(sc.st[0].earlyExits == 1 && sc.st[0].lastLoss > 0.01, "exits %lld loss %g", sc.st[0].earlyExits, sc.st[0].lastLoss);
+    free_outs(&sc, 3);
+
+    memset(&sc, 0, sizeof sc);
+    sc.count = SL * 8;
+    sc.cfg = base_cfg();
+    sc.cfg.warmupIters = 0;
+    sc.iters = 14;
+    sc.nan_iter = 3; /* a NaN in the samples: the fit is refused, sampling starts over */
+    sc.noise_from = -1;
+    gvq_test_run(2, NULL, rank_sched, &sc);
+    EXPECT(sc.st[0].fitsRefused == 1 && sc.st[1].fitsRefused == 1, "refused %lld %lld", sc.st[0].fitsRefused, sc.st[1].fitsRefused);
+    EXPECT(sc.phases[6] == gvqPhaseSample && sc.phases[12] == gvqPhaseCompressed, "phases %d %d", sc.phases[6], sc.phases[12]);
+    EXPECT(sc.st[0].fits == 1, "fits after the retry %lld", sc.st[0].fits);
+    free_outs(&sc, 2);
+}
+
+static void test_save_load(void) {
+    const char *path = "test_compressor_state.bin";
+    sched_t a, b;
+    memset(&a, 0, sizeof a);
+    a.count = SL * 10 + 3;
+    a.cfg = base_cfg();
+    a.cfg.errorFeedback = 1;
+    a.iters = 16;
+    a.nan_iter = -1;
+    a.noise_from = -1;
+    a.save_path = path;
+    a.save_at = 9; /* after call 9: in the compressed phase */
+    gvq_test_run(1, NULL, rank_sched, &a);
+    /* resume from the file at call 10 and run the same 6 calls */
+    memset(&b, 0, sizeof b);
+    b.count = a.count;
+    b.cfg = a.cfg;
+    b.iters = 6;
+    b.start_t = 10;
+    b.nan_iter = -1;
+    b.noise_from = -1;
+    b.load_path = path;
+    gvq_test_run(1, NULL, rank_sched, &b);
+    EXPECT(memcmp(a.out[0], b.out[0], a.count * 4) == 0, "resumed run differs from the uninterrupted one");
+    EXPECT(a.st[0].phase == b.st[0].phase && a.st[0].iteration == b.st[0].iteration, "state %d/%lld vs %d/%lld",
+           a.st[0].phase, a.st[0].iteration, b.st[0].phase, b.st[0].iteration);
+    remove(path);
+    free_outs(&a, 1);
+    free_outs(&b, 1);
+}
+
+/* collocated element i of rank r at call t: two orthogonal directions per slice of 8 */
+static double conv_val(int t, int r, size_t i) {
+    double ph = 6.283185307179586 * (double)(i % 8) / 8;
+    return sin(t + r + 0.3 * (double)(i / 8)) * cos(ph) + cos(2.7 * t + 0.5 * r) * sin(ph);
+}
+
+static void rank_conv(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)arg;
+    /* a conv layer K=4 D=2 H=3 W=3 whose gradient is rank-2 in the collocated slices */
+    size_t K = 4, D = 2, H = 3, W = 3, M = K * D * H * W;
+    gvqCompressorConfig_t cfg = base_cfg();
+    cfg.filters = (int)K, cfg.depth = (int)D, cfg.height = (int)H, cfg.width = (int)W;
+    cfg.sliceSize = 8;
+    cfg.warmupIters = 0;
+    cfg.sampleIters = 6;
+    cfg.compressedIters = 100;
+    gvqCompressor_t comp;
+    EXPECT_RES(gvqCompressorCreate(comm, M, &cfg, &comp), gvqSuccess);
+    float x[72], y[72], col[72];
+    for (int t = 0; t < 10; t++) {
+        for (size_t i = 0; i < M; i++) /* defined in collocated order, stored in tensor order */
+            col[i] = (float)conv_val(t, rank, i);
+        gvq_uncollocate(col, x, K, D, H, W);
+        EXPECT_RES(gvqAllReduceCompressed(x, y, M, gvqFloat32, gvqAvg, comp, comm, NULL), gvqSuccess);
+        double e2 = 0, n2 = 0;
+        for (size_t i = 0; i < M; i++) {
+            double want = 0;
+            for (int r = 0; r < nranks; r++) {
+                size_t j; /* tensor index i -> collocated index */
+                size_t k = i / (D * H * W), d = (i / (H * W)) % D, h = (i / W) % H, w = i % W;
+                j = ((h * W + w) * D + d) * K + k;
+                want += conv_val(t, r, j);
+            }
+            want /= nranks;
+            e2 += (y[i] - want) * (y[i] - want);
+            n2 += want * want;
+        }
+        EXPECT(sqrt(e2 / n2) < 1e-4, "conv t=%d rank %d error %g", t, rank, sqrt(e2 / n2));
+        if (sqrt(e2 / n2) >= 1e-4) {
+            gvqCompressorStats_t st;
+            gvqCompressorGetStats(comp, &st);
+            fprintf(stderr, "  d=%d kept %g phase %d\n", st.dims, st.keptEnergy, st.phase);
+        }
+    }
+    gvqCompressorStats_t st;
+    gvqCompressorGetStats(comp, &st);
+    EXPECT(st.phase == gvqPhaseCompressed && st.dims == 2, "conv: phase %d d %d", st.phase, st.dims);
+    gvqCompressorDestroy(comp);
+}
+
+static void rank_qsgd(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)arg;
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecQsgd;
+    cfg.qsgdBits = 8;
+    cfg.qsgdBucket = 128;
+    gvqCompressor_t comp;
+    size_t M = 3000;
+    EXPECT_RES(gvqCompressorCreate(comm, M, &cfg, &comp), gvqSuccess);
+    float *x = malloc(M * 4), *y = malloc(M * 4);
+    for (size_t i = 0; i < M; i++) x[i] = grad(rank, 1, i);
+    EXPECT_RES(gvqAllReduceCompressed(x, y, M, gvqFloat32, gvqSum, comp, comm, NULL), gvqSuccess);
+    double e2 = 0, n2 = 0;
+    for (size_t i = 0; i < M; i++) {
+        double want = exact_sum(nranks, 1, i);
+        e2 += (y[i] - want) * (y[i] - want), n2 += want * want;
+    }
+    EXPECT(sqrt(e2 / n2) < 0.05, "QSGD compressor error %g", sqrt(e2 / n2));
+    gvqCompressorStats_t st;
+    gvqCompressorGetStats(comp, &st);
+    EXPECT(fabs(st.ratio - 12000.0 / (23 * 132 + 4 + 56)) < 1e-9 && st.phase == gvqPhasePlain, "QSGD ratio %g phase %d", st.ratio, st.phase);
+    free(x), free(y);
+    gvqCompressorDestroy(comp);
+}
+
+static void rank_refusals(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)rank, (void)nranks, (void)arg;
+    struct {
+        const char *field;
+        gvqCompressorConfig_t cfg;
+        size_t count;
+    } bad[10];
+    for (int i = 0; i < 10; i++) bad[i].cfg = base_cfg(), bad[i].count = 64;
+    bad[0].field = "sliceSize", bad[0].cfg.filters = 4, bad[0].cfg.width = 16, bad[0].cfg.sliceSize = 6;
+    bad[1].field = "shape", bad[1].cfg.filters = 4, bad[1].cfg.width = 5;
+    bad[2].field = "lossThreshold", bad[2].cfg.lossThreshold = 1.5f;
+    bad[3].field = "codec", bad[3].cfg.codec = 9;
+    bad[4].field = "qsgdBits", bad[4].cfg.qsgdBits = 3;
+    bad[5].field = "maxDims", bad[5].cfg.maxDims = SL + 1;
+    bad[6].field = "wireType", bad[6].cfg.wireType = gvqInt32;
+    bad[7].field = "sampleIters", bad[7].cfg.sampleIters = 0;
+    bad[8].field = "magic", bad[8].cfg.magic = 1;
+    bad[9].field = "count", bad[9].count = 0;
+    for (int i = 0; i < 10; i++) {
+        gvqCompressor_t c = NULL;
+        EXPECT_RES(gvqCompressorCreate(comm, bad[i].count, &bad[i].cfg, &c), gvqInvalidArgument);
+        EXPECT(strstr(gvqGetLastError(comm), bad[i].field) != NULL || (i == 8 && strstr(gvqGetLastError(comm), "INITIALIZER")),
+               "refusal %d does not name '%s': %s", i, bad[i].field, gvqGetLastError(comm));
+    }
+    gvqCompressor_t c;
+    gvqCompressorConfig_t cfg = base_cfg();
+    EXPECT_RES(gvqCompressorCreate(comm, 64, &cfg, &c), gvqSuccess);
+    float x[64] = {0};
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 63, gvqFloat32, gvqSum, c, comm, NULL), gvqInvalidArgument);
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat64, gvqSum, c, comm, NULL), gvqInvalidArgument);
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat32, gvqMax, c, comm, NULL), gvqInvalidArgument);
+    EXPECT_RES(gvqAllReduceCompressed(NULL, x, 64, gvqFloat32, gvqSum, c, comm, NULL), gvqInvalidArgument);
+    EXPECT_RES(gvqGroupStart(), gvqSuccess);
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat32, gvqSum, c, comm, NULL), gvqInvalidUsage);
+    EXPECT_RES(gvqGroupEnd(), gvqSuccess);
+    char small[8];
+    size_t n = sizeof small;
+    EXPECT_RES(gvqCompressorSave(c, small, &n), gvqInvalidArgument);
+    EXPECT(n > sizeof small, "size needed %zu", n);
+    EXPECT_RES(gvqCompressorLoad(c, small, sizeof small), gvqInvalidArgument);
+    EXPECT_RES(gvqCompressorDestroy(c), gvqSuccess);
+}
+
+int main(void) {
+    gvq_test_run(1, NULL, rank_refusals, NULL);
+    test_schedule();
+    test_early_exit_and_nan();
+    test_save_load();
+    for (int n = 1; n <= 3; n++) gvq_test_run(n, NULL, rank_conv, NULL);
+    for (int n = 1; n <= 4; n++) gvq_test_run(n, NULL, rank_qsgd, NULL);
+    return gvq_test_finish("test_compressor");
+}
