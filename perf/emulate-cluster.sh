@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# emulate-cluster.sh -- run an MPI program on N emulated hosts with rate-limited links.
+#
+#   bash perf/emulate-cluster.sh [-n RANKS] [-r RATE] [-l LATENCY] [-- ] PROGRAM [ARGS...]
+#   bash perf/emulate-cluster.sh -n 4 -r 1gbit -- build/perf/gvq-perf -b 64M -e 64M -C none,mpi
+#
+# Each rank gets a network namespace (gvqN-<pid>-<i>) with one veth link to a bridge that lives
+# in a namespace of its own, so the host's network is never touched. Every link is shaped with
+# tbf in both directions (default 1gbit, 25 ms of queue). mpirun itself runs inside the first
+# namespace and reaches the others through a tiny rsh agent that runs `ip netns exec`; Open MPI is
+# told to use TCP on the emulated subnet only (no shared memory between ranks). Everything is
+# torn down on exit, error or Ctrl-C. Needs root (or CAP_NET_ADMIN), iproute2 and Open MPI.
+#
+# Environment: GVQ_EMU_SUBNET (default 10.213.7), extra mpirun options in GVQ_EMU_MPIRUN_ARGS.
+set -euo pipefail
+
+RANKS=4
+RATE=1gbit
+LATENCY=25ms
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -n) RANKS=$2; shift 2 ;;
+        -r) RATE=$2; shift 2 ;;
+        -l) LATENCY=$2; shift 2 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        --) shift; break ;;
+        *) break ;;
+    esac
+done
+[ $# -gt 0 ] || { echo "emulate-cluster: no program given (see -h)" >&2; exit 2; }
+[ "$RANKS" -ge 1 ] && [ "$RANKS" -le 32 ] || { echo "emulate-cluster: -n must be 1..32" >&2; exit 2; }
+command -v ip >/dev/null && command -v tc >/dev/null || { echo "emulate-cluster: needs iproute2 (ip, tc)" >&2; exit 2; }
+
+SUBNET=${GVQ_EMU_SUBNET:-10.213.7}
+TAG="gvq$$"
+BRNS="${TAG}br"
+WORK=$(mktemp -d)
+NS=()
+
+teardown() {
+    trap - EXIT INT TERM
+    for ns in "${NS[@]}"; do ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true; done
+    for ns in "${NS[@]}" "$BRNS"; do ip netns del "$ns" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap teardown EXIT
+trap 'teardown; exit 130' INT TERM
+
+ip netns add "$BRNS"
+ip -n "$BRNS" link add br0 type bridge
+ip -n "$BRNS" link set br0 up
+ip -n "$BRNS" link set lo up
+# burst: enough for the rate at a 1 ms timer, and at least one jumbo frame
+shape() { # namespace device
+    tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst 256kb latency "$LATENCY"
+}
+for i in $(seq 0 $((RANKS - 1))); do
+    ns="${TAG}-$i"
+    NS+=("$ns")
+    ip netns add "$ns"
+    ip link add "v${TAG}h$i" netns "$ns" type veth peer name "p$i" netns "$BRNS"
+    ip -n "$ns" link set "v${TAG}h$i" name eth0
+    ip -n "$ns" addr add "$SUBNET.$((i + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    ip -n "$BRNS" link set "p$i" master br0
+    ip -n "$BRNS" link set "p$i" up
+    shape "$ns" eth0      # what the rank sends
+    shape "$BRNS" "p$i"   # what the rank receives
+done
+
+# rsh agent: "agent [opts] host command..." -> run command in the host's namespace
+cat > "$WORK/agent" <<'EOF'
+#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
+host=$1; shift
+exec ip netns exec "$host" /bin/sh -c "$*"
+EOF
+chmod +x "$WORK/agent"
+HOSTS=$(IFS=,; echo "${NS[*]/%/:1}")
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PMIX_MCA_gds=hash
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+echo "# emulate-cluster: $RANKS hosts, links $RATE each way (tbf, $LATENCY queue), subnet $SUBNET.0/24"
+set +e
+ip netns exec "${NS[0]}" mpirun -np "$RANKS" --host "$HOSTS" \
+    --mca plm_rsh_agent "$WORK/agent" --mca rtc ^hwloc --mca pml ob1 --mca btl tcp,self \
+    --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
+    -x OPENBLAS_NUM_THREADS -x PMIX_MCA_gds -x GVQ_SOCKET_IFNAME=eth0 \
+    ${GVQ_EMU_MPIRUN_ARGS:-} "$@"
+rc=$?
+set -e
+exit $rc
