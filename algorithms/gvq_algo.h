@@ -81,6 +81,7 @@ typedef struct {
     const float *U; /* ngroups blocks of L x d, column-major (ld L) */
     const float *Z; /* ngroups blocks of L */
     float *UZ;      /* ngroups blocks of d: U^T Z, precomputed by gvq_gradiveq_prepare */
+    double *ZZ;     /* ngroups values: ||Z||^2, precomputed likewise (loss bookkeeping) */
     float *tmp;     /* scratch for fp16 wires */
     size_t tmp_len;
     /* added up by every encode of local values (each local slice is encoded once per ring):
@@ -107,6 +108,13 @@ void gvq_uncollocate(const float *src, float *dst, size_t K, size_t D, size_t H,
 gvqResult_t gvq_pca_fit(const gvq_device_ops_t *dev, size_t L, size_t T, const float *samples,
                         double eps, size_t dmax, float *U, float *Z, size_t *d,
                         double *kept_energy);
+/* The same with the route forced: covariance (L x L eigen-solve) or Gram (T x T eigen-solve,
+ * eigenvectors mapped back and re-orthonormalised; falls back to covariance when degenerate).
+ * GVQ_PCA_AUTO picks Gram when T < L. */
+typedef enum { GVQ_PCA_AUTO = 0, GVQ_PCA_COVARIANCE = 1, GVQ_PCA_GRAM = 2 } gvq_pca_method_t;
+gvqResult_t gvq_pca_fit_method(const gvq_device_ops_t *dev, size_t L, size_t T,
+                               const float *samples, double eps, size_t dmax, float *U, float *Z,
+                               size_t *d, double *kept_energy, gvq_pca_method_t method);
 
 /* Ring allreduce (reduce-scatter then allgather) of `count` elements through `codec`; src may
  * equal dst. gvqAvg divides once at the end. */

@@ -69,7 +69,9 @@ static float *make_lowrank(size_t L, size_t T, size_t r, float **dirs_out) {
 }
 
 static void test_pca(void) {
-    size_t L = 64, T = 80;
+    size_t L = 64;
+    /* T = 80 >= L takes the covariance route, T = 40 < L the Gram route */
+    for (size_t T = 80, pass = 0; pass < 2; pass++, T = 40)
     for (size_t r = 1; r <= 6; r += 5) {
         float *dirs, *s = make_lowrank(L, T, r, &dirs);
         float *U = malloc(sizeof(float) * L * L), *Z = malloc(sizeof(float) * L);
@@ -112,6 +114,54 @@ static void test_pca(void) {
         EXPECT_RES(gvq_pca_fit(&gvq_host_device, L, T, s, 1e-4, 0, U, Z, &d, &kept), gvqInvalidArgument);
         EXPECT(strstr(gvqGetLastError(NULL), "non-finite") != NULL, "warn: %s", gvqGetLastError(NULL));
         free(dirs), free(s), free(U), free(Z), free(x);
+    }
+}
+
+/* The covariance and Gram routes agree: same d, same kept energy, same subspace (projectors
+ * U U^T equal), both orthonormal; the Gram route falls back cleanly on identical samples. */
+static void test_pca_routes(void) {
+    const size_t Ls[] = {48, 256}, Ts[] = {20, 100};
+    for (int k = 0; k < 2; k++) {
+        size_t L = Ls[k], T = Ts[k], r = 5;
+        float *dirs, *s = make_lowrank(L, T, r, &dirs);
+        for (size_t i = 0; i < L * T; i++) s[i] += (float)(1e-3 * nrand()); /* full rank */
+        float *U1 = malloc(sizeof(float) * L * L), *U2 = malloc(sizeof(float) * L * L);
+        float *Z1 = malloc(sizeof(float) * L), *Z2 = malloc(sizeof(float) * L);
+        size_t d1 = 0, d2 = 0;
+        double k1 = 0, k2 = 0;
+        EXPECT_RES(gvq_pca_fit_method(&gvq_host_device, L, T, s, 1e-3, 0, U1, Z1, &d1, &k1,
+                                      GVQ_PCA_COVARIANCE), gvqSuccess);
+        EXPECT_RES(gvq_pca_fit_method(&gvq_host_device, L, T, s, 1e-3, 0, U2, Z2, &d2, &k2,
+                                      GVQ_PCA_GRAM), gvqSuccess);
+        EXPECT(d1 == d2 && d1 == r, "L=%zu T=%zu: covariance d=%zu, Gram d=%zu, rank %zu", L, T,
+               d1, d2, r);
+        EXPECT(fabs(k1 - k2) < 1e-4, "kept energy %g vs %g", k1, k2);
+        double worst = 0, orth = 0;
+        for (size_t i = 0; i < L; i++)
+            for (size_t q = 0; q < L; q++) {
+                double p1 = 0, p2 = 0;
+                for (size_t j = 0; j < d1 && j < d2; j++) {
+                    p1 += (double)U1[j * L + i] * U1[j * L + q];
+                    p2 += (double)U2[j * L + i] * U2[j * L + q];
+                }
+                worst = fmax(worst, fabs(p1 - p2));
+            }
+        for (size_t a = 0; a < d2; a++)
+            for (size_t b = 0; b <= a; b++) {
+                double dot = 0;
+                for (size_t i = 0; i < L; i++) dot += (double)U2[a * L + i] * U2[b * L + i];
+                orth = fmax(orth, fabs(dot - (a == b)));
+            }
+        EXPECT(worst < 1e-3, "L=%zu T=%zu: projectors differ by %g", L, T, worst);
+        EXPECT(orth < 1e-5, "L=%zu T=%zu: Gram route U^T U off identity by %g", L, T, orth);
+        /* identical samples: zero variance, the Gram route must not divide by zero */
+        for (size_t t = 1; t < T; t++) memcpy(s + t * L, s, sizeof(float) * L);
+        EXPECT_RES(gvq_pca_fit_method(&gvq_host_device, L, T, s, 1e-3, 0, U2, Z2, &d2, &k2,
+                                      GVQ_PCA_GRAM), gvqSuccess);
+        int finite = 1;
+        for (size_t i = 0; i < L * d2; i++) finite &= isfinite(U2[i]) != 0;
+        EXPECT(d2 >= 1 && finite, "degenerate samples: d=%zu, U finite %d", d2, finite);
+        free(dirs), free(s), free(U1), free(U2), free(Z1), free(Z2);
     }
 }
 
@@ -351,6 +401,7 @@ static void test_qsgd_ring(void) {
 int main(void) {
     test_collocation();
     test_pca();
+    test_pca_routes();
     test_linearity();
     test_compressed_ring();
     test_qsgd_statistics();
