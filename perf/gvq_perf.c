@@ -1179,9 +1179,11 @@ static int run_fit_bench(const opts_t *o) {
     sleepy_barrier();
     if (g_rank == 0) {
         const char *nt = getenv("OPENBLAS_NUM_THREADS");
-        printf("# fit bench: gvq_pca_fit on the host device (covariance sgemm + LAPACKE ssyevd),\n"
+        printf("# fit bench: gvq_pca_fit on the host device (Gram route when T < L: T x T sgemm +\n"
+               "#   LAPACKE ssyevd, eigenvectors mapped back and re-orthonormalised),\n"
                "#   T=%zu samples (one slice of the synthetic source over T iterations), eps %g,\n"
-               "#   no cap on d; median (min, max) of %d fits; cov and ssyevd timed on their own;\n"
+               "#   no cap on d; median (min, max) of %d fits; cov(ms) and ssyevd(ms): the\n"
+               "#   covariance route's L x L sgemm and L x L eigen-solve, timed on their own;\n"
                "#   OPENBLAS_NUM_THREADS=%s\n",
                T, o->eps, o->fit_reps, nt ? nt : "(unset)");
         printf("#%5s%5s%6s%9s%11s%11s%11s%11s%11s\n", "L", "T", "d", "kept", "fit(ms)", "min",

@@ -6,7 +6,8 @@
  *              segment once (its own at step 0, the others combined with what arrives) and
  *              decodes every segment once (its own at the end of the reduce-scatter, the others
  *              in the allgather), so this is the compute one allreduce asks of one rank.
- *   fit bench: gvq_pca_fit, plus its covariance sgemm and ssyevd on their own.
+ *   fit bench: gvq_pca_fit (Gram route when T < L), plus the covariance route's L x L sgemm
+ *   and ssyevd on their own.
  */
 #include "perf_codecbench.h"
 

@@ -59,6 +59,7 @@ struct gvqCompressor {
     gvq_gradiveq_t gq;
     gvq_qsgd_t qs;
     int have_qsgd;
+    size_t codec_chunk_bytes; /* ring chunk while a compressing codec runs (GVQ_CODEC_CHUNK_BYTES) */
 };
 
 /* ---- configuration ---------------------------------------------------------------------- */
@@ -194,6 +195,12 @@ GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
     c->comm = comm;
     c->tensor_index = comm->ntensors++;
     c->cfg = cfg;
+    c->codec_chunk_bytes = (size_t)gvq_param(GVQ_PARAM_CODEC_CHUNK_BYTES);
+    if (c->codec_chunk_bytes < 1024 || c->codec_chunk_bytes > (1u << 30)) {
+        GVQ_WARN("GVQ_CODEC_CHUNK_BYTES=%zu is outside [1024, 2^30]; using 256 KiB",
+                 c->codec_chunk_bytes);
+        c->codec_chunk_bytes = 1 << 18;
+    }
     c->nfull = count / (size_t)cfg.L;
     size_t C = cfg.C > 0 ? (size_t)cfg.C : GVQ_MAX(c->nfull, (size_t)1);
     c->ngroups = GVQ_DIV_UP(c->nfull, C);
@@ -457,6 +464,7 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
     int use_qsgd = cfg->codec == gvqCodecQsgd ||
                    (cfg->codec == gvqCodecGradiveq && phase != gvqPhaseCompressed &&
                     cfg->sample_codec == gvqCodecQsgd);
+    if (phase == gvqPhaseCompressed || use_qsgd) ctx.chunk_bytes = c->codec_chunk_bytes;
     if (phase == gvqPhaseCompressed) {
         gvq_codec_gradiveq_init(&codec, comm->dev, &c->gq);
         c->gq.local_x2 = c->gq.local_c2 = c->gq.local_all2 = 0;

@@ -75,6 +75,8 @@ const char *gvq_log_last_warn(void);
       "a transfer that makes no progress for this many ms fails with gvqTimeout (0: never)") \
     X(CHUNK_BYTES, "GVQ_CHUNK_BYTES", 1 << 20,                                               \
       "ring and chain pipeline chunk size in bytes")                                         \
+    X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", 1 << 18,                                   \
+      "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")    \
     X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", 16,                                        \
       "polls of an unfinished transfer before the waiting thread yields the core")           \
     X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", 0,                                               \
