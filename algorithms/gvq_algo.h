@@ -84,9 +84,10 @@ typedef struct {
     double *ZZ;     /* ngroups values: ||Z||^2, precomputed likewise (loss bookkeeping) */
     float *tmp;     /* scratch for fp16 wires */
     size_t tmp_len;
-    /* added up by every encode of local values (each local slice is encoded once per ring):
-     * ||x - Z/N||^2 and ||U^T (x - Z/N)||^2 over full slices, ||x||^2 over everything; the local
-     * compression loss is sqrt(x2 - c2) / sqrt(all2) since U has orthonormal columns */
+    /* added up by every encode of local values (each local slice is encoded once per ring),
+     * over every 4th full slice (codec_gradiveq.c, GQ_LOSS_STRIDE): ||x - Z/N||^2,
+     * ||U^T (x - Z/N)||^2 and ||x||^2; the local compression loss is sqrt(x2 - c2) / sqrt(all2)
+     * since U has orthonormal columns */
     double local_x2, local_c2, local_all2;
 } gvq_gradiveq_t;
 /* Check the shape and precompute U^T Z (uses dev->sgemm). */

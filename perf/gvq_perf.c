@@ -1331,7 +1331,7 @@ static void print_header(const opts_t *o, int nranks, const char *const skips[NU
         else
             snprintf(s_buf, sizeof s_buf, "%d", o->S);
         printf("# compressed: gradiveq L=%d maxDims=%d eps=%g T=%d S=%s W=%d sample-codec %s "
-               "wire %s; qsgd %d bits, bucket %d; chunk %zu B\n",
+               "wire %s; qsgd %d bits, bucket %d; codec chunk %zu B\n",
                o->L, o->dmax, o->eps, o->T, s_buf, o->W, o->sample_qsgd ? "qsgd" : "none",
                o->wire_fp16 ? "fp16" : "fp32", o->qbits, o->qbucket, cb_chunk_bytes());
         printf("# gradient source: %s\n", desc);

@@ -24,9 +24,9 @@ static double now_s(void) {
 }
 
 size_t cb_chunk_bytes(void) {
-    /* as gvq_config_resolve in src/comm.c: out-of-range values fall back to 1 MiB */
-    int64_t c = gvq_param(GVQ_PARAM_CHUNK_BYTES);
-    return c < 64 || c > (1 << 30) ? (size_t)1 << 20 : (size_t)c;
+    /* as gvqCompressorCreate in src/compressor.c: out-of-range values fall back to 256 KiB */
+    int64_t c = gvq_param(GVQ_PARAM_CODEC_CHUNK_BYTES);
+    return c < 1024 || c > (1 << 30) ? (size_t)1 << 18 : (size_t)c;
 }
 
 struct cb_gradiveq {

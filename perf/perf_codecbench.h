@@ -9,7 +9,8 @@
 
 #include <stddef.h>
 
-/* The ring's pipeline chunk in bytes, as the library resolves it (GVQ_CHUNK_BYTES or 1 MiB). */
+/* The compressed ring's pipeline chunk in uncompressed bytes, as the library resolves it
+ * (GVQ_CODEC_CHUNK_BYTES or 256 KiB). */
 size_t cb_chunk_bytes(void);
 
 typedef struct cb_gradiveq cb_gradiveq_t;
