@@ -1,0 +1,325 @@
+/*
+ * gvq_train.c -- gvq-train: a data-parallel CNN trainer on Fashion-MNIST in plain C and BLAS,
+ * aggregating gradients through gvq. Run it under mpirun (gvq-train -h):
+ *
+ *   mpirun -np 4 --oversubscribe gvq-train --epochs 2 --codec gradiveq --log gvq.csv
+ *   mpirun -np 4 --oversubscribe gvq-train --epochs 2 --codec none --log plain.csv
+ *   GVQ_CODEC=gradiveq mpirun -np 4 --oversubscribe -x GVQ_CODEC gvq-train --zero-code
+ *   bash perf/train/plot.sh train.png gvq.csv plain.csv
+ *
+ * The model (net.c), the data (mnist.c) and the training loop (train.c) live beside this file;
+ * this one only reads the command line. Exit status: 0 done, 1 a run-time failure (data missing,
+ * a gvq error, ranks out of step), 2 bad arguments.
+ */
+#include <getopt.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: mpirun -np N gvq-train [options]\n"
+        "data and model:\n"
+        "  --data DIR            Fashion-MNIST IDX .gz files (default %s,\n"
+        "                        from the Debian package dataset-fashion-mnist)\n"
+        "  --train-subset N      use the first N training images (default all 60000)\n"
+        "  --test-subset N       use the first N test images (default all 10000)\n"
+        "  --channels A,B,...    output channels of the conv layers, each conv -> relu -> 2x2\n"
+        "                        max pool (default 16,32,64)\n"
+        "  --kernel K            conv kernel size, odd (default 3)\n"
+        "  --hidden H            a hidden fc layer of H units before the output (default 0: none)\n"
+        "training:\n"
+        "  --batch B             global batch, a multiple of the ranks (default 64)\n"
+        "  --epochs E            epochs (default 2), or --iters N steps\n"
+        "  --lr X --momentum X --wd X   SGD with momentum (default 0.05, 0.9, 0)\n"
+        "  --seed S              weights and shuffling (default 1; the same on every rank)\n"
+        "aggregation through gvq:\n"
+        "  --codec C             conv weight gradients: none (gvqAllReduce), gradiveq (a compressor\n"
+        "                        per layer with its [K][D][k][k] shape) or qsgd (default gradiveq)\n"
+        "  --rest-codec C        biases and fc: none or qsgd (default none)\n"
+        "  --zero-code           one plain gvqAllReduce of the whole flat gradient; set GVQ_CODEC\n"
+        "                        to compress it without code changes\n"
+        "  --slice L             GradiVeQ slice size, rounded up to a multiple of each layer's K\n"
+        "  --reuse C             slices per compressor\n"
+        "  --eps X               GradiVeQ loss threshold\n"
+        "  --warmup W --sample T --compressed S   the schedule (library defaults 0, 100, 400)\n"
+        "  --sample-codec C      none or qsgd during warm-up and sampling\n"
+        "  --qsgd-bits B --qsgd-bucket N   QSGD settings\n"
+        "  --wire fp16|fp32      GradiVeQ coefficients on the wire\n"
+        "  --ef                  error feedback\n"
+        "  --max-dims D          cap on GradiVeQ's d\n"
+        "output:\n"
+        "  --print-every N       progress line (and CSV row) every N steps (default 50)\n"
+        "  --eval-every N        test accuracy every N steps (default 200; also at the end)\n"
+        "  --check-every N       compare weight checksums across ranks every N steps (default:\n"
+        "                        at every progress line)\n"
+        "  --stop-at ACC         stop once test accuracy reaches ACC percent\n"
+        "  --log FILE            CSV: iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,\n"
+        "                        compute_s,comm_s,conv_ratio,phase (perf/train/plot.sh draws it)\n"
+        "  --dump-grads FILE     record rank 0's local gradient of one conv layer per step in\n"
+        "                        gvq-perf --replay's GVQGRAD1 format\n"
+        "  --dump-layer I        which conv layer, 1-based (default 2)\n"
+        "  --dump-iters K        record the first K steps only (default all)\n",
+        "/usr/share/datasets/fashion-mnist");
+}
+
+static int parse_long(const char *s, long lo, long hi, long *v) {
+    char *end;
+    long x = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || x < lo || x > hi) return -1;
+    *v = x;
+    return 0;
+}
+
+static int parse_int(const char *s, int lo, int hi, int *v) {
+    long x;
+    if (parse_long(s, lo, hi, &x)) return -1;
+    *v = (int)x;
+    return 0;
+}
+
+static int parse_double(const char *s, double lo, double hi, double *v) {
+    char *end;
+    double x = strtod(s, &end);
+    if (end == s || *end != '\0' || !(x >= lo && x <= hi)) return -1;
+    *v = x;
+    return 0;
+}
+
+static int parse_codec(const char *s, int allow_gradiveq, int *v) {
+    if (strcmp(s, "none") == 0) *v = TRAIN_CODEC_NONE;
+    else if (strcmp(s, "qsgd") == 0) *v = TRAIN_CODEC_QSGD;
+    else if (allow_gradiveq && strcmp(s, "gradiveq") == 0) *v = TRAIN_CODEC_GRADIVEQ;
+    else return -1;
+    return 0;
+}
+
+static int parse_channels(const char *s, net_arch_t *a) {
+    int n = 0;
+    const char *p = s;
+    while (*p != '\0') {
+        char *end;
+        long c = strtol(p, &end, 10);
+        if (end == p || c < 1 || c > 4096 || n == 8) return -1;
+        a->channels[n++] = (int)c;
+        if (*end == ',') end++;
+        else if (*end != '\0') return -1;
+        p = end;
+    }
+    if (n == 0) return -1;
+    a->nconv = n;
+    return 0;
+}
+
+enum {
+    OPT_DATA = 256, OPT_TRAIN_SUBSET, OPT_TEST_SUBSET, OPT_CHANNELS, OPT_KERNEL, OPT_HIDDEN,
+    OPT_BATCH, OPT_EPOCHS, OPT_ITERS, OPT_LR, OPT_MOMENTUM, OPT_WD, OPT_SEED, OPT_CODEC,
+    OPT_REST_CODEC, OPT_ZERO_CODE, OPT_SLICE, OPT_REUSE, OPT_EPS, OPT_WARMUP, OPT_SAMPLE,
+    OPT_COMPRESSED, OPT_SAMPLE_CODEC, OPT_QSGD_BITS, OPT_QSGD_BUCKET, OPT_WIRE, OPT_EF,
+    OPT_MAX_DIMS, OPT_PRINT_EVERY, OPT_EVAL_EVERY, OPT_CHECK_EVERY, OPT_STOP_AT, OPT_LOG,
+    OPT_DUMP, OPT_DUMP_LAYER, OPT_DUMP_ITERS
+};
+
+/* Returns 0, 1 for --help, or -1 after naming the bad option on stderr. */
+static int parse_args(int argc, char **argv, train_opts_t *o) {
+    static const struct option longs[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"data", required_argument, NULL, OPT_DATA},
+        {"train-subset", required_argument, NULL, OPT_TRAIN_SUBSET},
+        {"test-subset", required_argument, NULL, OPT_TEST_SUBSET},
+        {"channels", required_argument, NULL, OPT_CHANNELS},
+        {"kernel", required_argument, NULL, OPT_KERNEL},
+        {"hidden", required_argument, NULL, OPT_HIDDEN},
+        {"batch", required_argument, NULL, OPT_BATCH},
+        {"epochs", required_argument, NULL, OPT_EPOCHS},
+        {"iters", required_argument, NULL, OPT_ITERS},
+        {"lr", required_argument, NULL, OPT_LR},
+        {"momentum", required_argument, NULL, OPT_MOMENTUM},
+        {"wd", required_argument, NULL, OPT_WD},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"codec", required_argument, NULL, OPT_CODEC},
+        {"rest-codec", required_argument, NULL, OPT_REST_CODEC},
+        {"zero-code", no_argument, NULL, OPT_ZERO_CODE},
+        {"slice", required_argument, NULL, OPT_SLICE},
+        {"reuse", required_argument, NULL, OPT_REUSE},
+        {"eps", required_argument, NULL, OPT_EPS},
+        {"warmup", required_argument, NULL, OPT_WARMUP},
+        {"sample", required_argument, NULL, OPT_SAMPLE},
+        {"compressed", required_argument, NULL, OPT_COMPRESSED},
+        {"sample-codec", required_argument, NULL, OPT_SAMPLE_CODEC},
+        {"qsgd-bits", required_argument, NULL, OPT_QSGD_BITS},
+        {"qsgd-bucket", required_argument, NULL, OPT_QSGD_BUCKET},
+        {"wire", required_argument, NULL, OPT_WIRE},
+        {"ef", no_argument, NULL, OPT_EF},
+        {"max-dims", required_argument, NULL, OPT_MAX_DIMS},
+        {"print-every", required_argument, NULL, OPT_PRINT_EVERY},
+        {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
+        {"check-every", required_argument, NULL, OPT_CHECK_EVERY},
+        {"stop-at", required_argument, NULL, OPT_STOP_AT},
+        {"log", required_argument, NULL, OPT_LOG},
+        {"dump-grads", required_argument, NULL, OPT_DUMP},
+        {"dump-layer", required_argument, NULL, OPT_DUMP_LAYER},
+        {"dump-iters", required_argument, NULL, OPT_DUMP_ITERS},
+        {NULL, 0, NULL, 0}};
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        const char *what = NULL;
+        long seed;
+        switch (c) {
+        case 'h': return 1;
+        case OPT_DATA: o->data_dir = optarg; break;
+        case OPT_TRAIN_SUBSET:
+            if (parse_int(optarg, 0, 1 << 24, &o->train_subset)) what = "--train-subset (>= 0)";
+            break;
+        case OPT_TEST_SUBSET:
+            if (parse_int(optarg, 0, 1 << 24, &o->test_subset)) what = "--test-subset (>= 0)";
+            break;
+        case OPT_CHANNELS:
+            if (parse_channels(optarg, &o->arch)) what = "--channels (1..8 numbers, comma-separated)";
+            break;
+        case OPT_KERNEL:
+            if (parse_int(optarg, 1, 15, &o->arch.ksize) || o->arch.ksize % 2 == 0)
+                what = "--kernel (odd, 1..15)";
+            break;
+        case OPT_HIDDEN:
+            if (parse_int(optarg, 0, 1 << 16, &o->arch.hidden)) what = "--hidden (>= 0)";
+            break;
+        case OPT_BATCH:
+            if (parse_int(optarg, 1, 1 << 20, &o->batch)) what = "--batch (>= 1)";
+            break;
+        case OPT_EPOCHS:
+            if (parse_int(optarg, 1, 100000, &o->epochs)) what = "--epochs (>= 1)";
+            break;
+        case OPT_ITERS:
+            if (parse_long(optarg, 1, 1L << 40, &o->iters)) what = "--iters (>= 1)";
+            break;
+        case OPT_LR:
+            if (parse_double(optarg, 0.0, 100.0, &o->lr)) what = "--lr (0..100)";
+            break;
+        case OPT_MOMENTUM:
+            if (parse_double(optarg, 0.0, 0.999999, &o->momentum)) what = "--momentum ([0, 1))";
+            break;
+        case OPT_WD:
+            if (parse_double(optarg, 0.0, 1.0, &o->weight_decay)) what = "--wd ([0, 1])";
+            break;
+        case OPT_SEED:
+            if (parse_long(optarg, 0, 1L << 40, &seed)) what = "--seed (>= 0)";
+            else o->seed = (unsigned long long)seed;
+            break;
+        case OPT_CODEC:
+            if (parse_codec(optarg, 1, &o->codec)) what = "--codec (none, gradiveq or qsgd)";
+            break;
+        case OPT_REST_CODEC:
+            if (parse_codec(optarg, 0, &o->rest_codec)) what = "--rest-codec (none or qsgd)";
+            break;
+        case OPT_ZERO_CODE: o->zero_code = 1; break;
+        case OPT_SLICE:
+            if (parse_int(optarg, 1, 1 << 20, &o->slice)) what = "--slice (>= 1)";
+            break;
+        case OPT_REUSE:
+            if (parse_int(optarg, 1, 1 << 24, &o->reuse)) what = "--reuse (>= 1)";
+            break;
+        case OPT_EPS:
+            if (parse_double(optarg, 1e-9, 0.999999, &o->eps)) what = "--eps (in (0, 1))";
+            break;
+        case OPT_WARMUP:
+            if (parse_int(optarg, 0, 1 << 30, &o->warmup)) what = "--warmup (>= 0)";
+            break;
+        case OPT_SAMPLE:
+            if (parse_int(optarg, 1, 1 << 30, &o->sample)) what = "--sample (>= 1)";
+            break;
+        case OPT_COMPRESSED:
+            if (parse_int(optarg, 1, 1 << 30, &o->compressed)) what = "--compressed (>= 1)";
+            break;
+        case OPT_SAMPLE_CODEC:
+            if (parse_codec(optarg, 0, &o->sample_codec)) what = "--sample-codec (none or qsgd)";
+            break;
+        case OPT_QSGD_BITS:
+            if (parse_int(optarg, 2, 8, &o->qsgd_bits)) what = "--qsgd-bits (2, 4 or 8)";
+            break;
+        case OPT_QSGD_BUCKET:
+            if (parse_int(optarg, 1, 1 << 24, &o->qsgd_bucket)) what = "--qsgd-bucket (>= 1)";
+            break;
+        case OPT_WIRE:
+            if (strcmp(optarg, "fp16") == 0) o->wire_fp16 = 1;
+            else if (strcmp(optarg, "fp32") == 0) o->wire_fp16 = 0;
+            else what = "--wire (fp16 or fp32)";
+            break;
+        case OPT_EF: o->error_feedback = 1; break;
+        case OPT_MAX_DIMS:
+            if (parse_int(optarg, 1, 1 << 20, &o->max_dims)) what = "--max-dims (>= 1)";
+            break;
+        case OPT_PRINT_EVERY:
+            if (parse_int(optarg, 1, 1 << 30, &o->print_every)) what = "--print-every (>= 1)";
+            break;
+        case OPT_EVAL_EVERY:
+            if (parse_int(optarg, 0, 1 << 30, &o->eval_every)) what = "--eval-every (>= 0)";
+            break;
+        case OPT_CHECK_EVERY:
+            if (parse_int(optarg, 0, 1 << 30, &o->check_every)) what = "--check-every (>= 0)";
+            break;
+        case OPT_STOP_AT:
+            if (parse_double(optarg, 0.0, 100.0, &o->stop_at)) what = "--stop-at (0..100)";
+            break;
+        case OPT_LOG: o->log_path = optarg; break;
+        case OPT_DUMP: o->dump_path = optarg; break;
+        case OPT_DUMP_LAYER:
+            if (parse_int(optarg, 1, 8, &o->dump_layer)) what = "--dump-layer (1..8)";
+            break;
+        case OPT_DUMP_ITERS:
+            if (parse_long(optarg, 0, 1L << 40, &o->dump_iters)) what = "--dump-iters (>= 0)";
+            break;
+        default:
+            fprintf(stderr, "gvq-train: unknown option '%s' (see -h)\n", argv[optind - 1]);
+            return -1;
+        }
+        if (what != NULL) {
+            fprintf(stderr, "gvq-train: bad value '%s' for %s\n", optarg, what);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "gvq-train: unexpected argument '%s' (see -h)\n", argv[optind]);
+        return -1;
+    }
+    if (o->eval_every > 0 && o->eval_every % o->print_every != 0) {
+        fprintf(stderr, "gvq-train: --eval-every (%d) must be a multiple of --print-every (%d)\n",
+                o->eval_every, o->print_every);
+        return -1;
+    }
+    if (o->zero_code && (o->codec == TRAIN_CODEC_QSGD || o->rest_codec != TRAIN_CODEC_NONE)) {
+        fprintf(stderr, "gvq-train: --zero-code uses plain gvqAllReduce only; choose the codec "
+                        "with GVQ_CODEC instead of --codec/--rest-codec\n");
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    train_opts_t o;
+    train_opts_default(&o);
+    int p = parse_args(argc, argv, &o);
+    if (p != 0) {
+        if (rank == 0) usage(p > 0 ? stdout : stderr);
+        MPI_Finalize();
+        return p > 0 ? 0 : 2;
+    }
+    train_result_t res;
+    int rc = train_run(&o, MPI_COMM_WORLD, &res);
+    free(res.loss_hist);
+    if (rc == 0 && res.sync_mismatches > 0) {
+        if (rank == 0)
+            fprintf(stderr, "gvq-train: the ranks' weights differed at %ld of %ld checks\n",
+                    res.sync_mismatches, res.sync_checks);
+        rc = -1;
+    }
+    MPI_Finalize();
+    return rc == 0 ? 0 : 1;
+}

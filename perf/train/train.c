@@ -1,0 +1,610 @@
+/*
+ * train.c -- data-parallel SGD over gvq (see train.h).
+ *
+ * One step, on each of the N ranks:
+ *
+ *   global batch t (B images of an epoch's shuffled order, the same order on every rank)
+ *     |-- rank n takes images [n B/N, (n+1) B/N) of it
+ *   forward, softmax cross-entropy, backward            -> local mean gradient g_n  (compute)
+ *   conv layer i weights:  gvqAllReduceCompressed(g_n[i], gvqAvg, compressor i)   (comm)
+ *                          (codec none: gvqAllReduce)
+ *   the rest (biases, fc): gvqAllReduce(gvqAvg)  (or a QSGD compressor)
+ *       -- or, zero-code mode: one gvqAllReduce over the whole flat gradient --
+ *   v = mu v + g + wd w ;  w -= lr v                     (identical on every rank, because
+ *                                                         gvq's results are bitwise identical)
+ *
+ * Every print_every steps the window's loss, accuracy and timings are summed over the ranks with
+ * MPI, the test set is evaluated when due (split over the ranks), the conv compressors' stats
+ * are read, and rank 0 prints a line and writes a CSV row. Weight checksums (FNV-1a of the
+ * parameter bits) are compared across ranks every check_every steps.
+ */
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gvq.h"
+#include "gvq_mpi.h"
+#include "mnist.h"
+
+#define MAX_CONV 8
+
+/* A failed gvq or MPI call ends the whole job: a rank that stopped calling collectives would
+ * leave the others waiting for it until gvq's timeout. */
+#define TRAIN_GVQ(call, comm)                                                                  \
+    do {                                                                                       \
+        gvqResult_t res_ = (call);                                                             \
+        if (res_ != gvqSuccess) {                                                              \
+            fprintf(stderr, "gvq-train: %s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__,     \
+                    #call, gvqGetErrorString(res_), gvqGetLastError(comm));                    \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                      \
+        }                                                                                      \
+    } while (0)
+
+#define TRAIN_MPI(call)                                                                        \
+    do {                                                                                       \
+        int err_ = (call);                                                                     \
+        if (err_ != MPI_SUCCESS) {                                                             \
+            char msg_[MPI_MAX_ERROR_STRING];                                                   \
+            int len_ = 0;                                                                      \
+            MPI_Error_string(err_, msg_, &len_);                                               \
+            fprintf(stderr, "gvq-train: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,    \
+                    msg_);                                                                     \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                      \
+        }                                                                                      \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void train_opts_default(train_opts_t *o) {
+    memset(o, 0, sizeof *o);
+    o->data_dir = MNIST_DEFAULT_DIR;
+    o->arch.nconv = 3;
+    o->arch.channels[0] = 16;
+    o->arch.channels[1] = 32;
+    o->arch.channels[2] = 64;
+    o->arch.ksize = 3;
+    o->arch.hidden = 0;
+    o->arch.classes = 10;
+    o->batch = 64;
+    o->epochs = 2;
+    o->lr = 0.05;
+    o->momentum = 0.9;
+    o->seed = 1;
+    o->codec = TRAIN_CODEC_GRADIVEQ;
+    o->rest_codec = TRAIN_CODEC_NONE;
+    o->slice = o->reuse = o->warmup = o->sample = o->compressed = TRAIN_UNSET;
+    o->sample_codec = o->qsgd_bits = o->qsgd_bucket = o->max_dims = TRAIN_UNSET;
+    o->eps = -1.0;
+    o->print_every = 50;
+    o->eval_every = 200;
+    o->dump_layer = 2;
+    o->out = stdout;
+}
+
+/* ---- gradient recording (gvq-perf --replay's GVQGRAD1 format, see perf/perf_gradsrc.h) -------- */
+
+typedef struct {
+    FILE *f;
+    uint64_t count, iters;
+} dump_t;
+
+static int dump_open(dump_t *d, const char *path, size_t count) {
+    const uint16_t one = 1;
+    uint8_t low;
+    memcpy(&low, &one, 1);
+    if (low != 1) {
+        fprintf(stderr, "gvq-train: --dump-grads writes little-endian files; this host is not\n");
+        return -1;
+    }
+    d->f = fopen(path, "wb");
+    if (d->f == NULL) {
+        fprintf(stderr, "gvq-train: cannot create '%s': %s\n", path, strerror(errno));
+        return -1;
+    }
+    d->count = count;
+    d->iters = 0;
+    uint64_t hdr[2] = {d->count, 0};
+    if (fwrite("GVQGRAD1", 1, 8, d->f) != 8 || fwrite(hdr, 8, 2, d->f) != 2) {
+        fprintf(stderr, "gvq-train: cannot write '%s'\n", path);
+        fclose(d->f);
+        d->f = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static int dump_record(dump_t *d, const float *g) {
+    if (fwrite(g, sizeof(float), d->count, d->f) != d->count) return -1;
+    d->iters++;
+    return 0;
+}
+
+/* Patches the iteration count into the header and closes the file. */
+static int dump_close(dump_t *d, const char *path) {
+    int ok = fseek(d->f, 16, SEEK_SET) == 0 && fwrite(&d->iters, 8, 1, d->f) == 1;
+    if (fclose(d->f) != 0) ok = 0;
+    d->f = NULL;
+    if (!ok) {
+        fprintf(stderr, "gvq-train: cannot finish '%s'\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static void shuffle(int *perm, int n, uint64_t seed) {
+    rng_t r = {seed};
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_uniform(&r) * (double)(i + 1));
+        if (j > i) j = i;
+        int t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+/* Test accuracy in percent: each rank evaluates its share of the test set. */
+static double evaluate(net_t *net, const mnist_set_t *test, int rank, int nranks, MPI_Comm comm,
+                       float *images, uint8_t *labels, int *idx) {
+    int lo = (int)((long)test->n * rank / nranks), hi = (int)((long)test->n * (rank + 1) / nranks);
+    long correct = 0;
+    for (int i = lo; i < hi; i += net->capacity) {
+        int n = hi - i < net->capacity ? hi - i : net->capacity;
+        for (int j = 0; j < n; j++) idx[j] = i + j;
+        mnist_batch(test, idx, n, images, labels);
+        correct += net_count_correct(net, images, labels, n);
+    }
+    long total = 0;
+    TRAIN_MPI(MPI_Allreduce(&correct, &total, 1, MPI_LONG, MPI_SUM, comm));
+    return 100.0 * (double)total / (double)test->n;
+}
+
+/* 1 when every rank holds the same weights (compares the min and max of their hashes). */
+static int weights_agree(const net_t *net, MPI_Comm comm) {
+    unsigned long long h = hash_floats(net->params, net->nparams), lo = 0, hi = 0;
+    TRAIN_MPI(MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm));
+    TRAIN_MPI(MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm));
+    return lo == hi;
+}
+
+static const char *codec_name(int c) {
+    return c == TRAIN_CODEC_GRADIVEQ ? "gradiveq" : c == TRAIN_CODEC_QSGD ? "qsgd" : "none";
+}
+
+static char phase_letter(int phase) {
+    switch (phase) {
+    case gvqPhaseWarmup: return 'W';
+    case gvqPhaseSample: return 'S';
+    case gvqPhaseCompressed: return 'C';
+    default: return 'P';
+    }
+}
+
+/* A compressor config for a tensor: conv layers carry their [K][D][k][k] shape. */
+static void compressor_config(const train_opts_t *o, int codec, const layer_t *l,
+                              gvqCompressorConfig_t *cfg) {
+    gvqCompressorConfig_t c = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    c.codec = codec == TRAIN_CODEC_GRADIVEQ ? gvqCodecGradiveq : gvqCodecQsgd;
+    if (l != NULL) {
+        c.filters = l->out_c;
+        c.depth = l->in_c;
+        c.height = l->ksize;
+        c.width = l->ksize;
+        if (o->slice != TRAIN_UNSET) {
+            /* --slice is rounded up to a multiple of K and capped at the tensor */
+            int K = l->out_c;
+            long L = ((long)o->slice + K - 1) / K * K;
+            if (L > (long)l->nw) L = (long)l->nw;
+            c.sliceSize = (int)L;
+        }
+    }
+    if (o->reuse != TRAIN_UNSET) c.reuse = o->reuse;
+    if (o->eps > 0.0) c.lossThreshold = (float)o->eps;
+    if (o->warmup != TRAIN_UNSET) c.warmupIters = o->warmup;
+    if (o->sample != TRAIN_UNSET) c.sampleIters = o->sample;
+    if (o->compressed != TRAIN_UNSET) c.compressedIters = o->compressed;
+    if (o->sample_codec != TRAIN_UNSET)
+        c.sampleCodec = o->sample_codec == TRAIN_CODEC_QSGD ? gvqCodecQsgd : gvqCodecNone;
+    if (o->qsgd_bits != TRAIN_UNSET) c.qsgdBits = o->qsgd_bits;
+    if (o->qsgd_bucket != TRAIN_UNSET) c.qsgdBucket = o->qsgd_bucket;
+    if (o->wire_fp16) c.wireType = gvqFloat16;
+    c.errorFeedback = o->error_feedback ? 1 : 0;
+    if (o->max_dims != TRAIN_UNSET) c.maxDims = o->max_dims;
+    c.seed = (int)(o->seed & 0x7fffffff);
+    *cfg = c;
+}
+
+/* ---- the run -------------------------------------------------------------------------------- */
+
+int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
+    int rank = 0, nranks = 1;
+    TRAIN_MPI(MPI_Comm_rank(comm, &rank));
+    TRAIN_MPI(MPI_Comm_size(comm, &nranks));
+    FILE *out = o->out != NULL ? o->out : stdout;
+    memset(res, 0, sizeof *res);
+    res->time_to_stop = -1.0;
+
+    if (o->batch < nranks || o->batch % nranks != 0) {
+        if (rank == 0)
+            fprintf(stderr, "gvq-train: the global batch (%d) must be a multiple of the number of "
+                            "ranks (%d)\n", o->batch, nranks);
+        return -1;
+    }
+    const int local = o->batch / nranks;
+
+    /* data: every rank loads it; one failure stops all */
+    char err[4096] = "";
+    mnist_set_t train = {0}, test = {0};
+    int bad = mnist_load(&train, o->data_dir, "train", o->train_subset, err, sizeof err) != 0 ||
+              mnist_load(&test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0;
+    int anybad = 0;
+    TRAIN_MPI(MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm));
+    if (anybad) {
+        if (bad) fprintf(stderr, "gvq-train: rank %d: %s\n", rank, err);
+        mnist_free(&train);
+        mnist_free(&test);
+        return -1;
+    }
+    if (train.n < o->batch) {
+        if (rank == 0)
+            fprintf(stderr, "gvq-train: %d training images, fewer than one global batch (%d)\n",
+                    train.n, o->batch);
+        mnist_free(&train);
+        mnist_free(&test);
+        return -1;
+    }
+    const long steps_per_epoch = train.n / o->batch;
+    const long iters = o->iters > 0 ? o->iters : (long)o->epochs * steps_per_epoch;
+
+    /* model */
+    net_t net;
+    const int capacity = local > 100 ? local : 100; /* evaluation runs in chunks of 100 */
+    if (net_create(&net, &o->arch, 1, train.rows, train.cols, capacity, o->seed, err,
+                   sizeof err) != 0) {
+        if (rank == 0) fprintf(stderr, "gvq-train: %s\n", err);
+        mnist_free(&train);
+        mnist_free(&test);
+        return -1;
+    }
+    float *velocity = calloc(net.nparams, sizeof(float));
+    float *images = malloc(sizeof(float) * (size_t)capacity * train.rows * train.cols);
+    uint8_t *labels = malloc((size_t)capacity);
+    int *perm = malloc(sizeof(int) * (size_t)train.n);
+    int *idx = malloc(sizeof(int) * (size_t)capacity);
+    res->loss_hist = calloc((size_t)iters, sizeof(double));
+    if (velocity == NULL || images == NULL || labels == NULL || perm == NULL || idx == NULL ||
+        res->loss_hist == NULL) {
+        fprintf(stderr, "gvq-train: rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+
+    /* gvq: a communicator, one compressor per conv layer, one for the rest when it is QSGD */
+    gvqComm_t gcomm;
+    TRAIN_GVQ(gvqCommInitMPI(&gcomm, comm, NULL), NULL);
+    int nconv = 0;
+    layer_t *conv[MAX_CONV];
+    gvqCompressor_t comp[MAX_CONV] = {0};
+    for (int i = 0; i < net.nlayers; i++)
+        if (net.layers[i].kind == LAYER_CONV) conv[nconv++] = &net.layers[i];
+    if (!o->zero_code && o->codec != TRAIN_CODEC_NONE)
+        for (int i = 0; i < nconv; i++) {
+            gvqCompressorConfig_t cfg;
+            compressor_config(o, o->codec, conv[i], &cfg);
+            TRAIN_GVQ(gvqCompressorCreate(gcomm, conv[i]->nw, &cfg, &comp[i]), gcomm);
+        }
+    float *rest = net.grads + net.conv_params;
+    const size_t nrest = net.nparams - net.conv_params;
+    gvqCompressor_t rest_comp = NULL;
+    if (!o->zero_code && o->rest_codec == TRAIN_CODEC_QSGD) {
+        gvqCompressorConfig_t cfg;
+        compressor_config(o, TRAIN_CODEC_QSGD, NULL, &cfg);
+        TRAIN_GVQ(gvqCompressorCreate(gcomm, nrest, &cfg, &rest_comp), gcomm);
+    }
+
+    /* gradient recording */
+    dump_t dump = {0};
+    int dumping = 0;
+    if (o->dump_path != NULL) {
+        if (o->dump_layer < 1 || o->dump_layer > nconv) {
+            if (rank == 0)
+                fprintf(stderr, "gvq-train: --dump-layer %d: the network has conv layers 1..%d\n",
+                        o->dump_layer, nconv);
+            bad = 1;
+        } else if (rank == 0) {
+            bad = dump_open(&dump, o->dump_path, conv[o->dump_layer - 1]->nw) != 0;
+            dumping = !bad;
+        }
+        TRAIN_MPI(MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm));
+        if (anybad) {
+            if (dumping) fclose(dump.f);
+            dumping = 0;
+            goto done;
+        }
+    }
+
+    if (rank == 0 && !o->quiet) {
+        fprintf(out, "# gvq-train: %d ranks, global batch %d (%d per rank), %ld steps (%ld per "
+                     "epoch), lr %g momentum %g wd %g seed %llu\n",
+                nranks, o->batch, local, iters, steps_per_epoch, o->lr, o->momentum,
+                o->weight_decay, o->seed);
+        fprintf(out, "# data: %s (%d train, %d test images of %dx%d)\n", o->data_dir, train.n,
+                test.n, train.rows, train.cols);
+        fprintf(out, "# model: %zu parameters, %zu in conv weights:", net.nparams, net.conv_params);
+        for (int i = 0; i < nconv; i++)
+            fprintf(out, " conv%d [K=%d][D=%d][%d][%d]", i + 1, conv[i]->out_c, conv[i]->in_c,
+                    conv[i]->ksize, conv[i]->ksize);
+        fprintf(out, ", fc %d -> %s%d\n",
+                (int)layer_in_size(&net.layers[net.nlayers - (o->arch.hidden > 0 ? 3 : 1)]),
+                o->arch.hidden > 0 ? "hidden -> " : "", o->arch.classes);
+        if (o->zero_code) {
+            const char *e = getenv("GVQ_CODEC");
+            fprintf(out, "# aggregation: zero-code mode, one gvqAllReduce of %zu floats "
+                         "(GVQ_CODEC=%s)\n", net.nparams, e != NULL ? e : "unset");
+        } else {
+            fprintf(out, "# aggregation: conv weights %s, the rest (%zu floats) %s",
+                    codec_name(o->codec), nrest, codec_name(o->rest_codec));
+            for (int i = 0; i < nconv && comp[i] != NULL; i++) {
+                gvqCompressorStats_t st;
+                TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
+                fprintf(out, "%s conv%d L=%d groups=%d", i == 0 ? ";" : ",", i + 1, st.sliceSize,
+                        st.groups);
+            }
+            fprintf(out, "\n");
+        }
+        fflush(out);
+    }
+
+    FILE *csv = NULL;
+    if (rank == 0 && o->log_path != NULL) {
+        csv = fopen(o->log_path, "w");
+        if (csv == NULL)
+            fprintf(stderr, "gvq-train: cannot create the log '%s': %s (going on without it)\n",
+                    o->log_path, strerror(errno));
+        else
+            fprintf(csv, "iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,compute_s,comm_s,"
+                         "conv_ratio,phase\n"); /* test_acc -1: not evaluated at this row */
+    }
+
+    /* the loop */
+    double win_loss = 0.0, win_compute = 0.0, win_comm = 0.0, tot_compute = 0.0, tot_comm = 0.0;
+    long win_correct = 0, win_seen = 0, win_steps = 0;
+    double train_s = 0.0, win_start = now_s();
+    double test_acc = -1.0, win_train_s = 0.0;
+    unsigned long long prev_raw = 0, prev_wire = 0;
+    const double raw_rest_per_call =
+        nranks > 1 ? 2.0 * (nranks - 1) * (double)nrest * 4.0 / nranks : 0.0;
+    const double raw_conv_per_call =
+        nranks > 1 ? 2.0 * (nranks - 1) * (double)net.conv_params * 4.0 / nranks : 0.0;
+    double rest_wire = 0.0; /* rest bytes on the wire (plain: the raw amount) */
+    long pos = (long)train.n; /* forces a shuffle at step 0 */
+    int epoch = 0;
+    long step;
+    for (step = 0; step < iters; step++) {
+        double t0 = now_s();
+        if (pos + o->batch > train.n) {
+            shuffle(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
+            epoch++;
+            pos = 0;
+        }
+        mnist_batch(&train, perm + pos + (long)rank * local, local, images, labels);
+        pos += o->batch;
+        net_forward(&net, images, local);
+        long correct = 0;
+        double loss = net_loss(&net, labels, local, &correct);
+        net_backward(&net, images, local);
+        double t1 = now_s();
+
+        if (dumping && (o->dump_iters == 0 || (long)dump.iters < o->dump_iters) &&
+            dump_record(&dump, conv[o->dump_layer - 1]->dw) != 0) {
+            fprintf(stderr, "gvq-train: cannot write '%s' (disk full?); recording stopped\n",
+                    o->dump_path);
+            fclose(dump.f);
+            dumping = 0;
+        }
+
+        if (o->zero_code) {
+            TRAIN_GVQ(gvqAllReduce(net.grads, net.grads, net.nparams, gvqFloat32, gvqAvg, gcomm,
+                                   NULL), gcomm);
+        } else {
+            for (int i = 0; i < nconv; i++) {
+                if (comp[i] != NULL)
+                    TRAIN_GVQ(gvqAllReduceCompressed(conv[i]->dw, conv[i]->dw, conv[i]->nw,
+                                                     gvqFloat32, gvqAvg, comp[i], gcomm, NULL),
+                              gcomm);
+                else
+                    TRAIN_GVQ(gvqAllReduce(conv[i]->dw, conv[i]->dw, conv[i]->nw, gvqFloat32,
+                                           gvqAvg, gcomm, NULL), gcomm);
+            }
+            if (rest_comp != NULL)
+                TRAIN_GVQ(gvqAllReduceCompressed(rest, rest, nrest, gvqFloat32, gvqAvg, rest_comp,
+                                                 gcomm, NULL), gcomm);
+            else
+                TRAIN_GVQ(gvqAllReduce(rest, rest, nrest, gvqFloat32, gvqAvg, gcomm, NULL), gcomm);
+        }
+        double t2 = now_s();
+
+        const float lr = (float)o->lr, mu = (float)o->momentum, wd = (float)o->weight_decay;
+        for (size_t j = 0; j < net.nparams; j++) {
+            velocity[j] = mu * velocity[j] + net.grads[j] + wd * net.params[j];
+            net.params[j] -= lr * velocity[j];
+        }
+        double t3 = now_s();
+        win_compute += (t1 - t0) + (t3 - t2);
+        win_comm += t2 - t1;
+        win_loss += loss;
+        win_correct += correct;
+        win_seen += local;
+        win_steps++;
+        res->loss_hist[step] = loss;
+
+        int last = step + 1 == iters;
+        int printing = (step + 1) % o->print_every == 0 || last;
+        if ((o->check_every > 0 && (step + 1) % o->check_every == 0) || printing) {
+            res->sync_checks++;
+            if (!weights_agree(&net, comm)) {
+                res->sync_mismatches++;
+                if (rank == 0)
+                    fprintf(stderr, "gvq-train: step %ld: the ranks hold different weights\n",
+                            step + 1);
+            }
+        }
+        if (!printing) continue;
+
+        /* a window ends: sums over the ranks, evaluation, compressor stats, one line */
+        double now = now_s();
+        win_train_s = now - win_start;
+        train_s += win_train_s;
+        double sums[5] = {win_loss, (double)win_correct, (double)win_seen, win_compute, win_comm};
+        double tot[5];
+        TRAIN_MPI(MPI_Allreduce(sums, tot, 5, MPI_DOUBLE, MPI_SUM, comm));
+        const long nsteps_win = win_steps;
+        double mean_loss = tot[0] / ((double)nsteps_win * nranks);
+        double train_acc = 100.0 * tot[1] / tot[2];
+        double compute = tot[3] / nranks, commt = tot[4] / nranks;
+        tot_compute += compute;
+        tot_comm += commt;
+        if (step + 1 == nsteps_win) res->first_loss = mean_loss;
+        res->last_loss = mean_loss;
+        int evaluated = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
+        if (evaluated) test_acc = evaluate(&net, &test, rank, nranks, comm, images, labels, idx);
+
+        unsigned long long raw = 0, wire = 0;
+        char phases[2 * MAX_CONV + 1] = "";
+        for (int i = 0; i < nconv && comp[i] != NULL; i++) {
+            gvqCompressorStats_t st;
+            TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
+            raw += st.rawBytes;
+            wire += st.wireBytes;
+            size_t len = strlen(phases);
+            snprintf(phases + len, sizeof phases - len, "%s%c", i ? "," : "",
+                     phase_letter(st.phase));
+        }
+        double ratio = wire > prev_wire ? (double)(raw - prev_raw) / (double)(wire - prev_wire) : 1.0;
+        prev_raw = raw;
+        prev_wire = wire;
+        if (comp[0] == NULL) snprintf(phases, sizeof phases, "%s", o->zero_code ? "zero-code" : "-");
+
+        if (rank == 0) {
+            double ips = (double)o->batch * (double)nsteps_win / win_train_s;
+            char acc[32] = "   -  ";
+            if (test_acc >= 0.0) snprintf(acc, sizeof acc, "%5.2f%%", test_acc);
+            if (!o->quiet) {
+                fprintf(out, "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s"
+                             "  compute %6.2fs comm %6.2fs (%2.0f%%)  ratio %5.2f  phase %s\n",
+                        epoch, step + 1, mean_loss, train_acc, acc, ips, compute, commt,
+                        100.0 * commt / (compute + commt > 0 ? compute + commt : 1), ratio,
+                        phases);
+                fflush(out);
+            }
+            if (csv != NULL) {
+                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,%.4f,%.4f,%.3f,%s\n", step + 1,
+                        epoch, train_s, mean_loss, train_acc, evaluated ? test_acc : -1.0, ips,
+                        tot_compute,
+                        tot_comm, ratio, phases);
+                fflush(csv);
+            }
+        }
+        win_loss = win_compute = win_comm = 0.0;
+        win_correct = win_seen = win_steps = 0;
+        if (o->stop_at > 0.0 && test_acc >= o->stop_at && res->time_to_stop < 0.0) {
+            res->time_to_stop = train_s;
+            res->iters = step + 1;
+            step++;
+            break;
+        }
+        res->iters = step + 1;
+        win_start = now_s();
+    }
+
+    /* totals */
+    res->iters = step;
+    res->test_acc = test_acc;
+    res->train_s = train_s;
+    res->compute_s = tot_compute;
+    res->comm_s = tot_comm;
+    {
+        unsigned long long raw = 0, wire = 0;
+        for (int i = 0; i < nconv && comp[i] != NULL; i++) {
+            gvqCompressorStats_t st;
+            TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
+            raw += st.rawBytes;
+            wire += st.wireBytes;
+            res->fits += st.fits;
+            res->early_exits += st.earlyExits;
+        }
+        double conv_raw = raw_conv_per_call * (double)step;
+        double conv_wire = wire > 0 ? (double)wire : conv_raw;
+        res->conv_ratio = conv_wire > 0 ? conv_raw / conv_wire : 1.0;
+        if (rest_comp != NULL) {
+            gvqCompressorStats_t st;
+            TRAIN_GVQ(gvqCompressorGetStats(rest_comp, &st), gcomm);
+            rest_wire = (double)st.wireBytes;
+        } else {
+            rest_wire = raw_rest_per_call * (double)step;
+        }
+        double all_raw = conv_raw + raw_rest_per_call * (double)step;
+        res->total_ratio = conv_wire + rest_wire > 0 ? all_raw / (conv_wire + rest_wire) : 1.0;
+    }
+    if (rank == 0 && !o->quiet) {
+        fprintf(out, "# done: %ld steps in %.1f s of training (%.0f img/s), test accuracy %.2f%%, "
+                     "compute %.1f s comm %.1f s per rank (comm %.0f%%)\n",
+                res->iters, train_s, (double)o->batch * (double)res->iters / train_s, test_acc,
+                res->compute_s, res->comm_s,
+                100.0 * res->comm_s / (res->compute_s + res->comm_s));
+        if (!o->zero_code)
+            fprintf(out, "# wire: conv layers %.2fx smaller than a plain fp32 ring over the run, "
+                         "the whole gradient %.2fx; weight checksums compared %ld times, %ld "
+                         "mismatches\n",
+                    res->conv_ratio, res->total_ratio, res->sync_checks, res->sync_mismatches);
+        else
+            fprintf(out, "# weight checksums compared %ld times, %ld mismatches\n",
+                    res->sync_checks, res->sync_mismatches);
+        for (int i = 0; i < nconv && comp[i] != NULL; i++) {
+            gvqCompressorStats_t st;
+            TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
+            fprintf(out, "# conv%d %s: phase %c, L %d, d %d, fits %lld (refused %lld), early "
+                         "exits %lld, compressed-phase ratio %.2f, kept energy %.4f, last local "
+                         "loss %.4f%s%s\n",
+                    i + 1, codec_name(o->codec), phase_letter(st.phase), st.sliceSize, st.dims,
+                    st.fits, st.fitsRefused, st.earlyExits, st.ratio, st.keptEnergy, st.lastLoss,
+                    st.reason[0] ? "; " : "", st.reason);
+        }
+        if (o->stop_at > 0.0)
+            fprintf(out, "# time to %.2f%% test accuracy: %s\n", o->stop_at,
+                    res->time_to_stop >= 0.0 ? "reached" : "not reached");
+        fflush(out);
+    }
+    if (csv != NULL) fclose(csv);
+    if (dumping && dump_close(&dump, o->dump_path) != 0) bad = 1;
+    if (dumping && rank == 0 && !o->quiet && !bad)
+        fprintf(out, "# recorded %llu iterations of conv%d's gradient (%llu floats) in %s\n",
+                (unsigned long long)dump.iters, o->dump_layer, (unsigned long long)dump.count,
+                o->dump_path);
+
+done:
+    for (int i = 0; i < nconv; i++)
+        if (comp[i] != NULL) TRAIN_GVQ(gvqCompressorDestroy(comp[i]), gcomm);
+    if (rest_comp != NULL) TRAIN_GVQ(gvqCompressorDestroy(rest_comp), gcomm);
+    TRAIN_GVQ(gvqCommDestroy(gcomm), NULL);
+    free(velocity);
+    free(images);
+    free(labels);
+    free(perm);
+    free(idx);
+    net_free(&net);
+    mnist_free(&train);
+    mnist_free(&test);
+    TRAIN_MPI(MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm));
+    return anybad ? -1 : 0;
+}

@@ -1,0 +1,78 @@
+/*
+ * train.h -- one data-parallel training run of gvq-train's CNN over gvq (see train.c).
+ *
+ * Every rank of `comm` calls train_run with the same options. Each takes its shard of every
+ * global batch, computes gradients, and aggregates them through gvq: every conv layer's weight
+ * gradient through its own compressor built with the layer's shape (or plain gvqAllReduce with
+ * codec none), everything else in one more call; or, in zero-code mode, the whole gradient as one
+ * flat buffer through plain gvqAllReduce (so GVQ_CODEC decides the codec).
+ */
+#ifndef GVQ_TRAIN_TRAIN_H_
+#define GVQ_TRAIN_TRAIN_H_
+
+#include <mpi.h>
+#include <stdio.h>
+
+#include "net.h"
+
+typedef enum { TRAIN_CODEC_NONE = 0, TRAIN_CODEC_GRADIVEQ = 1, TRAIN_CODEC_QSGD = 2 } train_codec_t;
+
+#define TRAIN_UNSET (-1) /* a gvq knob left to the library's default */
+
+typedef struct {
+    /* data */
+    const char *data_dir;
+    int train_subset, test_subset; /* 0: all */
+    /* model and optimizer */
+    net_arch_t arch;
+    int batch;          /* global batch, a multiple of the number of ranks */
+    int epochs;         /* used when iters is 0 */
+    long iters;         /* total steps (0: epochs x steps per epoch) */
+    double lr, momentum, weight_decay;
+    unsigned long long seed;
+    /* aggregation */
+    int codec;          /* train_codec_t of the conv layers */
+    int rest_codec;     /* TRAIN_CODEC_NONE or TRAIN_CODEC_QSGD for everything else */
+    int zero_code;      /* 1: one flat gvqAllReduce of the whole gradient */
+    int slice, reuse, warmup, sample, compressed, sample_codec, qsgd_bits, qsgd_bucket;
+    int wire_fp16, error_feedback, max_dims;
+    double eps;
+    /* what the user sees */
+    int print_every;    /* progress line every N steps (and a CSV row) */
+    int eval_every;     /* test accuracy every N steps (a multiple of print_every; 0: at the end) */
+    int check_every;    /* compare weight checksums across ranks every N steps (0: at prints) */
+    double stop_at;     /* stop once test accuracy reaches this (0: never) */
+    const char *log_path;
+    const char *dump_path;
+    int dump_layer;     /* conv layer (1-based) whose gradients --dump-grads records */
+    long dump_iters;    /* iterations to record (0: all) */
+    int quiet;          /* no progress lines (tests) */
+    FILE *out;          /* progress lines (rank 0) */
+} train_opts_t;
+
+/* Fills defaults: a 3-conv net (16, 32, 64 channels, 3x3), batch 64, 2 epochs, lr 0.05, momentum
+ * 0.9, codec GradiVeQ with the library's schedule defaults, progress every 50 steps. */
+void train_opts_default(train_opts_t *o);
+
+typedef struct {
+    long iters;            /* steps done */
+    double first_loss;     /* mean loss (over ranks) of the first print window */
+    double last_loss;      /* ... of the last one */
+    double test_acc;       /* final test accuracy, percent */
+    double train_s;        /* wall time of the steps (evaluation excluded) */
+    double compute_s, comm_s;  /* per rank, averaged over ranks */
+    double conv_ratio;     /* raw / wire bytes of the conv layers over the whole run */
+    double total_ratio;    /* raw / wire bytes of the whole gradient */
+    long long fits;        /* GradiVeQ fits over the conv compressors */
+    long long early_exits; /* compressed phases the loss vote ended early */
+    double time_to_stop;   /* train_s when test accuracy first reached stop_at (or -1) */
+    long sync_checks;      /* weight checksum comparisons made */
+    long sync_mismatches;  /* ... that found ranks holding different weights */
+    double *loss_hist;     /* this rank's local loss per step (iters values; caller frees) */
+} train_result_t;
+
+/* Runs the training; returns 0, or -1 after printing why (bad options, data missing, a gvq
+ * error). Collective over comm. */
+int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res);
+
+#endif /* GVQ_TRAIN_TRAIN_H_ */
