@@ -370,6 +370,262 @@ GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t compressor, const void *bu
 GVQ_API gvqResult_t gvqCompressorSaveFile(gvqCompressor_t compressor, const char *path);
 GVQ_API gvqResult_t gvqCompressorLoadFile(gvqCompressor_t compressor, const char *path);
 
+/* =============================================================================================
+ * Sparse variables (ALGORITHMS.md section 4, after Parallax, EuroSys 2019)
+ *
+ * A sparse variable has `rows` rows of `dim` elements; a step touches a few of them (an
+ * embedding). Two ways to aggregate its gradient:
+ *   - gvqSparseAllGatherv: every rank contributes (row indices, rows) and receives the union,
+ *     rows of equal index summed. Each rank's rows cross every link: about 2 alpha w (N-1)
+ *     bytes per rank for a variable of w bytes with a fraction alpha touched per rank.
+ *   - the parameter server (gvqPs*): the rows are partitioned over P shards held by the ranks
+ *     themselves (shard s on rank s mod N); a push sends each row's gradient to its shard only,
+ *     a pull fetches current rows by index: about 4 alpha w (N-1)/N bytes per rank.
+ * Row indices are int64_t in [0, rows). Every call here is collective over the communicator:
+ * every rank calls it, in the same order, also a rank that has nothing to contribute (n = 0).
+ * Input that a rank refuses (an index outside [0, rows), NULL with n > 0) makes that rank return
+ * gvqInvalidArgument with a WARN; the ranks still exchange their headers, so the others learn
+ * of it and return gvqRemoteError instead of waiting, and nothing of the call is applied.
+ * Everything received from a peer is validated before it is used; a malformed message is
+ * reported as gvqRemoteError and never written outside its buffers.
+ * ========================================================================================== */
+
+#define GVQ_SPARSE_ROWS_MAGIC 0x67767173u /* 'gvqs' */
+
+/* Flags of gvqSparseAllGatherv (or them together; 0 means GVQ_SPARSE_SUMMED). */
+#define GVQ_SPARSE_SUMMED 1u /* fill the union: unique indices, ascending, duplicates summed */
+#define GVQ_SPARSE_RAW    2u /* fill the concatenation: rank 0's rows as it gave them, then
+                                rank 1's, ... (what a NCCL user expects of an allgatherv) */
+
+/* The result of gvqSparseAllGatherv. Initialize it with GVQ_SPARSE_ROWS_INITIALIZER once and
+ * pass it to every call: gvq owns the arrays, grows them on demand and keeps them between calls
+ * (so a training loop does not allocate per step); gvqSparseRowsFree releases them. */
+typedef struct {
+    size_t size;          /* sizeof(gvqSparseRows_t) as the caller compiled it */
+    unsigned int magic;   /* GVQ_SPARSE_ROWS_MAGIC */
+    unsigned int version; /* GVQ_VERSION */
+    size_t nrows;         /* GVQ_SPARSE_SUMMED: rows of the union */
+    int64_t *indices;     /*   nrows unique indices, ascending */
+    void *values;         /*   nrows x dim elements, row i belongs to indices[i] */
+    size_t rawRows;       /* GVQ_SPARSE_RAW: sum of the ranks' row counts */
+    int64_t *rawIndices;  /*   rawRows indices in rank order */
+    void *rawValues;      /*   rawRows x dim elements */
+    int nranks;           /* entries of rankRows */
+    size_t *rankRows;     /* rows each rank sent (after its local merge unless GVQ_SPARSE_RAW) */
+    unsigned long long bytesSent;     /* bytes this rank put on the wire in the last call */
+    unsigned long long bytesReceived; /* bytes this rank received in the last call */
+    int algorithm;        /* transfer used by the last call: 0 ring, 1 the transport's own */
+    void *internal;       /* gvq's bookkeeping (capacities); do not touch */
+} gvqSparseRows_t;
+
+#define GVQ_SPARSE_ROWS_INITIALIZER                                                          \
+    {                                                                                        \
+        sizeof(gvqSparseRows_t), GVQ_SPARSE_ROWS_MAGIC, GVQ_VERSION, 0, NULL, NULL, 0, NULL, \
+            NULL, 0, NULL, 0, 0, 0, NULL                                                     \
+    }
+
+/* Sparse allgatherv. Rank r contributes `nrows` rows: indices[i] in [0, rows) and the `dim`
+ * elements of row i at values + i*dim elements (duplicate indices allowed). Every rank receives,
+ * in *out, the union with rows of equal index summed (GVQ_SPARSE_SUMMED) and/or the raw
+ * concatenation in rank order (GVQ_SPARSE_RAW); all ranks get bitwise-identical results (sums
+ * run in rank order, then in the order the rows were given). Without GVQ_SPARSE_RAW each rank
+ * sums its own duplicates before sending. The row counts are exchanged first; the rows then
+ * travel around a pipelined ring or through the transport's native allgatherv (MPI_Iallgatherv),
+ * chosen by GVQ_SPARSE_ALLGATHERV (perf/RESULTS-sparse.md says which is faster and the default).
+ * `rows`, `dim`, `datatype` and `flags` must be the same on every rank. Blocking; not allowed
+ * inside a group. Only sums (any gvq datatype; fp16/bf16 add in fp32).
+ * Errors: gvqInvalidArgument (NULL or destroyed comm, NULL out or an out not made with
+ * GVQ_SPARSE_ROWS_INITIALIZER, dim 0, bad datatype or flags, NULL indices/values with
+ * nrows > 0, an index outside [0, rows): nothing is written), gvqRemoteError (another rank
+ * refused its input, or a peer sent a malformed block), gvqInvalidUsage (inside a group;
+ * aborted), gvqTimeout, gvqSystemError (out of memory). */
+GVQ_API gvqResult_t gvqSparseAllGatherv(const int64_t *indices, const void *values, size_t nrows,
+                                        size_t rows, size_t dim, gvqDataType_t datatype,
+                                        unsigned int flags, gvqSparseRows_t *out, gvqComm_t comm,
+                                        gvqStream_t stream);
+
+/* Frees the arrays of a gvqSparseRows_t and resets it to GVQ_SPARSE_ROWS_INITIALIZER. Local.
+ * Errors: gvqInvalidArgument (NULL, or not made with the initializer). */
+GVQ_API gvqResult_t gvqSparseRowsFree(gvqSparseRows_t *rows);
+
+/* ---- parameter server ----------------------------------------------------------------------- */
+
+/* Parameter-server handle: one sparse variable, sharded over the ranks of a communicator. */
+typedef struct gvqPs *gvqPs_t;
+
+/* Update rule applied at the shard to the summed gradient g of a touched row (lr: learning
+ * rate). Rows no push touched since the last gvqPsApply are left alone (lazy, as TensorFlow's
+ * sparse optimizers): SGD w -= lr g; momentum m = mu m + g, w -= lr m; Adagrad a += g^2,
+ * w -= lr g / (sqrt(a) + eps). */
+typedef enum { gvqPsSgd = 0, gvqPsMomentum = 1, gvqPsAdagrad = 2 } gvqPsRule_t;
+
+/* Which rows a shard owns: hashed (a fixed pseudo-random permutation of the rows cut into P
+ * nearly equal ranges: hot rows of a skewed vocabulary spread over the shards) or contiguous
+ * (shard s owns rows [s*rows/P, (s+1)*rows/P)). With P > rows some shards are empty. */
+typedef enum { gvqPsHashed = 0, gvqPsContiguous = 1 } gvqPsPartitioning_t;
+
+/* Initial values: zero, uniform in [-initScale, initScale) from `seed` (a pure function of
+ * (seed, row, column): the same for every P and rank count), or copied from initValues. */
+typedef enum { gvqPsInitZero = 0, gvqPsInitUniform = 1, gvqPsInitValues = 2 } gvqPsInit_t;
+
+#define GVQ_PS_CONFIG_MAGIC 0x67767170u /* 'gvqp' */
+
+/* Versioned parameter-server configuration. Fill it with GVQ_PS_CONFIG_INITIALIZER; an int left
+ * at GVQ_CONFIG_UNDEF_INT or a double left at -1 takes the default in brackets. */
+typedef struct {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int partitions;       /* P, shards, >= 1 [the number of ranks]; shard s lives on rank s mod N */
+    int partitioning;     /* gvqPsPartitioning_t [gvqPsHashed] */
+    int rule;             /* gvqPsRule_t [gvqPsSgd] */
+    double learningRate;  /* lr > 0 [0.01] */
+    double momentum;      /* mu in [0, 1) [0.9] (momentum only) */
+    double adagradInit;   /* initial accumulator a >= 0 [0.1] (Adagrad only) */
+    double epsilon;       /* Adagrad's eps >= 0 [1e-7] */
+    int average;          /* 1: divide the summed gradient by the number of ranks first [0] */
+    int localAggregation; /* 1: ranks on one host sum their pushes at the host's lowest rank
+                             before anything leaves the host [0] */
+    int init;             /* gvqPsInit_t [gvqPsInitZero] */
+    double initScale;     /* gvqPsInitUniform's range [0.05] */
+    unsigned long long seed;  /* gvqPsInitUniform's seed [0] */
+    const void *initValues;   /* gvqPsInitValues: rows x dim elements of the variable's type, read
+                                 during gvqPsCreate (each rank copies the rows it holds) */
+} gvqPsConfig_t;
+
+#define GVQ_PS_CONFIG_INITIALIZER                                                       \
+    {                                                                                   \
+        sizeof(gvqPsConfig_t), GVQ_PS_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,  \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, -1.0, -1.0, -1.0,         \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, 0,  \
+            NULL                                                                        \
+    }
+
+/* What a parameter server has done, on this rank. */
+typedef struct {
+    int partitions;        /* P */
+    int shards;            /* shards held by this rank */
+    size_t localRows;      /* rows held by this rank */
+    int hosts;             /* distinct hosts among the ranks (host name and network namespace) */
+    long long pushes, pulls, applies;
+    unsigned long long bytesSent;     /* bytes this rank put on the wire, all calls */
+    unsigned long long bytesReceived; /* bytes this rank received, all calls */
+    unsigned long long pendingRows;   /* rows touched since the last gvqPsApply, on this rank */
+} gvqPsStats_t;
+
+/* Creates a parameter server for a variable of rows x dim elements of `datatype` (gvqFloat32
+ * or gvqFloat64), partitioned as config says (NULL: all defaults). Collective: every rank calls
+ * it with the same arguments (it exchanges host identities for local aggregation).
+ * Errors: gvqInvalidArgument with a WARN naming the field (rows or dim 0, datatype, partitions
+ * < 1, unknown rule or partitioning, lr <= 0, momentum outside [0, 1), NULL initValues, a config
+ * not made with GVQ_PS_CONFIG_INITIALIZER), gvqSystemError, and the errors of a collective. */
+GVQ_API gvqResult_t gvqPsCreate(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t datatype,
+                                const gvqPsConfig_t *config, gvqPs_t *ps);
+
+/* Frees a parameter server (its shards are lost: save them first). Local.
+ * Errors: gvqInvalidArgument (NULL or destroyed). */
+GVQ_API gvqResult_t gvqPsDestroy(gvqPs_t ps);
+
+/* Pushes gradient rows: grads + i*dim elements is the gradient of row indices[i] (duplicates
+ * allowed: they are summed, here first, then at the shard with the other ranks'). The sums
+ * accumulate at the shards until gvqPsApply. Collective and blocking (the shards are held by the
+ * ranks, which receive inside this call). With localAggregation, the ranks of a host sum their
+ * rows at the host's lowest rank first. Errors: gvqInvalidArgument (bad handle, NULL with n > 0,
+ * an index outside [0, rows): no shard changes on any rank), gvqRemoteError (another rank
+ * refused, or a malformed message reached a shard: that shard discards the whole push),
+ * gvqInvalidUsage, gvqTimeout, gvqSystemError. */
+GVQ_API gvqResult_t gvqPsPush(gvqPs_t ps, const int64_t *indices, const void *grads, size_t n);
+
+/* Applies the update rule to every row pushed since the last apply, with the summed (or
+ * averaged) gradient, and clears the sums. Local to this rank's shards, but every rank must
+ * call it between the same pushes and pulls: calls are collective in order, so a pull that
+ * follows an apply on every rank sees the updated rows everywhere (the synchronous step
+ * barrier). Errors: gvqInvalidArgument (bad handle). */
+GVQ_API gvqResult_t gvqPsApply(gvqPs_t ps);
+
+/* Pulls current rows: values + i*dim elements receives row indices[i] (duplicates allowed).
+ * Collective and blocking. Errors: gvqInvalidArgument (bad handle, NULL with n > 0, an index
+ * outside [0, rows): values not written; the other ranks' pulls complete), gvqRemoteError (a
+ * shard refused this rank's request, or a peer sent a malformed message), gvqInvalidUsage,
+ * gvqTimeout, gvqSystemError. */
+GVQ_API gvqResult_t gvqPsPull(gvqPs_t ps, const int64_t *indices, void *values, size_t n);
+
+/* Copies the statistics of this rank to *stats. Errors: gvqInvalidArgument. */
+GVQ_API gvqResult_t gvqPsGetStats(gvqPs_t ps, gvqPsStats_t *stats);
+
+/* Writes this rank's shards (values, momentum or Adagrad accumulators, pending gradient sums)
+ * and the shape they belong to into buf. With buf NULL writes the size needed to *size only.
+ * Local. Errors: gvqInvalidArgument (buffer too small: *size then holds the size needed). */
+GVQ_API gvqResult_t gvqPsSave(gvqPs_t ps, void *buf, size_t *size);
+
+/* Restores what gvqPsSave wrote on the same rank of a parameter server created with the same
+ * rows, dim, datatype, partitions, partitioning, rule and rank count, so a restarted job
+ * continues exactly. Local; all or nothing. Errors: gvqInvalidArgument (not a saved state, a
+ * truncated one, or one of another shape, rank or config: the shards stay as they were). */
+GVQ_API gvqResult_t gvqPsLoad(gvqPs_t ps, const void *buf, size_t size);
+
+/* The same, to and from a file (one per rank). Errors: gvqSystemError (I/O), as above. */
+GVQ_API gvqResult_t gvqPsSaveFile(gvqPs_t ps, const char *path);
+GVQ_API gvqResult_t gvqPsLoadFile(gvqPs_t ps, const char *path);
+
+/* ---- partition tuning ------------------------------------------------------------------------ */
+
+#define GVQ_PS_TUNE_CONFIG_MAGIC 0x67767174u /* 'gvqt' */
+#define GVQ_PS_TUNE_MAX_SAMPLES 32
+
+/* One training iteration with parameter server `ps` (push, apply, pull, ...), called by
+ * gvqPsTunePartitions on every rank; a non-success result stops the tuning with that error. */
+typedef gvqResult_t (*gvqPsStepFn_t)(gvqPs_t ps, int iteration, void *userData);
+
+/* Versioned tuner configuration (GVQ_PS_TUNE_CONFIG_INITIALIZER; unset fields in brackets). */
+typedef struct {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int itersPerSample;  /* iterations run per sampled P [100, as Parallax] */
+    int skipIters;       /* first iterations of a sample left out of its time [itersPerSample/2] */
+    int startPartitions; /* first P sampled [the number of hosts] */
+    int maxPartitions;   /* largest P sampled or chosen [min(rows, 64 x ranks)] */
+} gvqPsTuneConfig_t;
+
+#define GVQ_PS_TUNE_CONFIG_INITIALIZER                                                        \
+    {                                                                                         \
+        sizeof(gvqPsTuneConfig_t), GVQ_PS_TUNE_CONFIG_MAGIC, GVQ_VERSION,                     \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
+            GVQ_CONFIG_UNDEF_INT                                                              \
+    }
+
+/* What the tuner sampled, the fit and its choice (identical on every rank). */
+typedef struct {
+    int nsamples;                                /* samples taken, in the order taken */
+    int partitions[GVQ_PS_TUNE_MAX_SAMPLES];     /* P of sample i */
+    double seconds[GVQ_PS_TUNE_MAX_SAMPLES];     /* mean iteration time of sample i (the slowest
+                                                    rank's) */
+    int fitOk;            /* 1: theta from least squares over >= 3 distinct P; 0: too few or
+                             singular, the best sample was chosen */
+    double theta[3];      /* time ~ theta[0] + theta[1] / P + theta[2] * P */
+    int bestPartitions;   /* the choice: the P minimizing the fit among the sampled P and the
+                             multiples of the rank count (equal shards per rank), within
+                             [1, maxPartitions] and at most a factor 2 beyond the sampled range;
+                             without a fit, the best sample */
+    double predictedSeconds; /* the fit at bestPartitions (the sample's time without a fit) */
+    int bestSampledPartitions;  /* the fastest sample */
+    double bestSampledSeconds;
+} gvqPsTuneResult_t;
+
+/* Finds the number of partitions P for a parameter server as Parallax does (ALGORITHMS.md
+ * section 4): starting at startPartitions, runs itersPerSample calls of `step` on a fresh
+ * parameter server (gvqPsCreate(comm, rows, dim, datatype, config with partitions = P)) and
+ * times them, doubling P until the time rises, then halving from the start until it rises; fits
+ * time ~ theta0 + theta1/P + theta2*P by least squares and writes the P that minimizes the fit to
+ * result->bestPartitions. Collective; the decisions use the slowest rank's times, so every rank
+ * returns the same result. Errors: gvqInvalidArgument (NULL step or result, bad tune config,
+ * and gvqPsCreate's), the step's own errors, and those of a collective. */
+GVQ_API gvqResult_t gvqPsTunePartitions(gvqComm_t comm, size_t rows, size_t dim,
+                                        gvqDataType_t datatype, const gvqPsConfig_t *config,
+                                        const gvqPsTuneConfig_t *tune, gvqPsStepFn_t step,
+                                        void *userData, gvqPsTuneResult_t *result);
+
 #ifdef __cplusplus
 }
 #endif

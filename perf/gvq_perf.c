@@ -46,6 +46,7 @@
 #include "gvq.h"
 #include "perf_codecbench.h"
 #include "perf_gradsrc.h"
+#include "perf_sparse.h"
 
 /* ---- errors --------------------------------------------------------------------------------- */
 
@@ -350,7 +351,8 @@ static void usage(FILE *f, const char *prog) {
         "  -C, --codec LIST        comma-separated: none (gvq's ring, gvqAllReduce),\n"
         "                          mpi (MPI_Allreduce, the reference), gradiveq, qsgd\n"
         "                          (gvqAllReduceCompressed), all = none,mpi,gradiveq,qsgd\n"
-        "                          (default none,mpi)\n"
+        "                          (default none,mpi); sparse-ag, ps, dense: the sparse-\n"
+        "                          variable benchmark (-C ps -h lists its options)\n"
         "      --csv FILE          also write one CSV row per (size, codec)\n"
         " compressed codecs (one compressor per size, made fresh):\n"
         "  -L, --slice L           GradiVeQ slice size (default 256)\n"
@@ -1459,6 +1461,11 @@ int main(int argc, char **argv) {
     MPITEST(MPI_Init(&argc, &argv));
     MPITEST(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
     MPITEST(MPI_Comm_size(MPI_COMM_WORLD, &nranks));
+    if (perf_sparse_requested(argc, argv)) { /* -C sparse-ag|ps|dense: perf_sparse.c */
+        int rc = perf_sparse_main(argc, argv);
+        MPI_Finalize();
+        return rc;
+    }
 
     opts_t o;
     int prc = parse_args(argc, argv, &o, g_rank == 0);

@@ -38,6 +38,12 @@ typedef struct gvq_transport_ops {
     /* Give up on a request that will not complete (after a timeout or an abort). */
     void (*cancel)(struct gvq_transport *t, gvq_req_t *req);
     void (*destroy)(struct gvq_transport *t);
+    /* Optional native collective (the sparse allgatherv's alternative to gvq's ring): blocks
+     * holds nranks blocks, block p at byte offset displ[p] with blen[p] bytes, this rank's in
+     * place; req completes when every block is in place on this rank. The arrays are read during
+     * the call only. Transports without one point at gvq_xport_iallgatherv_unsupported. */
+    gvqResult_t (*iallgatherv)(struct gvq_transport *t, void *blocks, const size_t *displ,
+                               const size_t *blen, gvq_req_t *req);
 } gvq_transport_ops_t;
 
 typedef struct gvq_transport {
@@ -58,6 +64,11 @@ gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const 
 static inline gvqResult_t gvq_xport_wait(gvq_transport_t *t, gvq_req_t *req, const char *what) {
     return gvq_xport_waitall(t, req, 1, what);
 }
+/* The shared stub of transports without a native allgatherv: gvqInvalidUsage with a WARN. */
+gvqResult_t gvq_xport_iallgatherv_unsupported(struct gvq_transport *t, void *blocks,
+                                              const size_t *displ, const size_t *blen,
+                                              gvq_req_t *req);
+
 /* Cancel every active request of the array (error paths). */
 void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n);
 

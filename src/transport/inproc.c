@@ -193,6 +193,7 @@ static const gvq_transport_ops_t inproc_ops = {
     .test = inproc_test,
     .cancel = inproc_cancel,
     .destroy = inproc_destroy,
+    .iallgatherv = gvq_xport_iallgatherv_unsupported,
 };
 
 gvqResult_t gvq_inproc_transport_create(void *world, int rank, gvq_transport_t **out) {

@@ -24,10 +24,12 @@
         }                                                                         \
     } while (0)
 
-enum { REQ_SEND = 1, REQ_RECV = 2 };
+enum { REQ_SEND = 1, REQ_RECV = 2, REQ_COLL = 3 };
 
 typedef struct {
     MPI_Comm comm;
+    int *coll_counts; /* 2 x nranks ints: counts, displacements of the native allgatherv, which */
+                      /* MPI reads until the request completes */
 } mpi_impl_t;
 
 static int gvq_started_mpi;
@@ -133,10 +135,13 @@ static gvqResult_t mpi_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
 }
 
 static void mpi_cancel(gvq_transport_t *t, gvq_req_t *req) {
-    (void)t;
     MPI_Request r;
     memcpy(&r, req->handle, sizeof r);
-    if (req->handle[1] == REQ_RECV) {
+    if (req->handle[1] == REQ_COLL) {
+        /* a non-blocking collective cannot be cancelled or freed (MPI-3.1 3.7.3): abandon it
+         * with its count arrays; the communicator is broken by now */
+        ((mpi_impl_t *)t->impl)->coll_counts = NULL;
+    } else if (req->handle[1] == REQ_RECV) {
         /* a cancelled receive completes at once; a matched one has finished writing */
         MPI_Cancel(&r);
         MPI_Wait(&r, MPI_STATUS_IGNORE);
@@ -151,8 +156,36 @@ static void mpi_destroy(gvq_transport_t *t) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) MPI_Comm_free(&m->comm); /* local in Open MPI: never waits on peers */
+    free(m->coll_counts);
     free(m);
     free(t);
+}
+
+static gvqResult_t mpi_iallgatherv(gvq_transport_t *t, void *blocks, const size_t *displ,
+                                   const size_t *blen, gvq_req_t *req) {
+    mpi_impl_t *m = t->impl;
+    int n = t->nranks;
+    if (m->coll_counts == NULL) m->coll_counts = malloc(2 * (size_t)n * sizeof(int));
+    if (m->coll_counts == NULL) return gvqSystemError;
+    for (int p = 0; p < n; p++) {
+        if (blen[p] > INT_MAX || displ[p] > INT_MAX) {
+            GVQ_WARN("mpi transport: allgatherv block %d of %zu bytes at %zu exceeds MPI's int "
+                     "counts", p, blen[p], displ[p]);
+            return gvqInternalError;
+        }
+        m->coll_counts[p] = (int)blen[p];
+        m->coll_counts[n + p] = (int)displ[p];
+    }
+    MPI_Request r;
+    MPICHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, blocks, m->coll_counts,
+                             m->coll_counts + n, MPI_BYTE, m->comm, &r),
+             "mpi allgatherv");
+    memcpy(req->handle, &r, sizeof r);
+    req->handle[1] = REQ_COLL;
+    req->peer = -1;
+    req->bytes = 0;
+    req->active = 1;
+    return gvqSuccess;
 }
 
 static const gvq_transport_ops_t mpi_ops = {
@@ -163,6 +196,7 @@ static const gvq_transport_ops_t mpi_ops = {
     .test = mpi_test,
     .cancel = mpi_cancel,
     .destroy = mpi_destroy,
+    .iallgatherv = mpi_iallgatherv,
 };
 
 static gvqResult_t mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {

@@ -9,6 +9,14 @@
 
 #include "gvq_transport.h"
 
+gvqResult_t gvq_xport_iallgatherv_unsupported(gvq_transport_t *t, void *blocks,
+                                              const size_t *displ, const size_t *blen,
+                                              gvq_req_t *req) {
+    (void)blocks, (void)displ, (void)blen, (void)req;
+    GVQ_WARN("the %s transport has no native allgatherv", t->ops->name);
+    return gvqInvalidUsage;
+}
+
 void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n) {
     for (int i = 0; i < n; i++)
         if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
