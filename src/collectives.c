@@ -12,6 +12,9 @@
 #include <stdlib.h>
 
 #include "gvq_comm.h"
+#ifdef GVQ_WITH_NCCL
+#include "gvq_nccl.h"
+#endif
 
 typedef enum { OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_SEND, OP_RECV } op_kind_t;
 
@@ -27,6 +30,7 @@ typedef struct {
     gvqRedOp_t op;
     int root; /* root, or peer for send/recv */
     gvqComm_t comm;
+    gvqStream_t stream; /* for CUDA buffers */
 } coll_op_t;
 
 static __thread int group_depth;
@@ -45,6 +49,22 @@ int gvq_group_active(void) { return group_depth > 0; }
 static int ranges_overlap(const void *a, size_t alen, const void *b, size_t blen) {
     uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return alen && blen && x < y + blen && y < x + alen;
+}
+
+/* Bytes this rank reads from sendbuff and writes to recvbuff. */
+static void op_lengths(const coll_op_t *o, size_t *slen, size_t *rlen) {
+    int n = o->comm->nranks, r = o->comm->rank;
+    size_t one = o->count * gvq_dtype_size(o->dtype), all = one * (size_t)n;
+    *slen = *rlen = 0;
+    switch (o->kind) {
+    case OP_ALLREDUCE: *slen = one; *rlen = one; break;
+    case OP_BROADCAST: *slen = r == o->root ? one : 0; *rlen = one; break;
+    case OP_REDUCE: *slen = one; *rlen = r == o->root ? one : 0; break;
+    case OP_REDUCE_SCATTER: *slen = all; *rlen = one; break;
+    case OP_ALLGATHER: *slen = one; *rlen = all; break;
+    case OP_SEND: *slen = one; break;
+    case OP_RECV: *rlen = one; break;
+    }
 }
 
 static gvqResult_t check_op(const coll_op_t *o) {
@@ -80,18 +100,8 @@ static gvqResult_t check_op(const coll_op_t *o) {
         return gvqInvalidArgument;
     }
     if (o->count == 0) return gvqSuccess;
-    size_t one = o->count * esize, all = one * (size_t)blocks;
-    /* which buffers this rank reads and writes */
-    size_t slen = 0, rlen = 0;
-    switch (o->kind) {
-    case OP_ALLREDUCE: slen = one; rlen = one; break;
-    case OP_BROADCAST: slen = r == o->root ? one : 0; rlen = one; break;
-    case OP_REDUCE: slen = one; rlen = r == o->root ? one : 0; break;
-    case OP_REDUCE_SCATTER: slen = all; rlen = one; break;
-    case OP_ALLGATHER: slen = one; rlen = all; break;
-    case OP_SEND: slen = one; break;
-    case OP_RECV: rlen = one; break;
-    }
+    size_t one = o->count * esize, slen, rlen;
+    op_lengths(o, &slen, &rlen);
     if (slen && o->sendbuff == NULL) {
         GVQ_WARN("%s: sendbuff is NULL with count %zu", fn, o->count);
         return gvqInvalidArgument;
@@ -116,14 +126,15 @@ static gvqResult_t check_op(const coll_op_t *o) {
 
 /* ---- execution --------------------------------------------------------------------------- */
 
-static gvqResult_t run_collective(const coll_op_t *o) {
+static gvqResult_t run_collective(const coll_op_t *o, int allow_auto) {
     gvqComm_t c = o->comm;
     gvq_coll_ctx_t ctx = {c->xport, c->dev, c->chunk_bytes, &c->scratch, &c->scratch_bytes, NULL};
     size_t esize = gvq_dtype_size(o->dtype);
     switch (o->kind) {
     case OP_ALLREDUCE: {
         int handled = 0; /* zero-code mode (GVQ_CODEC) */
-        GVQCHECK(gvq_auto_allreduce(c, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op, &handled));
+        if (allow_auto)
+            GVQCHECK(gvq_auto_allreduce(c, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op, &handled));
         if (handled) return gvqSuccess;
         gvq_codec_t codec;
         gvq_codec_identity_init(&codec, c->dev, o->dtype, o->op);
@@ -140,6 +151,104 @@ static gvqResult_t run_collective(const coll_op_t *o) {
     default:
         return gvqInternalError;
     }
+}
+
+/* ---- CUDA buffers ----------------------------------------------------------------------------
+ * Where the buffers live picks the path (gvq_device_of; always the host in builds without CUDA,
+ * where a device pointer cannot be told from a host one). Collectives on CUDA buffers run on
+ * NCCL when it is built in and every rank could set it up (GVQ_NCCL=1), otherwise they are
+ * staged: the buffers are copied to pinned host memory behind the caller's stream, the host
+ * collective runs, the result is copied back, and the call returns when it is in place. Staged
+ * calls skip zero-code compression (its compressors are keyed by the buffer's address). */
+
+/* The device holding the op's buffers (the non-host one when they differ). */
+static const gvq_device_ops_t *op_device(const coll_op_t *o) {
+    if (o->count == 0) return &gvq_host_device;
+    const gvq_device_ops_t *d = gvq_device_of(o->sendbuff);
+    return d != &gvq_host_device ? d : gvq_device_of(o->recvbuff);
+}
+
+static gvqResult_t run_staged(const coll_op_t *o, const gvq_device_ops_t *dev) {
+    size_t slen, rlen;
+    op_lengths(o, &slen, &rlen);
+    int sdev = slen && gvq_device_of(o->sendbuff) == dev, rdev = rlen && gvq_device_of(o->recvbuff) == dev;
+    void *hs = NULL, *hr = NULL, *prev = NULL;
+    gvqResult_t res = gvqSuccess;
+    GVQCHECK(dev->set_stream(o->stream, &prev));
+    if ((sdev && (hs = dev->host_alloc(slen)) == NULL) || (rdev && (hr = dev->host_alloc(rlen)) == NULL)) {
+        GVQ_WARN("%s: cannot allocate %zu + %zu bytes of pinned host memory to stage CUDA buffers",
+                 op_fn[o->kind], slen, rlen);
+        res = gvqSystemError;
+        goto out_free;
+    }
+    coll_op_t h = *o;
+    if (sdev) {
+        GVQCHECKGOTO(dev->copy_to_host(hs, o->sendbuff, slen), res, out_free);
+        h.sendbuff = hs;
+    }
+    if (rdev) h.recvbuff = hr;
+    GVQCHECKGOTO(run_collective(&h, 0), res, out_free);
+    if (rdev) GVQCHECKGOTO(dev->copy_from_host(o->recvbuff, hr, rlen), res, out_free);
+out_free:
+    if (hs != NULL) dev->host_free(hs);
+    if (hr != NULL) dev->host_free(hr);
+    gvqResult_t r2 = dev->set_stream(prev, NULL);
+    return res != gvqSuccess ? res : r2;
+}
+
+#ifdef GVQ_WITH_NCCL
+/* Set up NCCL beside comm, collectively: rank 0 makes the id, the communicator's own transport
+ * carries it, every rank initializes, and an allreduce of the outcome makes every rank agree
+ * to use NCCL or to stage. */
+static void nccl_attach(gvqComm_t c) {
+    if (c->nccl_state != 0) return;
+    c->nccl_state = -1;
+    if (!gvq_param(GVQ_PARAM_NCCL)) return;
+    gvq_coll_ctx_t ctx = {c->xport, c->dev, c->chunk_bytes, &c->scratch, &c->scratch_bytes, NULL};
+    struct {
+        int32_t ok;
+        char id[GVQ_NCCL_ID_BYTES];
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    if (c->rank == 0) msg.ok = gvq_nccl_get_id(msg.id) == gvqSuccess;
+    if (gvq_chain_broadcast(&ctx, &msg, &msg, sizeof msg, 0) != gvqSuccess) return;
+    gvq_nccl_t *n = NULL;
+    int32_t ok = msg.ok && gvq_nccl_init(msg.id, c->nranks, c->rank, &n) == gvqSuccess;
+    gvq_codec_t codec;
+    gvq_codec_identity_init(&codec, c->dev, gvqInt32, gvqMin);
+    gvqResult_t res = gvq_ring_allreduce(&ctx, &codec, &ok, &ok, 1, gvqMin);
+    if (res == gvqSuccess && ok) {
+        c->nccl = n;
+        c->nccl_state = 1;
+        GVQ_INFO("comm %p rank %d: collectives on CUDA buffers run on NCCL", (void *)c, c->rank);
+        return;
+    }
+    gvq_nccl_destroy(n, 1);
+    GVQ_INFO("comm %p rank %d: NCCL unavailable on some rank; CUDA buffers are staged through host "
+             "memory", (void *)c, c->rank);
+}
+
+static gvqResult_t run_nccl(const coll_op_t *o) {
+    static const gvq_nccl_coll_t kind[] = {GVQ_NCCL_ALLREDUCE, GVQ_NCCL_BROADCAST, GVQ_NCCL_REDUCE,
+                                           GVQ_NCCL_REDUCE_SCATTER, GVQ_NCCL_ALLGATHER};
+    return gvq_nccl_collective(o->comm->nccl, kind[o->kind], o->sendbuff, o->recvbuff, o->count,
+                               o->dtype, o->op, o->root, o->stream);
+}
+#endif
+
+static gvqResult_t run_collective_any(const coll_op_t *o) {
+    const gvq_device_ops_t *dev = op_device(o);
+    if (dev == &gvq_host_device) return run_collective(o, 1);
+#ifdef GVQ_WITH_NCCL
+    size_t slen, rlen;
+    op_lengths(o, &slen, &rlen);
+    int all_dev = (!slen || gvq_device_of(o->sendbuff) == dev) && (!rlen || gvq_device_of(o->recvbuff) == dev);
+    if (all_dev) {
+        nccl_attach(o->comm);
+        if (o->comm->nccl_state == 1) return run_nccl(o);
+    }
+#endif
+    return run_staged(o, dev);
 }
 
 static size_t p2p_pieces(const coll_op_t *o) {
@@ -172,7 +281,7 @@ static gvqResult_t run_batch(const coll_op_t *ops, size_t n) {
             continue;
         }
         GVQCHECK(gvq_comm_enter(ops[i].comm, op_fn[ops[i].kind]));
-        res = run_collective(&ops[i]);
+        res = run_collective_any(&ops[i]);
         gvq_comm_leave(ops[i].comm);
         GVQCHECK(res);
     }
@@ -190,6 +299,12 @@ static gvqResult_t run_batch(const coll_op_t *ops, size_t n) {
     }
     for (size_t i = 0; i < n; i++) {
         if (ops[i].kind != OP_SEND && ops[i].kind != OP_RECV) continue;
+        if (op_device(&ops[i]) != &gvq_host_device) {
+            GVQ_WARN("%s: point-to-point on CUDA buffers is not supported yet (peer %d)",
+                     op_fn[ops[i].kind], ops[i].root);
+            res = gvqInvalidUsage;
+            goto out_leave;
+        }
         GVQCHECKGOTO(gvq_comm_enter(ops[i].comm, op_fn[ops[i].kind]), res, out_leave);
         entered = i + 1;
         GVQCHECKGOTO(p2p_post(&ops[i], reqs + first[i]), res, out_leave);
@@ -270,16 +385,14 @@ GVQ_API gvqResult_t gvqGroupEnd(void) {
 GVQ_API gvqResult_t gvqAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                  gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
                                  gvqStream_t stream) {
-    (void)stream;
-    coll_op_t o = {OP_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm};
+    coll_op_t o = {OP_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm, stream};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                                  gvqDataType_t datatype, int root, gvqComm_t comm,
                                  gvqStream_t stream) {
-    (void)stream;
-    coll_op_t o = {OP_BROADCAST, sendbuff, recvbuff, count, datatype, gvqSum, root, comm};
+    coll_op_t o = {OP_BROADCAST, sendbuff, recvbuff, count, datatype, gvqSum, root, comm, stream};
     return submit(&o);
 }
 
@@ -291,36 +404,31 @@ GVQ_API gvqResult_t gvqBcast(void *buff, size_t count, gvqDataType_t datatype, i
 GVQ_API gvqResult_t gvqReduce(const void *sendbuff, void *recvbuff, size_t count,
                               gvqDataType_t datatype, gvqRedOp_t op, int root, gvqComm_t comm,
                               gvqStream_t stream) {
-    (void)stream;
-    coll_op_t o = {OP_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm};
+    coll_op_t o = {OP_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                      gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
                                      gvqStream_t stream) {
-    (void)stream;
-    coll_op_t o = {OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm};
+    coll_op_t o = {OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                                  gvqDataType_t datatype, gvqComm_t comm, gvqStream_t stream) {
-    (void)stream;
-    coll_op_t o = {OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, gvqSum, 0, comm};
+    coll_op_t o = {OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, gvqSum, 0, comm, stream};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqSend(const void *sendbuff, size_t count, gvqDataType_t datatype, int peer,
                             gvqComm_t comm, gvqStream_t stream) {
-    (void)stream;
-    coll_op_t o = {OP_SEND, sendbuff, NULL, count, datatype, gvqSum, peer, comm};
+    coll_op_t o = {OP_SEND, sendbuff, NULL, count, datatype, gvqSum, peer, comm, stream};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqRecv(void *recvbuff, size_t count, gvqDataType_t datatype, int peer,
                             gvqComm_t comm, gvqStream_t stream) {
-    (void)stream;
-    coll_op_t o = {OP_RECV, NULL, recvbuff, count, datatype, gvqSum, peer, comm};
+    coll_op_t o = {OP_RECV, NULL, recvbuff, count, datatype, gvqSum, peer, comm, stream};
     return submit(&o);
 }

@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include "gvq_comm.h"
+#ifdef GVQ_WITH_NCCL
+#include "gvq_nccl.h"
+#endif
 
 /* ---- registry of live communicators ------------------------------------------------------ */
 
@@ -277,6 +280,9 @@ static void comm_free(gvqComm_t c) {
      * scratch is then left allocated rather than freed under them */
     int keep = c->broken != gvqSuccess && c->xport->cancel_keeps_buffers;
     c->xport->ops->destroy(c->xport);
+#ifdef GVQ_WITH_NCCL
+    gvq_nccl_destroy(c->nccl, c->broken != gvqSuccess);
+#endif
     if (!keep && c->scratch != NULL) c->dev->free(c->scratch);
     if (c->owned_world != NULL) {
         inproc_owner_t *own = c->owned_world;

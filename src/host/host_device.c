@@ -157,6 +157,131 @@ static gvqResult_t host_ssyevd(int n, float *a, int lda, float *w) {
 
 static gvqResult_t host_sync(void) { return gvqSuccess; }
 
+/* ---- entries added with the CUDA backend ------------------------------------------------- */
+
+static gvqResult_t host_set_stream(void *stream, void **prev) {
+    (void)stream;
+    if (prev != NULL) *prev = NULL;
+    return gvqSuccess;
+}
+
+/* The host device finishes everything before returning: an event is a token with no state. */
+static char host_event_token;
+static gvqResult_t host_event_create(void **ev) {
+    *ev = &host_event_token;
+    return gvqSuccess;
+}
+static void host_event_destroy(void *ev) { (void)ev; }
+static gvqResult_t host_event_noop(void *ev) {
+    (void)ev;
+    return gvqSuccess;
+}
+
+static gvqResult_t host_copy_between(void *dst, const void *src, size_t bytes) {
+    return host_copy(dst, src, bytes);
+}
+
+/* Values of the float types as double (fp16/bf16/fp32 convert exactly) and back. */
+static double host_load_float(const void *p, size_t i, gvqDataType_t t) {
+    switch (t) {
+    case gvqFloat16: return gvq_half_to_float(((const uint16_t *)p)[i]);
+    case gvqBfloat16: return gvq_bf16_to_float(((const uint16_t *)p)[i]);
+    case gvqFloat32: return ((const float *)p)[i];
+    default: return ((const double *)p)[i];
+    }
+}
+static void host_store_float(void *p, size_t i, gvqDataType_t t, double v) {
+    switch (t) {
+    case gvqFloat16: ((uint16_t *)p)[i] = gvq_float_to_half((float)v); break;
+    case gvqBfloat16: ((uint16_t *)p)[i] = gvq_float_to_bf16((float)v); break;
+    case gvqFloat32: ((float *)p)[i] = (float)v; break;
+    default: ((double *)p)[i] = v; break;
+    }
+}
+static int host_is_float(gvqDataType_t t) {
+    return t == gvqFloat16 || t == gvqBfloat16 || t == gvqFloat32 || t == gvqFloat64;
+}
+
+static gvqResult_t host_scale(void *dst, const void *src, size_t count, gvqDataType_t type,
+                              double alpha) {
+    if (!host_is_float(type)) {
+        GVQ_WARN("host scale: datatype %d is not a float type", (int)type);
+        return gvqInvalidArgument;
+    }
+    if (type == gvqFloat64) {
+        for (size_t i = 0; i < count; i++) ((double *)dst)[i] = ((const double *)src)[i] * alpha;
+        return gvqSuccess;
+    }
+    const float a = (float)alpha; /* fp16/bf16/fp32 scale in fp32 */
+    for (size_t i = 0; i < count; i++)
+        host_store_float(dst, i, type, (double)((float)host_load_float(src, i, type) * a));
+    return gvqSuccess;
+}
+
+static gvqResult_t host_cast(void *dst, gvqDataType_t dtype, const void *src, gvqDataType_t stype,
+                             size_t count) {
+    if (!host_is_float(dtype) || !host_is_float(stype)) {
+        GVQ_WARN("host cast: datatypes %d -> %d are not both float types", (int)stype, (int)dtype);
+        return gvqInvalidArgument;
+    }
+    for (size_t i = 0; i < count; i++) host_store_float(dst, i, dtype, host_load_float(src, i, stype));
+    return gvqSuccess;
+}
+
+static gvqResult_t host_collocate(const float *src, float *dst, size_t K, size_t D, size_t H,
+                                  size_t W, int inverse) {
+    for (size_t k = 0; k < K; k++)
+        for (size_t d = 0; d < D; d++)
+            for (size_t h = 0; h < H; h++)
+                for (size_t w = 0; w < W; w++) {
+                    size_t natural = ((k * D + d) * H + h) * W + w, coll = ((h * W + w) * D + d) * K + k;
+                    if (inverse) dst[natural] = src[coll];
+                    else dst[coll] = src[natural];
+                }
+    return gvqSuccess;
+}
+
+static gvqResult_t host_scov(int L, int T, const float *samples, float *Z, float *cov) {
+    if (L <= 0 || T <= 0) {
+        GVQ_WARN("host scov: L=%d T=%d must be positive", L, T);
+        return gvqInvalidArgument;
+    }
+    float *xc = malloc(sizeof(float) * (size_t)L * (size_t)T);
+    if (xc == NULL) return gvqSystemError;
+    for (int i = 0; i < L; i++) {
+        double m = 0;
+        for (int t = 0; t < T; t++) m += samples[(size_t)t * L + i];
+        Z[i] = (float)(m / (double)T);
+    }
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < L; i++) xc[(size_t)t * L + i] = samples[(size_t)t * L + i] - Z[i];
+    cblas_ssyrk(CblasColMajor, CblasLower, CblasNoTrans, L, T, 1.0f / (float)T, xc, L, 0.0f, cov, L);
+    free(xc);
+    return gvqSuccess;
+}
+
+static gvqResult_t host_qsgd_encode_combine(const struct gvq_dev_qsgd *q, size_t off, size_t count,
+                                            const float *local, const void *in, void *out) {
+    (void)q, (void)off, (void)count, (void)local, (void)in, (void)out;
+    return gvq_device_not_supported("host", "qsgd_encode_combine (the host codec runs its own loop)");
+}
+static gvqResult_t host_qsgd_decode(const struct gvq_dev_qsgd *q, size_t off, size_t count,
+                                    const void *wire, float *dst) {
+    (void)q, (void)off, (void)count, (void)wire, (void)dst;
+    return gvq_device_not_supported("host", "qsgd_decode (the host codec runs its own loop)");
+}
+static gvqResult_t host_gq_encode_combine(const struct gvq_dev_gq *g, size_t off, size_t count,
+                                          const float *local, const void *in, void *out,
+                                          double norms[3]) {
+    (void)g, (void)off, (void)count, (void)local, (void)in, (void)out, (void)norms;
+    return gvq_device_not_supported("host", "gq_encode_combine (the host codec runs its own loop)");
+}
+static gvqResult_t host_gq_decode(const struct gvq_dev_gq *g, size_t off, size_t count,
+                                  const void *wire, float *dst) {
+    (void)g, (void)off, (void)count, (void)wire, (void)dst;
+    return gvq_device_not_supported("host", "gq_decode (the host codec runs its own loop)");
+}
+
 const gvq_device_ops_t gvq_host_device = {
     .size = sizeof(gvq_device_ops_t),
     .name = "host",
@@ -168,4 +293,22 @@ const gvq_device_ops_t gvq_host_device = {
     .sgemm = host_sgemm,
     .ssyevd = host_ssyevd,
     .sync = host_sync,
+    .set_stream = host_set_stream,
+    .event_create = host_event_create,
+    .event_destroy = host_event_destroy,
+    .event_record = host_event_noop,
+    .event_wait = host_event_noop,
+    .event_sync = host_event_noop,
+    .host_alloc = host_alloc,
+    .host_free = host_free,
+    .copy_from_host = host_copy_between,
+    .copy_to_host = host_copy_between,
+    .scale = host_scale,
+    .cast = host_cast,
+    .collocate = host_collocate,
+    .scov = host_scov,
+    .qsgd_encode_combine = host_qsgd_encode_combine,
+    .qsgd_decode = host_qsgd_decode,
+    .gq_encode_combine = host_gq_encode_combine,
+    .gq_decode = host_gq_decode,
 };

@@ -23,6 +23,11 @@ struct gvqComm {
     void *owned_world; /* in-process world owned by this communicator, freed by the last rank */
     int ntensors;      /* compressors created so far: spreads the fits over the ranks */
     struct gvq_auto *autos; /* zero-code mode: compressors attached per (buffer, count) */
+    /* CUDA buffers (collectives.c): a NCCL communicator made on the first collective on CUDA
+     * buffers (gvq_nccl_t, builds with GVQ_WITH_NCCL); nccl_state 0: not tried yet, 1: ready,
+     * -1: unavailable, CUDA buffers are staged through host memory */
+    void *nccl;
+    int nccl_state;
 };
 
 /* Zero-code mode (compressor.c): with GVQ_CODEC=gradiveq|qsgd, a plain float sum/avg allreduce

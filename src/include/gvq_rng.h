@@ -9,11 +9,19 @@
 
 #include <stdint.h>
 
+/* Compiled by nvcc, the generator is also a device function (cuda/cuda_device.cu draws QSGD's
+ * bits with this very code, so host and device streams are bit-identical). */
+#ifdef __CUDACC__
+#define GVQ_RNG_FN __host__ __device__ static inline
+#else
+#define GVQ_RNG_FN static inline
+#endif
+
 typedef struct {
     uint32_t v[4];
 } gvq_philox_ctr_t;
 
-static inline void gvq_philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2],
+GVQ_RNG_FN void gvq_philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2],
                                      uint32_t out[4]) {
     uint32_t c0 = ctr_in[0], c1 = ctr_in[1], c2 = ctr_in[2], c3 = ctr_in[3];
     uint32_t k0 = key_in[0], k1 = key_in[1];
@@ -35,6 +43,6 @@ static inline void gvq_philox4x32_10(const uint32_t ctr_in[4], const uint32_t ke
 }
 
 /* A uniform float in [0, 1) from 24 random bits. */
-static inline float gvq_u01(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+GVQ_RNG_FN float gvq_u01(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
 
 #endif /* GVQ_RNG_H_ */

@@ -80,7 +80,12 @@ const char *gvq_log_last_warn(void);
     X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", 16,                                        \
       "polls of an unfinished transfer before the waiting thread yields the core")           \
     X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", 0,                                               \
-      "TCP port of the bootstrap root (0: any free port)")
+      "TCP port of the bootstrap root (0: any free port)")                                   \
+    X(SPARSE_ALLGATHERV, "GVQ_SPARSE_ALLGATHERV", 0,                                         \
+      "sparse allgatherv transfer: 0 gvq's pipelined ring, 1 the transport's own "           \
+      "(MPI_Iallgatherv; the ring where the transport has none)")                                   \
+    X(NCCL, "GVQ_NCCL", 1,                                                                   \
+      "collectives on CUDA buffers run on NCCL when built in (0: staged through host memory)")
 
 typedef enum {
 #define GVQ_PARAM_ENUM(id, env, def, help) GVQ_PARAM_##id,
@@ -105,8 +110,14 @@ int gvq_dtype_valid(int t);
 int gvq_op_valid(int op);
 int gvq_dtype_is_float(gvqDataType_t t);
 
-/* IEEE binary16 and bfloat16 <-> float, round to nearest even, NaN kept NaN. */
-static inline float gvq_half_to_float(uint16_t h) {
+/* IEEE binary16 and bfloat16 <-> float, round to nearest even, NaN kept NaN. Compiled by nvcc
+ * they are device functions too, so the CUDA kernels convert bit for bit as the host does. */
+#ifdef __CUDACC__
+#define GVQ_CONV_FN __host__ __device__ static inline
+#else
+#define GVQ_CONV_FN static inline
+#endif
+GVQ_CONV_FN float gvq_half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
@@ -130,7 +141,7 @@ static inline float gvq_half_to_float(uint16_t h) {
     return f;
 }
 
-static inline uint16_t gvq_float_to_half(float f) {
+GVQ_CONV_FN uint16_t gvq_float_to_half(float f) {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
@@ -156,14 +167,14 @@ static inline uint16_t gvq_float_to_half(float f) {
     return (uint16_t)(sign | (uint16_t)((r - 0x38000000u) >> 13));
 }
 
-static inline float gvq_bf16_to_float(uint16_t h) {
+GVQ_CONV_FN float gvq_bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
 }
 
-static inline uint16_t gvq_float_to_bf16(float f) {
+GVQ_CONV_FN uint16_t gvq_float_to_bf16(float f) {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
     if ((x & 0x7fffffffu) > 0x7f800000u)

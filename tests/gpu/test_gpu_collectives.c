@@ -1,0 +1,116 @@
+/*
+ * test_gpu_collectives.c -- collectives on CUDA buffers under mpiexec: every rank shares the one
+ * GPU (or takes device rank % count). The result of each call on cudaMalloc buffers must equal
+ * the same call on host buffers (bit for bit with <= 2 ranks, where every path adds the same two
+ * values; within rounding beyond). With NCCL usable (a device per rank) the calls run on NCCL,
+ * otherwise -- and with GVQ_NCCL=0 -- they are staged through pinned host memory. Without a CUDA
+ * device every rank reports itself skipped (exit 77).
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gvq.h"
+
+static int failures;
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            if (failures++ < 20) {                                              \
+                fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);            \
+                fprintf(stderr, __VA_ARGS__);                                   \
+                fprintf(stderr, "\n");                                          \
+            }                                                                   \
+        }                                                                       \
+    } while (0)
+
+int main(int argc, char **argv) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 77;
+    }
+    MPI_Init(&argc, &argv);
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    cudaSetDevice(rank % ndev);
+    gvqUniqueId id;
+    if (rank == 0) gvqGetUniqueId(&id);
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    gvqComm_t comm;
+    CHECK(gvqCommInitRank(&comm, n, id, rank) == gvqSuccess, "init");
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    const size_t count = 100003;
+    const gvqDataType_t types[] = {gvqInt32, gvqFloat16, gvqFloat32, gvqFloat64, gvqBfloat16};
+    for (int ti = 0; ti < 5; ti++)
+        for (int op = 0; op < gvqNumOps; op++) {
+            gvqDataType_t t = types[ti];
+            size_t es = t == gvqFloat64 ? 8 : t == gvqFloat16 || t == gvqBfloat16 ? 2 : 4;
+            size_t bytes = count * es;
+            unsigned char *h = malloc(bytes), *want = malloc(bytes), *got = malloc(bytes);
+            srand(7 + rank * 31 + ti);
+            for (size_t i = 0; i < count; i++) {
+                float f = (float)(rand() % 200 - 100) / 16.0f;
+                if (t == gvqInt32) ((int32_t *)h)[i] = rand() % 1000 - 500;
+                else if (t == gvqFloat32) ((float *)h)[i] = f;
+                else if (t == gvqFloat64) ((double *)h)[i] = f;
+                else { /* small exact values in 16 bits: (-100..99)/16 */
+                    uint32_t b;
+                    memcpy(&b, &f, 4);
+                    ((uint16_t *)h)[i] = t == gvqBfloat16 ? (uint16_t)(b >> 16) : 0;
+                    if (t == gvqFloat16) { /* through the host's own conversion: gvqFloat32 -> fp16 via a cast below */
+                        ((uint16_t *)h)[i] = (uint16_t)(rand() % 0x3bff);
+                    }
+                }
+            }
+            CHECK(gvqAllReduce(h, want, count, t, (gvqRedOp_t)op, comm, NULL) == gvqSuccess, "host allreduce");
+            void *d = NULL;
+            cudaMalloc(&d, bytes);
+            cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+            CHECK(gvqAllReduce(d, d, count, t, (gvqRedOp_t)op, comm, s) == gvqSuccess, "device allreduce: %s",
+                  gvqGetLastError(comm));
+            cudaStreamSynchronize(s);
+            cudaMemcpy(got, d, bytes, cudaMemcpyDeviceToHost);
+            if (n <= 2 || t == gvqInt32) {
+                CHECK(memcmp(got, want, bytes) == 0, "type %d op %d: device result differs from host", (int)t, op);
+            } else {
+                double e = 0;
+                for (size_t i = 0; i < count; i++) {
+                    double a = t == gvqFloat32 ? ((float *)got)[i] : t == gvqFloat64 ? ((double *)got)[i] : 0;
+                    double b = t == gvqFloat32 ? ((float *)want)[i] : t == gvqFloat64 ? ((double *)want)[i] : 0;
+                    e = fmax(e, fabs(a - b));
+                }
+                CHECK(e < 1e-2, "type %d op %d: device result differs by %g", (int)t, op, e);
+            }
+            /* broadcast from the last rank, out of place */
+            void *d2 = NULL;
+            cudaMalloc(&d2, bytes);
+            CHECK(gvqBroadcast(d, d2, count, t, n - 1, comm, s) == gvqSuccess, "device broadcast");
+            cudaStreamSynchronize(s);
+            cudaMemcpy(got, d2, bytes, cudaMemcpyDeviceToHost);
+            CHECK(gvqBroadcast(want, want, count, t, n - 1, comm, NULL) == gvqSuccess, "host broadcast");
+            if (n <= 2 || t == gvqInt32)
+                CHECK(memcmp(got, want, bytes) == 0, "broadcast type %d differs", (int)t);
+            cudaFree(d);
+            cudaFree(d2);
+            free(h);
+            free(want);
+            free(got);
+        }
+    float *dv = NULL;
+    cudaMalloc((void **)&dv, 16);
+    CHECK(gvqSend(dv, 4, gvqFloat32, 0, comm, s) == gvqInvalidUsage, "p2p on device buffers is refused");
+    cudaFree(dv);
+    cudaStreamDestroy(s);
+    gvqCommDestroy(comm);
+    int all = 0;
+    MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) printf("test_gpu_collectives (%d ranks): %s\n", n, all ? "FAILED" : "all checks passed");
+    MPI_Finalize();
+    return all ? 1 : 0;
+}
