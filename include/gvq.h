@@ -297,6 +297,10 @@ typedef struct {
     int errorFeedback;   /* 1: add what compression dropped to the next call's gradient [0] */
     int maxDims;         /* cap on d [L] */
     int seed;            /* QSGD random seed [0] */
+    float voteThreshold; /* early exit: a rank votes to leave the compressed phase when its local
+                            loss ||x_n - x_hat_n|| / ||x_n|| exceeds this [lossThreshold, the
+                            paper's rule]; >= 1 never exits early. Small-batch local gradients
+                            are noise-dominated, so their loss is often far above eps. */
 } gvqCompressorConfig_t;
 
 #define GVQ_COMPRESSOR_CONFIG_INITIALIZER                                                     \
@@ -307,7 +311,7 @@ typedef struct {
             GVQ_CONFIG_UNDEF_INT, -1.0f, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,          \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT                  \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f           \
     }
 
 /* What a compressor is doing and has done. */

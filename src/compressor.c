@@ -31,7 +31,8 @@ typedef struct {
     float eps;
     int32_t warmup, sample, compressed, sample_codec, qbits, qbucket, qmaxnorm, fp16, ef, dmax,
         seed;
-    int32_t reserved; /* explicit, zeroed: no implicit padding, so save/load can memcmp */
+    float vote; /* early-exit threshold on the local loss (also keeps count 8-aligned without
+                 * padding, so save/load can memcmp the struct) */
     uint64_t count;
 } comp_cfg_t;
 _Static_assert(sizeof(comp_cfg_t) == 20 * 4 + 8, "comp_cfg_t must have no implicit padding");
@@ -119,6 +120,12 @@ static gvqResult_t config_resolve(const gvqCompressorConfig_t *in, size_t count,
     c->eps = in->lossThreshold < 0 ? 0.01f : in->lossThreshold;
     if (!(c->eps > 0 && c->eps < 1)) {
         GVQ_WARN("%s: lossThreshold=%g must be in (0, 1)", fn, (double)c->eps);
+        return gvqInvalidArgument;
+    }
+    c->vote = in->voteThreshold == -1.0f ? c->eps : in->voteThreshold;
+    if (!(c->vote > 0)) { /* also refuses NaN */
+        GVQ_WARN("%s: voteThreshold=%g must be positive (>= 1: no early exit)", fn,
+                 (double)in->voteThreshold);
         return gvqInvalidArgument;
     }
     c->warmup = undef(in->warmupIters) ? 0 : in->warmupIters;
@@ -491,7 +498,7 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
         double loss = c->gq.local_all2 > 0 ? sqrt(fmax(0, c->gq.local_x2 - c->gq.local_c2) /
                                                   c->gq.local_all2) : 0;
         s->lastLoss = loss;
-        int32_t vote = loss > cfg->eps;
+        int32_t vote = loss > cfg->vote;
         GVQCHECK(agree_i32(&ctx, &vote, 1, gvqSum));
         c->st.phase_iter++;
         if (2 * vote > n) {

@@ -45,6 +45,8 @@ static void usage(FILE *f) {
         "  --slice L             GradiVeQ slice size, rounded up to a multiple of each layer's K\n"
         "  --reuse C             slices per compressor\n"
         "  --eps X               GradiVeQ loss threshold\n"
+        "  --vote-threshold V    GradiVeQ early exit when a majority of local losses exceed V\n"
+        "                        (default: eps; >= 1 never exits early)\n"
         "  --warmup W --sample T --compressed S   the schedule (library defaults 0, 100, 400)\n"
         "  --sample-codec C      none or qsgd during warm-up and sampling\n"
         "  --qsgd-bits B --qsgd-bucket N   QSGD settings\n"
@@ -117,7 +119,7 @@ static int parse_channels(const char *s, net_arch_t *a) {
 enum {
     OPT_DATA = 256, OPT_TRAIN_SUBSET, OPT_TEST_SUBSET, OPT_CHANNELS, OPT_KERNEL, OPT_HIDDEN,
     OPT_BATCH, OPT_EPOCHS, OPT_ITERS, OPT_LR, OPT_MOMENTUM, OPT_WD, OPT_SEED, OPT_CODEC,
-    OPT_REST_CODEC, OPT_ZERO_CODE, OPT_SLICE, OPT_REUSE, OPT_EPS, OPT_WARMUP, OPT_SAMPLE,
+    OPT_REST_CODEC, OPT_ZERO_CODE, OPT_SLICE, OPT_REUSE, OPT_EPS, OPT_VOTE, OPT_WARMUP, OPT_SAMPLE,
     OPT_COMPRESSED, OPT_SAMPLE_CODEC, OPT_QSGD_BITS, OPT_QSGD_BUCKET, OPT_WIRE, OPT_EF,
     OPT_MAX_DIMS, OPT_PRINT_EVERY, OPT_EVAL_EVERY, OPT_CHECK_EVERY, OPT_STOP_AT, OPT_LOG,
     OPT_DUMP, OPT_DUMP_LAYER, OPT_DUMP_ITERS
@@ -146,6 +148,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"slice", required_argument, NULL, OPT_SLICE},
         {"reuse", required_argument, NULL, OPT_REUSE},
         {"eps", required_argument, NULL, OPT_EPS},
+        {"vote-threshold", required_argument, NULL, OPT_VOTE},
         {"warmup", required_argument, NULL, OPT_WARMUP},
         {"sample", required_argument, NULL, OPT_SAMPLE},
         {"compressed", required_argument, NULL, OPT_COMPRESSED},
@@ -225,6 +228,9 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_EPS:
             if (parse_double(optarg, 1e-9, 0.999999, &o->eps)) what = "--eps (in (0, 1))";
+            break;
+        case OPT_VOTE:
+            if (parse_double(optarg, 1e-9, 1e9, &o->vote)) what = "--vote-threshold (> 0)";
             break;
         case OPT_WARMUP:
             if (parse_int(optarg, 0, 1 << 30, &o->warmup)) what = "--warmup (>= 0)";

@@ -84,6 +84,7 @@ void train_opts_default(train_opts_t *o) {
     o->slice = o->reuse = o->warmup = o->sample = o->compressed = TRAIN_UNSET;
     o->sample_codec = o->qsgd_bits = o->qsgd_bucket = o->max_dims = TRAIN_UNSET;
     o->eps = -1.0;
+    o->vote = -1.0;
     o->print_every = 50;
     o->eval_every = 200;
     o->dump_layer = 2;
@@ -211,6 +212,7 @@ static void compressor_config(const train_opts_t *o, int codec, const layer_t *l
     }
     if (o->reuse != TRAIN_UNSET) c.reuse = o->reuse;
     if (o->eps > 0.0) c.lossThreshold = (float)o->eps;
+    if (o->vote > 0.0) c.voteThreshold = (float)o->vote;
     if (o->warmup != TRAIN_UNSET) c.warmupIters = o->warmup;
     if (o->sample != TRAIN_UNSET) c.sampleIters = o->sample;
     if (o->compressed != TRAIN_UNSET) c.compressedIters = o->compressed;

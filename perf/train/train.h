@@ -37,6 +37,7 @@ typedef struct {
     int slice, reuse, warmup, sample, compressed, sample_codec, qsgd_bits, qsgd_bucket;
     int wire_fp16, error_feedback, max_dims;
     double eps;
+    double vote;        /* GradiVeQ early-exit threshold (0: the library's, = eps) */
     /* what the user sees */
     int print_every;    /* progress line every N steps (and a CSV row) */
     int eval_every;     /* test accuracy every N steps (a multiple of print_every; 0: at the end) */

@@ -268,8 +268,8 @@ static void rank_refusals(gvqComm_t comm, int rank, int nranks, void *arg) {
         const char *field;
         gvqCompressorConfig_t cfg;
         size_t count;
-    } bad[10];
-    for (int i = 0; i < 10; i++) bad[i].cfg = base_cfg(), bad[i].count = 64;
+    } bad[11];
+    for (int i = 0; i < 11; i++) bad[i].cfg = base_cfg(), bad[i].count = 64;
     bad[0].field = "sliceSize", bad[0].cfg.filters = 4, bad[0].cfg.width = 16, bad[0].cfg.sliceSize = 6;
     bad[1].field = "shape", bad[1].cfg.filters = 4, bad[1].cfg.width = 5;
     bad[2].field = "lossThreshold", bad[2].cfg.lossThreshold = 1.5f;
@@ -280,7 +280,8 @@ static void rank_refusals(gvqComm_t comm, int rank, int nranks, void *arg) {
     bad[7].field = "sampleIters", bad[7].cfg.sampleIters = 0;
     bad[8].field = "magic", bad[8].cfg.magic = 1;
     bad[9].field = "count", bad[9].count = 0;
-    for (int i = 0; i < 10; i++) {
+    bad[10].field = "voteThreshold", bad[10].cfg.voteThreshold = 0.0f;
+    for (int i = 0; i < 11; i++) {
         gvqCompressor_t c = NULL;
         EXPECT_RES(gvqCompressorCreate(comm, bad[i].count, &bad[i].cfg, &c), gvqInvalidArgument);
         EXPECT(strstr(gvqGetLastError(comm), bad[i].field) != NULL || (i == 8 && strstr(gvqGetLastError(comm), "INITIALIZER")),
