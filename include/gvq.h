@@ -435,7 +435,7 @@ typedef struct {
  * run in rank order, then in the order the rows were given). Without GVQ_SPARSE_RAW each rank
  * sums its own duplicates before sending. The row counts are exchanged first; the rows then
  * travel around a pipelined ring or through the transport's native allgatherv (MPI_Iallgatherv),
- * chosen by GVQ_SPARSE_ALLGATHERV (perf/RESULTS-sparse.md says which is faster and the default).
+ * chosen by GVQ_SPARSE_ALLGATHERV (perf/RESULTS.md, section 4 says which is faster and the default).
  * `rows`, `dim`, `datatype` and `flags` must be the same on every rank. Blocking; not allowed
  * inside a group. Only sums (any gvq datatype; fp16/bf16 add in fp32).
  * Errors: gvqInvalidArgument (NULL or destroyed comm, NULL out or an out not made with

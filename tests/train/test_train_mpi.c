@@ -4,7 +4,7 @@
  * trained twice from the same seed: uncompressed (gvqAllReduce) and with GradiVeQ compressors on
  * both conv layers on a short schedule (warm-up 10, sample 20 with QSGD as the sampling codec,
  * compressed up to 50, eps 0.05). On these small-batch gradients the loss vote ends nearly every
- * compressed phase after one call (see perf/RESULTS-train.md), so the wire savings come mostly
+ * compressed phase after one call (see perf/RESULTS.md, section 3), so the wire savings come mostly
  * from the QSGD sampling phases; the run still fits a GradiVeQ compressor every ~21 steps.
  *
  * Checks, each a failure when it does not hold:
