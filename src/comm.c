@@ -58,6 +58,21 @@ static int live_remove(gvqComm_t c) {
     return i >= 0;
 }
 
+/* The entry check of calls that are not queued by groups (compressed allreduce, sparse, PS):
+ * comm must be live, and with no_group the caller must not be inside gvqGroupStart/End. */
+gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group) {
+    if (!gvq_comm_is_live(comm)) {
+        GVQ_WARN("%s: comm %p is %s", fn, (void *)comm,
+                 comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
+        return gvqInvalidArgument;
+    }
+    if (no_group && gvq_group_active()) {
+        GVQ_WARN("%s: not allowed inside gvqGroupStart/gvqGroupEnd", fn);
+        return gvqInvalidUsage;
+    }
+    return gvqSuccess;
+}
+
 /* Enter a call on comm: it must be live, not aborted and not broken. */
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     gvqResult_t res = gvqSuccess;

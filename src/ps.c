@@ -290,15 +290,7 @@ GVQ_API gvqResult_t gvqPsCreate(gvqComm_t comm, size_t rows, size_t dim, gvqData
         GVQ_WARN("%s: ps is NULL", fn);
         return gvqInvalidArgument;
     }
-    if (!gvq_comm_is_live(comm)) {
-        GVQ_WARN("%s: comm %p is %s", fn, (void *)comm,
-                 comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
-        return gvqInvalidArgument;
-    }
-    if (gvq_group_active()) {
-        GVQ_WARN("%s: not allowed inside gvqGroupStart/gvqGroupEnd", fn);
-        return gvqInvalidUsage;
-    }
+    GVQCHECK(gvq_comm_check(comm, fn, 1));
     if (datatype != gvqFloat32 && datatype != gvqFloat64) {
         GVQ_WARN("%s: datatype %d: a parameter server holds gvqFloat32 or gvqFloat64", fn,
                  (int)datatype);
@@ -1067,11 +1059,7 @@ GVQ_API gvqResult_t gvqPsTunePartitions(gvqComm_t comm, size_t rows, size_t dim,
         GVQ_WARN("%s: %s is NULL", fn, step == NULL ? "step" : "result");
         return gvqInvalidArgument;
     }
-    if (!gvq_comm_is_live(comm)) {
-        GVQ_WARN("%s: comm %p is %s", fn, (void *)comm,
-                 comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
-        return gvqInvalidArgument;
-    }
+    GVQCHECK(gvq_comm_check(comm, fn, 0));
     if (tune->magic != GVQ_PS_TUNE_CONFIG_MAGIC || tune->size != sizeof(gvqPsTuneConfig_t) ||
         tune->version > GVQ_VERSION) {
         GVQ_WARN("%s: tune config not made with GVQ_PS_TUNE_CONFIG_INITIALIZER", fn);

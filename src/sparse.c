@@ -60,15 +60,7 @@ static gvqResult_t grow(void **p, size_t *cap, size_t bytes) {
 static gvqResult_t check_args(size_t rows, size_t dim, gvqDataType_t dtype, unsigned flags,
                               const gvqSparseRows_t *out, gvqComm_t comm) {
     const char *fn = "gvqSparseAllGatherv";
-    if (!gvq_comm_is_live(comm)) {
-        GVQ_WARN("%s: comm %p is %s", fn, (void *)comm,
-                 comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
-        return gvqInvalidArgument;
-    }
-    if (gvq_group_active()) {
-        GVQ_WARN("%s: not allowed inside gvqGroupStart/gvqGroupEnd", fn);
-        return gvqInvalidUsage;
-    }
+    GVQCHECK(gvq_comm_check(comm, fn, 1));
     if (!rows_valid(out)) {
         GVQ_WARN("%s: out is %s", fn,
                  out == NULL ? "NULL" : "not made with GVQ_SPARSE_ROWS_INITIALIZER");

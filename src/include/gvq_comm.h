@@ -57,6 +57,8 @@ void gvq_comm_leave(gvqComm_t comm);
 
 /* Whether the calling thread is inside gvqGroupStart/gvqGroupEnd (collectives.c). */
 int gvq_group_active(void);
+/* comm is live (WARN naming fn otherwise), and with no_group: not inside a group. */
+gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group);
 
 /* In-process communicators for unit tests: comms[r] for r < nranks, ranks as threads. */
 gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_t *comms);

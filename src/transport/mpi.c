@@ -68,38 +68,35 @@ gvqResult_t gvq_mpi_ensure_init(int *world_rank, int *world_size) {
     return gvqSuccess;
 }
 
-static gvqResult_t mpi_isend(gvq_transport_t *t, int peer, int tag, const void *buf, size_t bytes,
-                             gvq_req_t *req) {
+/* Post one nonblocking send or receive of `bytes` raw bytes and fill req. */
+static gvqResult_t mpi_post(gvq_transport_t *t, int send, int peer, int tag, void *buf,
+                            size_t bytes, gvq_req_t *req) {
     mpi_impl_t *m = t->impl;
     MPI_Request r;
     if (bytes > INT_MAX) {
         GVQ_WARN("mpi transport: a %zu-byte message exceeds one MPI message", bytes);
         return gvqInternalError;
     }
-    MPICHECK(MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm, &r), "mpi send");
+    if (send)
+        MPICHECK(MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm, &r), "mpi send");
+    else
+        MPICHECK(MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm, &r), "mpi recv");
     memcpy(req->handle, &r, sizeof r);
-    req->handle[1] = REQ_SEND;
+    req->handle[1] = send ? REQ_SEND : REQ_RECV;
     req->peer = peer;
     req->bytes = bytes;
     req->active = 1;
     return gvqSuccess;
 }
 
+static gvqResult_t mpi_isend(gvq_transport_t *t, int peer, int tag, const void *buf, size_t bytes,
+                             gvq_req_t *req) {
+    return mpi_post(t, 1, peer, tag, (void *)buf, bytes, req);
+}
+
 static gvqResult_t mpi_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
                              gvq_req_t *req) {
-    mpi_impl_t *m = t->impl;
-    MPI_Request r;
-    if (bytes > INT_MAX) {
-        GVQ_WARN("mpi transport: a %zu-byte message exceeds one MPI message", bytes);
-        return gvqInternalError;
-    }
-    MPICHECK(MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm, &r), "mpi recv");
-    memcpy(req->handle, &r, sizeof r);
-    req->handle[1] = REQ_RECV;
-    req->peer = peer;
-    req->bytes = bytes;
-    req->active = 1;
-    return gvqSuccess;
+    return mpi_post(t, 0, peer, tag, buf, bytes, req);
 }
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request does not fit a handle");
