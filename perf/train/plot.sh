@@ -37,8 +37,10 @@ plots() { # xcol ycol
         title=$(basename "$f" .csv)
         [ $first -eq 1 ] || printf ', '
         first=0
-        printf "'%s' using %s:(\$%s >= 0 ? \$%s : 1/0) with lines lw 2 title '%s'" \
-            "$f" "$xcol" "$ycol" "$ycol" "$title"
+        # rows without the value are dropped before gnuplot sees them (an undefined point
+        # would break the line, and evaluations are rarer than progress rows)
+        printf "\"< awk -F, 'NR == 1 || \\\$%s >= 0' %s\" using %s:%s with lines lw 2 title '%s'" \
+            "$ycol" "$f" "$xcol" "$ycol" "$title"
     done
 }
 
