@@ -498,7 +498,9 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
         double loss = c->gq.local_all2 > 0 ? sqrt(fmax(0, c->gq.local_x2 - c->gq.local_c2) /
                                                   c->gq.local_all2) : 0;
         s->lastLoss = loss;
-        int32_t vote = loss > cfg->vote;
+        /* the loss is measured on centred slices against the uncentred norm, so it can exceed
+         * 1: a threshold >= 1 means "never", as documented, not "above 1" */
+        int32_t vote = cfg->vote < 1.0f && loss > cfg->vote;
         GVQCHECK(agree_i32(&ctx, &vote, 1, gvqSum));
         c->st.phase_iter++;
         if (2 * vote > n) {

@@ -38,6 +38,9 @@ typedef struct {
     int iters;
     int nan_iter;      /* iteration at which rank 0 feeds a NaN, -1 none */
     int noise_from;    /* iteration from which gradients leave the subspace, -1 never */
+    double offset;     /* a constant added along a 4th direction before quiet_from (no variance:
+                          the fit's centring takes it, no component of U does) */
+    int quiet_from;    /* iteration from which gradients are small noise only (0: never) */
     float *out[8];     /* last output per rank */
     gvqCompressorStats_t st[8];
     int phases[64];    /* rank 0: phase before each call */
@@ -58,6 +61,8 @@ static void rank_sched(gvqComm_t comm, int rank, int nranks, void *arg) {
         for (size_t i = 0; i < sc->count; i++) {
             x[i] = grad(rank, t, i);
             if (sc->noise_from >= 0 && t >= sc->noise_from) x[i] += (float)sin(12.9898 * (double)i * (rank + 1) + t) * 3;
+            if (sc->offset != 0) x[i] += (float)(sc->offset * cos(4 * 6.283185307179586 * (double)(i % SL) / SL));
+            if (sc->quiet_from > 0 && t >= sc->quiet_from) x[i] = (float)(0.01 * sin(12.9898 * (double)i * (rank + 1) + t));
         }
         if (t == sc->nan_iter && rank == 0) x[0] = NAN;
         gvqCompressorStats_t st;
@@ -140,6 +145,25 @@ static void test_early_exit_and_nan(void) {
     EXPECT(sc.phases[8] == gvqPhaseCompressed && sc.phases[9] == gvqPhaseCompressed, "phases %d %d", sc.phases[8], sc.phases[9]);
     EXPECT(sc.phases[10] == gvqPhaseSample, "after the vote: phase %d", sc.phases[10]);
     EXPECT(sc.st[0].earlyExits == 1 && sc.st[0].lastLoss > 0.01, "exits %lld loss %g", sc.st[0].earlyExits, sc.st[0].lastLoss);
+    free_outs(&sc, 3);
+
+    /* voteThreshold >= 1 never exits early, even when the local loss (centred residual over the
+     * uncentred norm) exceeds 1: a constant offset the centring removes, then tiny gradients
+     * without it, whose loss is ~ ||offset|| / ||x|| >> 1 */
+    memset(&sc, 0, sizeof sc);
+    sc.count = SL * 8;
+    sc.cfg = base_cfg();
+    sc.cfg.compressedIters = 10;
+    sc.cfg.voteThreshold = 1.0f;
+    sc.iters = 12;
+    sc.nan_iter = -1;
+    sc.noise_from = -1;
+    sc.offset = 2.0;
+    sc.quiet_from = 9;
+    gvq_test_run(3, NULL, rank_sched, &sc);
+    EXPECT(sc.phases[8] == gvqPhaseCompressed && sc.phases[11] == gvqPhaseCompressed, "vote off: phases %d %d", sc.phases[8], sc.phases[11]);
+    EXPECT(sc.st[0].lastLoss > 1.0, "vote off: the case should have a local loss above 1, got %g", sc.st[0].lastLoss);
+    EXPECT(sc.st[0].earlyExits == 0, "vote off: %lld early exits (last loss %g)", sc.st[0].earlyExits, sc.st[0].lastLoss);
     free_outs(&sc, 3);
 
     memset(&sc, 0, sizeof sc);
