@@ -35,6 +35,8 @@ static void usage(FILE *f) {
         "  --batch B             global batch, a multiple of the ranks (default 64)\n"
         "  --epochs E            epochs (default 2), or --iters N steps\n"
         "  --lr X --momentum X --wd X   SGD with momentum (default 0.05, 0.9, 0)\n"
+        "  --cosine              decay the learning rate from lr to 0 along a half cosine over\n"
+        "                        the run (default: constant)\n"
         "  --seed S              weights and shuffling (default 1; the same on every rank)\n"
         "aggregation through gvq:\n"
         "  --codec C             conv weight gradients: none (gvqAllReduce), gradiveq (a compressor\n"
@@ -122,7 +124,7 @@ enum {
     OPT_REST_CODEC, OPT_ZERO_CODE, OPT_SLICE, OPT_REUSE, OPT_EPS, OPT_VOTE, OPT_WARMUP, OPT_SAMPLE,
     OPT_COMPRESSED, OPT_SAMPLE_CODEC, OPT_QSGD_BITS, OPT_QSGD_BUCKET, OPT_WIRE, OPT_EF,
     OPT_MAX_DIMS, OPT_PRINT_EVERY, OPT_EVAL_EVERY, OPT_CHECK_EVERY, OPT_STOP_AT, OPT_LOG,
-    OPT_DUMP, OPT_DUMP_LAYER, OPT_DUMP_ITERS
+    OPT_DUMP, OPT_DUMP_LAYER, OPT_DUMP_ITERS, OPT_COSINE
 };
 
 /* Returns 0, 1 for --help, or -1 after naming the bad option on stderr. */
@@ -140,6 +142,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"iters", required_argument, NULL, OPT_ITERS},
         {"lr", required_argument, NULL, OPT_LR},
         {"momentum", required_argument, NULL, OPT_MOMENTUM},
+        {"cosine", no_argument, NULL, OPT_COSINE},
         {"wd", required_argument, NULL, OPT_WD},
         {"seed", required_argument, NULL, OPT_SEED},
         {"codec", required_argument, NULL, OPT_CODEC},
@@ -202,6 +205,9 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_LR:
             if (parse_double(optarg, 0.0, 100.0, &o->lr)) what = "--lr (0..100)";
+            break;
+        case OPT_COSINE:
+            o->cosine = 1;
             break;
         case OPT_MOMENTUM:
             if (parse_double(optarg, 0.0, 0.999999, &o->momentum)) what = "--momentum ([0, 1))";

@@ -337,8 +337,9 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
 
     if (rank == 0 && !o->quiet) {
         fprintf(out, "# gvq-train: %d ranks, global batch %d (%d per rank), %ld steps (%ld per "
-                     "epoch), lr %g momentum %g wd %g seed %llu\n",
-                nranks, o->batch, local, iters, steps_per_epoch, o->lr, o->momentum,
+                     "epoch), lr %g%s momentum %g wd %g seed %llu\n",
+                nranks, o->batch, local, iters, steps_per_epoch, o->lr,
+                o->cosine ? " (cosine decay)" : "", o->momentum,
                 o->weight_decay, o->seed);
         fprintf(out, "# data: %s (%d train, %d test images of %dx%d)\n", o->data_dir, train.n,
                 test.n, train.rows, train.cols);
@@ -436,7 +437,9 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         }
         double t2 = now_s();
 
-        const float lr = (float)o->lr, mu = (float)o->momentum, wd = (float)o->weight_decay;
+        const double lr_step =
+            o->cosine ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters)) : o->lr;
+        const float lr = (float)lr_step, mu = (float)o->momentum, wd = (float)o->weight_decay;
         for (size_t j = 0; j < net.nparams; j++) {
             velocity[j] = mu * velocity[j] + net.grads[j] + wd * net.params[j];
             net.params[j] -= lr * velocity[j];

@@ -29,6 +29,7 @@ typedef struct {
     int epochs;         /* used when iters is 0 */
     long iters;         /* total steps (0: epochs x steps per epoch) */
     double lr, momentum, weight_decay;
+    int cosine;         /* 1: lr x (1 + cos(pi step / steps)) / 2 */
     unsigned long long seed;
     /* aggregation */
     int codec;          /* train_codec_t of the conv layers */
