@@ -123,29 +123,33 @@ gvqResult_t gvq_sparse_native_allgatherv(gvq_coll_ctx_t *ctx, void *blocks, cons
 int gvq_lsq_fit3(const double *P, const double *t, int n, double theta[3]);
 
 /* The search of ALGORITHMS.md: sample start; double while the time falls (up to maxp); then halve
- * from start while the time falls (down to 1). Drive it with next/record. */
+ * from start while the time falls (down to 1). Then up to GVQ_PTUNE_REFINE refinement samples
+ * (the doubling/halving grid is coarse, and the measured curve is often flat near its minimum
+ * with bumps the model cannot see): the fit's argmin if it was not sampled, else the untried
+ * candidate midway between the fastest sample and its sampled neighbour above (then below).
+ * Candidates are the multiples of `granule` (>= 1): with shards colocated on N ranks, a P that
+ * is not a multiple of N gives some ranks more shards than others. Drive it with next/record. */
 #define GVQ_PTUNE_MAX 32
+#define GVQ_PTUNE_REFINE 3
 typedef struct {
-    int start, maxp;
-    int phase;      /* 0 doubling, 1 halving, 2 done */
+    int start, maxp, granule;
+    int phase;      /* 0 doubling, 1 halving, 2 refining, 3 done */
+    int refined;    /* refinement samples taken */
     int P;          /* the P to sample next */
     double prev_t;  /* time of the previous sample of this phase */
     int n;
     int Ps[GVQ_PTUNE_MAX];
     double ts[GVQ_PTUNE_MAX];
 } gvq_ptune_t;
-void gvq_ptune_init(gvq_ptune_t *s, int start, int maxp);
+void gvq_ptune_init(gvq_ptune_t *s, int start, int maxp, int granule);
 /* The P to sample next, or 0 when the search is done. */
 int gvq_ptune_next(const gvq_ptune_t *s);
 /* Record the time of the sample gvq_ptune_next returned. */
 void gvq_ptune_record(gvq_ptune_t *s, double seconds);
-/* The choice: the integer P in [max(1, minP/2), min(maxp, 2 maxP)] (minP, maxP: the sampled
- * range) minimizing the fit when the fit succeeds and is finite there, else the fastest sample.
- * Candidates are the sampled P and the multiples of `granule` (>= 1) in that range: with shards
- * colocated on N ranks, a P that is not a multiple of N gives some ranks more shards than
- * others, an imbalance the three-term model cannot see. Writes the fit (fit_ok, theta) and the
- * predicted time. */
-int gvq_ptune_choose(const gvq_ptune_t *s, int granule, int *fit_ok, double theta[3],
-                     double *predicted);
+/* The choice: the fastest sample (the fit decides where to look, the measurement decides; 0
+ * without samples). Writes the least-squares fit over all samples (fit_ok 0 with fewer than 3
+ * distinct P or a singular system) and the predicted time at the choice (the fit's value, or the
+ * sample's own time without a fit). */
+int gvq_ptune_choose(const gvq_ptune_t *s, int *fit_ok, double theta[3], double *predicted);
 
 #endif /* GVQ_SPARSE_H_ */

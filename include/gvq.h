@@ -603,15 +603,14 @@ typedef struct {
 typedef struct {
     int nsamples;                                /* samples taken, in the order taken */
     int partitions[GVQ_PS_TUNE_MAX_SAMPLES];     /* P of sample i */
-    double seconds[GVQ_PS_TUNE_MAX_SAMPLES];     /* mean iteration time of sample i (the slowest
-                                                    rank's) */
+    double seconds[GVQ_PS_TUNE_MAX_SAMPLES];     /* iteration time of sample i: each rank's
+                                                    median over the timed iterations, the
+                                                    slowest rank's */
     int fitOk;            /* 1: theta from least squares over >= 3 distinct P; 0: too few or
                              singular, the best sample was chosen */
     double theta[3];      /* time ~ theta[0] + theta[1] / P + theta[2] * P */
-    int bestPartitions;   /* the choice: the P minimizing the fit among the sampled P and the
-                             multiples of the rank count (equal shards per rank), within
-                             [1, maxPartitions] and at most a factor 2 beyond the sampled range;
-                             without a fit, the best sample */
+    int bestPartitions;   /* the choice: the fastest sample, after the search and the
+                             refinement samples the fit pointed to (see below) */
     double predictedSeconds; /* the fit at bestPartitions (the sample's time without a fit) */
     int bestSampledPartitions;  /* the fastest sample */
     double bestSampledSeconds;
@@ -621,10 +620,15 @@ typedef struct {
  * section 4): starting at startPartitions, runs itersPerSample calls of `step` on a fresh
  * parameter server (gvqPsCreate(comm, rows, dim, datatype, config with partitions = P)) and
  * times them, doubling P until the time rises, then halving from the start until it rises; fits
- * time ~ theta0 + theta1/P + theta2*P by least squares and writes the P that minimizes the fit to
- * result->bestPartitions. Collective; the decisions use the slowest rank's times, so every rank
- * returns the same result. Errors: gvqInvalidArgument (NULL step or result, bad tune config,
- * and gvqPsCreate's), the step's own errors, and those of a collective. */
+ * time ~ theta0 + theta1/P + theta2*P by least squares. Then, because that grid is coarse and a
+ * real curve is flat near its minimum with bumps the model cannot see (which rank holds the hot
+ * rows changes with P), it takes up to 3 refinement samples: the fit's argmin if not yet
+ * sampled, else the untried P midway between the fastest sample and its sampled neighbours.
+ * Candidates for refinement are multiples of the rank count (shard s lives on rank s mod N, so
+ * other P load the ranks unequally). result->bestPartitions is the fastest sample. Collective;
+ * the decisions use the slowest rank's times, so every rank returns the same result. Errors:
+ * gvqInvalidArgument (NULL step or result, bad tune config, and gvqPsCreate's), the step's own
+ * errors, and those of a collective. */
 GVQ_API gvqResult_t gvqPsTunePartitions(gvqComm_t comm, size_t rows, size_t dim,
                                         gvqDataType_t datatype, const gvqPsConfig_t *config,
                                         const gvqPsTuneConfig_t *tune, gvqPsStepFn_t step,

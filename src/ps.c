@@ -1027,23 +1027,39 @@ GVQ_API gvqResult_t gvqPsLoadFile(gvqPs_t ps, const char *path) {
 
 /* ---- partition tuning ------------------------------------------------------------------------ */
 
-/* Mean seconds per iteration of `step` on a fresh server with P partitions, the slowest rank's. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Seconds per iteration of `step` on a fresh server with P partitions: each rank's median over
+ * the timed iterations (robust to the odd descheduled step on a busy host), the slowest rank's. */
 static gvqResult_t tune_sample(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t dtype,
                                const gvqPsConfig_t *config, int P, int iters, int skip,
                                gvqPsStepFn_t step, void *user, double *seconds) {
     gvqPsConfig_t cfg = GVQ_PS_CONFIG_INITIALIZER;
     if (config != NULL) cfg = *config;
     cfg.partitions = P;
-    gvqPs_t ps = NULL;
-    GVQCHECK(gvqPsCreate(comm, rows, dim, dtype, &cfg, &ps));
-    gvqResult_t res = gvqSuccess;
-    uint64_t t0 = gvq_now_ns();
-    for (int it = 0; it < iters && res == gvqSuccess; it++) {
-        if (it == skip) t0 = gvq_now_ns();
-        res = step(ps, it, user);
+    double *dt = malloc((size_t)iters * sizeof *dt);
+    if (dt == NULL) {
+        GVQ_WARN("gvqPsTunePartitions: out of memory for %d sample times", iters);
+        return gvqSystemError;
     }
-    double mine = (double)(gvq_now_ns() - t0) * 1e-9 / (double)(iters - skip);
-    gvqPsDestroy(ps);
+    gvqPs_t ps = NULL;
+    gvqResult_t res = gvqPsCreate(comm, rows, dim, dtype, &cfg, &ps);
+    for (int it = 0; it < iters && res == gvqSuccess; it++) {
+        uint64_t t0 = gvq_now_ns();
+        res = step(ps, it, user);
+        dt[it] = (double)(gvq_now_ns() - t0) * 1e-9;
+    }
+    if (ps != NULL) gvqPsDestroy(ps);
+    double mine = 0.0;
+    if (res == gvqSuccess) {
+        int m = iters - skip;
+        qsort(dt + skip, (size_t)m, sizeof *dt, cmp_double);
+        mine = m % 2 ? dt[skip + m / 2] : 0.5 * (dt[skip + m / 2 - 1] + dt[skip + m / 2]);
+    }
+    free(dt);
     GVQCHECK(res);
     return gvqAllReduce(&mine, seconds, 1, gvqFloat64, gvqMax, comm, NULL);
 }
@@ -1090,7 +1106,8 @@ GVQ_API gvqResult_t gvqPsTunePartitions(gvqComm_t comm, size_t rows, size_t dim,
         return gvqInvalidArgument;
     }
     gvq_ptune_t s;
-    gvq_ptune_init(&s, start, maxp);
+    /* shards live on rank s mod N: multiples of N keep the ranks' loads equal */
+    gvq_ptune_init(&s, start, maxp, comm->nranks);
     for (int P; (P = gvq_ptune_next(&s)) != 0;) {
         double t = 0.0;
         GVQCHECK(tune_sample(comm, rows, dim, datatype, config, P, iters, skip, step, userData, &t));
@@ -1106,9 +1123,7 @@ GVQ_API gvqResult_t gvqPsTunePartitions(gvqComm_t comm, size_t rows, size_t dim,
         if (out.bestSampledPartitions == 0 || s.ts[i] < out.bestSampledSeconds)
             out.bestSampledPartitions = s.Ps[i], out.bestSampledSeconds = s.ts[i];
     }
-    /* shards live on rank s mod N: multiples of N keep the ranks' loads equal */
-    out.bestPartitions =
-        gvq_ptune_choose(&s, comm->nranks, &out.fitOk, out.theta, &out.predictedSeconds);
+    out.bestPartitions = gvq_ptune_choose(&s, &out.fitOk, out.theta, &out.predictedSeconds);
     *result = out;
     return gvqSuccess;
 }
