@@ -352,8 +352,10 @@ GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t compressor, gvqCompres
 
 /* Allreduce of `count` gvqFloat32 values through the compressor (op gvqSum or gvqAvg). The
  * result is the exact sum during warm-up and sampling with codec none, an approximation
- * otherwise, and bitwise identical on every rank. In place when sendbuff == recvbuff. Not
- * allowed inside a group. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count, type or
+ * otherwise, and bitwise identical on every rank. In place when sendbuff == recvbuff. CUDA
+ * buffers are accepted: they are staged through pinned host memory behind `stream` and the host
+ * codecs run (the call returns when the result is in place); the codecs do not run on the GPU
+ * yet. Not allowed inside a group. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count, type or
  * op the compressor was not made for, gvqInvalidUsage inside a group. */
 GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
                                            gvqDataType_t datatype, gvqRedOp_t op,

@@ -548,12 +548,44 @@ static gvqResult_t compressed_entered(gvqCompressor_t c, const void *send, void 
     return run(c, send, recv, op);
 }
 
+/* CUDA buffers: the codecs run on the host (the device codec entries are not wired into the
+ * compressor yet), so the input is copied to pinned host memory behind the caller's stream, the
+ * host path runs in place there, and the result is copied back; the call returns when it is in
+ * place. Correct for ranks sharing a GPU over the MPI transport, not fast. */
+static gvqResult_t compressed_staged(gvqCompressor_t c, const gvq_device_ops_t *dev,
+                                     const void *sendbuff, void *recvbuff, gvqRedOp_t op,
+                                     gvqStream_t stream) {
+    size_t bytes = (size_t)c->cfg.count * sizeof(float);
+    void *prev = NULL;
+    GVQCHECK(dev->set_stream(stream, &prev));
+    float *h = dev->host_alloc(bytes);
+    gvqResult_t res = gvqSuccess;
+    if (h == NULL) {
+        GVQ_WARN("gvqAllReduceCompressed: cannot allocate %zu bytes of pinned host memory to stage "
+                 "CUDA buffers", bytes);
+        res = gvqSystemError;
+        goto out;
+    }
+    if (gvq_device_of(sendbuff) == dev)
+        GVQCHECKGOTO(dev->copy_to_host(h, sendbuff, bytes), res, out);
+    else
+        memcpy(h, sendbuff, bytes);
+    GVQCHECKGOTO(compressed_entered(c, h, h, op), res, out);
+    if (gvq_device_of(recvbuff) == dev)
+        GVQCHECKGOTO(dev->copy_from_host(recvbuff, h, bytes), res, out);
+    else
+        memcpy(recvbuff, h, bytes);
+out:
+    if (h != NULL) dev->host_free(h);
+    gvqResult_t r2 = dev->set_stream(prev, NULL);
+    return res != gvqSuccess ? res : r2;
+}
+
 GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
                                            gvqDataType_t datatype, gvqRedOp_t op,
                                            gvqCompressor_t compressor, gvqComm_t comm,
                                            gvqStream_t stream) {
     const char *fn = "gvqAllReduceCompressed";
-    (void)stream;
     if (!is_live(compressor)) {
         GVQ_WARN("%s: compressor %p is not a live compressor", fn, (void *)compressor);
         return gvqInvalidArgument;
@@ -590,7 +622,11 @@ GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff,
         return gvqInvalidUsage;
     }
     GVQCHECK(gvq_comm_enter(comm, fn));
-    gvqResult_t res = compressed_entered(compressor, sendbuff, recvbuff, op);
+    const gvq_device_ops_t *dev = gvq_device_of(sendbuff);
+    if (dev == &gvq_host_device) dev = gvq_device_of(recvbuff);
+    gvqResult_t res = dev == &gvq_host_device
+                          ? compressed_entered(compressor, sendbuff, recvbuff, op)
+                          : compressed_staged(compressor, dev, sendbuff, recvbuff, op, stream);
     gvq_comm_leave(comm);
     return res;
 }

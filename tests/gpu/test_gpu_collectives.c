@@ -102,6 +102,47 @@ int main(int argc, char **argv) {
             free(want);
             free(got);
         }
+    /* compressed allreduce on CUDA buffers (staged through the host codecs): two compressors of
+     * the same config, one fed host buffers and one device buffers, through warm-up, sampling,
+     * the fit and compressed calls: the outputs must match bit for bit */
+    {
+        const size_t cn = 64 * 200 + 7;
+        gvqCompressorConfig_t cc = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+        cc.codec = gvqCodecGradiveq;
+        cc.sliceSize = 64;
+        cc.warmupIters = 1;
+        cc.sampleIters = 8;
+        cc.compressedIters = 8;
+        gvqCompressor_t ch = NULL, cd = NULL;
+        CHECK(gvqCompressorCreate(comm, cn, &cc, &ch) == gvqSuccess, "host compressor");
+        CHECK(gvqCompressorCreate(comm, cn, &cc, &cd) == gvqSuccess, "device compressor");
+        float *x = malloc(cn * 4), *want = malloc(cn * 4), *got = malloc(cn * 4), *dx = NULL;
+        cudaMalloc((void **)&dx, cn * 4);
+        for (int it = 0; it < 14 && ch != NULL && cd != NULL; it++) {
+            for (size_t i = 0; i < cn; i++)
+                x[i] = (float)(sin(0.01 * (double)(i % 64) * (1 + it % 3) + rank) +
+                               0.1 * cos(0.37 * (double)i + it));
+            CHECK(gvqAllReduceCompressed(x, want, cn, gvqFloat32, gvqAvg, ch, comm, NULL) == gvqSuccess,
+                  "host compressed call %d", it);
+            cudaMemcpy(dx, x, cn * 4, cudaMemcpyHostToDevice);
+            CHECK(gvqAllReduceCompressed(dx, dx, cn, gvqFloat32, gvqAvg, cd, comm, s) == gvqSuccess,
+                  "device compressed call %d: %s", it, gvqGetLastError(comm));
+            cudaStreamSynchronize(s);
+            cudaMemcpy(got, dx, cn * 4, cudaMemcpyDeviceToHost);
+            CHECK(memcmp(got, want, cn * 4) == 0, "compressed call %d: device result differs", it);
+        }
+        gvqCompressorStats_t st;
+        if (cd != NULL) {
+            gvqCompressorGetStats(cd, &st);
+            CHECK(st.fits >= 1, "the device-fed compressor never fitted (%lld)", st.fits);
+        }
+        cudaFree(dx);
+        free(x);
+        free(want);
+        free(got);
+        if (ch) gvqCompressorDestroy(ch);
+        if (cd) gvqCompressorDestroy(cd);
+    }
     float *dv = NULL;
     cudaMalloc((void **)&dv, 16);
     CHECK(gvqSend(dv, 4, gvqFloat32, 0, comm, s) == gvqInvalidUsage, "p2p on device buffers is refused");
