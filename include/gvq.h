@@ -301,6 +301,10 @@ typedef struct {
                             loss ||x_n - x_hat_n|| / ||x_n|| exceeds this [lossThreshold, the
                             paper's rule]; >= 1 never exits early. Small-batch local gradients
                             are noise-dominated, so their loss is often far above eps. */
+    int sampleSlices;    /* slices of each reuse group kept as PCA samples per sampling call,
+                            spread evenly over the group; 0: all of them. The fit then sees
+                            T x sampleSlices samples of the group (memory: T x count floats with
+                            0). [1: the first slice, as the paper] */
 } gvqCompressorConfig_t;
 
 #define GVQ_COMPRESSOR_CONFIG_INITIALIZER                                                     \
@@ -311,7 +315,8 @@ typedef struct {
             GVQ_CONFIG_UNDEF_INT, -1.0f, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,          \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f           \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f,          \
+            GVQ_CONFIG_UNDEF_INT                                                              \
     }
 
 /* What a compressor is doing and has done. */

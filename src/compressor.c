@@ -6,8 +6,9 @@
  *
  *   phase       codec on the wire        after the ring
  *   warm-up     identity or QSGD         count down W calls
- *   sample      identity or QSGD         keep the summed first slice of every reuse group;
- *                                        after T samples: fit (group g on rank (t+g) mod N,
+ *   sample      identity or QSGD         keep ss summed slices of every reuse group (the
+ *                                        first one by default); after T samples: fit (group
+ *                                        g on rank (t+g) mod N,
  *                                        agree on d = max, broadcast U, Z from the owners)
  *   compressed  GradiVeQ                 vote: local loss > eps on a majority -> sample again;
  *                                        after S calls -> sample again
@@ -22,7 +23,7 @@
 #include "gvq_comm.h"
 
 #define GVQ_COMPRESSOR_MAGIC 0x67767163u
-#define SAVE_MAGIC 0x31524d4351564721ull /* "!GVQCMR1" */
+#define SAVE_MAGIC 0x32524d4351564721ull /* "!GVQCMR2" */
 
 /* The resolved configuration (every default filled in). Saved states carry it, so a load can
  * check that it restores into the same kind of compressor. */
@@ -31,11 +32,13 @@ typedef struct {
     float eps;
     int32_t warmup, sample, compressed, sample_codec, qbits, qbucket, qmaxnorm, fp16, ef, dmax,
         seed;
-    float vote; /* early-exit threshold on the local loss (also keeps count 8-aligned without
-                 * padding, so save/load can memcmp the struct) */
+    float vote;      /* early-exit threshold on the local loss */
+    int32_t ss;      /* slices per reuse group kept per sampling call (1..C) */
+    int32_t zero;    /* keeps count 8-aligned without implicit padding, so that save/load can
+                        memcmp the struct; always 0 */
     uint64_t count;
 } comp_cfg_t;
-_Static_assert(sizeof(comp_cfg_t) == 20 * 4 + 8, "comp_cfg_t must have no implicit padding");
+_Static_assert(sizeof(comp_cfg_t) == 22 * 4 + 8, "comp_cfg_t must have no implicit padding");
 
 typedef struct {
     int32_t phase;
@@ -52,7 +55,7 @@ struct gvqCompressor {
     comp_state_t st;
     size_t nfull, ngroups;
     int collocate;
-    float *samples; /* ngroups x T x L */
+    float *samples; /* ngroups x T x ss x L */
     float *U, *Z;   /* ngroups x L x d, ngroups x L */
     float *work;    /* collocated vector (count) */
     float *efin;    /* gradient + residual (count) */
@@ -126,6 +129,11 @@ static gvqResult_t config_resolve(const gvqCompressorConfig_t *in, size_t count,
     if (!(c->vote > 0)) { /* also refuses NaN */
         GVQ_WARN("%s: voteThreshold=%g must be positive (>= 1: no early exit)", fn,
                  (double)in->voteThreshold);
+        return gvqInvalidArgument;
+    }
+    c->ss = undef(in->sampleSlices) ? 1 : in->sampleSlices;
+    if (c->ss < 0) {
+        GVQ_WARN("%s: sampleSlices=%d must be >= 0 (0: every slice)", fn, c->ss);
         return gvqInvalidArgument;
     }
     c->warmup = undef(in->warmupIters) ? 0 : in->warmupIters;
@@ -212,6 +220,8 @@ GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
     size_t C = cfg.C > 0 ? (size_t)cfg.C : GVQ_MAX(c->nfull, (size_t)1);
     c->ngroups = GVQ_DIV_UP(c->nfull, C);
     c->cfg.C = (int32_t)C;
+    if (c->cfg.ss == 0 || (size_t)c->cfg.ss > C) c->cfg.ss = (int32_t)C;
+    cfg.ss = c->cfg.ss;
     c->collocate = cfg.K > 1 && cfg.D * cfg.H * cfg.W > 1;
     gvqResult_t res = gvqSuccess;
     gvqCompressorStats_t *s = &c->st.stats;
@@ -224,7 +234,8 @@ GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
     } else if (cfg.codec == gvqCodecGradiveq) {
         c->st.phase = cfg.warmup > 0 ? gvqPhaseWarmup : gvqPhaseSample;
         set_reason(c, "no compressor fitted yet");
-        c->samples = malloc(sizeof(float) * c->ngroups * (size_t)cfg.sample * (size_t)cfg.L);
+        c->samples = malloc(sizeof(float) * c->ngroups * (size_t)cfg.sample * (size_t)cfg.ss *
+                            (size_t)cfg.L);
         if (c->samples == NULL) res = gvqSystemError;
     } else {
         c->st.phase = gvqPhasePlain;
@@ -318,6 +329,12 @@ static gvqResult_t agree_i32(gvq_coll_ctx_t *ctx, int32_t *v, int n, gvqRedOp_t 
     return gvq_ring_allreduce(ctx, &id, v, v, (size_t)n, op);
 }
 
+/* Slices of group g kept per sampling call: ss, or fewer in a short last group. */
+static size_t group_samples(gvqCompressor_t c, size_t g) {
+    size_t C = (size_t)c->cfg.C, cg = GVQ_MIN(C, c->nfull - g * C);
+    return GVQ_MIN((size_t)c->cfg.ss, cg);
+}
+
 /* Fit every reuse group on its owner rank, agree on d, broadcast (U, Z) from the owners.
  * Returns gvqSuccess with *ok = 0 when a fit was refused (non-finite samples) on any rank. */
 static gvqResult_t fit(gvqCompressor_t c, gvq_coll_ctx_t *ctx, int *ok) {
@@ -339,7 +356,8 @@ static gvqResult_t fit(gvqCompressor_t c, gvq_coll_ctx_t *ctx, int *ok) {
     for (size_t g = 0, k = 0; g < G; g++) {
         if ((c->tensor_index + (int)g) % n != comm->rank) continue;
         double e = 0;
-        gvqResult_t fr = gvq_pca_fit(comm->dev, L, T, c->samples + g * T * L, c->cfg.eps,
+        size_t ng = T * group_samples(c, g), stride = (size_t)c->cfg.sample * (size_t)c->cfg.ss;
+        gvqResult_t fr = gvq_pca_fit(comm->dev, L, ng, c->samples + g * stride * L, c->cfg.eps,
                                      (size_t)c->cfg.dmax, full + k * L * L, Zall + g * L, &dg[g], &e);
         if (fr == gvqInvalidArgument) {
             agree[1] = 1;
@@ -488,10 +506,14 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
     s->wireBytes += sent;
     s->rawBytes += (unsigned long long)(n > 1 ? 2 * (size_t)(n - 1) * M * 4 / (size_t)n : 0);
     if (phase == gvqPhaseSample) {
-        size_t L = (size_t)cfg->L, T = (size_t)cfg->sample;
-        for (size_t g = 0; g < c->ngroups; g++)
-            memcpy(c->samples + (g * T + (size_t)c->st.nsamples) * L,
-                   dst + g * (size_t)cfg->C * L, sizeof(float) * L);
+        size_t L = (size_t)cfg->L, T = (size_t)cfg->sample, S = (size_t)cfg->ss;
+        size_t C = (size_t)cfg->C, t = (size_t)c->st.nsamples;
+        for (size_t g = 0; g < c->ngroups; g++) { /* ns slices spread evenly over the group */
+            size_t cg = GVQ_MIN(C, c->nfull - g * C), ns = group_samples(c, g);
+            for (size_t j = 0; j < ns; j++)
+                memcpy(c->samples + (g * T * S + t * ns + j) * L, dst + (g * C + j * cg / ns) * L,
+                       sizeof(float) * L);
+        }
         c->st.nsamples++;
     }
     if (phase == gvqPhaseCompressed) {
@@ -644,7 +666,7 @@ typedef struct {
 static size_t save_size(gvqCompressor_t c) {
     size_t L = (size_t)c->cfg.L, G = c->ngroups;
     size_t n = sizeof(save_hdr_t);
-    if (c->samples) n += sizeof(float) * G * (size_t)c->cfg.sample * L;
+    if (c->samples) n += sizeof(float) * G * (size_t)c->cfg.sample * (size_t)c->cfg.ss * L;
     n += sizeof(float) * (G * L * (size_t)c->st.d + G * L) * (c->st.d > 0);
     if (c->cfg.ef) n += sizeof(float) * c->cfg.count;
     return n;
@@ -677,7 +699,7 @@ GVQ_API gvqResult_t gvqCompressorSave(gvqCompressor_t c, void *buf, size_t *size
     p += sizeof h;
     size_t L = (size_t)c->cfg.L, G = c->ngroups;
     if (c->samples) {
-        size_t b = sizeof(float) * G * (size_t)c->cfg.sample * L;
+        size_t b = sizeof(float) * G * (size_t)c->cfg.sample * (size_t)c->cfg.ss * L;
         memcpy(p, c->samples, b);
         p += b;
     }
@@ -715,7 +737,7 @@ GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t c, const void *buf, size_t
     size_t L = (size_t)c->cfg.L, G = c->ngroups, d = (size_t)h.st.d;
     const char *p = (const char *)buf + sizeof h;
     if (c->samples) {
-        size_t b = sizeof(float) * G * (size_t)c->cfg.sample * L;
+        size_t b = sizeof(float) * G * (size_t)c->cfg.sample * (size_t)c->cfg.ss * L;
         memcpy(c->samples, p, b);
         p += b;
     }

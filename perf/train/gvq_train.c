@@ -51,6 +51,8 @@ static void usage(FILE *f) {
         "                        (default: eps; >= 1 never exits early)\n"
         "  --warmup W --sample T --compressed S   the schedule (library defaults 0, 100, 400)\n"
         "  --sample-codec C      none or qsgd during warm-up and sampling\n"
+        "  --sample-slices N     slices of each reuse group kept as PCA samples per sampling\n"
+        "                        call (default: the library's, 1; 0: all)\n"
         "  --qsgd-bits B --qsgd-bucket N   QSGD settings\n"
         "  --wire fp16|fp32      GradiVeQ coefficients on the wire\n"
         "  --ef                  error feedback\n"
@@ -124,7 +126,7 @@ enum {
     OPT_REST_CODEC, OPT_ZERO_CODE, OPT_SLICE, OPT_REUSE, OPT_EPS, OPT_VOTE, OPT_WARMUP, OPT_SAMPLE,
     OPT_COMPRESSED, OPT_SAMPLE_CODEC, OPT_QSGD_BITS, OPT_QSGD_BUCKET, OPT_WIRE, OPT_EF,
     OPT_MAX_DIMS, OPT_PRINT_EVERY, OPT_EVAL_EVERY, OPT_CHECK_EVERY, OPT_STOP_AT, OPT_LOG,
-    OPT_DUMP, OPT_DUMP_LAYER, OPT_DUMP_ITERS, OPT_COSINE
+    OPT_DUMP, OPT_DUMP_LAYER, OPT_DUMP_ITERS, OPT_COSINE, OPT_SAMPLE_SLICES
 };
 
 /* Returns 0, 1 for --help, or -1 after naming the bad option on stderr. */
@@ -143,6 +145,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"lr", required_argument, NULL, OPT_LR},
         {"momentum", required_argument, NULL, OPT_MOMENTUM},
         {"cosine", no_argument, NULL, OPT_COSINE},
+        {"sample-slices", required_argument, NULL, OPT_SAMPLE_SLICES},
         {"wd", required_argument, NULL, OPT_WD},
         {"seed", required_argument, NULL, OPT_SEED},
         {"codec", required_argument, NULL, OPT_CODEC},
@@ -205,6 +208,9 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_LR:
             if (parse_double(optarg, 0.0, 100.0, &o->lr)) what = "--lr (0..100)";
+            break;
+        case OPT_SAMPLE_SLICES:
+            if (parse_int(optarg, 0, 1 << 24, &o->sample_slices)) what = "--sample-slices (>= 0)";
             break;
         case OPT_COSINE:
             o->cosine = 1;

@@ -82,6 +82,7 @@ void train_opts_default(train_opts_t *o) {
     o->codec = TRAIN_CODEC_GRADIVEQ;
     o->rest_codec = TRAIN_CODEC_NONE;
     o->slice = o->reuse = o->warmup = o->sample = o->compressed = TRAIN_UNSET;
+    o->sample_slices = TRAIN_UNSET;
     o->sample_codec = o->qsgd_bits = o->qsgd_bucket = o->max_dims = TRAIN_UNSET;
     o->eps = -1.0;
     o->vote = -1.0;
@@ -211,6 +212,7 @@ static void compressor_config(const train_opts_t *o, int codec, const layer_t *l
         }
     }
     if (o->reuse != TRAIN_UNSET) c.reuse = o->reuse;
+    if (o->sample_slices != TRAIN_UNSET) c.sampleSlices = o->sample_slices;
     if (o->eps > 0.0) c.lossThreshold = (float)o->eps;
     if (o->vote > 0.0) c.voteThreshold = (float)o->vote;
     if (o->warmup != TRAIN_UNSET) c.warmupIters = o->warmup;

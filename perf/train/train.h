@@ -37,6 +37,7 @@ typedef struct {
     int zero_code;      /* 1: one flat gvqAllReduce of the whole gradient */
     int slice, reuse, warmup, sample, compressed, sample_codec, qsgd_bits, qsgd_bucket;
     int wire_fp16, error_feedback, max_dims;
+    int sample_slices;  /* TRAIN_UNSET: the library default */
     double eps;
     double vote;        /* GradiVeQ early-exit threshold (0: the library's, = eps) */
     /* what the user sees */

@@ -14,10 +14,12 @@
 
 /* Slice s of rank r at iteration t: sum_j a_j(r,t,s) B_j, with B fixed -- every slice lies in
  * one RANK-dimensional subspace, as GradiVeQ assumes of a conv layer. */
+static int first_slice_rank1; /* 1: slice 0 varies along B_0 only (unrepresentative) */
+
 static float grad(int r, int t, size_t i) {
     size_t s = i / SL, e = i % SL;
     double v = 0;
-    for (int j = 0; j < RANK; j++) {
+    for (int j = 0; j < (first_slice_rank1 && s == 0 ? 1 : RANK); j++) {
         double a = sin((0.7 + 0.45 * j) * t + 1.3 * r + 0.9 * (double)s + 2.1 * j);
         double ph = 6.283185307179586 * (double)e / SL; /* orthogonal directions of equal norm */
         double b = j == 0 ? cos(ph) : j == 1 ? sin(ph) : cos(2 * ph);
@@ -180,6 +182,37 @@ static void test_early_exit_and_nan(void) {
     free_outs(&sc, 2);
 }
 
+/* sampleSlices: when the first slice of a group is not representative (it varies along one of
+ * the three directions), the paper's first-slice sampling fits d = 1 and loses the rest of the
+ * other slices; sampling every slice (0) or a spread of 4 fits d = 3 and reconstructs them. */
+static void test_sample_slices(void) {
+    first_slice_rank1 = 1;
+    const int ss[3] = {1, 4, 0};
+    for (int k = 0; k < 3; k++) {
+        sched_t sc;
+        memset(&sc, 0, sizeof sc);
+        sc.count = SL * 20 + 5;
+        sc.cfg = base_cfg();
+        sc.cfg.sampleSlices = ss[k];
+        sc.cfg.maxDims = 8;
+        sc.iters = 10;
+        sc.nan_iter = -1;
+        sc.noise_from = -1;
+        gvq_test_run(2, NULL, rank_sched, &sc);
+        EXPECT(sc.phases[8] == gvqPhaseCompressed, "sampleSlices %d: phase %d", ss[k], sc.phases[8]);
+        if (ss[k] == 1)
+            EXPECT(sc.st[0].dims == 1 && sc.err[8] > 0.1, "sampleSlices 1: d %d error %g (expected d 1 and a large error)",
+                   sc.st[0].dims, sc.err[8]);
+        else
+            EXPECT(sc.st[0].dims == RANK && sc.err[8] < 1e-4 && sc.err[9] < 1e-4,
+                   "sampleSlices %d: d %d errors %g %g (expected d %d, exact)", ss[k], sc.st[0].dims, sc.err[8], sc.err[9], RANK);
+        for (int r = 1; r < 2; r++)
+            EXPECT(memcmp(sc.out[r], sc.out[0], sc.count * 4) == 0, "sampleSlices %d: rank %d differs", ss[k], r);
+        free_outs(&sc, 2);
+    }
+    first_slice_rank1 = 0;
+}
+
 static void test_save_load(void) {
     const char *path = "test_compressor_state.bin";
     sched_t a, b;
@@ -187,6 +220,7 @@ static void test_save_load(void) {
     a.count = SL * 10 + 3;
     a.cfg = base_cfg();
     a.cfg.errorFeedback = 1;
+    a.cfg.sampleSlices = 3; /* the samples of several slices per call travel in the state */
     a.iters = 16;
     a.nan_iter = -1;
     a.noise_from = -1;
@@ -292,8 +326,8 @@ static void rank_refusals(gvqComm_t comm, int rank, int nranks, void *arg) {
         const char *field;
         gvqCompressorConfig_t cfg;
         size_t count;
-    } bad[11];
-    for (int i = 0; i < 11; i++) bad[i].cfg = base_cfg(), bad[i].count = 64;
+    } bad[12];
+    for (int i = 0; i < 12; i++) bad[i].cfg = base_cfg(), bad[i].count = 64;
     bad[0].field = "sliceSize", bad[0].cfg.filters = 4, bad[0].cfg.width = 16, bad[0].cfg.sliceSize = 6;
     bad[1].field = "shape", bad[1].cfg.filters = 4, bad[1].cfg.width = 5;
     bad[2].field = "lossThreshold", bad[2].cfg.lossThreshold = 1.5f;
@@ -305,7 +339,8 @@ static void rank_refusals(gvqComm_t comm, int rank, int nranks, void *arg) {
     bad[8].field = "magic", bad[8].cfg.magic = 1;
     bad[9].field = "count", bad[9].count = 0;
     bad[10].field = "voteThreshold", bad[10].cfg.voteThreshold = 0.0f;
-    for (int i = 0; i < 11; i++) {
+    bad[11].field = "sampleSlices", bad[11].cfg.sampleSlices = -2;
+    for (int i = 0; i < 12; i++) {
         gvqCompressor_t c = NULL;
         EXPECT_RES(gvqCompressorCreate(comm, bad[i].count, &bad[i].cfg, &c), gvqInvalidArgument);
         EXPECT(strstr(gvqGetLastError(comm), bad[i].field) != NULL || (i == 8 && strstr(gvqGetLastError(comm), "INITIALIZER")),
@@ -334,6 +369,7 @@ int main(void) {
     gvq_test_run(1, NULL, rank_refusals, NULL);
     test_schedule();
     test_early_exit_and_nan();
+    test_sample_slices();
     test_save_load();
     for (int n = 1; n <= 3; n++) gvq_test_run(n, NULL, rank_conv, NULL);
     for (int n = 1; n <= 4; n++) gvq_test_run(n, NULL, rank_qsgd, NULL);
