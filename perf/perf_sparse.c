@@ -8,7 +8,7 @@
  *     ps (push + pull, P shards)   4 alpha w (N-1)/N
  *
  *   mpirun -np 4 gvq-perf -C sparse-ag,ps,dense --rows 500000 --dim 64 --alpha 0.01 -n 10 -w 2
- *   mpirun -np 4 gvq-perf -C ps --tune --alpha 0.01           (tuner, then a sweep over P)
+ *   mpirun -np 4 gvq-perf -C ps --ps-tune --alpha 0.01        (tuner, then a sweep over P)
  *
  * Each rank touches k = alpha x rows distinct rows per step, drawn without replacement with
  * weights 1/(1+row)^s (Zipf, --zipf s; hot rows are the low indices, as in a frequency-sorted
@@ -103,9 +103,10 @@ static void sp_usage(FILE *f, const char *prog) {
             "      --contiguous        contiguous row ranges per shard (default: hashed)\n"
             "      --local-agg         sum pushes per host first\n"
             "      --seed N            access-pattern seed (default 1)\n"
-            "      --tune              ps: run gvqPsTunePartitions, then time every P of a sweep\n"
+            "      --ps-tune           ps: run gvqPsTunePartitions, then time every P of a sweep\n"
             "                          (1, 2, 3, ... up to --sweep-max; 3 passes, the best\n"
-            "                          kept) and compare\n"
+            "                          kept) and compare (not --tune: mpirun takes that one\n"
+            "                          for itself wherever it appears)\n"
             "      --tune-iters N      steps per tuner sample and per sweep point (default 20;\n"
             "                          the first half is left out of the time)\n"
             "      --sweep-max P       largest P of the sweep and of the tuner (default 4 N)\n"
@@ -122,7 +123,7 @@ static int sp_parse(int argc, char **argv, sp_opts_t *o, int verbose) {
         {"dim", required_argument, NULL, O_DIM},     {"alpha", required_argument, NULL, O_ALPHA},
         {"zipf", required_argument, NULL, O_ZIPF},   {"partitions", required_argument, NULL, O_PART},
         {"contiguous", no_argument, NULL, O_CONTIG}, {"local-agg", no_argument, NULL, O_LAGG},
-        {"seed", required_argument, NULL, O_SEED},   {"tune", no_argument, NULL, O_TUNE},
+        {"seed", required_argument, NULL, O_SEED},   {"ps-tune", no_argument, NULL, O_TUNE},
         {"tune-iters", required_argument, NULL, O_TITERS},
         {"sweep-max", required_argument, NULL, O_SWEEP},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
@@ -198,7 +199,7 @@ static int sp_parse(int argc, char **argv, sp_opts_t *o, int verbose) {
     else if (o->partitions < 1) bad = "--partitions must be >= 1";
     else if (o->tune_iters < 2 || o->sweep_max < 1) bad = "--tune-iters >= 2, --sweep-max >= 1";
     else if (o->nmodes == 0) bad = "no sparse mode given";
-    else if (o->tune && !o->modes[M_PS]) bad = "--tune needs -C ps";
+    else if (o->tune && !o->modes[M_PS]) bad = "--ps-tune needs -C ps";
     if (bad != NULL) {
         if (err) fprintf(err, "gvq-perf: %s\n", bad);
         return 2;
@@ -418,6 +419,17 @@ typedef struct {
     float *pulled;
 } tune_ctx_t;
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of v[0..n) (reorders v). */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 static gvqResult_t tune_step(gvqPs_t ps, int it, void *arg) {
     tune_ctx_t *t = arg;
     return ps_step(ps, t->wk, it, t->pulled);
@@ -440,27 +452,30 @@ static void run_tune(const sp_work_t *wk) {
                                 &res));
     double tune_s = MPI_Wtime() - t0;
     /* the sweep: every P from 1 to sweep_max, timed as the tuner times a sample (back-to-back
-     * steps, the first half left out, the slowest rank's mean); SWEEP_REPS passes over all P,
-     * the fastest pass of each P kept, so that noise does not pick the winner */
+     * steps, the first half left out, each rank's median step, the slowest rank's); SWEEP_REPS
+     * passes over all P, the fastest pass of each P kept, so that noise does not pick the
+     * winner */
     int np = o->sweep_max, warm = o->tune_iters / 2;
     double *sw = calloc((size_t)np + 1, sizeof *sw);
+    double *dt = calloc((size_t)o->tune_iters, sizeof *dt);
     for (int rep = 0; rep < SWEEP_REPS; rep++)
         for (int P = 1; P <= np; P++) {
             gvqPs_t ps = make_ps(o, P);
             MPI_Barrier(MPI_COMM_WORLD);
-            double t0 = MPI_Wtime();
             for (int it = 0; it < o->tune_iters; it++) {
-                if (it == warm) t0 = MPI_Wtime();
+                double t0 = MPI_Wtime();
                 SPCHECK(ps_step(ps, wk, it, tc.pulled));
+                dt[it] = MPI_Wtime() - t0;
             }
-            double mine = (MPI_Wtime() - t0) / (o->tune_iters - warm), t = 0;
+            double mine = median(dt + warm, o->tune_iters - warm), t = 0;
             MPI_Allreduce(&mine, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             if (rep == 0 || t < sw[P]) sw[P] = t;
             gvqPsDestroy(ps);
         }
+    free(dt);
     if (s_rank == 0) {
-        printf("#\n# partition tuner (gvqPsTunePartitions: %d steps per sample, first %d left out; "
-               "%.1f s)\n", o->tune_iters, o->tune_iters / 2, tune_s);
+        printf("#\n# partition tuner (gvqPsTunePartitions: %d steps per sample, first %d left out, "
+               "median step; %.1f s)\n", o->tune_iters, o->tune_iters / 2, tune_s);
         printf("#   samples (in the order taken):");
         for (int i = 0; i < res.nsamples; i++)
             printf(" P=%d %.3f ms;", res.partitions[i], 1e3 * res.seconds[i]);
@@ -472,7 +487,8 @@ static void run_tune(const sp_work_t *wk) {
         int best = 1;
         for (int P = 1; P <= np; P++)
             if (sw[P] < sw[best]) best = P;
-        printf("# sweep (%d steps per P, first %d left out, best of %d passes): P  ms/step\n",
+        printf("# sweep (%d steps per P, first %d left out, median step, best of %d passes): P  "
+               "ms/step\n",
                o->tune_iters, o->tune_iters / 2, SWEEP_REPS);
         for (int P = 1; P <= np; P++)
             printf("#   %3d %9.3f%s%s\n", P, 1e3 * sw[P], P == best ? "  <- best of the sweep" : "",
