@@ -2,15 +2,17 @@
  * test_train_mpi.c -- gvq-train end to end on real Fashion-MNIST, under mpirun (2 ranks in CI):
  * a small CNN (conv 4 -> conv 8 -> fc), a 4000-image subset, 300 steps of a global batch of 16,
  * trained twice from the same seed: uncompressed (gvqAllReduce) and with GradiVeQ compressors on
- * both conv layers on a short schedule (warm-up 10, sample 20 with QSGD as the sampling codec,
- * compressed up to 50, eps 0.05). On these small-batch gradients the loss vote ends nearly every
- * compressed phase after one call (see perf/RESULTS.md, section 3), so the wire savings come mostly
- * from the QSGD sampling phases; the run still fits a GradiVeQ compressor every ~21 steps.
+ * both conv layers on a short schedule (warm-up 10, exact sampling for 20 steps with every slice
+ * of the layer kept as a PCA sample, compressed for 50, eps 0.01) with the early-exit vote off:
+ * on these small-batch gradients the paper's vote would end every compressed phase after one
+ * call (perf/RESULTS.md, section 3), and this test is about training through GradiVeQ's
+ * compression itself, so every byte saved here is saved by GradiVeQ.
  *
  * Checks, each a failure when it does not hold:
  *   - every rank holds bitwise-identical weights after every step (checksums compared with MPI);
  *   - the loss falls: the last 50 steps' mean loss is below 60% of the first 50 steps';
- *   - GradiVeQ really compressed (at least 3 fits; conv layers' wire ratio over the run > 2) and its
+ *   - GradiVeQ really compressed (at least 3 fits; conv layers' wire ratio over the run > 1.5,
+ *     with 30% of the steps exact) and its
  *     loss stays close to the uncompressed run's (last window within 0.15 + 25%, and the mean
  *     over all steps within 0.1 + 15%), and its test accuracy within 6 points;
  *   - both runs reach 60% test accuracy on the 1000-image test subset.
@@ -60,6 +62,7 @@ int main(int argc, char **argv) {
     o.train_subset = 4000;
     o.test_subset = 1000;
     o.lr = 0.05;
+    o.cosine = 1; /* the final accuracy settles instead of swinging with the last steps */
     o.print_every = 50;
     o.eval_every = 0;
     o.check_every = 1;
@@ -72,8 +75,9 @@ int main(int argc, char **argv) {
     o.warmup = 10;
     o.sample = 20;
     o.compressed = 50;
-    o.eps = 0.05;
-    o.sample_codec = TRAIN_CODEC_QSGD;
+    o.eps = 0.01;
+    o.sample_slices = 0;
+    o.vote = 1.0;
     int rc2 = rc1 == 0 ? train_run(&o, MPI_COMM_WORLD, &gvq) : -1;
     if (rc1 != 0 || rc2 != 0) {
         if (g_rank == 0) printf("FAIL training did not run (see the message above)\n");
@@ -94,8 +98,8 @@ int main(int argc, char **argv) {
     double p_all = mean_loss(&plain, 0, iters), g_all = mean_loss(&gvq, 0, iters);
     check(p_last < 0.6 * p_first, "uncompressed: loss falls from %.4f to %.4f", p_first, p_last);
     check(g_last < 0.6 * g_first, "gradiveq: loss falls from %.4f to %.4f", g_first, g_last);
-    check(gvq.conv_ratio > 2.0, "gradiveq: conv layers %.2fx smaller on the wire (> %.1f)",
-          gvq.conv_ratio, 2.0);
+    check(gvq.conv_ratio > 1.5, "gradiveq: conv layers %.2fx smaller on the wire (> %.1f)",
+          gvq.conv_ratio, 1.5);
     check(gvq.fits >= 3, "gradiveq: %.0f compressor fits (>= %.0f: sample/compress cycles ran)",
           (double)gvq.fits, 3.0);
     check(fabs(g_last - p_last) < 0.15 + 0.25 * p_last,
