@@ -814,11 +814,36 @@ struct gvq_auto {
     gvqCompressor_t comp;
 };
 
+/* A number from the environment, or `def` (with a WARN) when it is not one. */
+static double env_number(const char *name, double def) {
+    const char *e = getenv(name);
+    if (e == NULL || e[0] == '\0') return def;
+    char *end;
+    double v = strtod(e, &end);
+    if (end == e || *end != '\0' || !isfinite(v)) {
+        GVQ_WARN("%s='%s' is not a number; using the default", name, e);
+        return def;
+    }
+    return v;
+}
+
 gvqResult_t gvq_auto_allreduce(gvqComm_t comm, const void *send, void *recv, size_t count,
                                gvqDataType_t dtype, gvqRedOp_t op, int *handled) {
     static int mode = -1; /* -1 unread, 0 off, else the codec */
+    static float eps, vote;
+    static int slices;
     *handled = 0;
     if (mode < 0) {
+        /* GradiVeQ knobs of zero-code mode; out-of-range values are refused by
+         * gvqCompressorCreate, which names the field */
+        eps = (float)env_number("GVQ_GRADIVEQ_EPS", -1.0);
+        vote = (float)env_number("GVQ_GRADIVEQ_VOTE", -1.0);
+        double ss = env_number("GVQ_GRADIVEQ_SAMPLE_SLICES", GVQ_CONFIG_UNDEF_INT);
+        slices = GVQ_CONFIG_UNDEF_INT;
+        if (ss != (double)GVQ_CONFIG_UNDEF_INT) {
+            if (ss == floor(ss) && fabs(ss) < 1e9) slices = (int)ss;
+            else GVQ_WARN("GVQ_GRADIVEQ_SAMPLE_SLICES=%g is not an integer; using the default", ss);
+        }
         const char *e = getenv("GVQ_CODEC");
         int m = 0;
         if (e != NULL && e[0] != '\0') {
@@ -838,6 +863,9 @@ gvqResult_t gvq_auto_allreduce(gvqComm_t comm, const void *send, void *recv, siz
         if (a == NULL) return gvqSystemError;
         gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
         cfg.codec = mode;
+        cfg.lossThreshold = eps;
+        cfg.voteThreshold = vote;
+        cfg.sampleSlices = slices;
         gvqResult_t res = gvqCompressorCreate(comm, count, &cfg, &a->comp);
         if (res != gvqSuccess) {
             free(a);

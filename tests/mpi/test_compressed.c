@@ -1030,17 +1030,37 @@ static void run_zerocode(void) {
     free(ref), free(absum);
 }
 
+/* Run with GVQ_CODEC=gradiveq and GVQ_GRADIVEQ_SAMPLE_SLICES=-3: the zero-code knob reaches the
+ * compressor's config, which refuses it: the float sum fails with gvqInvalidArgument and a WARN
+ * naming sampleSlices, while allreduces zero-code mode does not touch still work. */
+static void run_zerocode_bad(void) {
+    part("zerocode-bad: GVQ_GRADIVEQ_SAMPLE_SLICES=-3 is refused");
+    gvqComm_t comm = new_comm();
+    float f[300];
+    int32_t i32[300];
+    for (int i = 0; i < 300; i++) f[i] = (float)i, i32[i] = i;
+    MT_EXPECT_RES(gvqAllReduce(f, f, 300, gvqFloat32, gvqSum, comm, NULL), gvqInvalidArgument);
+    const char *err = gvqGetLastError(comm);
+    MT_CHECK(strstr(err, "sampleSlices") != NULL, "the refusal does not name sampleSlices: '%s'", err);
+    MT_OK(gvqAllReduce(i32, i32, 300, gvqInt32, gvqSum, comm, NULL));
+    MT_CHECK(i32[299] == 299 * mt.nranks, "int32 sum after the refusal: %d", (int)i32[299]);
+    MT_OK(gvqCommDestroy(comm));
+}
+
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     signal(SIGALRM, watchdog);
     alarm(WATCHDOG_S);
     int zerocode = argc > 1 && strcmp(argv[1], "zerocode") == 0;
-    if (argc > 1 && !zerocode) {
-        if (mt.rank == 0) printf("usage: test_compressed [zerocode]\n");
+    int zerocode_bad = argc > 1 && strcmp(argv[1], "zerocode-bad") == 0;
+    if (argc > 1 && !zerocode && !zerocode_bad) {
+        if (mt.rank == 0) printf("usage: test_compressed [zerocode|zerocode-bad]\n");
         MPI_Finalize();
         return 2;
     }
-    if (zerocode) {
+    if (zerocode_bad) {
+        run_zerocode_bad();
+    } else if (zerocode) {
         run_zerocode();
     } else {
         gvqComm_t comm = new_comm();
@@ -1058,5 +1078,7 @@ int main(int argc, char **argv) {
     }
     alarm(0);
     if (mt.rank == 0) printf("-- done (%.1f s)\n", elapsed());
-    return mt_finish(zerocode ? "test_compressed zerocode" : "test_compressed");
+    return mt_finish(zerocode_bad ? "test_compressed zerocode-bad"
+                     : zerocode   ? "test_compressed zerocode"
+                                  : "test_compressed");
 }
