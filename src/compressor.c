@@ -234,9 +234,14 @@ GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
     } else if (cfg.codec == gvqCodecGradiveq) {
         c->st.phase = cfg.warmup > 0 ? gvqPhaseWarmup : gvqPhaseSample;
         set_reason(c, "no compressor fitted yet");
-        c->samples = malloc(sizeof(float) * c->ngroups * (size_t)cfg.sample * (size_t)cfg.ss *
-                            (size_t)cfg.L);
-        if (c->samples == NULL) res = gvqSystemError;
+        size_t sb = sizeof(float) * c->ngroups * (size_t)cfg.sample * (size_t)cfg.ss * (size_t)cfg.L;
+        c->samples = malloc(sb);
+        if (c->samples == NULL) {
+            GVQ_WARN("gvqCompressorCreate: cannot allocate %zu bytes for %d sampling calls x %d "
+                     "slices per reuse group (sampleIters, sampleSlices) of %zu groups",
+                     sb, cfg.sample, cfg.ss, c->ngroups);
+            res = gvqSystemError;
+        }
     } else {
         c->st.phase = gvqPhasePlain;
     }
