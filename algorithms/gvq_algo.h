@@ -122,6 +122,26 @@ gvqResult_t gvq_pca_fit_method(const gvq_device_ops_t *dev, size_t L, size_t T,
 gvqResult_t gvq_ring_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                                void *dst, size_t count, gvqRedOp_t op);
 
+/* A sum of one int32 per rank that rides inside a compressed ring allreduce (GradiVeQ's vote,
+ * ALGORITHMS.md section 3): each rank's value is asked for (value(arg)) once all of its own
+ * contributions are encoded, i.e. when it finishes its own segment at the end of the
+ * reduce-scatter; it travels as 4 extra bytes behind the last chunk of that segment through the
+ * allgather, and every rank adds up the N values it holds at the end. `carried` is 0 when the
+ * ring could not carry it (a segment without elements, or a codec whose wire is the values):
+ * the caller then agrees on the value separately. value() is called exactly once either way
+ * (with carried 0, before the ring returns), and sum holds this rank's own value then. */
+typedef struct {
+    int32_t (*value)(void *arg);
+    void *arg;
+    int32_t sum; /* out */
+    int carried; /* out */
+} gvq_tally_t;
+
+/* gvq_ring_allreduce with a tally riding along (tally may be NULL). */
+gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec,
+                                     const void *src, void *dst, size_t count, gvqRedOp_t op,
+                                     gvq_tally_t *tally);
+
 /* Ring reduce-scatter: src holds nranks*recvcount elements, dst receives block `rank`. */
 gvqResult_t gvq_ring_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *dst,
                                     size_t recvcount, gvqDataType_t dtype, gvqRedOp_t op);

@@ -26,6 +26,10 @@
  *                 values); decoded into the output when final
  * Reduce-scatter receives land in two alternating scratch areas (tmp) and are combined with the
  * local values; allgather receives land where the step's result lives.
+ *
+ * A tally (gvq_tally_t, OUT_WIRE only) adds 4 bytes behind the last chunk of every allgather
+ * message: the value of the segment's owner, written when it finishes the segment (by then all
+ * of its local encodes are done), forwarded unchanged with the chunk, added up by everyone.
  */
 #include <stdlib.h>
 
@@ -49,6 +53,7 @@ typedef struct {
     char *wire, *tmp[2], *pp[2];
     gvq_req_t *rreq[2], *sreq[2];
     int posted[2]; /* step whose receives sit in rreq[parity], -1 none */
+    gvq_tally_t *tally; /* rides along when not NULL */
 } ring_t;
 
 static int ring_mod(int a, int n) { return ((a % n) + n) % n; }
@@ -66,6 +71,14 @@ static size_t chunk_wire_bytes(const ring_t *g, int s, size_t c) {
     size_t len = chunk_len(g, s, c);
     if (g->codec->wire_is_values) return len * g->esize;
     return g->codec->wire_bytes(g->codec, chunk_off(g, s, c), len);
+}
+
+/* Bytes of the message carrying chunk c of segment s at step k: the wire, and the tally behind
+ * the last chunk of an allgather step. */
+static size_t msg_bytes(const ring_t *g, int k, int s, size_t c) {
+    size_t b = chunk_wire_bytes(g, s, c);
+    if (g->tally != NULL && k >= g->nrs && c + 1 == seg_chunks(g, s)) b += sizeof(int32_t);
+    return b;
 }
 
 /* Where step k's result for chunk c of segment s lives (see the header). */
@@ -92,14 +105,14 @@ static gvqResult_t post_recvs(ring_t *g, int k) {
     size_t nc = seg_chunks(g, s);
     for (size_t c = 0; c < nc; c++)
         GVQCHECK(g->t->ops->irecv(g->t, left, GVQ_TAG_COLL, recv_ptr(g, k, s, c),
-                                  chunk_wire_bytes(g, s, c), &g->rreq[k & 1][c]));
+                                  msg_bytes(g, k, s, c), &g->rreq[k & 1][c]));
     g->posted[k & 1] = k;
     return gvqSuccess;
 }
 
 static gvqResult_t send_chunk(ring_t *g, int k, size_t c, const void *buf) {
     int s = seg_sent(g, k), right = ring_mod(g->r + 1, g->n);
-    size_t bytes = chunk_wire_bytes(g, s, c);
+    size_t bytes = msg_bytes(g, k, s, c);
     if (g->ctx->bytes_sent != NULL) *g->ctx->bytes_sent += bytes;
     return g->t->ops->isend(g->t, right, GVQ_TAG_COLL, buf, bytes, &g->sreq[k & 1][c]);
 }
@@ -131,14 +144,25 @@ static gvqResult_t process_chunk(ring_t *g, int k, size_t c) {
     size_t off = chunk_off(g, s, c), len = chunk_len(g, s, c);
     char *res = result_ptr(g, k, s, c);
     int forward = k + 1 < g->nsteps;
+    int last = c + 1 == seg_chunks(g, s);
     if (k < g->nrs) {
         GVQCHECK(g->codec->encode_combine(g->codec, off, len, g->src + off * g->esize,
                                           recv_ptr(g, k, s, c), res));
+        if (g->tally != NULL && k == g->nrs - 1 && last) { /* every local encode is done */
+            int32_t v = g->tally->value(g->tally->arg);
+            g->tally->sum = v;
+            memcpy(res + chunk_wire_bytes(g, s, c), &v, sizeof v);
+        }
         if (forward) GVQCHECK(send_chunk(g, k + 1, c, res));
         if (k == g->nrs - 1 && g->mode == OUT_WIRE) /* this rank's finished segment */
             GVQCHECK(g->codec->decode(g->codec, off, len, res, g->dst + off * g->esize));
     } else {
         if (forward) GVQCHECK(send_chunk(g, k + 1, c, res));
+        if (g->tally != NULL && last) {
+            int32_t v;
+            memcpy(&v, res + chunk_wire_bytes(g, s, c), sizeof v);
+            g->tally->sum += v;
+        }
         if (g->mode == OUT_WIRE)
             GVQCHECK(g->codec->decode(g->codec, off, len, res, g->dst + off * g->esize));
     }
@@ -177,7 +201,7 @@ static void ring_partition(size_t *seg_off, int n, size_t count, size_t granule)
 
 static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                             void *dst, size_t count, int nrs, int nag, int shift, out_mode_t mode,
-                            const size_t *given_off) {
+                            const size_t *given_off, gvq_tally_t *tally) {
     ring_t g;
     memset(&g, 0, sizeof g);
     gvqResult_t res = gvqSuccess;
@@ -202,9 +226,16 @@ static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const
     size_t gran = codec->granule;
     g.ce = GVQ_MAX(gran, (ctx->chunk_bytes / g.esize) / gran * gran);
     for (int s = 0; s < g.n; s++) g.maxchunks = GVQ_MAX(g.maxchunks, seg_chunks(&g, s));
+    if (tally != NULL) { /* it rides only if every segment has a last chunk to ride on */
+        int ok = mode == OUT_WIRE && nrs > 0 && nag > 0;
+        for (int s = 0; s < g.n; s++) ok &= seg_chunks(&g, s) > 0;
+        tally->carried = ok;
+        if (ok) g.tally = tally;
+    }
     for (int s = 0; s < g.n; s++)
         for (size_t c = 0; c < seg_chunks(&g, s); c++)
-            g.wire_cap = GVQ_MAX(g.wire_cap, chunk_wire_bytes(&g, s, c));
+            g.wire_cap = GVQ_MAX(g.wire_cap, chunk_wire_bytes(&g, s, c) +
+                                                 (g.tally != NULL ? sizeof(int32_t) : 0));
     g.wire_cap = GVQ_DIV_UP(g.wire_cap, 64) * 64; /* keep slots aligned */
 
     size_t slot_bytes = g.maxchunks * g.wire_cap;
@@ -243,10 +274,20 @@ err_free_off:
 
 gvqResult_t gvq_ring_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                                void *dst, size_t count, gvqRedOp_t op) {
+    return gvq_ring_allreduce_tally(ctx, codec, src, dst, count, op, NULL);
+}
+
+gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec,
+                                     const void *src, void *dst, size_t count, gvqRedOp_t op,
+                                     gvq_tally_t *tally) {
     const gvq_device_ops_t *dev = ctx->dev;
     size_t esize = gvq_dtype_size(codec->dtype);
     int n = ctx->xport->nranks;
-    if (count == 0) return gvqSuccess;
+    if (tally != NULL) tally->carried = 0;
+    if (count == 0) {
+        if (tally != NULL) tally->sum = tally->value(tally->arg);
+        return gvqSuccess;
+    }
     if (n == 1) {
         if (codec->wire_is_values) {
             GVQCHECK(dev->copy(dst, src, count * esize));
@@ -256,9 +297,14 @@ gvqResult_t gvq_ring_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
             GVQCHECK(codec->encode_combine(codec, 0, count, src, NULL, w));
             GVQCHECK(codec->decode(codec, 0, count, w, dst));
         }
+        if (tally != NULL) { /* the sum of one value */
+            tally->sum = tally->value(tally->arg);
+            tally->carried = 1;
+        }
     } else {
         GVQCHECK(ring_run(ctx, codec, src, dst, count, n - 1, n - 1, -1,
-                          codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL));
+                          codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, tally));
+        if (tally != NULL && !tally->carried) tally->sum = tally->value(tally->arg);
     }
     if (op == gvqAvg) GVQCHECK(dev->divide(dst, count, codec->dtype, n));
     return gvqSuccess;
@@ -286,7 +332,7 @@ gvqResult_t gvq_ring_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *
         if (off == NULL) return gvqSystemError;
         /* shift -1: after n-1 steps rank r owns segment r, its own block */
         gvqResult_t res = ring_run(ctx, &codec, src, dst, (size_t)n * recvcount, n - 1, 0, -1,
-                                   OUT_PINGPONG, off);
+                                   OUT_PINGPONG, off, NULL);
         free(off);
         GVQCHECK(res);
     }
@@ -305,7 +351,8 @@ gvqResult_t gvq_ring_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, 
     gvq_codec_identity_init(&codec, ctx->dev, dtype, gvqSum);
     size_t *off = block_offsets(n, count);
     if (off == NULL) return gvqSystemError;
-    gvqResult_t res = ring_run(ctx, &codec, NULL, dst, (size_t)n * count, 0, n - 1, 0, OUT_DST, off);
+    gvqResult_t res =
+        ring_run(ctx, &codec, NULL, dst, (size_t)n * count, 0, n - 1, 0, OUT_DST, off, NULL);
     free(off);
     return res;
 }

@@ -467,6 +467,20 @@ static gvqResult_t update_residual(gvqCompressor_t c, const float *xs, int compr
     return res;
 }
 
+/* This rank's loss ||x_n - x_hat_n|| / ||x_n|| over the sampled slices of the current call. */
+static double local_loss(gvqCompressor_t c) {
+    const gvq_gradiveq_t *g = &c->gq;
+    return g->local_all2 > 0 ? sqrt(fmax(0, g->local_x2 - g->local_c2) / g->local_all2) : 0;
+}
+
+/* This rank's early-exit vote, asked for by the ring once all local encodes are done. The loss
+ * is measured on centred slices against the uncentred norm, so it can exceed 1: a threshold >= 1
+ * means "never" (no vote is taken then), not "above 1". */
+static int32_t local_vote(void *arg) {
+    gvqCompressor_t c = arg;
+    return local_loss(c) > c->cfg.vote;
+}
+
 static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRedOp_t op) {
     gvqComm_t comm = c->comm;
     const comp_cfg_t *cfg = &c->cfg;
@@ -505,7 +519,10 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
         gvq_codec_identity_init(&codec, comm->dev, gvqFloat32, gvqSum);
     }
     if (cfg->ef) GVQCHECK(update_residual(c, src, phase == gvqPhaseCompressed));
-    GVQCHECK(gvq_ring_allreduce(&ctx, &codec, src, dst, M, gvqSum));
+    /* the early-exit vote rides inside the compressed ring's allgather when it can */
+    int voting = phase == gvqPhaseCompressed && cfg->vote < 1.0f;
+    gvq_tally_t tally = {local_vote, c, 0, 0};
+    GVQCHECK(gvq_ring_allreduce_tally(&ctx, &codec, src, dst, M, gvqSum, voting ? &tally : NULL));
 
     /* phase bookkeeping on values identical on all ranks */
     s->wireBytes += sent;
@@ -522,13 +539,12 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
         c->st.nsamples++;
     }
     if (phase == gvqPhaseCompressed) {
-        double loss = c->gq.local_all2 > 0 ? sqrt(fmax(0, c->gq.local_x2 - c->gq.local_c2) /
-                                                  c->gq.local_all2) : 0;
-        s->lastLoss = loss;
-        /* the loss is measured on centred slices against the uncentred norm, so it can exceed
-         * 1: a threshold >= 1 means "never", as documented, not "above 1" */
-        int32_t vote = cfg->vote < 1.0f && loss > cfg->vote;
-        GVQCHECK(agree_i32(&ctx, &vote, 1, gvqSum));
+        s->lastLoss = local_loss(c);
+        int32_t vote = 0;
+        if (voting) {
+            vote = tally.sum;
+            if (!tally.carried) GVQCHECK(agree_i32(&ctx, &vote, 1, gvqSum));
+        }
         c->st.phase_iter++;
         if (2 * vote > n) {
             s->earlyExits++;

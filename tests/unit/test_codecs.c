@@ -239,7 +239,23 @@ typedef struct {
     int fp16;
     int inplace;
     float *out[8];
+    gvq_tally_t tally[8];
+    double seen_all2[8], final_all2[8]; /* the codec's local norm when the tally asked, at the end */
+    int calls[8];
 } ring_case_t;
+
+typedef struct {
+    gvq_gradiveq_t *g;
+    ring_case_t *rc;
+    int rank;
+} tally_arg_t;
+
+static int32_t tally_value(void *arg) {
+    tally_arg_t *a = arg;
+    a->rc->seen_all2[a->rank] = a->g->local_all2;
+    a->rc->calls[a->rank]++;
+    return a->rank + 1;
+}
 
 static float gq_input(int rank, size_t i) { return (float)sin(0.37 * (double)i + rank) + 0.01f * (float)rank; }
 
@@ -252,7 +268,12 @@ static void rank_gq(gvqComm_t comm, int rank, int nranks, void *arg) {
     size_t M = rc->m.M;
     float *s = malloc(sizeof(float) * M), *d = rc->inplace ? s : malloc(sizeof(float) * M);
     for (size_t i = 0; i < M; i++) s[i] = gq_input(rank, i);
-    EXPECT_RES(gvq_ring_allreduce(&ctx, &codec, s, d, M, gvqSum), gvqSuccess);
+    /* the tally rides along: value rank + 1, asked for once every local encode is done */
+    tally_arg_t ta = {&g, rc, rank};
+    gvq_tally_t *t = &rc->tally[rank];
+    t->value = tally_value, t->arg = &ta;
+    EXPECT_RES(gvq_ring_allreduce_tally(&ctx, &codec, s, d, M, gvqSum, t), gvqSuccess);
+    rc->final_all2[rank] = g.local_all2;
     rc->out[rank] = d;
     if (d != s) free(s);
     gvq_gradiveq_fini(&g);
@@ -297,6 +318,17 @@ static void test_compressed_ring(void) {
             EXPECT(worst < (rc.fp16 ? 5e-2 : 1e-4), "compressed ring n=%d variant %d: worst abs error %g", n, variant, worst);
             for (int r = 1; r < n; r++)
                 EXPECT(memcmp(rc.out[r], rc.out[0], M * sizeof(float)) == 0, "rank %d differs (n=%d variant %d)", r, n, variant);
+            /* the tally: carried unless a segment is empty (variant 3: 5 values, one slice's
+             * granule), the sum of all ranks' values when carried, each rank's own otherwise;
+             * asked for once, after the rank's last local encode */
+            int can_carry = n == 1 || variant != 3;
+            for (int r = 0; r < n; r++) {
+                EXPECT(rc.tally[r].carried == can_carry, "n=%d variant %d rank %d: carried %d", n, variant, r, rc.tally[r].carried);
+                int32_t want = rc.tally[r].carried ? n * (n + 1) / 2 : r + 1;
+                EXPECT(rc.tally[r].sum == want, "n=%d variant %d rank %d: tally %d, want %d", n, variant, r, (int)rc.tally[r].sum, (int)want);
+                EXPECT(rc.calls[r] == 1, "n=%d variant %d rank %d: value asked %d times", n, variant, r, rc.calls[r]);
+                EXPECT(rc.seen_all2[r] == rc.final_all2[r], "n=%d variant %d rank %d: asked before the last encode (norm %g of %g)", n, variant, r, rc.seen_all2[r], rc.final_all2[r]);
+            }
             for (int r = 0; r < n; r++) free(rc.out[r]);
             free(rc.m.U), free(rc.m.Z);
         }
