@@ -1138,7 +1138,7 @@ static void measure_overlap(const opts_t *o, const gs_source_t *src, size_t coun
     MPITEST(MPI_Bcast(&alone, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
     ov->comp_alone = alone * 1e6;
     cb_gradiveq_free(cb);
-    double wire = ov->wire + ov->vote;
+    double wire = ov->wire; /* the vote rides inside the compressed message: not added */
     ov->hidden = ov->comp > 0 ? (wire + ov->comp - ov->total) / ov->comp : 0.0;
     ov->hidden = ov->hidden < 0 ? 0.0 : ov->hidden > 1 ? 1.0 : ov->hidden;
     ov->hidden_alone =
@@ -1150,11 +1150,12 @@ static void print_overlap(const overlap_t *ov, int n) {
     printf(
         "# overlap (gradiveq, out-of-place): T_total = the compressed allreduce (table above);\n"
         "#   T_wire = plain gvqAllReduce of count/ratio floats with chunks of chunk/ratio bytes\n"
-        "#   (the same messages, no compute) + T_vote (1-int allreduce: the loss vote);\n"
+        "#   (the same messages, no compute); T_vote = a separate 1-int allreduce, for reference\n"
+        "#   only (the loss vote rides inside the compressed message: 4 bytes per segment);\n"
         "#   T_wire1 = the same with the communicator's chunk; T_enc, T_dec = encode+combine and\n"
         "#   decode of the whole local vector through the codec, all ranks at once (max over\n"
         "#   ranks); T_comp = T_enc + T_dec; alone = rank 0 alone, the others asleep;\n"
-        "#   hidden = clamp((T_wire + T_vote + T_comp - T_total) / T_comp, 0, 1)\n");
+        "#   hidden = clamp((T_wire + T_comp - T_total) / T_comp, 0, 1)\n");
     printf("#%11s%7s%4s%7s%11s%11s%8s%11s%10s%10s%10s%10s%8s%8s\n", "size", "ratio", "d", "chunk",
            "T_total", "T_wire", "T_vote", "T_wire1", "T_enc", "T_dec", "T_comp", "alone", "hidden",
            "alone");
