@@ -63,7 +63,7 @@ static gvqResult_t gq_tmp(gvq_gradiveq_t *g, size_t n) {
  *  * every tensor counts): x2, c2 and all2 all come from the same slices, so their ratio is a
  * sample estimate of the whole tensor's loss at a quarter of the cost. The raw tail carries no
  * compression loss and is left out. */
-#define GQ_LOSS_STRIDE 4
+#define GQ_LOSS_STRIDE GVQ_GQ_LOSS_STRIDE /* gvq_device.h: the device ops sample the same */
 static double gq_dot(const float *a, const float *b, size_t n) {
     float acc[GQ_LANES] = {0};
     size_t i = 0;

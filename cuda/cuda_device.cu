@@ -42,6 +42,7 @@ extern "C" {
         cudaError_t e_ = (call);                                                         \
         if (e_ != cudaSuccess) {                                                         \
             GVQ_WARN("CUDA: %s failed: %s", #call, cudaGetErrorString(e_));              \
+            (void)cudaGetLastError(); /* not left for the next launch check to report */ \
             return gvqUnhandledCudaError;                                                \
         }                                                                                \
     } while (0)
@@ -361,14 +362,13 @@ static gvqResult_t launch_divide(void *buf, size_t n, int divisor, cudaStream_t 
     return gvqSuccess;
 }
 
-static gvqResult_t cu_divide(void *buf, size_t count, gvqDataType_t type, int divisor) {
+static gvqResult_t divide_on(void *buf, size_t count, gvqDataType_t type, int divisor,
+                             cudaStream_t s) {
     if (!gvq_dtype_valid((int)type) || divisor <= 0) {
         GVQ_WARN("CUDA divide: invalid datatype %d or divisor %d", (int)type, divisor);
         return gvqInternalError;
     }
     if (count == 0) return gvqSuccess;
-    CTX(c);
-    cudaStream_t s = c->cur;
     switch (type) { /* the host's STAMP_DIVIDE types */
     case gvqInt8: return launch_divide<int8_t, int, K_PLAIN>(buf, count, divisor, s);
     case gvqUint8: return launch_divide<uint8_t, int, K_PLAIN>(buf, count, divisor, s);
@@ -381,6 +381,16 @@ static gvqResult_t cu_divide(void *buf, size_t count, gvqDataType_t type, int di
     case gvqFloat64: return launch_divide<double, double, K_PLAIN>(buf, count, divisor, s);
     default: return launch_divide<uint16_t, float, K_BF16>(buf, count, divisor, s);
     }
+}
+
+static gvqResult_t cu_divide(void *buf, size_t count, gvqDataType_t type, int divisor) {
+    CTX(c);
+    return divide_on(buf, count, type, divisor, c->cur);
+}
+
+extern "C" gvqResult_t gvq_cuda_divide_on(void *buf, size_t count, gvqDataType_t type,
+                                          int divisor, void *stream) {
+    return divide_on(buf, count, type, divisor, (cudaStream_t)stream);
 }
 
 /* ---- scale and cast (float types) ------------------------------------------------------------- */
@@ -741,18 +751,19 @@ static gvqResult_t gq_gemm(cuda_ctx_t *c, const gvq_dev_gq_t *g, size_t s0, size
     return gvqSuccess;
 }
 
-/* ||x - Z/N||^2 over the full slices and ||x||^2 over the chunk, as the host sums them. */
+/* ||x - Z/N||^2 and ||x||^2 over the full slices whose global index is a multiple of
+ * GVQ_GQ_LOSS_STRIDE, as the host sums them. */
 __global__ void k_gq_xnorms(const float *x, const float *Z, size_t L, size_t C, size_t s0,
-                            size_t full_elems, size_t count, float inv_n, double *acc) {
+                            size_t full_elems, float inv_n, double *acc) {
     double x2 = 0, all2 = 0;
-    GRID_LOOP(e, count) {
+    GRID_LOOP(e, full_elems) {
+        size_t j = e / L;
+        if ((s0 + j) % GVQ_GQ_LOSS_STRIDE != 0) continue;
         double v = x[e];
         all2 += v * v;
-        if (e < full_elems) {
-            size_t j = e / L, grp = (s0 + j) / C;
-            double u = __dsub_rn(v, __dmul_rn((double)Z[grp * L + e % L], (double)inv_n));
-            x2 += u * u;
-        }
+        size_t grp = (s0 + j) / C;
+        double u = __dsub_rn(v, __dmul_rn((double)Z[grp * L + e % L], (double)inv_n));
+        x2 += u * u;
     }
     block_add2(x2, all2, acc + 0, acc + 2);
 }
@@ -765,7 +776,7 @@ __global__ void k_gq_finish(const float *coef, const float *UZ, size_t d, size_t
     GRID_LOOP(idx, n) {
         size_t j = idx / d, i = idx % d, grp = (s0 + j) / C;
         float cv = __fsub_rn(coef[idx], __fmul_rn(UZ[grp * d + i], inv_n));
-        c2 += (double)cv * cv;
+        if ((s0 + j) % GVQ_GQ_LOSS_STRIDE == 0) c2 += (double)cv * cv;
         if (in != NULL)
             cv = __fadd_rn(cv, fp16 ? gvq_half_to_float(((const uint16_t *)in)[idx]) : ((const float *)in)[idx]);
         if (fp16) ((uint16_t *)out)[idx] = gvq_float_to_half(cv);
@@ -816,9 +827,11 @@ static gvqResult_t cu_gq_encode_combine(const gvq_dev_gq_t *g, size_t off, size_
     double *acc = norms != NULL ? c->norms : NULL;
     if (acc != NULL) {
         CUDACHECK(cudaMemsetAsync(acc, 0, 3 * sizeof(double), c->cur));
-        k_gq_xnorms<<<blocks_for(count), THREADS, 0, c->cur>>>(x, g->Z, L, g->C, s0, slices * L,
-                                                                count, inv_n, acc);
-        LAUNCHCHECK("gq norms");
+        if (slices) {
+            k_gq_xnorms<<<blocks_for(slices * L), THREADS, 0, c->cur>>>(x, g->Z, L, g->C, s0,
+                                                                        slices * L, inv_n, acc);
+            LAUNCHCHECK("gq norms");
+        }
     }
     if (slices) {
         GVQCHECK(gq_gemm(c, g, s0, slices, 1, x, coef, NULL));

@@ -83,8 +83,9 @@ typedef struct gvq_device_ops {
                                        const float *local, const void *in, void *out);
     gvqResult_t (*qsgd_decode)(const struct gvq_dev_qsgd *q, size_t off, size_t count,
                                const void *wire, float *dst);
-    /* norms (host memory, may be NULL): adds ||x - Z/N||^2 and ||c||^2 over the full slices
-     * and ||x||^2 over the chunk, as the host codec's local_x2/local_c2/local_all2 (waits). */
+    /* norms (host memory, may be NULL): adds ||x - Z/N||^2, ||c||^2 and ||x||^2 over the full
+     * slices whose global index is a multiple of GVQ_GQ_LOSS_STRIDE, as the host codec's
+     * local_x2/local_c2/local_all2 (waits). */
     gvqResult_t (*gq_encode_combine)(const struct gvq_dev_gq *g, size_t off, size_t count,
                                      const float *local, const void *in, void *out,
                                      double norms[3]);
@@ -102,6 +103,10 @@ typedef struct gvq_dev_qsgd {
     size_t bucket;
     uint32_t seed, rank, call;
 } gvq_dev_qsgd_t;
+
+/* The local loss of GradiVeQ's vote is estimated on every GVQ_GQ_LOSS_STRIDE-th full slice (by
+ * global slice index), by the host codec and the device ops alike. */
+#define GVQ_GQ_LOSS_STRIDE 4
 
 /* Parameters of the GradiVeQ codec ops (gvq_gradiveq_t less its host bookkeeping); U, Z, UZ
  * live on the device. */
@@ -130,7 +135,18 @@ extern const gvq_device_ops_t gvq_cuda_device; /* cuda/cuda_device.cu */
 int gvq_cuda_is_device_ptr(const void *p);
 /* The calling thread's current stream of the CUDA device (a cudaStream_t). */
 void *gvq_cuda_current_stream(void);
+/* buf /= divisor on the device, launched on `stream` (a cudaStream_t; NULL: the default stream),
+ * without switching the thread's stream. */
+gvqResult_t gvq_cuda_divide_on(void *buf, size_t count, gvqDataType_t type, int divisor,
+                               void *stream);
+/* cudaStreamLegacy: what stream 0 means in the CUDA and NCCL APIs. */
+void *gvq_cuda_legacy_stream(void);
 #endif
+/* The stream the device ops should run a caller's work on: `stream`, or, for NULL on the CUDA
+ * device, the legacy default stream, so that staged copies are ordered after the caller's
+ * earlier default-stream work as with NCCL (the ops' own stream is non-blocking and would race
+ * with it). */
+void *gvq_device_user_stream(const gvq_device_ops_t *dev, void *stream);
 /* Number of usable CUDA devices: 0 in builds without CUDA, and after any CUDA error. */
 int gvq_cuda_device_count(void);
 
