@@ -174,7 +174,7 @@ static gvqResult_t run_staged(const coll_op_t *o, const gvq_device_ops_t *dev) {
     int sdev = slen && gvq_device_of(o->sendbuff) == dev, rdev = rlen && gvq_device_of(o->recvbuff) == dev;
     void *hs = NULL, *hr = NULL, *prev = NULL;
     gvqResult_t res = gvqSuccess;
-    GVQCHECK(dev->set_stream(o->stream, &prev));
+    GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, o->stream), &prev));
     if ((sdev && (hs = dev->host_alloc(slen)) == NULL) || (rdev && (hr = dev->host_alloc(rlen)) == NULL)) {
         GVQ_WARN("%s: cannot allocate %zu + %zu bytes of pinned host memory to stage CUDA buffers",
                  op_fn[o->kind], slen, rlen);

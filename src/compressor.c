@@ -600,7 +600,7 @@ static gvqResult_t compressed_staged(gvqCompressor_t c, const gvq_device_ops_t *
                                      gvqStream_t stream) {
     size_t bytes = (size_t)c->cfg.count * sizeof(float);
     void *prev = NULL;
-    GVQCHECK(dev->set_stream(stream, &prev));
+    GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, stream), &prev));
     float *h = dev->host_alloc(bytes);
     gvqResult_t res = gvqSuccess;
     if (h == NULL) {

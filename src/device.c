@@ -40,6 +40,14 @@ const gvq_device_ops_t *gvq_device_of(const void *p) {
     return &gvq_host_device;
 }
 
+void *gvq_device_user_stream(const gvq_device_ops_t *dev, void *stream) {
+#ifdef GVQ_WITH_CUDA
+    if (stream == NULL && dev == &gvq_cuda_device) return gvq_cuda_legacy_stream();
+#endif
+    (void)dev;
+    return stream;
+}
+
 #ifndef GVQ_WITH_CUDA
 int gvq_cuda_device_count(void) { return 0; }
 #endif
