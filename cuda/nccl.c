@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gvq_device.h"
 #include "gvq_nccl.h"
@@ -41,6 +42,7 @@ _Static_assert(sizeof(ncclUniqueId) == GVQ_NCCL_ID_BYTES, "NCCL unique id size")
         cudaError_t e_ = (call);                                                             \
         if (e_ != cudaSuccess) {                                                             \
             GVQ_WARN("CUDA: %s failed: %s", #call, cudaGetErrorString(e_));                  \
+            (void)cudaGetLastError(); /* not left for the next launch check to report */     \
             return gvqUnhandledCudaError;                                                    \
         }                                                                                    \
     } while (0)
@@ -105,16 +107,32 @@ gvqResult_t gvq_nccl_collective(gvq_nccl_t *n, gvq_nccl_coll_t kind, const void 
                                 void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     ncclDataType_t t = nccl_type(dtype);
+    /* gvqAvg sums, then divides once (gvq.h). ncclAvg does that for integers but pre-multiplies
+     * each input by 1/N for float types, in the element type (fp16 subnormals lose bits), so
+     * float averages are a sum followed by gvq's own divide on the same stream. */
+    int post_divide = op == gvqAvg && (dtype == gvqFloat16 || dtype == gvqBfloat16 ||
+                                       dtype == gvqFloat32 || dtype == gvqFloat64);
+    ncclRedOp_t o = post_divide ? ncclSum : nccl_op(op);
+    size_t divided = 0;
     switch (kind) {
-    case GVQ_NCCL_ALLREDUCE: NCCLCHECK(ncclAllReduce(send, recv, count, t, nccl_op(op), n->comm, s)); break;
+    case GVQ_NCCL_ALLREDUCE:
+        NCCLCHECK(ncclAllReduce(send, recv, count, t, o, n->comm, s));
+        divided = count;
+        break;
     case GVQ_NCCL_BROADCAST: NCCLCHECK(ncclBroadcast(send, recv, count, t, root, n->comm, s)); break;
-    case GVQ_NCCL_REDUCE: NCCLCHECK(ncclReduce(send, recv, count, t, nccl_op(op), root, n->comm, s)); break;
+    case GVQ_NCCL_REDUCE:
+        NCCLCHECK(ncclReduce(send, recv, count, t, o, root, n->comm, s));
+        divided = n->rank == root ? count : 0;
+        break;
     case GVQ_NCCL_REDUCE_SCATTER:
-        NCCLCHECK(ncclReduceScatter(send, recv, count, t, nccl_op(op), n->comm, s));
+        NCCLCHECK(ncclReduceScatter(send, recv, count, t, o, n->comm, s));
+        divided = count;
         break;
     case GVQ_NCCL_ALLGATHER: NCCLCHECK(ncclAllGather(send, recv, count, t, n->comm, s)); break;
     default: return gvqInternalError;
     }
+    if (post_divide && divided > 0)
+        return gvq_cuda_divide_on(recv, divided, dtype, n->nranks, stream);
     return gvqSuccess;
 }
 
@@ -173,24 +191,65 @@ static gvqResult_t nx_irecv(gvq_transport_t *t, int peer, int tag, void *buf, si
     return nx_post(t, 0, peer, buf, bytes, req);
 }
 
-/* Issue everything pending as one group behind the compute stream. */
+static gvqResult_t nccl_result(ncclResult_t r) {
+    return r == ncclUnhandledCudaError ? gvqUnhandledCudaError
+           : r == ncclRemoteError      ? gvqRemoteError
+           : r == ncclSystemError      ? gvqSystemError
+           : r == ncclInvalidArgument  ? gvqInvalidArgument
+           : r == ncclInvalidUsage     ? gvqInvalidUsage
+                                       : gvqInternalError;
+}
+
+/* Issue everything pending as one group behind the compute stream. On any error the group is
+ * still closed (an open group would defer every later NCCL call of this thread), the batch is
+ * freed and the pending list dropped, so nothing is issued twice. */
 static gvqResult_t nx_flush(nccl_xport_t *x) {
     if (x->npend == 0) return gvqSuccess;
     batch_t *b = calloc(1, sizeof *b);
-    if (b == NULL) return gvqSystemError;
-    CUDACHECK(cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming));
-    CUDACHECK(cudaEventRecord(x->compute_ready, (cudaStream_t)gvq_cuda_current_stream()));
-    CUDACHECK(cudaStreamWaitEvent(x->stream, x->compute_ready, 0));
-    NCCLCHECK(ncclGroupStart());
-    for (size_t i = 0; i < x->npend; i++) {
-        pending_t *p = &x->pend[i];
-        if (p->send) NCCLCHECK(ncclSend(p->buf, p->bytes, ncclUint8, p->peer, x->n->comm, x->stream));
-        else NCCLCHECK(ncclRecv(p->buf, p->bytes, ncclUint8, p->peer, x->n->comm, x->stream));
+    gvqResult_t res = gvqSuccess;
+    if (b == NULL) {
+        res = gvqSystemError;
+        goto out_drop;
     }
-    NCCLCHECK(ncclGroupEnd());
-    CUDACHECK(cudaEventRecord(b->done, x->stream));
+    cudaError_t ce = cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming);
+    if (ce == cudaSuccess) {
+        ce = cudaEventRecord(x->compute_ready, (cudaStream_t)gvq_cuda_current_stream());
+        if (ce == cudaSuccess) ce = cudaStreamWaitEvent(x->stream, x->compute_ready, 0);
+        if (ce != cudaSuccess) cudaEventDestroy(b->done);
+    }
+    if (ce != cudaSuccess) {
+        GVQ_WARN("NCCL transport: cannot order the transfers after the compute stream: %s",
+                 cudaGetErrorString(ce));
+        (void)cudaGetLastError();
+        free(b);
+        res = gvqUnhandledCudaError;
+        goto out_drop;
+    }
+    ncclResult_t r = ncclGroupStart();
+    for (size_t i = 0; r == ncclSuccess && i < x->npend; i++) {
+        pending_t *p = &x->pend[i];
+        r = p->send ? ncclSend(p->buf, p->bytes, ncclUint8, p->peer, x->n->comm, x->stream)
+                    : ncclRecv(p->buf, p->bytes, ncclUint8, p->peer, x->n->comm, x->stream);
+    }
+    ncclResult_t r2 = ncclGroupEnd(); /* always closed */
+    if (r == ncclSuccess) r = r2;
+    if (r == ncclSuccess && (ce = cudaEventRecord(b->done, x->stream)) != cudaSuccess) {
+        GVQ_WARN("NCCL transport: cannot record the transfers' event: %s", cudaGetErrorString(ce));
+        (void)cudaGetLastError();
+        cudaEventDestroy(b->done);
+        free(b);
+        res = gvqUnhandledCudaError;
+        goto out_drop;
+    }
+    if (r != ncclSuccess) {
+        GVQ_WARN("NCCL transport: grouped send/recv of %zu transfers failed: %s (%s)", x->npend,
+                 ncclGetErrorString(r), ncclGetLastError(NULL));
+        cudaEventDestroy(b->done);
+        free(b);
+        res = nccl_result(r);
+        goto out_drop;
+    }
     for (size_t i = 0; i < x->npend; i++) {
-        if (!x->pend[i].req->active) continue; /* cancelled before it was issued */
         x->pend[i].req->handle[0] = (uint64_t)(uintptr_t)b;
         b->refs++;
     }
@@ -200,6 +259,9 @@ static gvqResult_t nx_flush(nccl_xport_t *x) {
         free(b);
     }
     return gvqSuccess;
+out_drop:
+    x->npend = 0;
+    return res;
 }
 
 static void batch_release(batch_t *b) {
@@ -218,6 +280,12 @@ static gvqResult_t nx_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
     }
     GVQCHECK(nx_flush(x));
     batch_t *b = (batch_t *)(uintptr_t)req->handle[0];
+    if (b == NULL) { /* dropped by a flush that failed */
+        req->active = 0;
+        GVQ_WARN("NCCL transport: transfer with peer %d was dropped by an earlier failure",
+                 req->peer);
+        return gvqInternalError;
+    }
     cudaError_t e = cudaEventQuery(b->done);
     if (e == cudaSuccess) {
         req->active = 0;
@@ -241,10 +309,19 @@ static gvqResult_t nx_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
 }
 
 static void nx_cancel(gvq_transport_t *t, gvq_req_t *req) {
-    (void)t;
+    nccl_xport_t *x = t->impl;
     if (!req->active) return;
     req->active = 0;
-    batch_release((batch_t *)(uintptr_t)req->handle[0]); /* NULL while still pending */
+    if (req->handle[0] == 0) { /* still pending: never issue it (the caller may free req) */
+        for (size_t i = 0; i < x->npend; i++)
+            if (x->pend[i].req == req) {
+                memmove(&x->pend[i], &x->pend[i + 1], (x->npend - i - 1) * sizeof *x->pend);
+                x->npend--;
+                break;
+            }
+        return;
+    }
+    batch_release((batch_t *)(uintptr_t)req->handle[0]);
     req->handle[0] = 0;
 }
 
