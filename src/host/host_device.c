@@ -37,7 +37,9 @@ static void half_table_init(void) {
 #define OP_PROD(a, b) ((a) * (b))
 #define OP_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define OP_MIN(a, b) ((a) < (b) ? (a) : (b))
-/* Floating max/min propagate NaN (either operand), as MPI's and NCCL's do in practice. */
+/* Floating max/min propagate NaN (either operand), as Open MPI's do. NCCL's (fmaxf/fminf,
+ * __hmax/__hmin) return the other operand instead, so a NaN can vanish on the NCCL path for
+ * CUDA buffers (README, the paragraph on CUDA buffers). */
 #define OP_MAXF(a, b) ((a) != (a) ? (a) : ((a) > (b) ? (a) : (b)))
 #define OP_MINF(a, b) ((a) != (a) ? (a) : ((a) < (b) ? (a) : (b)))
 
