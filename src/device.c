@@ -34,7 +34,9 @@ const gvq_device_ops_t *gvq_device_find(const char *name) {
 
 const gvq_device_ops_t *gvq_device_of(const void *p) {
 #ifdef GVQ_WITH_CUDA
-    if (p != NULL && gvq_cuda_device_count() > 0 && gvq_cuda_is_device_ptr(p)) return &gvq_cuda_device;
+    if (p != NULL && gvq_param(GVQ_PARAM_CUDA_BUFFERS) && gvq_cuda_device_count() > 0 &&
+        gvq_cuda_is_device_ptr(p))
+        return &gvq_cuda_device;
 #endif
     (void)p;
     return &gvq_host_device;

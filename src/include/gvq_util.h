@@ -85,7 +85,10 @@ const char *gvq_log_last_warn(void);
       "sparse allgatherv transfer: 0 gvq's pipelined ring, 1 the transport's own "           \
       "(MPI_Iallgatherv; the ring where the transport has none)")                                   \
     X(NCCL, "GVQ_NCCL", 1,                                                                   \
-      "collectives on CUDA buffers run on NCCL when built in (0: staged through host memory)")
+      "collectives on CUDA buffers run on NCCL when built in (0: staged through host memory)") \
+    X(CUDA_BUFFERS, "GVQ_CUDA_BUFFERS", 1,                                                   \
+      "look for CUDA buffers (cudaPointerGetAttributes, which creates a CUDA context on the "  \
+      "current GPU); 0: every buffer is host memory and CUDA is never touched")
 
 typedef enum {
 #define GVQ_PARAM_ENUM(id, env, def, help) GVQ_PARAM_##id,
