@@ -10,9 +10,11 @@
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gvq_test.h"
 #include "gvq_rng.h"
@@ -282,6 +284,18 @@ static void test_qsgd(void) {
                            q.bits, norm, q.bucket, n);
                     EXPECT(memcmp(gd, dec, sizeof(float) * n) == 0, "QSGD decode bits=%d n=%zu differs",
                            q.bits, n);
+                    /* x alone (in = NULL): its zero bucket and zero element reach the wire as
+                     * they are, not hidden under y's decoded values as in the combine above */
+                    uint8_t *w3 = malloc(wb);
+                    void *dw3 = D->alloc(wb);
+                    c.encode_combine(&c, off, n, x, NULL, w3);
+                    EXPECT_RES(D->qsgd_encode_combine(&dq, off, n, dx, NULL, dw3), gvqSuccess);
+                    uint8_t *g3 = from_dev(dw3, wb);
+                    EXPECT(memcmp(g3, w3, wb) == 0, "QSGD encode of x alone (zero bucket) bits=%d norm=%d bucket=%zu n=%zu: wire differs",
+                           q.bits, norm, q.bucket, n);
+                    free(g3);
+                    free(w3);
+                    D->free(dw3);
                     free(g1);
                     free(g2);
                     free(gd);
@@ -388,6 +402,45 @@ static void test_gradiveq(void) {
         }
 }
 
+/* A host function enqueued on a stream (cudaLaunchHostFunc): holds the stream for `arg` ms. */
+static void CUDART_CB sleep_cb(void *arg) {
+    struct timespec t = {0, (long)(intptr_t)arg * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* Event ordering without a stream switch in between (set_stream synchronises the stream it
+ * leaves, which would hide a missing wait): the user stream is held busy for 200 ms, then writes
+ * db; an event recorded after that is waited for by the device's own stream, which then scales db.
+ * Without the wait the scale would run first and the result would differ. */
+static void test_event_order(void) {
+    size_t n = 1 << 16, bytes = n * sizeof(float);
+    float *h = malloc(bytes), *want = malloc(bytes);
+    for (size_t i = 0; i < n; i++) h[i] = rndf();
+    float *da = dup_to_dev(h, bytes), *db = D->alloc(bytes);
+    cudaStream_t user;
+    EXPECT(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking) == cudaSuccess, "cudaStreamCreate");
+    EXPECT(cudaMemset(db, 0, bytes) == cudaSuccess, "cudaMemset");
+    void *ev = NULL;
+    EXPECT_RES(D->event_create(&ev), gvqSuccess);
+    EXPECT(cudaLaunchHostFunc(user, sleep_cb, (void *)(intptr_t)200) == cudaSuccess, "cudaLaunchHostFunc");
+    EXPECT(cudaMemcpyAsync(db, da, bytes, cudaMemcpyDeviceToDevice, user) == cudaSuccess, "cudaMemcpyAsync");
+    EXPECT(cudaEventRecord((cudaEvent_t)ev, user) == cudaSuccess, "cudaEventRecord");
+    EXPECT_RES(D->event_wait(ev), gvqSuccess); /* on the device's own stream */
+    EXPECT_RES(D->scale(db, db, n, gvqFloat32, 0.5), gvqSuccess);
+    EXPECT_RES(D->sync(), gvqSuccess);
+    float *got = from_dev(db, bytes);
+    H->scale(want, h, n, gvqFloat32, 0.5);
+    EXPECT(memcmp(got, want, bytes) == 0, "event_wait did not order the own stream after the user stream");
+    D->event_destroy(ev);
+    cudaStreamSynchronize(user);
+    cudaStreamDestroy(user);
+    D->free(da);
+    D->free(db);
+    free(h);
+    free(want);
+    free(got);
+}
+
 /* Work queued on a caller's stream, ordered by an event into the device's own stream. */
 static void test_streams(void) {
     size_t n = 1 << 20, bytes = n * sizeof(float);
@@ -444,6 +497,7 @@ int main(void) {
     test_linalg();
     test_qsgd();
     test_gradiveq();
+    test_event_order();
     test_streams();
     if (gvq_test_failures) {
         fprintf(stderr, "test_gpu_device: %d failure(s)\n", gvq_test_failures);
