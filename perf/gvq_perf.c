@@ -1019,7 +1019,7 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static double median_of(double *v, int n) {
+double perf_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
@@ -1116,7 +1116,8 @@ static void measure_overlap(const opts_t *o, const gs_source_t *src, size_t coun
         }
         both[k] = enc[k] + dec[k];
     }
-    double loc[3] = {median_of(enc, REPS), median_of(dec, REPS), median_of(both, REPS)}, mx[3];
+    double loc[3] = {perf_median(enc, REPS), perf_median(dec, REPS), perf_median(both, REPS)};
+    double mx[3];
     MPITEST(MPI_Allreduce(loc, mx, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
     ov->enc = mx[0] * 1e6;
     ov->dec = mx[1] * 1e6;
@@ -1132,7 +1133,7 @@ static void measure_overlap(const opts_t *o, const gs_source_t *src, size_t coun
             }
             both[k] = enc[k] + dec[k];
         }
-        alone = median_of(both, REPS);
+        alone = perf_median(both, REPS);
     }
     sleepy_barrier();
     MPITEST(MPI_Bcast(&alone, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
@@ -1221,8 +1222,8 @@ static int run_fit_bench(const opts_t *o) {
                     mxv = fit[rep] > mxv ? fit[rep] : mxv;
                 }
                 printf("%6zu%5zu%6zu%9.4f%11.2f%11.2f%11.2f%11.2f%11.2f\n", L, T, d, kept,
-                       median_of(fit, o->fit_reps) * 1e3, mn * 1e3, mxv * 1e3,
-                       median_of(cov, o->fit_reps) * 1e3, median_of(eig, o->fit_reps) * 1e3);
+                       perf_median(fit, o->fit_reps) * 1e3, mn * 1e3, mxv * 1e3,
+                       perf_median(cov, o->fit_reps) * 1e3, perf_median(eig, o->fit_reps) * 1e3);
                 fflush(stdout);
             }
             gs_free(src);

@@ -38,24 +38,15 @@ struct gs_source {
     char path[256];
 };
 
-/* ---- hashing -------------------------------------------------------------------------------- */
-
-static inline uint64_t mix64(uint64_t x) { /* splitmix64's finalizer */
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+/* ---- hashing (gs_mix64 in perf_gradsrc.h) ---------------------------------------------------- */
 
 #define GOLD 0x9e3779b97f4a7c15ull
 
 static inline uint64_t hash4(uint64_t seed, uint64_t tag, uint64_t a, uint64_t b, uint64_t c) {
-    uint64_t x = mix64(seed * GOLD + tag);
-    x = mix64(x + a * GOLD + 1);
-    x = mix64(x + b * GOLD + 2);
-    return mix64(x + c * GOLD + 3);
+    uint64_t x = gs_mix64(seed * GOLD + tag);
+    x = gs_mix64(x + a * GOLD + 1);
+    x = gs_mix64(x + b * GOLD + 2);
+    return gs_mix64(x + c * GOLD + 3);
 }
 
 /* Approximately N(0, 1): the sum of four 16-bit uniforms (Irwin-Hall), centred and scaled. */
@@ -137,7 +128,7 @@ static void synth_slice(const gs_source_t *s, int rank, long long t, size_t slic
         const uint64_t e0 = slice * L + i0;
         const float sig = s->sigma_e;
         for (size_t i = 0; i < n; i++)
-            out[i] += sig * gauss_of(mix64(base + (e0 + i) * GOLD));
+            out[i] += sig * gauss_of(gs_mix64(base + (e0 + i) * GOLD));
     }
 }
 

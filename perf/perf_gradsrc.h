@@ -49,6 +49,17 @@
 
 typedef struct gs_source gs_source_t;
 
+/* splitmix64's finalizer: a well-mixed 64-bit hash of x (also the sparse benchmark's access
+ * pattern). */
+static inline uint64_t gs_mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
 /* A synthetic source; NULL on bad arguments (L < 1, r outside [1, min(L, 4096)], noise < 0)
  * or no memory. */
 gs_source_t *gs_synthetic(uint64_t seed, size_t L, int r, double noise, double variation);

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "gvq.h"
+#include "perf_gradsrc.h"
 #include "perf_sparse.h"
 
 #define GVQ_MIN_SZ(a, b) ((a) < (b) ? (a) : (b))
@@ -209,15 +210,6 @@ static int sp_parse(int argc, char **argv, sp_opts_t *o, int verbose) {
 
 /* ---- the access pattern ------------------------------------------------------------------- */
 
-static uint64_t sp_mix(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 typedef struct {
     double key;
     int64_t row;
@@ -237,10 +229,10 @@ static int i64_asc(const void *a, const void *b) {
  * largest u^(1/w), i.e. log(u)/w), a pure function of (seed, rank, step); sorted. */
 static void draw_rows(const sp_opts_t *o, int rank, int step, size_t k, int64_t *out,
                       keyed_row_t *tmp) {
-    uint64_t base = sp_mix(o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)rank * 1000003u +
+    uint64_t base = gs_mix64(o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)rank * 1000003u +
                            (uint64_t)step * 7919u + 17);
     for (size_t j = 0; j < o->rows; j++) {
-        uint64_t x = sp_mix(base ^ (j * 0xd1b54a32d192ed03ull));
+        uint64_t x = gs_mix64(base ^ (j * 0xd1b54a32d192ed03ull));
         double u = ((double)(x >> 11) + 0.5) / 9007199254740992.0;
         double w = pow(1.0 + (double)j, -o->zipf);
         tmp[j].key = log(u) / w;
@@ -254,7 +246,7 @@ static void draw_rows(const sp_opts_t *o, int rank, int step, size_t k, int64_t 
 
 /* Gradient value of (rank, step, row, col): small, varied, exact in float sums. */
 static float grad_of(int rank, int step, int64_t row, size_t col) {
-    uint64_t x = sp_mix(((uint64_t)row << 20) ^ (col << 8) ^ ((uint64_t)step << 40) ^
+    uint64_t x = gs_mix64(((uint64_t)row << 20) ^ (col << 8) ^ ((uint64_t)step << 40) ^
                         (uint64_t)rank * 0x9e37ull);
     return (float)((int)(x % 9) - 4) * 0.125f;
 }
@@ -419,17 +411,6 @@ typedef struct {
     float *pulled;
 } tune_ctx_t;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Median of v[0..n) (reorders v). */
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static gvqResult_t tune_step(gvqPs_t ps, int it, void *arg) {
     tune_ctx_t *t = arg;
     return ps_step(ps, t->wk, it, t->pulled);
@@ -467,7 +448,7 @@ static void run_tune(const sp_work_t *wk) {
                 SPCHECK(ps_step(ps, wk, it, tc.pulled));
                 dt[it] = MPI_Wtime() - t0;
             }
-            double mine = median(dt + warm, o->tune_iters - warm), t = 0;
+            double mine = perf_median(dt + warm, o->tune_iters - warm), t = 0;
             MPI_Allreduce(&mine, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             if (rep == 0 || t < sw[P]) sw[P] = t;
             gvqPsDestroy(ps);

@@ -16,4 +16,7 @@ int perf_sparse_requested(int argc, char **argv);
  * status: 0 ok, 2 bad arguments, 1 a result differed between the methods. */
 int perf_sparse_main(int argc, char **argv);
 
+/* Median of v[0..n), n >= 1 (reorders v); gvq_perf.c's, shared with the sparse benchmark. */
+double perf_median(double *v, int n);
+
 #endif /* PERF_SPARSE_H_ */
