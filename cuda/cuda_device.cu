@@ -34,18 +34,10 @@ extern "C" {
 #include "gvq_device.h"
 #include "gvq_rng.h"
 }
+#include "gvq_cuda_check.h" /* CUDACHECK */
 
 /* ---- errors: one check per foreign library, converting at the boundary ------------------------ */
 
-#define CUDACHECK(call)                                                                  \
-    do {                                                                                 \
-        cudaError_t e_ = (call);                                                         \
-        if (e_ != cudaSuccess) {                                                         \
-            GVQ_WARN("CUDA: %s failed: %s", #call, cudaGetErrorString(e_));              \
-            (void)cudaGetLastError(); /* not left for the next launch check to report */ \
-            return gvqUnhandledCudaError;                                                \
-        }                                                                                \
-    } while (0)
 #define CUBLASCHECK(call)                                                                \
     do {                                                                                 \
         cublasStatus_t s_ = (call);                                                      \

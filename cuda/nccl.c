@@ -18,33 +18,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gvq_cuda_check.h" /* CUDACHECK */
 #include "gvq_device.h"
 #include "gvq_nccl.h"
 
 _Static_assert(sizeof(ncclUniqueId) == GVQ_NCCL_ID_BYTES, "NCCL unique id size");
 
+/* A failed NCCL call: logged with NCCL's own text, mapped to gvq's result. */
+static gvqResult_t nccl_fail(ncclResult_t r, const char *what) {
+    GVQ_WARN("NCCL: %s failed: %s (%s)", what, ncclGetErrorString(r), ncclGetLastError(NULL));
+    return r == ncclUnhandledCudaError ? gvqUnhandledCudaError
+           : r == ncclRemoteError      ? gvqRemoteError
+           : r == ncclSystemError      ? gvqSystemError
+           : r == ncclInvalidArgument  ? gvqInvalidArgument
+           : r == ncclInvalidUsage     ? gvqInvalidUsage
+                                       : gvqInternalError;
+}
+
 #define NCCLCHECK(call)                                                                      \
     do {                                                                                     \
         ncclResult_t r_ = (call);                                                            \
-        if (r_ != ncclSuccess) {                                                             \
-            GVQ_WARN("NCCL: %s failed: %s (%s)", #call, ncclGetErrorString(r_),              \
-                     ncclGetLastError(NULL));                                                \
-            return r_ == ncclUnhandledCudaError ? gvqUnhandledCudaError                      \
-                   : r_ == ncclRemoteError      ? gvqRemoteError                             \
-                   : r_ == ncclSystemError      ? gvqSystemError                             \
-                   : r_ == ncclInvalidArgument  ? gvqInvalidArgument                         \
-                   : r_ == ncclInvalidUsage     ? gvqInvalidUsage                            \
-                                                : gvqInternalError;                          \
-        }                                                                                    \
-    } while (0)
-#define CUDACHECK(call)                                                                      \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess) {                                                             \
-            GVQ_WARN("CUDA: %s failed: %s", #call, cudaGetErrorString(e_));                  \
-            (void)cudaGetLastError(); /* not left for the next launch check to report */     \
-            return gvqUnhandledCudaError;                                                    \
-        }                                                                                    \
+        if (r_ != ncclSuccess) return nccl_fail(r_, #call);                                  \
     } while (0)
 
 struct gvq_nccl {
@@ -191,77 +185,52 @@ static gvqResult_t nx_irecv(gvq_transport_t *t, int peer, int tag, void *buf, si
     return nx_post(t, 0, peer, buf, bytes, req);
 }
 
-static gvqResult_t nccl_result(ncclResult_t r) {
-    return r == ncclUnhandledCudaError ? gvqUnhandledCudaError
-           : r == ncclRemoteError      ? gvqRemoteError
-           : r == ncclSystemError      ? gvqSystemError
-           : r == ncclInvalidArgument  ? gvqInvalidArgument
-           : r == ncclInvalidUsage     ? gvqInvalidUsage
-                                       : gvqInternalError;
-}
-
-/* Issue everything pending as one group behind the compute stream. On any error the group is
- * still closed (an open group would defer every later NCCL call of this thread), the batch is
- * freed and the pending list dropped, so nothing is issued twice. */
-static gvqResult_t nx_flush(nccl_xport_t *x) {
-    if (x->npend == 0) return gvqSuccess;
-    batch_t *b = calloc(1, sizeof *b);
-    gvqResult_t res = gvqSuccess;
-    if (b == NULL) {
-        res = gvqSystemError;
-        goto out_drop;
-    }
-    cudaError_t ce = cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming);
-    if (ce == cudaSuccess) {
-        ce = cudaEventRecord(x->compute_ready, (cudaStream_t)gvq_cuda_current_stream());
-        if (ce == cudaSuccess) ce = cudaStreamWaitEvent(x->stream, x->compute_ready, 0);
-        if (ce != cudaSuccess) cudaEventDestroy(b->done);
-    }
-    if (ce != cudaSuccess) {
-        GVQ_WARN("NCCL transport: cannot order the transfers after the compute stream: %s",
-                 cudaGetErrorString(ce));
-        (void)cudaGetLastError();
-        free(b);
-        res = gvqUnhandledCudaError;
-        goto out_drop;
-    }
-    ncclResult_t r = ncclGroupStart();
+/* The pending transfers as one group on the communication stream, behind the compute stream,
+ * and `done` recorded after them. The group is closed even when a call in it fails: an open
+ * group would defer every later NCCL call of this thread. */
+static gvqResult_t issue_group(nccl_xport_t *x, cudaEvent_t done) {
+    CUDACHECK(cudaEventRecord(x->compute_ready, (cudaStream_t)gvq_cuda_current_stream()));
+    CUDACHECK(cudaStreamWaitEvent(x->stream, x->compute_ready, 0));
+    NCCLCHECK(ncclGroupStart());
+    ncclResult_t r = ncclSuccess;
     for (size_t i = 0; r == ncclSuccess && i < x->npend; i++) {
         pending_t *p = &x->pend[i];
         r = p->send ? ncclSend(p->buf, p->bytes, ncclUint8, p->peer, x->n->comm, x->stream)
                     : ncclRecv(p->buf, p->bytes, ncclUint8, p->peer, x->n->comm, x->stream);
     }
-    ncclResult_t r2 = ncclGroupEnd(); /* always closed */
-    if (r == ncclSuccess) r = r2;
-    if (r == ncclSuccess && (ce = cudaEventRecord(b->done, x->stream)) != cudaSuccess) {
-        GVQ_WARN("NCCL transport: cannot record the transfers' event: %s", cudaGetErrorString(ce));
-        (void)cudaGetLastError();
-        cudaEventDestroy(b->done);
-        free(b);
-        res = gvqUnhandledCudaError;
-        goto out_drop;
+    ncclResult_t r2 = ncclGroupEnd();
+    if (r != ncclSuccess || r2 != ncclSuccess)
+        return nccl_fail(r != ncclSuccess ? r : r2, "grouped ncclSend/ncclRecv");
+    CUDACHECK(cudaEventRecord(done, x->stream));
+    return gvqSuccess;
+}
+
+static gvqResult_t event_new(cudaEvent_t *e) {
+    CUDACHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    return gvqSuccess;
+}
+
+/* Issue everything pending as one batch. On failure the batch is freed and the pending list
+ * dropped, so nothing is issued twice (nx_test reports the dropped requests). */
+static gvqResult_t nx_flush(nccl_xport_t *x) {
+    if (x->npend == 0) return gvqSuccess;
+    batch_t *b = calloc(1, sizeof *b);
+    gvqResult_t res = b != NULL ? event_new(&b->done) : gvqSystemError;
+    if (res == gvqSuccess) {
+        res = issue_group(x, b->done);
+        if (res != gvqSuccess) cudaEventDestroy(b->done);
     }
-    if (r != ncclSuccess) {
-        GVQ_WARN("NCCL transport: grouped send/recv of %zu transfers failed: %s (%s)", x->npend,
-                 ncclGetErrorString(r), ncclGetLastError(NULL));
-        cudaEventDestroy(b->done);
+    if (res != gvqSuccess) {
         free(b);
-        res = nccl_result(r);
-        goto out_drop;
+        x->npend = 0;
+        return res;
     }
     for (size_t i = 0; i < x->npend; i++) {
         x->pend[i].req->handle[0] = (uint64_t)(uintptr_t)b;
         b->refs++;
     }
     x->npend = 0;
-    if (b->refs == 0) {
-        cudaEventDestroy(b->done);
-        free(b);
-    }
     return gvqSuccess;
-out_drop:
-    x->npend = 0;
-    return res;
 }
 
 static void batch_release(batch_t *b) {
