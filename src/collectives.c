@@ -168,32 +168,18 @@ static const gvq_device_ops_t *op_device(const coll_op_t *o) {
     return d != &gvq_host_device ? d : gvq_device_of(o->recvbuff);
 }
 
+static gvqResult_t staged_body(void *arg, const void *send, void *recv) {
+    coll_op_t h = *(const coll_op_t *)arg;
+    h.sendbuff = send;
+    h.recvbuff = recv;
+    return run_collective(&h, 0);
+}
+
 static gvqResult_t run_staged(const coll_op_t *o, const gvq_device_ops_t *dev) {
     size_t slen, rlen;
     op_lengths(o, &slen, &rlen);
-    int sdev = slen && gvq_device_of(o->sendbuff) == dev, rdev = rlen && gvq_device_of(o->recvbuff) == dev;
-    void *hs = NULL, *hr = NULL, *prev = NULL;
-    gvqResult_t res = gvqSuccess;
-    GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, o->stream), &prev));
-    if ((sdev && (hs = dev->host_alloc(slen)) == NULL) || (rdev && (hr = dev->host_alloc(rlen)) == NULL)) {
-        GVQ_WARN("%s: cannot allocate %zu + %zu bytes of pinned host memory to stage CUDA buffers",
-                 op_fn[o->kind], slen, rlen);
-        res = gvqSystemError;
-        goto out_free;
-    }
-    coll_op_t h = *o;
-    if (sdev) {
-        GVQCHECKGOTO(dev->copy_to_host(hs, o->sendbuff, slen), res, out_free);
-        h.sendbuff = hs;
-    }
-    if (rdev) h.recvbuff = hr;
-    GVQCHECKGOTO(run_collective(&h, 0), res, out_free);
-    if (rdev) GVQCHECKGOTO(dev->copy_from_host(o->recvbuff, hr, rlen), res, out_free);
-out_free:
-    if (hs != NULL) dev->host_free(hs);
-    if (hr != NULL) dev->host_free(hr);
-    gvqResult_t r2 = dev->set_stream(prev, NULL);
-    return res != gvqSuccess ? res : r2;
+    return gvq_device_staged(dev, o->stream, op_fn[o->kind], o->sendbuff, slen, o->recvbuff, rlen,
+                             staged_body, (void *)o);
 }
 
 #ifdef GVQ_WITH_NCCL

@@ -592,36 +592,16 @@ static gvqResult_t compressed_entered(gvqCompressor_t c, const void *send, void 
 }
 
 /* CUDA buffers: the codecs run on the host (the device codec entries are not wired into the
- * compressor yet), so the input is copied to pinned host memory behind the caller's stream, the
- * host path runs in place there, and the result is copied back; the call returns when it is in
- * place. Correct for ranks sharing a GPU over the MPI transport, not fast. */
-static gvqResult_t compressed_staged(gvqCompressor_t c, const gvq_device_ops_t *dev,
-                                     const void *sendbuff, void *recvbuff, gvqRedOp_t op,
-                                     gvqStream_t stream) {
-    size_t bytes = (size_t)c->cfg.count * sizeof(float);
-    void *prev = NULL;
-    GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, stream), &prev));
-    float *h = dev->host_alloc(bytes);
-    gvqResult_t res = gvqSuccess;
-    if (h == NULL) {
-        GVQ_WARN("gvqAllReduceCompressed: cannot allocate %zu bytes of pinned host memory to stage "
-                 "CUDA buffers", bytes);
-        res = gvqSystemError;
-        goto out;
-    }
-    if (gvq_device_of(sendbuff) == dev)
-        GVQCHECKGOTO(dev->copy_to_host(h, sendbuff, bytes), res, out);
-    else
-        memcpy(h, sendbuff, bytes);
-    GVQCHECKGOTO(compressed_entered(c, h, h, op), res, out);
-    if (gvq_device_of(recvbuff) == dev)
-        GVQCHECKGOTO(dev->copy_from_host(recvbuff, h, bytes), res, out);
-    else
-        memcpy(recvbuff, h, bytes);
-out:
-    if (h != NULL) dev->host_free(h);
-    gvqResult_t r2 = dev->set_stream(prev, NULL);
-    return res != gvqSuccess ? res : r2;
+ * compressor yet), so the buffers are staged through pinned host memory (gvq_device_staged).
+ * Correct for ranks sharing a GPU over the MPI transport, not fast. */
+typedef struct {
+    gvqCompressor_t c;
+    gvqRedOp_t op;
+} staged_call_t;
+
+static gvqResult_t compressed_on_host(void *arg, const void *send, void *recv) {
+    const staged_call_t *s = arg;
+    return compressed_entered(s->c, send, recv, s->op);
 }
 
 GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
@@ -667,9 +647,12 @@ GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff,
     GVQCHECK(gvq_comm_enter(comm, fn));
     const gvq_device_ops_t *dev = gvq_device_of(sendbuff);
     if (dev == &gvq_host_device) dev = gvq_device_of(recvbuff);
+    staged_call_t sc = {compressor, op};
+    size_t bytes = count * sizeof(float);
     gvqResult_t res = dev == &gvq_host_device
                           ? compressed_entered(compressor, sendbuff, recvbuff, op)
-                          : compressed_staged(compressor, dev, sendbuff, recvbuff, op, stream);
+                          : gvq_device_staged(dev, stream, fn, sendbuff, bytes, recvbuff, bytes,
+                                              compressed_on_host, &sc);
     gvq_comm_leave(comm);
     return res;
 }

@@ -50,6 +50,29 @@ void *gvq_device_user_stream(const gvq_device_ops_t *dev, void *stream) {
     return stream;
 }
 
+gvqResult_t gvq_device_staged(const gvq_device_ops_t *dev, void *stream, const char *fn,
+                              const void *send, size_t slen, void *recv, size_t rlen,
+                              gvq_staged_fn_t run, void *arg) {
+    int sdev = slen && gvq_device_of(send) == dev, rdev = rlen && gvq_device_of(recv) == dev;
+    void *hs = NULL, *hr = NULL, *prev = NULL;
+    gvqResult_t res = gvqSuccess;
+    GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, stream), &prev));
+    if ((sdev && (hs = dev->host_alloc(slen)) == NULL) || (rdev && (hr = dev->host_alloc(rlen)) == NULL)) {
+        GVQ_WARN("%s: cannot allocate %zu + %zu bytes of pinned host memory to stage CUDA buffers",
+                 fn, slen, rlen);
+        res = gvqSystemError;
+        goto out_free;
+    }
+    if (sdev) GVQCHECKGOTO(dev->copy_to_host(hs, send, slen), res, out_free);
+    GVQCHECKGOTO(run(arg, sdev ? hs : send, rdev ? hr : recv), res, out_free);
+    if (rdev) GVQCHECKGOTO(dev->copy_from_host(recv, hr, rlen), res, out_free);
+out_free:
+    if (hs != NULL) dev->host_free(hs);
+    if (hr != NULL) dev->host_free(hr);
+    gvqResult_t r2 = dev->set_stream(prev, NULL);
+    return res != gvqSuccess ? res : r2;
+}
+
 #ifndef GVQ_WITH_CUDA
 int gvq_cuda_device_count(void) { return 0; }
 #endif
