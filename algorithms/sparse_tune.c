@@ -140,13 +140,11 @@ static void next_refinement(gvq_ptune_t *s) {
     s->P = (int)P;
 }
 
-static void start_refining(gvq_ptune_t *s) { next_refinement(s); }
-
 static void start_halving(gvq_ptune_t *s) {
     s->phase = 1;
     s->prev_t = s->ts[0]; /* the start's time */
     s->P = s->start / 2;
-    if (s->P < 1) start_refining(s);
+    if (s->P < 1) next_refinement(s);
 }
 
 void gvq_ptune_init(gvq_ptune_t *s, int start, int maxp, int granule) {
@@ -184,7 +182,7 @@ void gvq_ptune_record(gvq_ptune_t *s, double seconds) {
             s->prev_t = seconds;
             s->P /= 2;
         } else {
-            start_refining(s);
+            next_refinement(s);
         }
     } else {
         s->refined++;
