@@ -154,6 +154,11 @@ gvqResult_t gvq_pca_fit_method(const gvq_device_ops_t *dev, size_t L, size_t T,
     }
     res = pca_covariance(dev, L, T, xc, w, eps, dmax, U, d, &kept);
 out_free:
+    /* Columns past d are zero, not leftovers: the compressor agrees on one d for all reuse
+     * groups (the largest), so a group that kept fewer sends those columns too. The Gram route
+     * left them unwritten (garbage reached the coefficients and the loss estimate); the
+     * covariance route left small-eigenvalue vectors, which repeat a leading one once d > L/2. */
+    if (res == gvqSuccess && *d < L) memset(U + *d * L, 0, sizeof(float) * L * (L - *d));
     if (res == gvqSuccess && kept_energy != NULL) *kept_energy = kept;
     free(xc);
     free(w);

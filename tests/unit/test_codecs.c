@@ -127,12 +127,20 @@ static void test_pca_routes(void) {
         for (size_t i = 0; i < L * T; i++) s[i] += (float)(1e-3 * nrand()); /* full rank */
         float *U1 = malloc(sizeof(float) * L * L), *U2 = malloc(sizeof(float) * L * L);
         float *Z1 = malloc(sizeof(float) * L), *Z2 = malloc(sizeof(float) * L);
+        for (size_t i = 0; i < L * L; i++) U1[i] = U2[i] = NAN; /* what was there before */
         size_t d1 = 0, d2 = 0;
         double k1 = 0, k2 = 0;
         EXPECT_RES(gvq_pca_fit_method(&gvq_host_device, L, T, s, 1e-3, 0, U1, Z1, &d1, &k1,
                                       GVQ_PCA_COVARIANCE), gvqSuccess);
         EXPECT_RES(gvq_pca_fit_method(&gvq_host_device, L, T, s, 1e-3, 0, U2, Z2, &d2, &k2,
                                       GVQ_PCA_GRAM), gvqSuccess);
+        /* the compressor agrees on the largest d of its reuse groups, so a group's columns past
+         * its own d are sent too: they must be zero, not leftovers */
+        size_t nz1 = 0, nz2 = 0;
+        for (size_t i = d1 * L; i < L * L; i++) nz1 += U1[i] != 0.0f;
+        for (size_t i = d2 * L; i < L * L; i++) nz2 += U2[i] != 0.0f;
+        EXPECT(nz1 == 0 && nz2 == 0, "L=%zu T=%zu: %zu (covariance) and %zu (Gram) values past "
+               "column d are not zero", L, T, nz1, nz2);
         EXPECT(d1 == d2 && d1 == r, "L=%zu T=%zu: covariance d=%zu, Gram d=%zu, rank %zu", L, T,
                d1, d2, r);
         EXPECT(fabs(k1 - k2) < 1e-4, "kept energy %g vs %g", k1, k2);
