@@ -36,11 +36,15 @@ static size_t gq_coef_bytes(const gvq_gradiveq_t *g, size_t slices) {
     return (b + 3) & ~(size_t)3;
 }
 
+size_t gvq_gradiveq_wire_size(size_t L, size_t d, int wire_fp16, size_t count) {
+    size_t b = count / L * d * (wire_fp16 ? 2 : 4);
+    return ((b + 3) & ~(size_t)3) + count % L * sizeof(float);
+}
+
 static size_t gq_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
     const gvq_gradiveq_t *g = c->state;
-    size_t slices, tail;
-    gq_split(g, off, count, &slices, &tail);
-    return gq_coef_bytes(g, slices) + tail * sizeof(float);
+    (void)off; /* off is a multiple of L: only the chunk at the end has a tail */
+    return gvq_gradiveq_wire_size(g->L, g->d, g->wire_fp16, count);
 }
 
 static gvqResult_t gq_tmp(gvq_gradiveq_t *g, size_t n) {

@@ -23,15 +23,19 @@
 #include "gvq_algo.h"
 #include "gvq_rng.h"
 
-static size_t qsgd_bucket_bytes(const gvq_qsgd_t *q, size_t len) {
-    return sizeof(float) + GVQ_DIV_UP(len * (size_t)q->bits, 8);
+static size_t qsgd_bucket_bytes(int bits, size_t len) {
+    return sizeof(float) + GVQ_DIV_UP(len * (size_t)bits, 8);
+}
+
+size_t gvq_qsgd_wire_size(int bits, size_t bucket, size_t count) {
+    size_t full = count / bucket, tail = count % bucket;
+    return full * qsgd_bucket_bytes(bits, bucket) + (tail ? qsgd_bucket_bytes(bits, tail) : 0);
 }
 
 static size_t qsgd_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
     const gvq_qsgd_t *q = c->state;
     (void)off; /* off is a multiple of the bucket: only the last bucket can be short */
-    size_t full = count / q->bucket, tail = count % q->bucket;
-    return full * qsgd_bucket_bytes(q, q->bucket) + (tail ? qsgd_bucket_bytes(q, tail) : 0);
+    return gvq_qsgd_wire_size(q->bits, q->bucket, count);
 }
 
 /* Quantize one bucket of len values starting at tensor element `first` into wire. */
@@ -93,7 +97,7 @@ static gvqResult_t qsgd_encode_combine(const gvq_codec_t *c, size_t off, size_t 
     const uint8_t *win = in;
     uint8_t *wout = out;
     for (size_t b = 0; b < count; b += q->bucket) {
-        size_t len = GVQ_MIN(q->bucket, count - b), bytes = qsgd_bucket_bytes(q, len);
+        size_t len = GVQ_MIN(q->bucket, count - b), bytes = qsgd_bucket_bytes(q->bits, len);
         const float *src = x + b;
         if (win != NULL) { /* decode, add, re-encode */
             qsgd_dequantize(q, win, len, q->tmp);
@@ -116,7 +120,7 @@ static gvqResult_t qsgd_decode(const gvq_codec_t *c, size_t off, size_t count, c
     for (size_t b = 0; b < count; b += q->bucket) {
         size_t len = GVQ_MIN(q->bucket, count - b);
         qsgd_dequantize(q, w, len, d + b);
-        w += qsgd_bucket_bytes(q, len);
+        w += qsgd_bucket_bytes(q->bits, len);
     }
     return gvqSuccess;
 }

@@ -67,6 +67,8 @@ gvqResult_t gvq_qsgd_init(gvq_qsgd_t *q, int bits, size_t bucket, int norm, uint
                           uint32_t rank);
 void gvq_qsgd_fini(gvq_qsgd_t *q);
 void gvq_codec_qsgd_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_qsgd_t *q);
+/* Bytes on the wire for `count` values starting on a bucket boundary. */
+size_t gvq_qsgd_wire_size(int bits, size_t bucket, size_t count);
 
 /* ---- GradiVeQ (codec_gradiveq.c, pca.c) ------------------------------------------------------
  * The codec works on the filter-collocated vector (gvq_collocate). Full slices of L values
@@ -94,6 +96,39 @@ typedef struct {
 gvqResult_t gvq_gradiveq_prepare(gvq_gradiveq_t *g, const gvq_device_ops_t *dev);
 void gvq_gradiveq_fini(gvq_gradiveq_t *g);
 void gvq_codec_gradiveq_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gradiveq_t *g);
+/* Bytes on the wire for `count` values starting on a slice boundary. */
+size_t gvq_gradiveq_wire_size(size_t L, size_t d, int wire_fp16, size_t count);
+
+/* ---- device codecs (codec_device.c) --------------------------------------------------------
+ * The same codecs run by a device's own codec operations (gvq_device_ops_t qsgd_* and gq_*):
+ * local values, wires and outputs are memory of that device, and so is everything the
+ * parameter structs point at. Same wire format as the host codecs. */
+void gvq_codec_qsgd_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev,
+                             const gvq_dev_qsgd_t *q);
+/* GradiVeQ; every encode adds the loss norms of its local slices to norms[3] (host memory:
+ * ||x - Z/N||^2, ||c||^2, ||x||^2 over the sampled slices, as the host codec's local_*). */
+typedef struct {
+    gvq_dev_gq_t p;
+    double norms[3];
+} gvq_gq_dev_t;
+void gvq_codec_gradiveq_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gq_dev_t *g);
+/* Whether a device runs the codecs itself (has the codec entries and is not the host). */
+int gvq_device_has_codecs(const gvq_device_ops_t *dev);
+
+/* A device codec behind a host wire, for a transport that moves host memory only (MPI over
+ * device buffers): the ring's wire slots are host memory, the local values and the output stay
+ * on the device; each encode_combine copies the incoming wire to the device, runs the device
+ * codec there and copies the result back, each decode copies the wire in and decodes on the
+ * device. Only the (compressed) wire crosses the bus. `inner` must outlive the wrapper; its
+ * wire_is_values is ignored (the identity codec's values travel as a wire). */
+typedef struct {
+    const gvq_codec_t *inner;
+    const gvq_device_ops_t *dev; /* inner->dev, kept for gvq_staging_fini */
+    void *din, *dout; /* device copies of the wire, grown on demand */
+    size_t cap;
+} gvq_staging_t;
+void gvq_codec_staged_init(gvq_codec_t *c, const gvq_codec_t *inner, gvq_staging_t *st);
+void gvq_staging_fini(gvq_staging_t *st);
 
 /* Filter collocation of a conv gradient [K][D][H][W]: the K values at one (d, h, w) become
  * adjacent, positions ordered depth first, then width, then height:
@@ -104,7 +139,7 @@ void gvq_uncollocate(const float *src, float *dst, size_t K, size_t D, size_t H,
 /* PCA fit (pca.c): from T samples of length L (column-major L x T, each sample contiguous),
  * Z = mean, covariance (1/T) sum (s - Z)(s - Z)^T, its eigen-decomposition, and U = the d leading
  * eigenvectors, d the smallest with (sum of the d largest eigenvalues) / (sum of all) >= 1 - eps,
- * capped at dmax. U must hold L*L floats (only the first L*d are meaningful on return).
+ * capped at dmax. U must hold L*L floats: the d leading eigenvectors, then zero columns.
  * Refuses samples holding NaN or Inf with gvqInvalidArgument and a WARN naming the sample. */
 gvqResult_t gvq_pca_fit(const gvq_device_ops_t *dev, size_t L, size_t T, const float *samples,
                         double eps, size_t dmax, float *U, float *Z, size_t *d,

@@ -150,8 +150,8 @@ static gvqResult_t process_chunk(ring_t *g, int k, size_t c) {
                                           recv_ptr(g, k, s, c), res));
         if (g->tally != NULL && k == g->nrs - 1 && last) { /* every local encode is done */
             int32_t v = g->tally->value(g->tally->arg);
-            g->tally->sum = v;
-            memcpy(res + chunk_wire_bytes(g, s, c), &v, sizeof v);
+            g->tally->sum = v; /* the wire may be device memory (NCCL transport) */
+            GVQCHECK(g->ctx->dev->copy_from_host(res + chunk_wire_bytes(g, s, c), &v, sizeof v));
         }
         if (forward) GVQCHECK(send_chunk(g, k + 1, c, res));
         if (k == g->nrs - 1 && g->mode == OUT_WIRE) /* this rank's finished segment */
@@ -160,7 +160,7 @@ static gvqResult_t process_chunk(ring_t *g, int k, size_t c) {
         if (forward) GVQCHECK(send_chunk(g, k + 1, c, res));
         if (g->tally != NULL && last) {
             int32_t v;
-            memcpy(&v, res + chunk_wire_bytes(g, s, c), sizeof v);
+            GVQCHECK(g->ctx->dev->copy_to_host(&v, res + chunk_wire_bytes(g, s, c), sizeof v));
             g->tally->sum += v;
         }
         if (g->mode == OUT_WIRE)
