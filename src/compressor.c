@@ -64,6 +64,17 @@ struct gvqCompressor {
     gvq_qsgd_t qs;
     int have_qsgd;
     size_t codec_chunk_bytes; /* ring chunk while a compressing codec runs (GVQ_CODEC_CHUNK_BYTES) */
+    uint64_t fit_version;     /* bumped by every codec_setup (a fit or a load) */
+    /* Device-resident calls (buffers in a device's memory, run_device): the device's copies of
+     * the collocated vector and of U, Z, U^T Z, and the device codecs' parameters. */
+    const gvq_device_ops_t *ddev;
+    float *dwork, *dU, *dZ, *dUZ;
+    size_t dU_len;            /* floats in dU (ngroups L d) */
+    uint64_t dev_version;     /* fit_version of dU, dZ, dUZ (0: none) */
+    gvq_gq_dev_t gqd;
+    gvq_dev_qsgd_t qsd;
+    gvq_staging_t stg;
+    int on_device;            /* the call in progress runs on ddev (local_loss reads gqd.norms) */
 };
 
 /* ---- configuration ---------------------------------------------------------------------- */
@@ -183,6 +194,21 @@ static gvqResult_t config_resolve(const gvqCompressorConfig_t *in, size_t count,
 
 static int is_live(gvqCompressor_t c) { return c != NULL && c->magic == GVQ_COMPRESSOR_MAGIC; }
 
+/* Drop the device copies (run_device makes them again when needed). */
+static void device_free(gvqCompressor_t c) {
+    const gvq_device_ops_t *dev = c->ddev;
+    if (dev != NULL) {
+        gvq_staging_fini(&c->stg);
+        float *bufs[] = {c->dwork, c->dU, c->dZ, c->dUZ};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i] != NULL) dev->free(bufs[i]);
+    }
+    c->ddev = NULL;
+    c->dwork = c->dU = c->dZ = c->dUZ = NULL;
+    c->dU_len = 0;
+    c->dev_version = 0;
+}
+
 static void set_reason(gvqCompressor_t c, const char *why) {
     snprintf(c->st.stats.reason, sizeof c->st.stats.reason, "%s", why);
 }
@@ -279,6 +305,7 @@ GVQ_API gvqResult_t gvqCompressorDestroy(gvqCompressor_t c) {
     c->magic = 0;
     if (c->have_qsgd) gvq_qsgd_fini(&c->qs);
     gvq_gradiveq_fini(&c->gq);
+    device_free(c);
     free(c->samples);
     free(c->U);
     free(c->Z);
@@ -319,6 +346,7 @@ static gvqResult_t codec_setup(gvqCompressor_t c) {
     c->gq.U = c->U;
     c->gq.Z = c->Z;
     GVQCHECK(gvq_gradiveq_prepare(&c->gq, c->comm->dev));
+    c->fit_version++;
     size_t full_bytes = (size_t)c->cfg.L * sizeof(float);
     size_t coef_bytes = (size_t)c->st.d * (c->cfg.fp16 ? 2 : 4);
     stats_of(c)->ratio = (double)(c->cfg.count * sizeof(float)) /
@@ -467,10 +495,17 @@ static gvqResult_t update_residual(gvqCompressor_t c, const float *xs, int compr
     return res;
 }
 
-/* This rank's loss ||x_n - x_hat_n|| / ||x_n|| over the sampled slices of the current call. */
+/* This rank's loss ||x_n - x_hat_n|| / ||x_n|| over the sampled slices of the current call
+ * (the host codec's sums, or the device codec's on a device-resident call). */
 static double local_loss(gvqCompressor_t c) {
     const gvq_gradiveq_t *g = &c->gq;
-    return g->local_all2 > 0 ? sqrt(fmax(0, g->local_x2 - g->local_c2) / g->local_all2) : 0;
+    double x2 = g->local_x2, c2 = g->local_c2, all2 = g->local_all2;
+    if (c->on_device) {
+        x2 = c->gqd.norms[0];
+        c2 = c->gqd.norms[1];
+        all2 = c->gqd.norms[2];
+    }
+    return all2 > 0 ? sqrt(fmax(0, x2 - c2) / all2) : 0;
 }
 
 /* This rank's early-exit vote, asked for by the ring once all local encodes are done. The loss
@@ -481,8 +516,13 @@ static int32_t local_vote(void *arg) {
     return local_loss(c) > c->cfg.vote;
 }
 
-static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRedOp_t op) {
+/* One call. dev holds send and recv: the host device, or (run_device) a device with its own
+ * codecs, whose copies of U, Z and the work vector are ready; the ring's wire stays in host
+ * memory and the device codecs are staged behind it (gvq_codec_staged_init). */
+static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const float *send,
+                       float *recv, gvqRedOp_t op) {
     gvqComm_t comm = c->comm;
+    int on_dev = dev != &gvq_host_device;
     const comp_cfg_t *cfg = &c->cfg;
     size_t M = cfg->count;
     int n = comm->nranks;
@@ -497,27 +537,39 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
     }
     const float *src = x;
     float *dst = recv;
-    if (c->collocate) {
+    if (c->collocate && on_dev) {
+        GVQCHECK(dev->collocate(x, c->dwork, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H,
+                                (size_t)cfg->W, 0));
+        src = dst = c->dwork;
+    } else if (c->collocate) {
         gvq_collocate(x, c->work, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H, (size_t)cfg->W);
         src = dst = c->work;
     } else if (cfg->ef) {
         src = c->efin;
     }
     int phase = c->st.phase;
-    gvq_codec_t codec;
+    gvq_codec_t codec, inner;
     int use_qsgd = cfg->codec == gvqCodecQsgd ||
                    (cfg->codec == gvqCodecGradiveq && phase != gvqPhaseCompressed &&
                     cfg->sample_codec == gvqCodecQsgd);
     if (phase == gvqPhaseCompressed || use_qsgd) ctx.chunk_bytes = c->codec_chunk_bytes;
+    c->on_device = on_dev;
     if (phase == gvqPhaseCompressed) {
-        gvq_codec_gradiveq_init(&codec, comm->dev, &c->gq);
         c->gq.local_x2 = c->gq.local_c2 = c->gq.local_all2 = 0;
+        c->gqd.norms[0] = c->gqd.norms[1] = c->gqd.norms[2] = 0;
+        if (on_dev) gvq_codec_gradiveq_dev_init(&inner, dev, &c->gqd);
+        else gvq_codec_gradiveq_init(&codec, comm->dev, &c->gq);
     } else if (use_qsgd) {
         c->qs.call = (uint32_t)c->st.iter;
-        gvq_codec_qsgd_init(&codec, comm->dev, &c->qs);
+        c->qsd = (gvq_dev_qsgd_t){c->qs.bits, c->qs.levels,  c->qs.norm, c->qs.bucket,
+                                  c->qs.seed, c->qs.rank,    c->qs.call};
+        if (on_dev) gvq_codec_qsgd_dev_init(&inner, dev, &c->qsd);
+        else gvq_codec_qsgd_init(&codec, comm->dev, &c->qs);
     } else {
-        gvq_codec_identity_init(&codec, comm->dev, gvqFloat32, gvqSum);
+        gvq_codec_identity_init(on_dev ? &inner : &codec, on_dev ? dev : comm->dev, gvqFloat32,
+                                gvqSum);
     }
+    if (on_dev) gvq_codec_staged_init(&codec, &inner, &c->stg);
     if (cfg->ef) GVQCHECK(update_residual(c, src, phase == gvqPhaseCompressed));
     /* the early-exit vote rides inside the compressed ring's allgather when it can */
     int voting = phase == gvqPhaseCompressed && cfg->vote < 1.0f;
@@ -532,9 +584,9 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
         size_t C = (size_t)cfg->C, t = (size_t)c->st.nsamples;
         for (size_t g = 0; g < c->ngroups; g++) { /* ns slices spread evenly over the group */
             size_t cg = GVQ_MIN(C, c->nfull - g * C), ns = group_samples(c, g);
-            for (size_t j = 0; j < ns; j++)
-                memcpy(c->samples + (g * T * S + t * ns + j) * L, dst + (g * C + j * cg / ns) * L,
-                       sizeof(float) * L);
+            for (size_t j = 0; j < ns; j++) /* a plain copy on the host device */
+                GVQCHECK(dev->copy_to_host(c->samples + (g * T * S + t * ns + j) * L,
+                                           dst + (g * C + j * cg / ns) * L, sizeof(float) * L));
         }
         c->st.nsamples++;
     }
@@ -579,8 +631,11 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
     }
     c->st.iter++;
 
-    if (op == gvqAvg) GVQCHECK(comm->dev->divide(dst, M, gvqFloat32, n));
-    if (c->collocate)
+    if (op == gvqAvg) GVQCHECK(dev->divide(dst, M, gvqFloat32, n));
+    if (c->collocate && on_dev)
+        GVQCHECK(dev->collocate(c->dwork, recv, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H,
+                                (size_t)cfg->W, 1));
+    else if (c->collocate)
         gvq_uncollocate(c->work, recv, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H, (size_t)cfg->W);
     return gvqSuccess;
 }
@@ -588,12 +643,63 @@ static gvqResult_t run(gvqCompressor_t c, const float *send, float *recv, gvqRed
 /* Dispatch for a comm the caller has entered. */
 static gvqResult_t compressed_entered(gvqCompressor_t c, const void *send, void *recv,
                                       gvqRedOp_t op) {
-    return run(c, send, recv, op);
+    return run(c, &gvq_host_device, send, recv, op);
 }
 
-/* CUDA buffers: the codecs run on the host (the device codec entries are not wired into the
- * compressor yet), so the buffers are staged through pinned host memory (gvq_device_staged).
- * Correct for ranks sharing a GPU over the MPI transport, not fast. */
+/* ---- device buffers --------------------------------------------------------------------------
+ * Buffers in a device's memory (CUDA) run device-resident: collocation, the codecs, the divide
+ * and the inverse collocation run on the device, on the caller's stream; the ring's wire stays
+ * in host memory for the communicator's transport, and only the wire crosses the bus. What
+ * stays on the host: the PCA fit (the samples, ss slices per reuse group per sampling call, are
+ * copied out), the phase bookkeeping, and error feedback (a compressor with errorFeedback stages
+ * the whole buffers and runs on the host, as does GVQ_DEVICE_CODECS=0). */
+
+/* The device copies this call needs: the collocated work vector, and in the compressed phase
+ * U, Z and U^T Z of the current fit. */
+static gvqResult_t device_ready(gvqCompressor_t c, const gvq_device_ops_t *dev) {
+    if (c->ddev != dev) {
+        device_free(c);
+        c->ddev = dev;
+    }
+    size_t M = c->cfg.count, G = c->ngroups, L = (size_t)c->cfg.L, d = (size_t)c->st.d;
+    if (c->collocate && c->dwork == NULL && (c->dwork = dev->alloc(sizeof(float) * M)) == NULL)
+        goto oom;
+    if (c->st.phase != gvqPhaseCompressed || c->dev_version == c->fit_version) return gvqSuccess;
+    if (c->dU_len < G * L * d) {
+        if (c->dU != NULL) dev->free(c->dU);
+        c->dU_len = 0;
+        if ((c->dU = dev->alloc(sizeof(float) * G * L * d)) == NULL) goto oom;
+        c->dU_len = G * L * d;
+    }
+    if (c->dZ == NULL && (c->dZ = dev->alloc(sizeof(float) * G * L)) == NULL) goto oom;
+    if (c->dUZ == NULL && (c->dUZ = dev->alloc(sizeof(float) * G * L)) == NULL) goto oom; /* d <= L */
+    GVQCHECK(dev->copy_from_host(c->dU, c->U, sizeof(float) * G * L * d));
+    GVQCHECK(dev->copy_from_host(c->dZ, c->Z, sizeof(float) * G * L));
+    GVQCHECK(dev->copy_from_host(c->dUZ, c->gq.UZ, sizeof(float) * G * d));
+    c->gqd.p = (gvq_dev_gq_t){L, d, (size_t)c->cfg.C, c->comm->nranks, c->cfg.fp16,
+                              c->dU, c->dZ, c->dUZ};
+    c->dev_version = c->fit_version;
+    return gvqSuccess;
+oom:
+    GVQ_WARN("compressor of tensor %d: cannot allocate its buffers on the %s device",
+             c->tensor_index, dev->name);
+    return gvqSystemError;
+}
+
+static gvqResult_t run_device(gvqCompressor_t c, const gvq_device_ops_t *dev, const void *send,
+                              void *recv, gvqRedOp_t op, gvqStream_t stream) {
+    void *prev = NULL;
+    GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, stream), &prev));
+    gvqResult_t res = device_ready(c, dev);
+    if (res == gvqSuccess) res = run(c, dev, send, recv, op);
+    c->on_device = 0;
+    gvqResult_t r2 = dev->set_stream(prev, NULL);
+    return res != gvqSuccess ? res : r2;
+}
+
+/* Device buffers the device-resident path does not take (error feedback, mixed buffers,
+ * GVQ_DEVICE_CODECS=0): staged whole through pinned host memory (gvq_device_staged), the host
+ * codecs run. Correct, not fast. */
 typedef struct {
     gvqCompressor_t c;
     gvqRedOp_t op;
@@ -645,14 +751,19 @@ GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff,
         return gvqInvalidUsage;
     }
     GVQCHECK(gvq_comm_enter(comm, fn));
-    const gvq_device_ops_t *dev = gvq_device_of(sendbuff);
-    if (dev == &gvq_host_device) dev = gvq_device_of(recvbuff);
+    const gvq_device_ops_t *sdev = gvq_device_of(sendbuff), *rdev = gvq_device_of(recvbuff);
+    const gvq_device_ops_t *dev = sdev != &gvq_host_device ? sdev : rdev;
     staged_call_t sc = {compressor, op};
     size_t bytes = count * sizeof(float);
-    gvqResult_t res = dev == &gvq_host_device
-                          ? compressed_entered(compressor, sendbuff, recvbuff, op)
-                          : gvq_device_staged(dev, stream, fn, sendbuff, bytes, recvbuff, bytes,
-                                              compressed_on_host, &sc);
+    gvqResult_t res;
+    if (dev == &gvq_host_device)
+        res = compressed_entered(compressor, sendbuff, recvbuff, op);
+    else if (sdev == rdev && gvq_device_has_codecs(dev) && !compressor->cfg.ef &&
+             gvq_param(GVQ_PARAM_DEVICE_CODECS))
+        res = run_device(compressor, dev, sendbuff, recvbuff, op, stream);
+    else
+        res = gvq_device_staged(dev, stream, fn, sendbuff, bytes, recvbuff, bytes,
+                                compressed_on_host, &sc);
     gvq_comm_leave(comm);
     return res;
 }

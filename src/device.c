@@ -32,7 +32,17 @@ const gvq_device_ops_t *gvq_device_find(const char *name) {
     return NULL;
 }
 
+/* A device registered from outside the library's registry (gvq_device_register). */
+static const gvq_device_ops_t *extra_dev;
+static int (*extra_owns)(const void *p);
+
+void gvq_device_register(const gvq_device_ops_t *dev, int (*owns)(const void *p)) {
+    extra_owns = dev != NULL ? owns : NULL;
+    extra_dev = owns != NULL ? dev : NULL;
+}
+
 const gvq_device_ops_t *gvq_device_of(const void *p) {
+    if (extra_dev != NULL && p != NULL && extra_owns(p)) return extra_dev;
 #ifdef GVQ_WITH_CUDA
     if (p != NULL && gvq_param(GVQ_PARAM_CUDA_BUFFERS) && gvq_cuda_device_count() > 0 &&
         gvq_cuda_is_device_ptr(p))

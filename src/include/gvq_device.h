@@ -129,6 +129,11 @@ const gvq_device_ops_t *gvq_device_find(const char *name);
  * device pointer cannot be told from a host one, and this is always the host device. */
 const gvq_device_ops_t *gvq_device_of(const void *p);
 extern const gvq_device_ops_t gvq_host_device;
+/* One more device, whose memory `owns` tells from host memory, for gvq_device_of to find
+ * before the built-in ones (NULL, NULL: none). Not thread-safe against calls in flight: set it
+ * before making communicators. The unit tests' simulated device uses it to run the
+ * device-resident paths without a GPU. */
+void gvq_device_register(const gvq_device_ops_t *dev, int (*owns)(const void *p));
 #ifdef GVQ_WITH_CUDA
 extern const gvq_device_ops_t gvq_cuda_device; /* cuda/cuda_device.cu */
 /* 1 if p is CUDA device or managed memory (cudaPointerGetAttributes); 0 on any error. */

@@ -88,7 +88,10 @@ const char *gvq_log_last_warn(void);
       "collectives on CUDA buffers run on NCCL when built in (0: staged through host memory)") \
     X(CUDA_BUFFERS, "GVQ_CUDA_BUFFERS", 1,                                                   \
       "look for CUDA buffers (cudaPointerGetAttributes, which creates a CUDA context on the "  \
-      "current GPU); 0: every buffer is host memory and CUDA is never touched")
+      "current GPU); 0: every buffer is host memory and CUDA is never touched")              \
+    X(DEVICE_CODECS, "GVQ_DEVICE_CODECS", 1,                                                 \
+      "compressed allreduce on device buffers runs the device's codecs, only the wire staged " \
+      "through host memory (0: the whole buffers are staged and the host codecs run)")
 
 typedef enum {
 #define GVQ_PARAM_ENUM(id, env, def, help) GVQ_PARAM_##id,
