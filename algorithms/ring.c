@@ -27,6 +27,15 @@
  * Reduce-scatter receives land in two alternating scratch areas (tmp) and are combined with the
  * local values; allgather receives land where the step's result lives.
  *
+ * FIFO transports (t->fifo, NCCL on one stream) run transfers strictly in issue order, so a
+ * receive pre-posted for step k+1 would hold the queue until the left neighbour sends step k+1,
+ * which it can only do after its own queue moved past its step k+1 receive: a cycle around the
+ * ring. There the ring posts no receive ahead: receive (k, c) is posted with send (k, c), and a
+ * step's receives beyond its sends' chunk count right after that step's last send. By induction
+ * on (step, chunk) every rank issues in the same order and nothing waits on a later transfer.
+ * (With 2 ranks an allgather receive lands in the wire slot of a send of the step before, which
+ * the queue has finished by then.)
+ *
  * A tally (gvq_tally_t, OUT_WIRE only) adds 4 bytes behind the last chunk of every allgather
  * message: the value of the segment's owner, written when it finishes the segment (by then all
  * of its local encodes are done), forwarded unchanged with the chunk, added up by everyone.
@@ -100,19 +109,33 @@ static char *recv_ptr(const ring_t *g, int k, int s, size_t c) {
     return result_ptr(g, k, s, c);
 }
 
-static gvqResult_t post_recvs(ring_t *g, int k) {
+/* Post the receives of step k for chunks [c0, c1) (clipped to the step's chunk count). */
+static gvqResult_t post_recv_range(ring_t *g, int k, size_t c0, size_t c1) {
     int s = seg_recv(g, k), left = ring_mod(g->r - 1, g->n);
-    size_t nc = seg_chunks(g, s);
-    for (size_t c = 0; c < nc; c++)
+    size_t nc = GVQ_MIN(c1, seg_chunks(g, s));
+    for (size_t c = c0; c < nc; c++)
         GVQCHECK(g->t->ops->irecv(g->t, left, GVQ_TAG_COLL, recv_ptr(g, k, s, c),
                                   msg_bytes(g, k, s, c), &g->rreq[k & 1][c]));
+    return gvqSuccess;
+}
+
+static gvqResult_t post_recvs(ring_t *g, int k) {
+    GVQCHECK(post_recv_range(g, k, 0, SIZE_MAX));
     g->posted[k & 1] = k;
     return gvqSuccess;
+}
+
+/* FIFO transports: step k's receives that no send of step k carries along (posted after its
+ * last send). */
+static gvqResult_t post_recv_rest(ring_t *g, int k) {
+    if (!g->t->fifo || k >= g->nsteps) return gvqSuccess;
+    return post_recv_range(g, k, seg_chunks(g, seg_sent(g, k)), SIZE_MAX);
 }
 
 static gvqResult_t send_chunk(ring_t *g, int k, size_t c, const void *buf) {
     int s = seg_sent(g, k), right = ring_mod(g->r + 1, g->n);
     size_t bytes = msg_bytes(g, k, s, c);
+    if (g->t->fifo) GVQCHECK(post_recv_range(g, k, c, c + 1)); /* receive (k, c) goes with it */
     if (g->ctx->bytes_sent != NULL) *g->ctx->bytes_sent += bytes;
     return g->t->ops->isend(g->t, right, GVQ_TAG_COLL, buf, bytes, &g->sreq[k & 1][c]);
 }
@@ -135,7 +158,7 @@ static gvqResult_t send_first(ring_t *g) {
         }
         GVQCHECK(send_chunk(g, 0, c, buf));
     }
-    return gvqSuccess;
+    return post_recv_rest(g, 0);
 }
 
 /* Chunk c of step k has arrived: combine or decode it, and send it on as step k+1. */
@@ -170,19 +193,22 @@ static gvqResult_t process_chunk(ring_t *g, int k, size_t c) {
 }
 
 static gvqResult_t ring_steps(ring_t *g) {
-    GVQCHECK(post_recvs(g, 0));
+    int fifo = g->t->fifo;
+    if (!fifo) GVQCHECK(post_recvs(g, 0));
     GVQCHECK(send_first(g));
     for (int k = 0; k < g->nsteps; k++) {
-        if (g->posted[k & 1] != k) GVQCHECK(post_recvs(g, k));
+        if (!fifo && g->posted[k & 1] != k) GVQCHECK(post_recvs(g, k));
         /* Pre-post step k+1. With 2 ranks an allgather receive would land on the segment whose
          * send is still in flight, so those wait for their own step. */
-        if (k + 1 < g->nsteps && (g->n > 2 || k + 1 < g->nrs)) GVQCHECK(post_recvs(g, k + 1));
+        if (!fifo && k + 1 < g->nsteps && (g->n > 2 || k + 1 < g->nrs))
+            GVQCHECK(post_recvs(g, k + 1));
         int s = seg_recv(g, k);
         size_t nc = seg_chunks(g, s);
         for (size_t c = 0; c < nc; c++) {
             GVQCHECK(gvq_xport_wait(g->t, &g->rreq[k & 1][c], "ring receive"));
             GVQCHECK(process_chunk(g, k, c));
         }
+        if (fifo) GVQCHECK(post_recv_rest(g, k + 1)); /* step k+1's sends are all posted */
         GVQCHECK(gvq_xport_waitall(g->t, g->sreq[k & 1], (int)seg_chunks(g, seg_sent(g, k)),
                                    "ring send"));
     }

@@ -336,6 +336,7 @@ gvqResult_t gvq_nccl_transport_create(gvq_nccl_t *n, gvq_transport_t **out) {
         return gvqUnhandledCudaError;
     }
     t->ops = &nccl_transport_ops;
+    t->fifo = 1; /* one communication stream: the ring posts receives with their sends */
     t->rank = n->rank;
     t->nranks = n->nranks;
     t->abort_flag = &x->abort_flag; /* a communicator adopting the transport points these at */

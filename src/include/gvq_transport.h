@@ -54,6 +54,11 @@ typedef struct gvq_transport {
     int *abort_flag;       /* read atomically; set by gvqCommAbort */
     gvqResult_t *broken;   /* the error that broke the communicator, gvqSuccess while healthy */
     int cancel_keeps_buffers; /* a cancelled send may still read its buffer later (MPI) */
+    /* The transport runs its transfers in issue order on one queue: a transfer does not start
+     * before every earlier one has finished (NCCL sends and receives on one stream). A receive
+     * posted ahead of the sends its peer can only make after a receive behind it would block
+     * the queue, so algorithms post each receive with the send of the same step (ring.c). */
+    int fifo;
     void *impl;
 } gvq_transport_t;
 

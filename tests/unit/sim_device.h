@@ -31,13 +31,13 @@ static pthread_mutex_t sim_lock = PTHREAD_MUTEX_INITIALIZER;
 static int sim_violations;
 static long sim_codec_calls;
 
-static void sim_violation(const char *op, const char *what) {
+static inline void sim_violation(const char *op, const char *what) {
     pthread_mutex_lock(&sim_lock);
     if (sim_violations++ < 20) fprintf(stderr, "SIM DEVICE VIOLATION: %s: %s\n", op, what);
     pthread_mutex_unlock(&sim_lock);
 }
 
-static int sim_owns(const void *q) {
+static inline int sim_owns(const void *q) {
     const char *c = q;
     int found = 0;
     pthread_mutex_lock(&sim_lock);
@@ -58,7 +58,7 @@ static int sim_owns(const void *q) {
 
 static const gvq_device_ops_t *const H = &gvq_host_device;
 
-static void *sim_alloc(size_t bytes) {
+static inline void *sim_alloc(size_t bytes) {
     char *p = malloc(bytes ? bytes : 64);
     if (p == NULL) return NULL;
     pthread_mutex_lock(&sim_lock);
@@ -68,7 +68,7 @@ static void *sim_alloc(size_t bytes) {
     return p;
 }
 
-static void sim_free(void *p) {
+static inline void sim_free(void *p) {
     if (p == NULL) return;
     int found = 0;
     pthread_mutex_lock(&sim_lock);
@@ -83,84 +83,84 @@ static void sim_free(void *p) {
     free(p);
 }
 
-static gvqResult_t sim_copy(void *dst, const void *src, size_t bytes) {
+static inline gvqResult_t sim_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) {
         SIM_DEV("copy", dst);
         SIM_DEV("copy", src);
     }
     return H->copy(dst, src, bytes);
 }
-static gvqResult_t sim_reduce(void *dst, const void *a, const void *b, size_t count,
+static inline gvqResult_t sim_reduce(void *dst, const void *a, const void *b, size_t count,
                               gvqDataType_t type, gvqRedOp_t op) {
     SIM_DEV("reduce", dst); SIM_DEV("reduce", a); SIM_DEV("reduce", b);
     return H->reduce(dst, a, b, count, type, op);
 }
-static gvqResult_t sim_divide(void *buf, size_t count, gvqDataType_t type, int divisor) {
+static inline gvqResult_t sim_divide(void *buf, size_t count, gvqDataType_t type, int divisor) {
     SIM_DEV("divide", buf);
     return H->divide(buf, count, type, divisor);
 }
-static gvqResult_t sim_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a,
+static inline gvqResult_t sim_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a,
                              int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     SIM_DEV("sgemm", a); SIM_DEV("sgemm", b); SIM_DEV("sgemm", c);
     return H->sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
-static gvqResult_t sim_ssyevd(int n, float *a, int lda, float *w) {
+static inline gvqResult_t sim_ssyevd(int n, float *a, int lda, float *w) {
     SIM_DEV("ssyevd", a); SIM_DEV("ssyevd", w);
     return H->ssyevd(n, a, lda, w);
 }
-static gvqResult_t sim_sync(void) { return gvqSuccess; }
-static gvqResult_t sim_set_stream(void *stream, void **prev) {
+static inline gvqResult_t sim_sync(void) { return gvqSuccess; }
+static inline gvqResult_t sim_set_stream(void *stream, void **prev) {
     (void)stream;
     if (prev != NULL) *prev = NULL;
     return gvqSuccess;
 }
-static gvqResult_t sim_event_create(void **ev) {
+static inline gvqResult_t sim_event_create(void **ev) {
     *ev = malloc(1);
     return *ev != NULL ? gvqSuccess : gvqSystemError;
 }
-static void sim_event_destroy(void *ev) { free(ev); }
-static gvqResult_t sim_event_noop(void *ev) {
+static inline void sim_event_destroy(void *ev) { free(ev); }
+static inline gvqResult_t sim_event_noop(void *ev) {
     (void)ev;
     return gvqSuccess;
 }
-static void *sim_host_alloc(size_t bytes) { return malloc(bytes ? bytes : 64); }
-static void sim_host_free(void *p) { free(p); }
-static gvqResult_t sim_copy_from_host(void *dst, const void *src, size_t bytes) {
+static inline void *sim_host_alloc(size_t bytes) { return malloc(bytes ? bytes : 64); }
+static inline void sim_host_free(void *p) { free(p); }
+static inline gvqResult_t sim_copy_from_host(void *dst, const void *src, size_t bytes) {
     if (bytes) {
         SIM_DEV("copy_from_host", dst);
         SIM_HOST("copy_from_host", src);
     }
     return H->copy(dst, src, bytes);
 }
-static gvqResult_t sim_copy_to_host(void *dst, const void *src, size_t bytes) {
+static inline gvqResult_t sim_copy_to_host(void *dst, const void *src, size_t bytes) {
     if (bytes) {
         SIM_HOST("copy_to_host", dst);
         SIM_DEV("copy_to_host", src);
     }
     return H->copy(dst, src, bytes);
 }
-static gvqResult_t sim_scale(void *dst, const void *src, size_t count, gvqDataType_t type,
+static inline gvqResult_t sim_scale(void *dst, const void *src, size_t count, gvqDataType_t type,
                              double alpha) {
     SIM_DEV("scale", dst); SIM_DEV("scale", src);
     return H->scale(dst, src, count, type, alpha);
 }
-static gvqResult_t sim_cast(void *dst, gvqDataType_t dt, const void *src, gvqDataType_t st,
+static inline gvqResult_t sim_cast(void *dst, gvqDataType_t dt, const void *src, gvqDataType_t st,
                             size_t count) {
     SIM_DEV("cast", dst); SIM_DEV("cast", src);
     return H->cast(dst, dt, src, st, count);
 }
-static gvqResult_t sim_collocate(const float *src, float *dst, size_t K, size_t D, size_t Hh,
+static inline gvqResult_t sim_collocate(const float *src, float *dst, size_t K, size_t D, size_t Hh,
                                  size_t W, int inverse) {
     SIM_DEV("collocate", dst); SIM_DEV("collocate", src);
     return H->collocate(src, dst, K, D, Hh, W, inverse);
 }
-static gvqResult_t sim_scov(int L, int T, const float *s, float *Z, float *cov) {
+static inline gvqResult_t sim_scov(int L, int T, const float *s, float *Z, float *cov) {
     SIM_DEV("scov", s); SIM_DEV("scov", Z); SIM_DEV("scov", cov);
     return H->scov(L, T, s, Z, cov);
 }
 
 /* The codec operations run the host codecs on the parameters they are given. */
-static gvqResult_t sim_qsgd(const gvq_dev_qsgd_t *q, size_t off, size_t count, const float *local,
+static inline gvqResult_t sim_qsgd(const gvq_dev_qsgd_t *q, size_t off, size_t count, const float *local,
                             const void *in, void *out, const void *wire, float *dst) {
     __atomic_add_fetch(&sim_codec_calls, 1, __ATOMIC_RELAXED);
     gvq_qsgd_t h;
@@ -175,19 +175,19 @@ static gvqResult_t sim_qsgd(const gvq_dev_qsgd_t *q, size_t off, size_t count, c
     gvq_qsgd_fini(&h);
     return res;
 }
-static gvqResult_t sim_qsgd_encode_combine(const gvq_dev_qsgd_t *q, size_t off, size_t count,
+static inline gvqResult_t sim_qsgd_encode_combine(const gvq_dev_qsgd_t *q, size_t off, size_t count,
                                            const float *local, const void *in, void *out) {
     SIM_DEV("qsgd_encode_combine", local); SIM_DEV("qsgd_encode_combine", in);
     SIM_DEV("qsgd_encode_combine", out);
     return sim_qsgd(q, off, count, local, in, out, NULL, NULL);
 }
-static gvqResult_t sim_qsgd_decode(const gvq_dev_qsgd_t *q, size_t off, size_t count,
+static inline gvqResult_t sim_qsgd_decode(const gvq_dev_qsgd_t *q, size_t off, size_t count,
                                    const void *wire, float *dst) {
     SIM_DEV("qsgd_decode", wire); SIM_DEV("qsgd_decode", dst);
     return sim_qsgd(q, off, count, NULL, NULL, NULL, wire, dst);
 }
 
-static gvqResult_t sim_gq(const gvq_dev_gq_t *g, size_t off, size_t count, const float *local,
+static inline gvqResult_t sim_gq(const gvq_dev_gq_t *g, size_t off, size_t count, const float *local,
                           const void *in, void *out, double norms[3], const void *wire,
                           float *dst) {
     __atomic_add_fetch(&sim_codec_calls, 1, __ATOMIC_RELAXED);
@@ -213,7 +213,7 @@ static gvqResult_t sim_gq(const gvq_dev_gq_t *g, size_t off, size_t count, const
     gvq_gradiveq_fini(&h);
     return res;
 }
-static gvqResult_t sim_gq_encode_combine(const gvq_dev_gq_t *g, size_t off, size_t count,
+static inline gvqResult_t sim_gq_encode_combine(const gvq_dev_gq_t *g, size_t off, size_t count,
                                          const float *local, const void *in, void *out,
                                          double norms[3]) {
     SIM_DEV("gq_encode_combine", local); SIM_DEV("gq_encode_combine", in);
@@ -221,13 +221,13 @@ static gvqResult_t sim_gq_encode_combine(const gvq_dev_gq_t *g, size_t off, size
     SIM_HOST("gq_encode_combine", norms);
     return sim_gq(g, off, count, local, in, out, norms, NULL, NULL);
 }
-static gvqResult_t sim_gq_decode(const gvq_dev_gq_t *g, size_t off, size_t count,
+static inline gvqResult_t sim_gq_decode(const gvq_dev_gq_t *g, size_t off, size_t count,
                                  const void *wire, float *dst) {
     SIM_DEV("gq_decode", wire); SIM_DEV("gq_decode", dst);
     return sim_gq(g, off, count, NULL, NULL, NULL, NULL, wire, dst);
 }
 
-static const gvq_device_ops_t sim_device = {
+__attribute__((unused)) static const gvq_device_ops_t sim_device = {
     .size = sizeof(gvq_device_ops_t),
     .name = "sim",
     .alloc = sim_alloc,
@@ -261,18 +261,18 @@ static const gvq_device_ops_t sim_device = {
 /* ---- a transport guard: the host transport must never see device memory ---------------------- */
 static const gvq_transport_ops_t *sim_inner_xport;
 static gvq_transport_ops_t sim_guard_ops;
-static gvqResult_t sim_guard_isend(gvq_transport_t *t, int peer, int tag, const void *buf,
+static inline gvqResult_t sim_guard_isend(gvq_transport_t *t, int peer, int tag, const void *buf,
                                    size_t bytes, gvq_req_t *req) {
     SIM_HOST("transport isend", buf);
     return sim_inner_xport->isend(t, peer, tag, buf, bytes, req);
 }
-static gvqResult_t sim_guard_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+static inline gvqResult_t sim_guard_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
                                    gvq_req_t *req) {
     SIM_HOST("transport irecv", buf);
     return sim_inner_xport->irecv(t, peer, tag, buf, bytes, req);
 }
 /* Called by every rank thread; all in-process transports share one ops table. */
-static void sim_guard_transport(gvqComm_t comm) {
+static inline void sim_guard_transport(gvqComm_t comm) {
     pthread_mutex_lock(&sim_lock);
     if (sim_inner_xport == NULL) {
         sim_inner_xport = comm->xport->ops;
