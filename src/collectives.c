@@ -214,6 +214,28 @@ static void nccl_attach(gvqComm_t c) {
              "memory", (void *)c, c->rank);
 }
 
+/* The NCCL transport for device-resident rings, made once every rank has NCCL and agreed that
+ * every rank could make the transport. */
+static void nccl_transport_attach(gvqComm_t c) {
+    c->dxport_state = -1;
+    if (!gvq_param(GVQ_PARAM_NCCL_RING)) return;
+    nccl_attach(c);
+    if (c->nccl_state != 1) return;
+    gvq_transport_t *t = NULL;
+    int32_t ok = gvq_nccl_transport_create(c->nccl, &t) == gvqSuccess;
+    gvq_coll_ctx_t ctx = {c->xport, c->dev, c->chunk_bytes, &c->scratch, &c->scratch_bytes, NULL};
+    gvq_codec_t codec;
+    gvq_codec_identity_init(&codec, c->dev, gvqInt32, gvqMin);
+    gvqResult_t res = gvq_ring_allreduce(&ctx, &codec, &ok, &ok, 1, gvqMin);
+    if (res == gvqSuccess && ok) {
+        gvq_comm_adopt_device_transport(c, t, &gvq_cuda_device);
+        GVQ_INFO("comm %p rank %d: compressed rings on CUDA buffers run over NCCL", (void *)c,
+                 c->rank);
+        return;
+    }
+    if (t != NULL) t->ops->destroy(t);
+}
+
 static gvqResult_t run_nccl(const coll_op_t *o) {
     static const gvq_nccl_coll_t kind[] = {GVQ_NCCL_ALLREDUCE, GVQ_NCCL_BROADCAST, GVQ_NCCL_REDUCE,
                                            GVQ_NCCL_REDUCE_SCATTER, GVQ_NCCL_ALLGATHER};
@@ -221,6 +243,13 @@ static gvqResult_t run_nccl(const coll_op_t *o) {
                                o->dtype, o->op, o->root, o->stream);
 }
 #endif
+
+gvq_transport_t *gvq_comm_device_transport(gvqComm_t c, const gvq_device_ops_t *dev) {
+#ifdef GVQ_WITH_NCCL
+    if (c->dxport_state == 0 && dev == &gvq_cuda_device) nccl_transport_attach(c);
+#endif
+    return c->dxport_state == 1 && c->dxport_dev == dev ? c->dxport : NULL;
+}
 
 static gvqResult_t run_collective_any(const coll_op_t *o) {
     const gvq_device_ops_t *dev = op_device(o);

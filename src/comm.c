@@ -181,6 +181,16 @@ gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, c
     return gvqSuccess;
 }
 
+void gvq_comm_adopt_device_transport(gvqComm_t c, gvq_transport_t *t,
+                                     const gvq_device_ops_t *dev) {
+    t->timeout_ns = c->xport->timeout_ns;
+    t->abort_flag = &c->abort_flag;
+    t->broken = &c->broken;
+    c->dxport = t;
+    c->dxport_dev = dev;
+    c->dxport_state = 1;
+}
+
 static uint32_t hash_host(void) {
     char host[256] = "";
     gethostname(host, sizeof host - 1);
@@ -295,6 +305,10 @@ static void comm_free(gvqComm_t c) {
      * scratch is then left allocated rather than freed under them */
     int keep = c->broken != gvqSuccess && c->xport->cancel_keeps_buffers;
     c->xport->ops->destroy(c->xport);
+    if (c->dxport != NULL) c->dxport->ops->destroy(c->dxport); /* before the NCCL comm it uses */
+    if (c->dscratch != NULL && !(c->broken != gvqSuccess && c->dxport != NULL &&
+                                 c->dxport->cancel_keeps_buffers))
+        c->dxport_dev->free(c->dscratch);
 #ifdef GVQ_WITH_NCCL
     gvq_nccl_destroy(c->nccl, c->broken != gvqSuccess);
 #endif

@@ -569,12 +569,22 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
         gvq_codec_identity_init(on_dev ? &inner : &codec, on_dev ? dev : comm->dev, gvqFloat32,
                                 gvqSum);
     }
-    if (on_dev) gvq_codec_staged_init(&codec, &inner, &c->stg);
+    /* device rings run over the device transport (NCCL) when there is one, their wire in device
+     * memory; otherwise the wire is staged through host memory over the communicator's own */
+    gvq_coll_ctx_t rctx = ctx;
+    gvq_transport_t *dxp = on_dev ? gvq_comm_device_transport(comm, dev) : NULL;
+    if (dxp != NULL) {
+        rctx = (gvq_coll_ctx_t){dxp, dev, ctx.chunk_bytes, &comm->dscratch, &comm->dscratch_bytes,
+                                &sent};
+        codec = inner;
+    } else if (on_dev) {
+        gvq_codec_staged_init(&codec, &inner, &c->stg);
+    }
     if (cfg->ef) GVQCHECK(update_residual(c, src, phase == gvqPhaseCompressed));
     /* the early-exit vote rides inside the compressed ring's allgather when it can */
     int voting = phase == gvqPhaseCompressed && cfg->vote < 1.0f;
     gvq_tally_t tally = {local_vote, c, 0, 0};
-    GVQCHECK(gvq_ring_allreduce_tally(&ctx, &codec, src, dst, M, gvqSum, voting ? &tally : NULL));
+    GVQCHECK(gvq_ring_allreduce_tally(&rctx, &codec, src, dst, M, gvqSum, voting ? &tally : NULL));
 
     /* phase bookkeeping on values identical on all ranks */
     s->wireBytes += sent;

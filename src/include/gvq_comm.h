@@ -28,7 +28,25 @@ struct gvqComm {
      * -1: unavailable, CUDA buffers are staged through host memory */
     void *nccl;
     int nccl_state;
+    /* A transport that moves memory of device dxport_dev (the NCCL transport over `nccl`, made
+     * on the first device-resident compressed call; tests attach a simulated one), and the
+     * scratch of rings run over it, on that device. dxport_state 0: not tried, 1: ready,
+     * -1: unavailable (device rings stage their wire through host memory over xport). */
+    gvq_transport_t *dxport;
+    const gvq_device_ops_t *dxport_dev;
+    int dxport_state;
+    void *dscratch;
+    size_t dscratch_bytes;
 };
+
+/* The device transport for device-resident rings on dev's memory, or NULL (then the wire is
+ * staged over comm->xport). Collective the first time (all ranks agree on the outcome). The
+ * caller has entered the communicator. */
+gvq_transport_t *gvq_comm_device_transport(gvqComm_t comm, const gvq_device_ops_t *dev);
+/* Adopt t (a transport of dev's memory) as comm's device transport: it takes comm's timeout,
+ * abort flag and broken state, and is destroyed with comm. */
+void gvq_comm_adopt_device_transport(gvqComm_t comm, gvq_transport_t *t,
+                                     const gvq_device_ops_t *dev);
 
 /* Zero-code mode (compressor.c): with GVQ_CODEC=gradiveq|qsgd, a plain float sum/avg allreduce
  * goes through a compressor attached to its (recvbuff, count). *handled = 0 when the call does

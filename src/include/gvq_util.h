@@ -89,6 +89,9 @@ const char *gvq_log_last_warn(void);
     X(CUDA_BUFFERS, "GVQ_CUDA_BUFFERS", 1,                                                   \
       "look for CUDA buffers (cudaPointerGetAttributes, which creates a CUDA context on the "  \
       "current GPU); 0: every buffer is host memory and CUDA is never touched")              \
+    X(NCCL_RING, "GVQ_NCCL_RING", 1,                                                         \
+      "device-resident compressed rings on CUDA buffers run over NCCL sends and receives "    \
+      "when NCCL is up (0: their wire is staged through host memory over MPI)")              \
     X(DEVICE_CODECS, "GVQ_DEVICE_CODECS", 1,                                                 \
       "compressed allreduce on device buffers runs the device's codecs, only the wire staged " \
       "through host memory (0: the whole buffers are staged and the host codecs run)")

@@ -11,7 +11,7 @@
 #include <math.h>
 
 #include "gvq_test.h"
-#include "sim_device.h"
+#include "sim_fifo.h"
 
 #define RANK 3
 
@@ -41,11 +41,14 @@ typedef struct {
     gvqRedOp_t op;
     int expect_device; /* 1: the device codecs must run; 0: whole-buffer staging */
     int saw_compressed, saw_exit; /* out: rank 0 */
+    fifo_world_t *fw; /* not NULL: rings on device memory run over this NCCL-like transport */
 } dcase_t;
 
 static void rank_case(gvqComm_t comm, int rank, int nranks, void *arg) {
     dcase_t *k = arg;
     sim_guard_transport(comm);
+    if (k->fw != NULL) /* as the NCCL transport is adopted on a GPU */
+        gvq_comm_adopt_device_transport(comm, fifo_transport(k->fw, rank, 1), &sim_device);
     gvqCompressor_t ch, cd;
     gvqCompressor_t pad[16];
     EXPECT_RES(gvqCompressorCreate(comm, k->count, &k->cfg, &ch), gvqSuccess);
@@ -124,11 +127,11 @@ int main(void) {
     memset(cases, 0, sizeof cases);
     /* flat GradiVeQ, a tail shorter than L, groups of 5 slices, the paper's vote; noise from
      * call 8 makes the vote exit and refit */
-    cases[0] = (dcase_t){"gradiveq", 16 * 23 + 5, 16, base_cfg(16), 18, 8, 0, 0, gvqSum, 1, 0, 0};
+    cases[0] = (dcase_t){"gradiveq", 16 * 23 + 5, 16, base_cfg(16), 18, 8, 0, 0, gvqSum, 1, 0, 0, NULL};
     cases[0].cfg.reuse = 5;
     /* conv-shaped (collocated on the device), fp16 wire, QSGD while sampling, avg, in place */
     cases[1] = (dcase_t){"conv fp16 qsgd-sampling avg in-place", 8 * 4 * 3 * 3, 16, base_cfg(16),
-                         14, -1, 1, 0, gvqAvg, 1, 0, 0};
+                         14, -1, 1, 0, gvqAvg, 1, 0, 0, NULL};
     cases[1].cfg.filters = 8, cases[1].cfg.depth = 4, cases[1].cfg.height = 3, cases[1].cfg.width = 3;
     cases[1].cfg.wireType = gvqFloat16;
     cases[1].cfg.sampleCodec = gvqCodecQsgd;
@@ -136,33 +139,46 @@ int main(void) {
     cases[1].cfg.reuse = 6;
     /* vote off, every slice sampled */
     cases[2] = (dcase_t){"gradiveq vote-off ss=all", 16 * 40, 16, base_cfg(16), 12, -1, 0, 0,
-                         gvqSum, 1, 0, 0};
+                         gvqSum, 1, 0, 0, NULL};
     cases[2].cfg.voteThreshold = 1.0f;
     cases[2].cfg.sampleSlices = 0;
     /* QSGD alone, a short last bucket, avg */
-    cases[3] = (dcase_t){"qsgd avg", 1000, 16, base_cfg(16), 5, -1, 0, 0, gvqAvg, 1, 0, 0};
+    cases[3] = (dcase_t){"qsgd avg", 1000, 16, base_cfg(16), 5, -1, 0, 0, gvqAvg, 1, 0, 0, NULL};
     cases[3].cfg.codec = gvqCodecQsgd;
     cases[3].cfg.qsgdBucket = 64;
     cases[3].cfg.qsgdBits = 4;
     /* plain (codec none): the identity codec's values travel as a staged wire */
-    cases[4] = (dcase_t){"none", 777, 16, base_cfg(16), 3, -1, 0, 0, gvqSum, 1, 0, 0};
+    cases[4] = (dcase_t){"none", 777, 16, base_cfg(16), 3, -1, 0, 0, gvqSum, 1, 0, 0, NULL};
     cases[4].cfg.codec = gvqCodecNone;
     /* error feedback: whole-buffer staging, host codecs */
     cases[5] = (dcase_t){"error feedback (staged)", 16 * 20, 16, base_cfg(16), 10, -1, 0, 0,
-                         gvqSum, 0, 0, 0};
+                         gvqSum, 0, 0, 0, NULL};
     cases[5].cfg.errorFeedback = 1;
     /* device send, host recv: whole-buffer staging */
     cases[6] = (dcase_t){"mixed buffers (staged)", 16 * 20, 16, base_cfg(16), 10, -1, 0, 1,
-                         gvqSum, 0, 0, 0};
+                         gvqSum, 0, 0, 0, NULL};
     for (int nr = 1; nr <= 4; nr++) {
         for (int i = 0; i < NCASES; i++) {
             dcase_t *k = &cases[i];
             if (getenv("DP_CASE") && atoi(getenv("DP_CASE")) != i) continue;
             if (getenv("DP_RANKS") && atoi(getenv("DP_RANKS")) != nr) continue;
+          for (int via = 0; via < 2; via++) {
             k->saw_compressed = k->saw_exit = 0;
+            k->fw = via ? fifo_world_create(nr, 1) : NULL;
             long before = __atomic_load_n(&sim_codec_calls, __ATOMIC_RELAXED);
             gvq_test_run(nr, NULL, rank_case, k);
             long calls = __atomic_load_n(&sim_codec_calls, __ATOMIC_RELAXED) - before;
+            long moved = 0;
+            if (k->fw != NULL) {
+                moved = k->fw->transfers;
+                /* device-resident rings use it from 2 ranks; staged calls never do */
+                if (k->expect_device && nr > 1)
+                    EXPECT(moved > 0, "%s at %d ranks: the device transport moved nothing", k->name, nr);
+                if (!k->expect_device)
+                    EXPECT(moved == 0, "%s at %d ranks: staged calls used the device transport", k->name, nr);
+                fifo_world_destroy(k->fw);
+                k->fw = NULL;
+            }
             int codecs = k->cfg.codec != gvqCodecNone; /* identity runs through reduce/copy */
             if (k->expect_device && codecs)
                 EXPECT(calls > 0, "%s at %d ranks: the device codecs were never called", k->name, nr);
@@ -174,8 +190,10 @@ int main(void) {
                        k->name, nr);
             if (i == 0)
                 EXPECT(k->saw_exit, "%s at %d ranks: the vote never exited early", k->name, nr);
-            printf("%-40s %d ranks: %ld device codec calls%s\n", k->name, nr, calls,
-                   k->saw_exit ? ", early exit + refit" : "");
+            printf("%-40s %d ranks, %s: %ld device codec calls%s\n", k->name, nr,
+                   via ? "device wire over a FIFO transport" : "wire staged over the host one",
+                   calls, k->saw_exit ? ", early exit + refit" : "");
+          }
         }
     }
     EXPECT(sim_violations == 0, "%d breaches of the device contract", sim_violations);
