@@ -178,8 +178,8 @@ static gvqResult_t staged_body(void *arg, const void *send, void *recv) {
 static gvqResult_t run_staged(const coll_op_t *o, const gvq_device_ops_t *dev) {
     size_t slen, rlen;
     op_lengths(o, &slen, &rlen);
-    return gvq_device_staged(dev, o->stream, op_fn[o->kind], o->sendbuff, slen, o->recvbuff, rlen,
-                             staged_body, (void *)o);
+    return gvq_device_staged(dev, o->stream, op_fn[o->kind], &o->comm->pinned, o->sendbuff, slen,
+                             o->recvbuff, rlen, staged_body, (void *)o);
 }
 
 #ifdef GVQ_WITH_NCCL

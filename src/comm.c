@@ -306,6 +306,7 @@ static void comm_free(gvqComm_t c) {
     int keep = c->broken != gvqSuccess && c->xport->cancel_keeps_buffers;
     c->xport->ops->destroy(c->xport);
     if (c->dxport != NULL) c->dxport->ops->destroy(c->dxport); /* before the NCCL comm it uses */
+    if (!keep) gvq_pinned_free(&c->pinned); /* a broken MPI transport may still read from it */
     if (c->dscratch != NULL && !(c->broken != gvqSuccess && c->dxport != NULL &&
                                  c->dxport->cancel_keeps_buffers))
         c->dxport_dev->free(c->dscratch);

@@ -772,7 +772,7 @@ GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff,
              gvq_param(GVQ_PARAM_DEVICE_CODECS))
         res = run_device(compressor, dev, sendbuff, recvbuff, op, stream);
     else
-        res = gvq_device_staged(dev, stream, fn, sendbuff, bytes, recvbuff, bytes,
+        res = gvq_device_staged(dev, stream, fn, &comm->pinned, sendbuff, bytes, recvbuff, bytes,
                                 compressed_on_host, &sc);
     gvq_comm_leave(comm);
     return res;

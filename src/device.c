@@ -60,25 +60,42 @@ void *gvq_device_user_stream(const gvq_device_ops_t *dev, void *stream) {
     return stream;
 }
 
+void gvq_pinned_free(gvq_pinned_t *pin) {
+    if (pin->p != NULL) pin->dev->host_free(pin->p);
+    pin->p = NULL;
+    pin->bytes = 0;
+    pin->dev = NULL;
+}
+
+/* At least `bytes` of dev's pinned memory in pin (contents not kept). */
+static void *pinned_reserve(gvq_pinned_t *pin, const gvq_device_ops_t *dev, size_t bytes) {
+    if (pin->p != NULL && pin->dev == dev && pin->bytes >= bytes) return pin->p;
+    gvq_pinned_free(pin);
+    if ((pin->p = dev->host_alloc(bytes)) == NULL) return NULL;
+    pin->bytes = bytes;
+    pin->dev = dev;
+    return pin->p;
+}
+
 gvqResult_t gvq_device_staged(const gvq_device_ops_t *dev, void *stream, const char *fn,
-                              const void *send, size_t slen, void *recv, size_t rlen,
-                              gvq_staged_fn_t run, void *arg) {
+                              gvq_pinned_t *pin, const void *send, size_t slen, void *recv,
+                              size_t rlen, gvq_staged_fn_t run, void *arg) {
     int sdev = slen && gvq_device_of(send) == dev, rdev = rlen && gvq_device_of(recv) == dev;
-    void *hs = NULL, *hr = NULL, *prev = NULL;
+    size_t soff = sdev ? (slen + 63) & ~(size_t)63 : 0; /* recv's copy starts 64-aligned */
+    void *prev = NULL;
+    char *h = NULL;
     gvqResult_t res = gvqSuccess;
     GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, stream), &prev));
-    if ((sdev && (hs = dev->host_alloc(slen)) == NULL) || (rdev && (hr = dev->host_alloc(rlen)) == NULL)) {
+    if ((sdev || rdev) && (h = pinned_reserve(pin, dev, soff + (rdev ? rlen : 0))) == NULL) {
         GVQ_WARN("%s: cannot allocate %zu + %zu bytes of pinned host memory to stage CUDA buffers",
                  fn, slen, rlen);
         res = gvqSystemError;
-        goto out_free;
+        goto out;
     }
-    if (sdev) GVQCHECKGOTO(dev->copy_to_host(hs, send, slen), res, out_free);
-    GVQCHECKGOTO(run(arg, sdev ? hs : send, rdev ? hr : recv), res, out_free);
-    if (rdev) GVQCHECKGOTO(dev->copy_from_host(recv, hr, rlen), res, out_free);
-out_free:
-    if (hs != NULL) dev->host_free(hs);
-    if (hr != NULL) dev->host_free(hr);
+    if (sdev) GVQCHECKGOTO(dev->copy_to_host(h, send, slen), res, out);
+    GVQCHECKGOTO(run(arg, sdev ? h : send, rdev ? h + soff : recv), res, out);
+    if (rdev) GVQCHECKGOTO(dev->copy_from_host(recv, h + soff, rlen), res, out);
+out:;
     gvqResult_t r2 = dev->set_stream(prev, NULL);
     return res != gvqSuccess ? res : r2;
 }

@@ -37,6 +37,7 @@ struct gvqComm {
     int dxport_state;
     void *dscratch;
     size_t dscratch_bytes;
+    gvq_pinned_t pinned; /* host memory of staged calls on device buffers (gvq_device_staged) */
 };
 
 /* The device transport for device-resident rings on dev's memory, or NULL (then the wire is

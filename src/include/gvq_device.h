@@ -156,11 +156,19 @@ void *gvq_device_user_stream(const gvq_device_ops_t *dev, void *stream);
 /* Host work on device buffers, staged: the buffers that live on `dev` (send: slen bytes, recv:
  * rlen bytes) are replaced by pinned host copies (send copied in behind `stream`), run(arg,
  * send, recv) does the work on host memory, and recv is copied back; returns when the result is
- * in place. `fn` names the caller in the WARN when pinned memory runs out. */
+ * in place. The pinned memory comes from *pin, kept for the next call. `fn` names the caller in
+ * the WARN when pinned memory runs out. */
 typedef gvqResult_t (*gvq_staged_fn_t)(void *arg, const void *send, void *recv);
+/* Pinned host memory kept between staged calls (one per communicator), grown on demand. */
+typedef struct {
+    void *p;
+    size_t bytes;
+    const gvq_device_ops_t *dev; /* whose host_alloc made p */
+} gvq_pinned_t;
+void gvq_pinned_free(gvq_pinned_t *pin);
 gvqResult_t gvq_device_staged(const gvq_device_ops_t *dev, void *stream, const char *fn,
-                              const void *send, size_t slen, void *recv, size_t rlen,
-                              gvq_staged_fn_t run, void *arg);
+                              gvq_pinned_t *pin, const void *send, size_t slen, void *recv,
+                              size_t rlen, gvq_staged_fn_t run, void *arg);
 /* Number of usable CUDA devices: 0 in builds without CUDA, and after any CUDA error. */
 int gvq_cuda_device_count(void);
 
