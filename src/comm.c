@@ -181,6 +181,19 @@ gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, c
     return gvqSuccess;
 }
 
+const gvq_device_ops_t *gvq_comm_pinned_host(gvqComm_t c, const gvq_device_ops_t *dev) {
+    if (c->pinned_ops_for != dev) {
+        if (c->pscratch != NULL) c->pinned_ops.free(c->pscratch);
+        c->pscratch = NULL;
+        c->pscratch_bytes = 0;
+        c->pinned_ops = gvq_host_device;
+        c->pinned_ops.alloc = dev->host_alloc;
+        c->pinned_ops.free = dev->host_free;
+        c->pinned_ops_for = dev;
+    }
+    return &c->pinned_ops;
+}
+
 void gvq_comm_adopt_device_transport(gvqComm_t c, gvq_transport_t *t,
                                      const gvq_device_ops_t *dev) {
     t->timeout_ns = c->xport->timeout_ns;
@@ -307,6 +320,7 @@ static void comm_free(gvqComm_t c) {
     c->xport->ops->destroy(c->xport);
     if (c->dxport != NULL) c->dxport->ops->destroy(c->dxport); /* before the NCCL comm it uses */
     if (!keep) gvq_pinned_free(&c->pinned); /* a broken MPI transport may still read from it */
+    if (!keep && c->pscratch != NULL) c->pinned_ops.free(c->pscratch);
     if (c->dscratch != NULL && !(c->broken != gvqSuccess && c->dxport != NULL &&
                                  c->dxport->cancel_keeps_buffers))
         c->dxport_dev->free(c->dscratch);

@@ -579,6 +579,9 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
         codec = inner;
     } else if (on_dev) {
         gvq_codec_staged_init(&codec, &inner, &c->stg);
+        rctx.dev = gvq_comm_pinned_host(comm, dev); /* wire slots in pinned memory */
+        rctx.scratch = &comm->pscratch;
+        rctx.scratch_bytes = &comm->pscratch_bytes;
     }
     if (cfg->ef) GVQCHECK(update_residual(c, src, phase == gvqPhaseCompressed));
     /* the early-exit vote rides inside the compressed ring's allgather when it can */

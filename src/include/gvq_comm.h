@@ -38,7 +38,18 @@ struct gvqComm {
     void *dscratch;
     size_t dscratch_bytes;
     gvq_pinned_t pinned; /* host memory of staged calls on device buffers (gvq_device_staged) */
+    /* The wire slots of device-resident rings whose wire is staged over xport: pinned memory of
+     * the device pinned_ops_for (pinned_ops: the host device, allocating through its
+     * host_alloc), so the wire's copies to and from the device run at full speed. */
+    gvq_device_ops_t pinned_ops;
+    const gvq_device_ops_t *pinned_ops_for;
+    void *pscratch;
+    size_t pscratch_bytes;
 };
+
+/* The host device allocating dev's pinned memory (comm->pinned_ops), for a ring's host scratch
+ * whose contents go to and from dev. */
+const gvq_device_ops_t *gvq_comm_pinned_host(gvqComm_t comm, const gvq_device_ops_t *dev);
 
 /* The device transport for device-resident rings on dev's memory, or NULL (then the wire is
  * staged over comm->xport). Collective the first time (all ranks agree on the outcome). The

@@ -123,8 +123,17 @@ static inline gvqResult_t sim_event_noop(void *ev) {
     (void)ev;
     return gvqSuccess;
 }
-static inline void *sim_host_alloc(size_t bytes) { return malloc(bytes ? bytes : 64); }
-static inline void sim_host_free(void *p) { free(p); }
+/* "pinned" host memory: counted, so tests can see it used and given back */
+static long sim_pinned_allocs, sim_pinned_live;
+static inline void *sim_host_alloc(size_t bytes) {
+    __atomic_add_fetch(&sim_pinned_allocs, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&sim_pinned_live, 1, __ATOMIC_RELAXED);
+    return malloc(bytes ? bytes : 64);
+}
+static inline void sim_host_free(void *p) {
+    if (p != NULL) __atomic_sub_fetch(&sim_pinned_live, 1, __ATOMIC_RELAXED);
+    free(p);
+}
 static inline gvqResult_t sim_copy_from_host(void *dst, const void *src, size_t bytes) {
     if (bytes) {
         SIM_DEV("copy_from_host", dst);

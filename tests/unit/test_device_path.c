@@ -166,8 +166,17 @@ int main(void) {
             k->saw_compressed = k->saw_exit = 0;
             k->fw = via ? fifo_world_create(nr, 1) : NULL;
             long before = __atomic_load_n(&sim_codec_calls, __ATOMIC_RELAXED);
+            long pinned_before = __atomic_load_n(&sim_pinned_allocs, __ATOMIC_RELAXED);
             gvq_test_run(nr, NULL, rank_case, k);
             long calls = __atomic_load_n(&sim_codec_calls, __ATOMIC_RELAXED) - before;
+            long pinned = __atomic_load_n(&sim_pinned_allocs, __ATOMIC_RELAXED) - pinned_before;
+            /* staged rings keep their host wire in pinned memory; staged calls stage through it;
+             * the communicators give all of it back */
+            if (!via || !k->expect_device)
+                EXPECT(nr == 1 || pinned > 0, "%s at %d ranks: no pinned host memory used", k->name, nr);
+            EXPECT(__atomic_load_n(&sim_pinned_live, __ATOMIC_RELAXED) == 0,
+                   "%s at %d ranks: %ld pinned blocks not freed", k->name, nr,
+                   __atomic_load_n(&sim_pinned_live, __ATOMIC_RELAXED));
             long moved = 0;
             if (k->fw != NULL) {
                 moved = k->fw->transfers;
