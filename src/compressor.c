@@ -74,7 +74,6 @@ struct gvqCompressor {
     gvq_gq_dev_t gqd;
     gvq_dev_qsgd_t qsd;
     gvq_staging_t stg;
-    int on_device;            /* the call in progress runs on ddev (local_loss reads gqd.norms) */
 };
 
 /* ---- configuration ---------------------------------------------------------------------- */
@@ -495,16 +494,13 @@ static gvqResult_t update_residual(gvqCompressor_t c, const float *xs, int compr
     return res;
 }
 
-/* This rank's loss ||x_n - x_hat_n|| / ||x_n|| over the sampled slices of the current call
- * (the host codec's sums, or the device codec's on a device-resident call). */
+/* This rank's loss ||x_n - x_hat_n|| / ||x_n|| over the sampled slices of the current call.
+ * Both codecs' sums are zeroed at the start of a compressed call and only the one that runs
+ * adds to them (the host codec's, or the device codec's on a device-resident call). */
 static double local_loss(gvqCompressor_t c) {
     const gvq_gradiveq_t *g = &c->gq;
-    double x2 = g->local_x2, c2 = g->local_c2, all2 = g->local_all2;
-    if (c->on_device) {
-        x2 = c->gqd.norms[0];
-        c2 = c->gqd.norms[1];
-        all2 = c->gqd.norms[2];
-    }
+    const double *dn = c->gqd.norms;
+    double x2 = g->local_x2 + dn[0], c2 = g->local_c2 + dn[1], all2 = g->local_all2 + dn[2];
     return all2 > 0 ? sqrt(fmax(0, x2 - c2) / all2) : 0;
 }
 
@@ -517,8 +513,8 @@ static int32_t local_vote(void *arg) {
 }
 
 /* One call. dev holds send and recv: the host device, or (run_device) a device with its own
- * codecs, whose copies of U, Z and the work vector are ready; the ring's wire stays in host
- * memory and the device codecs are staged behind it (gvq_codec_staged_init). */
+ * codecs, whose copies of U, Z and the work vector are ready; its ring runs over the device
+ * transport, or over the communicator's with the wire staged (gvq_codec_staged_init). */
 static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const float *send,
                        float *recv, gvqRedOp_t op) {
     gvqComm_t comm = c->comm;
@@ -553,7 +549,6 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
                    (cfg->codec == gvqCodecGradiveq && phase != gvqPhaseCompressed &&
                     cfg->sample_codec == gvqCodecQsgd);
     if (phase == gvqPhaseCompressed || use_qsgd) ctx.chunk_bytes = c->codec_chunk_bytes;
-    c->on_device = on_dev;
     if (phase == gvqPhaseCompressed) {
         c->gq.local_x2 = c->gq.local_c2 = c->gq.local_all2 = 0;
         c->gqd.norms[0] = c->gqd.norms[1] = c->gqd.norms[2] = 0;
@@ -561,10 +556,13 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
         else gvq_codec_gradiveq_init(&codec, comm->dev, &c->gq);
     } else if (use_qsgd) {
         c->qs.call = (uint32_t)c->st.iter;
-        c->qsd = (gvq_dev_qsgd_t){c->qs.bits, c->qs.levels,  c->qs.norm, c->qs.bucket,
-                                  c->qs.seed, c->qs.rank,    c->qs.call};
-        if (on_dev) gvq_codec_qsgd_dev_init(&inner, dev, &c->qsd);
-        else gvq_codec_qsgd_init(&codec, comm->dev, &c->qs);
+        if (on_dev) {
+            c->qsd = (gvq_dev_qsgd_t){c->qs.bits, c->qs.levels, c->qs.norm, c->qs.bucket,
+                                      c->qs.seed, c->qs.rank,   c->qs.call};
+            gvq_codec_qsgd_dev_init(&inner, dev, &c->qsd);
+        } else {
+            gvq_codec_qsgd_init(&codec, comm->dev, &c->qs);
+        }
     } else {
         gvq_codec_identity_init(on_dev ? &inner : &codec, on_dev ? dev : comm->dev, gvqFloat32,
                                 gvqSum);
@@ -661,8 +659,9 @@ static gvqResult_t compressed_entered(gvqCompressor_t c, const void *send, void 
 
 /* ---- device buffers --------------------------------------------------------------------------
  * Buffers in a device's memory (CUDA) run device-resident: collocation, the codecs, the divide
- * and the inverse collocation run on the device, on the caller's stream; the ring's wire stays
- * in host memory for the communicator's transport, and only the wire crosses the bus. What
+ * and the inverse collocation run on the device, on the caller's stream; the ring runs over the
+ * device transport (NCCL), or keeps its wire in pinned host memory for the communicator's own
+ * transport, so only the wire crosses the bus. What
  * stays on the host: the PCA fit (the samples, ss slices per reuse group per sampling call, are
  * copied out), the phase bookkeeping, and error feedback (a compressor with errorFeedback stages
  * the whole buffers and runs on the host, as does GVQ_DEVICE_CODECS=0). */
@@ -705,7 +704,6 @@ static gvqResult_t run_device(gvqCompressor_t c, const gvq_device_ops_t *dev, co
     GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, stream), &prev));
     gvqResult_t res = device_ready(c, dev);
     if (res == gvqSuccess) res = run(c, dev, send, recv, op);
-    c->on_device = 0;
     gvqResult_t r2 = dev->set_stream(prev, NULL);
     return res != gvqSuccess ? res : r2;
 }
