@@ -4,7 +4,7 @@ set -euo pipefail
 
 GVQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GVQ_BUILD_DIR=${GVQ_BUILD_DIR:-$GVQ_ROOT/build}
-GVQ_PACKAGES="build-essential cmake libopenmpi-dev openmpi-bin libopenblas-dev liblapacke-dev zlib1g-dev dataset-fashion-mnist"
+GVQ_PACKAGES="build-essential cmake python3 libopenmpi-dev openmpi-bin libopenblas-dev liblapacke-dev zlib1g-dev dataset-fashion-mnist"
 
 gvq_install_packages() {
     local missing=""

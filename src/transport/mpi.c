@@ -10,7 +10,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 
-#include "gvq_comm.h"
+#include "gvq_transport.h"
 
 #define MPICHECK(call, what)                                                      \
     do {                                                                          \

@@ -5,6 +5,7 @@
 #define GVQ_COMM_H_
 
 #include "gvq_algo.h"
+#include "gvq_devices.h"
 
 #define GVQ_COMM_MAGIC 0x67767143u /* 'gvqC' */
 
@@ -104,12 +105,5 @@ gvqResult_t gvq_bootstrap_exchange(const gvqUniqueId *id, int nranks, int rank,
                                    const gvq_peer_info_t *mine, uint64_t timeout_ns,
                                    gvq_peer_info_t *all, uint64_t *nonce);
 int gvq_bootstrap_id_valid(const gvqUniqueId *id);
-
-/* MPI transport (transport/mpi.c). */
-gvqResult_t gvq_mpi_ensure_init(int *world_rank, int *world_size);
-gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int rank, int tag,
-                                         gvq_transport_t **t);
-/* A transport on a duplicate of *(MPI_Comm *)mpi_comm (collective over that communicator). */
-gvqResult_t gvq_mpi_transport_dup(const void *mpi_comm, gvq_transport_t **t);
 
 #endif /* GVQ_COMM_H_ */

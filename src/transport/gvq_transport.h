@@ -82,4 +82,11 @@ gvqResult_t gvq_inproc_world_create(int nranks, void **world);
 void gvq_inproc_world_destroy(void *world);
 gvqResult_t gvq_inproc_transport_create(void *world, int rank, gvq_transport_t **t);
 
+/* The MPI transport (mpi.c). */
+gvqResult_t gvq_mpi_ensure_init(int *world_rank, int *world_size);
+gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int rank, int tag,
+                                         gvq_transport_t **t);
+/* A transport on a duplicate of *(MPI_Comm *)mpi_comm (collective over that communicator). */
+gvqResult_t gvq_mpi_transport_dup(const void *mpi_comm, gvq_transport_t **t);
+
 #endif /* GVQ_TRANSPORT_H_ */

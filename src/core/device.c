@@ -1,15 +1,11 @@
 /*
- * device.c -- the registry of devices built into the library, and which device a buffer's
- * memory belongs to.
+ * device.c -- the registry of devices built into the library (the host device of src/device/,
+ * the CUDA device of cuda/), which device a buffer's memory belongs to, and staging of device
+ * buffers through pinned host memory.
  */
 #include <strings.h>
 
-#include "gvq_device.h"
-
-gvqResult_t gvq_device_not_supported(const char *device, const char *op) {
-    GVQ_WARN("device '%s' does not support the operation %s", device, op);
-    return gvqInternalError;
-}
+#include "gvq_devices.h"
 
 const gvq_device_ops_t *gvq_device_find(const char *name) {
     if (name == NULL || strcasecmp(name, "host") == 0) return &gvq_host_device;
