@@ -54,29 +54,29 @@ void gvq_codec_qsgd_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev,
 /* ---- GradiVeQ ------------------------------------------------------------------------------ */
 
 static size_t dg_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
-    const gvq_gq_dev_t *g = c->state;
+    const gvq_gq_dev_codec_t *g = c->state;
     (void)off;
-    return gvq_gradiveq_wire_size(g->p.L, g->p.d, g->p.wire_fp16, count);
+    return gvq_gradiveq_wire_size(g->params.L, g->params.d, g->params.wire_fp16, count);
 }
 
 static gvqResult_t dg_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
                                      const void *local, const void *in, void *out) {
-    gvq_gq_dev_t *g = c->state;
+    gvq_gq_dev_codec_t *g = c->state;
     /* the norms are the loss of this rank's own values: every local slice is encoded exactly
      * once per ring, so every encode adds them */
-    return c->dev->gq_encode_combine(&g->p, off, count, local, in, out, g->norms);
+    return c->dev->gq_encode_combine(&g->params, off, count, local, in, out, g->norms);
 }
 
 static gvqResult_t dg_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
                              void *dst) {
-    const gvq_gq_dev_t *g = c->state;
-    return c->dev->gq_decode(&g->p, off, count, wire, dst);
+    const gvq_gq_dev_codec_t *g = c->state;
+    return c->dev->gq_decode(&g->params, off, count, wire, dst);
 }
 
-void gvq_codec_gradiveq_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gq_dev_t *g) {
+void gvq_codec_gradiveq_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gq_dev_codec_t *g) {
     memset(c, 0, sizeof *c);
     c->name = "gradiveq(device)";
-    c->granule = g->p.L;
+    c->granule = g->params.L;
     c->wire_bytes = dg_wire_bytes;
     c->encode_combine = dg_encode_combine;
     c->decode = dg_decode;

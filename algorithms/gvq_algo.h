@@ -108,10 +108,10 @@ void gvq_codec_qsgd_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev,
 /* GradiVeQ; every encode adds the loss norms of its local slices to norms[3] (host memory:
  * ||x - Z/N||^2, ||c||^2, ||x||^2 over the sampled slices, as the host codec's local_*). */
 typedef struct {
-    gvq_dev_gq_t p;
+    gvq_dev_gq_t params; /* the device op parameters */
     double norms[3];
-} gvq_gq_dev_t;
-void gvq_codec_gradiveq_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gq_dev_t *g);
+} gvq_gq_dev_codec_t;
+void gvq_codec_gradiveq_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gq_dev_codec_t *g);
 /* Whether a device runs the codecs itself (has the codec entries and is not the host). */
 int gvq_device_has_codecs(const gvq_device_ops_t *dev);
 
@@ -193,5 +193,17 @@ gvqResult_t gvq_chain_broadcast(gvq_coll_ctx_t *ctx, const void *src, void *dst,
  * used on the root only. */
 gvqResult_t gvq_chain_reduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                              gvqDataType_t dtype, gvqRedOp_t op, int root);
+
+/* ---- agreement (agree.c): small collectives that keep every rank's decisions identical ---- */
+
+/* v[0..n) = op over the ranks of v (int32 through the plain ring; every rank calls it in the
+ * same order). */
+gvqResult_t gvq_agree_i32(gvq_coll_ctx_t *ctx, int32_t *v, int n, gvqRedOp_t op);
+/* Arguments that must be equal on every rank: mine[0..n) are gathered from all ranks into
+ * all[rank * n + f] (all: nranks * n, may be NULL when only the check is wanted), and every
+ * field f whose names[f] is not NULL is compared: the first difference is refused on every rank
+ * alike (gvqInvalidArgument) with a WARN naming fn, the rank, the field and both values. */
+gvqResult_t gvq_agree_fields(gvq_coll_ctx_t *ctx, const char *fn, const int64_t *mine,
+                             const char *const *names, int n, int64_t *all);
 
 #endif /* GVQ_ALGO_H_ */

@@ -9,54 +9,16 @@
 #include <unistd.h>
 
 #include "gvq_comm.h"
+#include "gvq_handles.h"
 #ifdef GVQ_WITH_NCCL
 #include "gvq_nccl.h"
 #endif
 
 /* ---- registry of live communicators ------------------------------------------------------ */
 
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static gvqComm_t *live;
-static size_t nlive, live_cap;
+static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
 
-static gvqResult_t live_add(gvqComm_t c) {
-    pthread_mutex_lock(&live_lock);
-    if (nlive == live_cap) {
-        size_t cap = live_cap ? 2 * live_cap : 16;
-        gvqComm_t *n = realloc(live, cap * sizeof *n);
-        if (n == NULL) {
-            pthread_mutex_unlock(&live_lock);
-            return gvqSystemError;
-        }
-        live = n;
-        live_cap = cap;
-    }
-    live[nlive++] = c;
-    pthread_mutex_unlock(&live_lock);
-    return gvqSuccess;
-}
-
-static int live_find(gvqComm_t c) {
-    for (size_t i = 0; i < nlive; i++)
-        if (live[i] == c) return (int)i;
-    return -1;
-}
-
-int gvq_comm_is_live(gvqComm_t comm) {
-    pthread_mutex_lock(&live_lock);
-    int ok = comm != NULL && live_find(comm) >= 0;
-    pthread_mutex_unlock(&live_lock);
-    return ok;
-}
-
-/* Take comm out of the registry (so no new call can enter it); 0 if it was not live. */
-static int live_remove(gvqComm_t c) {
-    pthread_mutex_lock(&live_lock);
-    int i = c != NULL ? live_find(c) : -1;
-    if (i >= 0) live[i] = live[--nlive];
-    pthread_mutex_unlock(&live_lock);
-    return i >= 0;
-}
+int gvq_comm_is_live(gvqComm_t comm) { return gvq_handles_live(&live, comm); }
 
 /* The entry check of calls that are not queued by groups (compressed allreduce, sparse, PS):
  * comm must be live, and with no_group the caller must not be inside gvqGroupStart/End. */
@@ -76,8 +38,8 @@ gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group) {
 /* Enter a call on comm: it must be live, not aborted and not broken. */
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     gvqResult_t res = gvqSuccess;
-    pthread_mutex_lock(&live_lock);
-    if (comm == NULL || live_find(comm) < 0) {
+    gvq_handles_lock(&live);
+    if (gvq_handles_find_locked(&live, comm) < 0) {
         GVQ_WARN("%s: comm %p is %s", fn, (void *)comm, comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
         res = gvqInvalidArgument;
     } else if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
@@ -91,7 +53,7 @@ gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
         __atomic_add_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL);
         gvq_log_set_rank(comm->rank);
     }
-    pthread_mutex_unlock(&live_lock);
+    gvq_handles_unlock(&live);
     return res;
 }
 
@@ -108,17 +70,10 @@ gvqResult_t gvq_config_resolve(const gvqConfig_t *config, const char *caller, in
         *chunk_bytes = 1 << 20;
     }
     if (config == NULL) return gvqSuccess;
-    if (config->magic != GVQ_CONFIG_MAGIC) {
-        GVQ_WARN("%s: config->magic is 0x%x, not GVQ_CONFIG_MAGIC (initialize the config with "
-                 "GVQ_CONFIG_INITIALIZER)", caller, config->magic);
-        return gvqInvalidArgument;
-    }
-    if (config->size < offsetof(gvqConfig_t, chunkBytes) + sizeof(int) ||
-        config->version > GVQ_VERSION) {
-        GVQ_WARN("%s: config->size %zu / version %u do not match this library (version %d)",
-                 caller, config->size, config->version, GVQ_VERSION);
-        return gvqInvalidArgument;
-    }
+    GVQCHECK(gvq_config_header_check(caller, "config", config->size, config->magic,
+                                     config->version, GVQ_CONFIG_MAGIC,
+                                     offsetof(gvqConfig_t, chunkBytes) + sizeof(int),
+                                     sizeof(gvqConfig_t), "GVQ_CONFIG_INITIALIZER"));
     if (config->blocking != GVQ_CONFIG_UNDEF_INT && config->blocking != 1) {
         GVQ_WARN("%s: config->blocking=%d: the host backend only runs blocking communicators", caller,
                  config->blocking);
@@ -167,7 +122,7 @@ gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, c
     xport->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
     xport->abort_flag = &c->abort_flag;
     xport->broken = &c->broken;
-    if ((res = live_add(c)) != gvqSuccess) {
+    if ((res = gvq_handles_add(&live, c)) != gvqSuccess) {
         xport->ops->destroy(xport);
         free(c);
         return res;
@@ -178,6 +133,83 @@ gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, c
              (long long)timeout_ms, chunk);
     if (c->rank == 0) gvq_param_dump();
     *out = c;
+    return gvqSuccess;
+}
+
+gvq_coll_ctx_t gvq_comm_ctx(gvqComm_t c, unsigned long long *sent) {
+    return (gvq_coll_ctx_t){.xport = c->xport,
+                            .dev = c->dev,
+                            .chunk_bytes = c->chunk_bytes,
+                            .scratch = &c->scratch,
+                            .scratch_bytes = &c->scratch_bytes,
+                            .bytes_sent = sent};
+}
+
+/* ---- state attached by the layers above ---------------------------------------------------- */
+
+struct gvq_comm_attachment {
+    struct gvq_comm_attachment *next;
+    const void *key;
+    void *state;
+    gvq_comm_detach_fn detach;
+};
+
+gvqResult_t gvq_comm_attach(gvqComm_t c, const void *key, void *state, gvq_comm_detach_fn detach) {
+    struct gvq_comm_attachment *a = calloc(1, sizeof *a);
+    if (a == NULL) return gvqSystemError;
+    *a = (struct gvq_comm_attachment){c->attached, key, state, detach};
+    c->attached = a;
+    return gvqSuccess;
+}
+
+void *gvq_comm_attached(gvqComm_t c, const void *key) {
+    for (struct gvq_comm_attachment *a = c->attached; a != NULL; a = a->next)
+        if (a->key == key) return a->state;
+    return NULL;
+}
+
+/* Newest first, so a later attachment that uses an earlier one is detached before it. */
+static void detach_all(gvqComm_t c) {
+    while (c->attached != NULL) {
+        struct gvq_comm_attachment *a = c->attached;
+        c->attached = a->next;
+        a->detach(a->state);
+        free(a);
+    }
+}
+
+/* ---- hosts --------------------------------------------------------------------------------- */
+
+/* The host key of every rank (gvq_host_key): from the bootstrap, or exchanged on first use. */
+static gvqResult_t host_keys(gvqComm_t c, const uint64_t **keys) {
+    if (c->host_keys == NULL) {
+        uint64_t mine = gvq_host_key(), *all = calloc((size_t)c->nranks, sizeof *all);
+        if (all == NULL) return gvqSystemError;
+        gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
+        gvqResult_t res = gvq_ring_allgather(&ctx, &mine, all, 1, gvqUint64);
+        if (res != gvqSuccess) {
+            free(all);
+            return res;
+        }
+        c->host_keys = all;
+    }
+    *keys = c->host_keys;
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_comm_hosts(gvqComm_t c, int *nhosts, int *leader, uint8_t *same_host) {
+    const uint64_t *all;
+    GVQCHECK(host_keys(c, &all));
+    uint64_t mine = all[c->rank];
+    *nhosts = 0;
+    *leader = -1;
+    for (int p = 0; p < c->nranks; p++) {
+        int first = 1;
+        for (int q = 0; q < p; q++) first &= all[q] != all[p];
+        *nhosts += first;
+        if (same_host != NULL) same_host[p] = all[p] == mine;
+        if (all[p] == mine && *leader < 0) *leader = p;
+    }
     return gvqSuccess;
 }
 
@@ -202,14 +234,6 @@ void gvq_comm_adopt_device_transport(gvqComm_t c, gvq_transport_t *t,
     c->dxport = t;
     c->dxport_dev = dev;
     c->dxport_state = 1;
-}
-
-static uint32_t hash_host(void) {
-    char host[256] = "";
-    gethostname(host, sizeof host - 1);
-    uint32_t h = 2166136261u;
-    for (const char *p = host; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
-    return h;
 }
 
 GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUniqueId commId,
@@ -238,7 +262,7 @@ GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUnique
     int wrank = 0, wsize = 0;
     GVQCHECK(gvq_mpi_ensure_init(&wrank, &wsize));
 
-    gvq_peer_info_t mine = {wrank, wsize, (int32_t)getpid(), hash_host()};
+    gvq_peer_info_t mine = {wrank, wsize, (int32_t)getpid(), 0, gvq_host_key()};
     gvq_peer_info_t *all = calloc((size_t)nranks, sizeof *all);
     int *wranks = calloc((size_t)nranks, sizeof *wranks);
     char *seen = calloc((size_t)wsize, 1);
@@ -266,7 +290,12 @@ GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUnique
     gvq_transport_t *t = NULL;
     GVQCHECKGOTO(gvq_mpi_transport_from_world(wranks, nranks, rank, (int)(nonce % 32768u), &t), res,
                  out_free);
-    res = gvq_comm_create(t, config, "gvqCommInitRank", comm);
+    GVQCHECKGOTO(gvq_comm_create(t, config, "gvqCommInitRank", comm), res, out_free);
+    uint64_t *keys = calloc((size_t)nranks, sizeof *keys);
+    if (keys != NULL) { /* without them, gvq_comm_hosts exchanges the keys on first use */
+        for (int r = 0; r < nranks; r++) keys[r] = all[r].host_key;
+        (*comm)->host_keys = keys;
+    }
 out_free:
     free(all);
     free(wranks);
@@ -313,7 +342,7 @@ gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_
 static void comm_free(gvqComm_t c) {
     /* calls still inside (another thread, after an abort) leave promptly */
     while (__atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) > 0) usleep(1000);
-    gvq_auto_free(c);
+    detach_all(c);
     /* a broken communicator may have sends from scratch still in the transport's hands; the
      * scratch is then left allocated rather than freed under them */
     int keep = c->broken != gvqSuccess && c->xport->cancel_keeps_buffers;
@@ -335,12 +364,13 @@ static void comm_free(gvqComm_t c) {
             free(own);
         }
     }
+    free(c->host_keys);
     c->magic = 0;
     free(c);
 }
 
 GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm) {
-    if (!live_remove(comm)) {
+    if (!gvq_handles_remove(&live, comm)) {
         GVQ_WARN("gvqCommDestroy: comm %p is %s", (void *)comm,
                  comm == NULL ? "NULL" : "not a live communicator (destroyed twice?)");
         return gvqInvalidArgument;
@@ -350,13 +380,13 @@ GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm) {
 }
 
 GVQ_API gvqResult_t gvqCommAbort(gvqComm_t comm) {
-    pthread_mutex_lock(&live_lock);
-    int i = comm != NULL ? live_find(comm) : -1;
+    gvq_handles_lock(&live);
+    int i = gvq_handles_find_locked(&live, comm);
     if (i >= 0) {
         __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
-        live[i] = live[--nlive];
+        gvq_handles_remove_locked(&live, i);
     }
-    pthread_mutex_unlock(&live_lock);
+    gvq_handles_unlock(&live);
     if (i < 0) {
         GVQ_WARN("gvqCommAbort: comm %p is %s", (void *)comm,
                  comm == NULL ? "NULL" : "not a live communicator (destroyed?)");

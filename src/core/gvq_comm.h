@@ -23,8 +23,9 @@ struct gvqComm {
     size_t scratch_bytes;
     void *owned_world; /* in-process world owned by this communicator, freed by the last rank */
     int ntensors;      /* compressors created so far: spreads the fits over the ranks */
-    struct gvq_auto *autos; /* zero-code mode: compressors attached per (buffer, count) */
-    /* CUDA buffers (collectives.c): a NCCL communicator made on the first collective on CUDA
+    struct gvq_comm_attachment *attached; /* state of layers above (gvq_comm_attach) */
+    uint64_t *host_keys; /* every rank's gvq_host_key (NULL: not exchanged yet) */
+    /* CUDA buffers (comm_nccl.c): a NCCL communicator made on the first collective on CUDA
      * buffers (gvq_nccl_t, builds with GVQ_WITH_NCCL); nccl_state 0: not tried yet, 1: ready,
      * -1: unavailable, CUDA buffers are staged through host memory */
     void *nccl;
@@ -54,19 +55,29 @@ const gvq_device_ops_t *gvq_comm_pinned_host(gvqComm_t comm, const gvq_device_op
 
 /* The device transport for device-resident rings on dev's memory, or NULL (then the wire is
  * staged over comm->xport). Collective the first time (all ranks agree on the outcome). The
- * caller has entered the communicator. */
+ * caller has entered the communicator. (comm_nccl.c) */
 gvq_transport_t *gvq_comm_device_transport(gvqComm_t comm, const gvq_device_ops_t *dev);
 /* Adopt t (a transport of dev's memory) as comm's device transport: it takes comm's timeout,
  * abort flag and broken state, and is destroyed with comm. */
 void gvq_comm_adopt_device_transport(gvqComm_t comm, gvq_transport_t *t,
                                      const gvq_device_ops_t *dev);
 
-/* Zero-code mode (compressor.c): with GVQ_CODEC=gradiveq|qsgd, a plain float sum/avg allreduce
- * goes through a compressor attached to its (recvbuff, count). *handled = 0 when the call does
- * not qualify (then it runs as a plain allreduce). The caller has entered the communicator. */
-gvqResult_t gvq_auto_allreduce(gvqComm_t comm, const void *send, void *recv, size_t count,
-                               gvqDataType_t dtype, gvqRedOp_t op, int *handled);
-void gvq_auto_free(gvqComm_t comm);
+/* The collective context of comm's own transport, device and scratch; `sent` (may be NULL)
+ * adds up the bytes the ring sends. */
+gvq_coll_ctx_t gvq_comm_ctx(gvqComm_t comm, unsigned long long *sent);
+
+/* State that a layer above the communicator keeps per communicator (zero-code mode's
+ * compressors), found again by its key and handed to detach when the communicator is
+ * destroyed or aborted (newest first). The communicator does not know what it holds. */
+typedef void (*gvq_comm_detach_fn)(void *state);
+gvqResult_t gvq_comm_attach(gvqComm_t comm, const void *key, void *state,
+                            gvq_comm_detach_fn detach);
+void *gvq_comm_attached(gvqComm_t comm, const void *key);
+
+/* The hosts of comm's ranks (gvq_host_key; exchanged on first use unless the bootstrap brought
+ * them, so collective then): how many, this rank's leader (the lowest rank on its host), and
+ * same_host[p] (may be NULL) whether rank p shares this rank's host. The caller has entered. */
+gvqResult_t gvq_comm_hosts(gvqComm_t comm, int *nhosts, int *leader, uint8_t *same_host);
 
 /* Resolve a config (NULL: defaults) into timeout and chunk size; refuses a bad header. */
 gvqResult_t gvq_config_resolve(const gvqConfig_t *config, const char *caller, int64_t *timeout_ms,
@@ -86,7 +97,7 @@ int gvq_comm_is_live(gvqComm_t comm);
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn);
 void gvq_comm_leave(gvqComm_t comm);
 
-/* Whether the calling thread is inside gvqGroupStart/gvqGroupEnd (collectives.c). */
+/* Whether the calling thread is inside gvqGroupStart/gvqGroupEnd (group.c). */
 int gvq_group_active(void);
 /* comm is live (WARN naming fn otherwise), and with no_group: not inside a group. */
 gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group);
@@ -99,7 +110,8 @@ typedef struct {
     int32_t world_rank;
     int32_t world_size;
     int32_t pid;
-    uint32_t host_hash;
+    int32_t zero;      /* keeps host_key 8-aligned without implicit padding; always 0 */
+    uint64_t host_key; /* gvq_host_key */
 } gvq_peer_info_t;
 gvqResult_t gvq_bootstrap_exchange(const gvqUniqueId *id, int nranks, int rank,
                                    const gvq_peer_info_t *mine, uint64_t timeout_ns,

@@ -69,44 +69,83 @@ const char *gvq_log_last_warn(void);
     } while (0)
 
 /* ---- tunables (src/util/param.c) ----------------------------------------------------------
- * One list, so a tool can print every knob with its value and help text. */
+ * One list, so a tool can print every knob with its value and help text. Each entry:
+ * X(id, environment variable, kind, default, choices, help). Kinds: UINT (a non-negative
+ * integer), INT (any integer), REAL (a finite number), CHOICE (one of the comma-separated
+ * names in `choices`; its value is the name's index). A value that does not parse is reported
+ * at WARN and the default used. */
 #define GVQ_PARAM_LIST(X)                                                                    \
-    X(TIMEOUT_MS, "GVQ_TIMEOUT_MS", 600000,                                                  \
+    X(TIMEOUT_MS, "GVQ_TIMEOUT_MS", UINT, 600000, NULL,                                      \
       "a transfer that makes no progress for this many ms fails with gvqTimeout (0: never)") \
-    X(CHUNK_BYTES, "GVQ_CHUNK_BYTES", 1 << 20,                                               \
+    X(CHUNK_BYTES, "GVQ_CHUNK_BYTES", UINT, 1 << 20, NULL,                                   \
       "ring and chain pipeline chunk size in bytes")                                         \
-    X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", 1 << 18,                                   \
+    X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", UINT, 1 << 18, NULL,                       \
       "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")    \
-    X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", 16,                                        \
+    X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                            \
       "polls of an unfinished transfer before the waiting thread yields the core")           \
-    X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", 0,                                               \
+    X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", UINT, 0, NULL,                                   \
       "TCP port of the bootstrap root (0: any free port)")                                   \
-    X(SPARSE_ALLGATHERV, "GVQ_SPARSE_ALLGATHERV", 0,                                         \
+    X(SPARSE_ALLGATHERV, "GVQ_SPARSE_ALLGATHERV", UINT, 0, NULL,                             \
       "sparse allgatherv transfer: 0 gvq's pipelined ring, 1 the transport's own "           \
-      "(MPI_Iallgatherv; the ring where the transport has none)")                                   \
-    X(NCCL, "GVQ_NCCL", 1,                                                                   \
+      "(MPI_Iallgatherv; the ring where the transport has none)")                            \
+    X(NCCL, "GVQ_NCCL", UINT, 1, NULL,                                                       \
       "collectives on CUDA buffers run on NCCL when built in (0: staged through host memory)") \
-    X(CUDA_BUFFERS, "GVQ_CUDA_BUFFERS", 1,                                                   \
+    X(CUDA_BUFFERS, "GVQ_CUDA_BUFFERS", UINT, 1, NULL,                                       \
       "look for CUDA buffers (cudaPointerGetAttributes, which creates a CUDA context on the "  \
       "current GPU); 0: every buffer is host memory and CUDA is never touched")              \
-    X(NCCL_RING, "GVQ_NCCL_RING", 1,                                                         \
+    X(NCCL_RING, "GVQ_NCCL_RING", UINT, 1, NULL,                                             \
       "device-resident compressed rings on CUDA buffers run over NCCL sends and receives "    \
       "when NCCL is up (0: their wire is staged through host memory over MPI)")              \
-    X(DEVICE_CODECS, "GVQ_DEVICE_CODECS", 1,                                                 \
+    X(DEVICE_CODECS, "GVQ_DEVICE_CODECS", UINT, 1, NULL,                                     \
       "compressed allreduce on device buffers runs the device's codecs, only the wire staged " \
-      "through host memory (0: the whole buffers are staged and the host codecs run)")
+      "through host memory (0: the whole buffers are staged and the host codecs run)")       \
+    X(CODEC, "GVQ_CODEC", CHOICE, 0, "none,gradiveq,qsgd",                                   \
+      "zero-code mode: plain float sum/avg gvqAllReduce calls run through a compressor of "   \
+      "this codec, one per (recvbuff, count) (index = gvqCodec_t)")                          \
+    X(GRADIVEQ_EPS, "GVQ_GRADIVEQ_EPS", REAL, -1, NULL,                                      \
+      "zero-code mode: GradiVeQ's lossThreshold (-1: the config's default)")                 \
+    X(GRADIVEQ_VOTE, "GVQ_GRADIVEQ_VOTE", REAL, -1, NULL,                                    \
+      "zero-code mode: GradiVeQ's voteThreshold (-1: the config's default)")                 \
+    X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL, \
+      "zero-code mode: GradiVeQ's sampleSlices (unset: the config's default)")
+
+typedef enum { GVQ_PARAM_UINT, GVQ_PARAM_INT, GVQ_PARAM_REAL, GVQ_PARAM_CHOICE } gvq_param_kind_t;
 
 typedef enum {
-#define GVQ_PARAM_ENUM(id, env, def, help) GVQ_PARAM_##id,
+#define GVQ_PARAM_ENUM(id, env, kind, def, choices, help) GVQ_PARAM_##id,
     GVQ_PARAM_LIST(GVQ_PARAM_ENUM)
 #undef GVQ_PARAM_ENUM
     GVQ_PARAM_COUNT
 } gvq_param_id_t;
 
-/* The value of a tunable: the environment variable if set and valid, else the default. */
+/* The value of a tunable: the environment variable if set and valid, else the default
+ * (gvq_param: as an integer; gvq_param_real: as a number, for REAL tunables). */
 int64_t gvq_param(gvq_param_id_t id);
+double gvq_param_real(gvq_param_id_t id);
 /* Log every tunable with its value, source and help at INFO. */
 void gvq_param_dump(void);
+
+/* ---- saveable handles and versioned configs (src/util/blob.c) ------------------------------ */
+
+/* The header of a versioned config struct (size, magic, version as the caller compiled it):
+ * refuses, with a WARN naming fn and what, a wrong magic, a size outside [min_size, max_size]
+ * or a version newer than this library's. */
+gvqResult_t gvq_config_header_check(const char *fn, const char *what, size_t size,
+                                    unsigned magic, unsigned version, unsigned want_magic,
+                                    size_t min_size, size_t max_size, const char *initializer);
+
+/* A handle's save call (buf NULL: *size = bytes needed) and load call, as the public
+ * gvq*Save / gvq*Load take them. */
+typedef gvqResult_t (*gvq_save_fn_t)(void *obj, void *buf, size_t *size);
+typedef gvqResult_t (*gvq_load_fn_t)(void *obj, const void *buf, size_t size);
+/* Save obj's state into the file `path`, or load it from there; WARNs name fn and the path. */
+gvqResult_t gvq_blob_save_file(const char *fn, const char *path, gvq_save_fn_t save, void *obj);
+gvqResult_t gvq_blob_load_file(const char *fn, const char *path, gvq_load_fn_t load, void *obj);
+
+/* ---- this process's host (src/util/host.c) ---------------------------------------------------
+ * A key equal for processes on the same host: its host name and its network namespace (ranks in
+ * the namespaces of perf/emulate-cluster.sh count as hosts of their own, as on the network). */
+uint64_t gvq_host_key(void);
 
 /* ---- time --------------------------------------------------------------------------------- */
 uint64_t gvq_now_ns(void);

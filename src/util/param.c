@@ -1,41 +1,85 @@
 /*
- * param.c -- the tunables of GVQ_PARAM_LIST, read once from the environment.
- * A value that does not parse as an integer is reported and the default used.
+ * param.c -- the tunables of GVQ_PARAM_LIST (gvq_util.h), read once from the environment.
+ * A value that does not parse as its kind is reported at WARN and the default used.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "gvq_util.h"
 
 typedef struct {
     const char *env;
-    int64_t def;
+    gvq_param_kind_t kind;
+    double def;
+    const char *choices; /* CHOICE: "a,b,c" */
     const char *help;
 } param_desc_t;
 
 static const param_desc_t param_desc[GVQ_PARAM_COUNT] = {
-#define GVQ_PARAM_DESC(id, env, def, help) [GVQ_PARAM_##id] = {env, def, help},
+#define GVQ_PARAM_DESC(id, env, kind, def, choices, help) \
+    [GVQ_PARAM_##id] = {env, GVQ_PARAM_##kind, def, choices, help},
     GVQ_PARAM_LIST(GVQ_PARAM_DESC)
 #undef GVQ_PARAM_DESC
 };
 
-static int64_t param_value[GVQ_PARAM_COUNT];
+static double param_value[GVQ_PARAM_COUNT];
 static int param_from_env[GVQ_PARAM_COUNT];
 static pthread_once_t param_once = PTHREAD_ONCE_INIT;
 
+/* The index of `s` among the comma-separated names of `choices`, or -1. */
+static int choice_index(const char *choices, const char *s) {
+    size_t len = strlen(s);
+    int i = 0;
+    for (const char *p = choices; *p != '\0'; i++) {
+        const char *end = strchr(p, ',');
+        size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (n == len && strncmp(p, s, n) == 0) return i;
+        p += n + (end != NULL);
+    }
+    return -1;
+}
+
+/* Parse s as d's kind into *v; 0 when it does not parse. */
+static int parse_value(const param_desc_t *d, const char *s, double *v) {
+    char *end = NULL;
+    errno = 0;
+    if (d->kind == GVQ_PARAM_CHOICE) {
+        int i = choice_index(d->choices, s);
+        *v = i;
+        return i >= 0;
+    }
+    if (d->kind == GVQ_PARAM_REAL) {
+        *v = strtod(s, &end);
+        return errno == 0 && end != s && *end == '\0' && isfinite(*v);
+    }
+    long long i = strtoll(s, &end, 0);
+    *v = (double)i;
+    return errno == 0 && end != s && *end == '\0' && (d->kind == GVQ_PARAM_INT || i >= 0);
+}
+
+static const char *kind_text(const param_desc_t *d) {
+    switch (d->kind) {
+    case GVQ_PARAM_UINT: return "a non-negative integer";
+    case GVQ_PARAM_INT: return "an integer";
+    case GVQ_PARAM_REAL: return "a number";
+    default: return "one of";
+    }
+}
+
 static void param_init(void) {
     for (int i = 0; i < GVQ_PARAM_COUNT; i++) {
-        param_value[i] = param_desc[i].def;
-        const char *s = getenv(param_desc[i].env);
+        const param_desc_t *d = &param_desc[i];
+        param_value[i] = d->def;
+        const char *s = getenv(d->env);
         if (s == NULL || s[0] == '\0') continue;
-        char *end = NULL;
-        errno = 0;
-        long long v = strtoll(s, &end, 0);
-        if (errno != 0 || end == s || *end != '\0' || v < 0) {
-            GVQ_WARN("%s='%s' is not a non-negative integer; using the default %lld",
-                     param_desc[i].env, s, (long long)param_desc[i].def);
+        double v;
+        if (!parse_value(d, s, &v)) {
+            GVQ_WARN("%s='%s' is not %s%s%s; using the default %g", d->env, s, kind_text(d),
+                     d->choices != NULL ? " " : "", d->choices != NULL ? d->choices : "", d->def);
             continue;
         }
         param_value[i] = v;
@@ -45,14 +89,21 @@ static void param_init(void) {
 
 int64_t gvq_param(gvq_param_id_t id) {
     pthread_once(&param_once, param_init);
+    return (int64_t)param_value[id];
+}
+
+double gvq_param_real(gvq_param_id_t id) {
+    pthread_once(&param_once, param_init);
     return param_value[id];
 }
 
 void gvq_param_dump(void) {
     pthread_once(&param_once, param_init);
     for (int i = 0; i < GVQ_PARAM_COUNT; i++)
-        GVQ_INFO("param %s=%lld (%s) -- %s", param_desc[i].env, (long long)param_value[i],
-                 param_from_env[i] ? "environment" : "default", param_desc[i].help);
+        GVQ_INFO("param %s=%.17g (%s) -- %s%s%s", param_desc[i].env, param_value[i],
+                 param_from_env[i] ? "environment" : "default", param_desc[i].help,
+                 param_desc[i].choices != NULL ? "; choices: " : "",
+                 param_desc[i].choices != NULL ? param_desc[i].choices : "");
 }
 
 uint64_t gvq_now_ns(void) {

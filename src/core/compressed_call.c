@@ -1,0 +1,352 @@
+/*
+ * compressed_call.c -- one compressed allreduce:
+ *
+ *   x (+ residual) --collocate--> ring(plan: codec of the phase, on its transport, sum)
+ *     --> phase machine (gvq_compressor_advance) --> (/N) --uncollocate--> y
+ *
+ * The plan picks the codec and where its ring runs together:
+ *
+ *   buffers   device transport   ring runs over           codec
+ *   host      -                  comm's transport         host codec of the phase
+ *   device    yes (NCCL)         the device transport     the device's codec
+ *   device    no                 comm's transport         staged(device codec): wire in pinned
+ *                                                         host memory
+ *
+ * Buffers on a device the resident path does not take (error feedback, mixed buffers,
+ * GVQ_DEVICE_CODECS=0) are staged whole through pinned host memory and run the host codecs.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gvq_compressor.h"
+
+/* ---- error feedback ------------------------------------------------------------------------- */
+
+/* The residual is what this rank's own contribution loses to compression, x - x_hat with
+ * x_hat = U U^T (x - Z/N) + Z/N per full slice (the tail travels exactly). It is computed
+ * before the ring from the local (collocated) input, and stored in the tensor's order. Exact
+ * phases leave no residual. */
+static gvqResult_t slice_residual(gvqCompressor_t c, size_t j, const float *xs, float *coef,
+                                  float *v) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    const gvq_device_ops_t *dev = c->comm->dev;
+    size_t L = (size_t)cfg->L, d = (size_t)c->st.d, g = j / (size_t)cfg->C;
+    const float *U = c->U + g * L * d, *Z = c->Z + g * L;
+    float n = (float)c->comm->nranks;
+    for (size_t i = 0; i < L; i++) v[i] = xs[j * L + i] - Z[i] / n;
+    GVQCHECK(dev->sgemm(1, 0, (int)d, 1, (int)L, 1.0f, U, (int)L, v, (int)L, 0.0f, coef, (int)d));
+    /* v = (I - U U^T)(x - Z/N) = x - x_hat */
+    return dev->sgemm(0, 0, (int)L, 1, (int)d, -1.0f, U, (int)L, coef, (int)d, 1.0f, v, (int)L);
+}
+
+static gvqResult_t update_residual(gvqCompressor_t c, const float *xs, int compressed) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    memset(c->residual, 0, sizeof(float) * cfg->count);
+    if (!compressed) return gvqSuccess;
+    size_t L = (size_t)cfg->L, K = (size_t)cfg->K, D = (size_t)cfg->D;
+    size_t H = (size_t)cfg->H, W = (size_t)cfg->W;
+    float *coef = malloc(sizeof(float) * (size_t)c->st.d), *v = malloc(sizeof(float) * L);
+    gvqResult_t res = coef && v ? gvqSuccess : gvqSystemError;
+    for (size_t j = 0; res == gvqSuccess && j < c->nfull; j++) {
+        res = slice_residual(c, j, xs, coef, v);
+        for (size_t i = 0; i < L; i++) {
+            size_t e = j * L + i;
+            if (c->collocate) { /* collocated index ((h*W + w)*D + d)*K + k -> [k][d][h][w] */
+                size_t k = e % K, dd = (e / K) % D, w = (e / (K * D)) % W, h = e / (K * D * W);
+                c->residual[((k * D + dd) * H + h) * W + w] = v[i];
+            } else {
+                c->residual[e] = v[i];
+            }
+        }
+    }
+    free(coef);
+    free(v);
+    return res;
+}
+
+/* ---- the vote -------------------------------------------------------------------------------- */
+
+/* This rank's loss ||x_n - x_hat_n|| / ||x_n|| over the sampled slices of the current call.
+ * Both codecs' sums are zeroed at the start of a compressed call and only the one that runs
+ * adds to them (the host codec's, or the device codec's on a device-resident call). */
+static double local_loss(gvqCompressor_t c) {
+    const gvq_gradiveq_t *g = &c->gq;
+    const double *dn = c->gq_dev.norms;
+    double x2 = g->local_x2 + dn[0], c2 = g->local_c2 + dn[1], all2 = g->local_all2 + dn[2];
+    return all2 > 0 ? sqrt(fmax(0, x2 - c2) / all2) : 0;
+}
+
+/* This rank's early-exit vote, asked for by the ring once all local encodes are done. The loss
+ * is measured on centred slices against the uncentred norm, so it can exceed 1: a threshold >= 1
+ * means "never" (no vote is taken then), not "above 1". */
+static int32_t local_vote(void *arg) {
+    gvqCompressor_t c = arg;
+    return local_loss(c) > c->cfg.vote;
+}
+
+/* ---- the plan: codec and ring of this call ----------------------------------------------------- */
+
+typedef struct {
+    gvq_codec_t codec;   /* what the ring runs */
+    gvq_codec_t inner;   /* the device codec, when codec wraps it (staged wire) */
+    gvq_coll_ctx_t comm; /* the communicator's own ring (agreements, the fit) */
+    gvq_coll_ctx_t ring; /* where the compressed ring runs */
+    unsigned long long sent;
+} call_plan_t;
+
+/* The codec of the current phase, for dev's buffers (a device codec when on_dev). */
+static void choose_codec(gvqCompressor_t c, const gvq_device_ops_t *dev, int on_dev,
+                         call_plan_t *p) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    int phase = c->st.phase;
+    gvq_codec_t *out = on_dev ? &p->inner : &p->codec;
+    int use_qsgd = cfg->codec == gvqCodecQsgd ||
+                   (cfg->codec == gvqCodecGradiveq && phase != gvqPhaseCompressed &&
+                    cfg->sample_codec == gvqCodecQsgd);
+    if (phase == gvqPhaseCompressed || use_qsgd) p->comm.chunk_bytes = c->codec_chunk_bytes;
+    if (phase == gvqPhaseCompressed) {
+        c->gq.local_x2 = c->gq.local_c2 = c->gq.local_all2 = 0;
+        c->gq_dev.norms[0] = c->gq_dev.norms[1] = c->gq_dev.norms[2] = 0;
+        if (on_dev) gvq_codec_gradiveq_dev_init(out, dev, &c->gq_dev);
+        else gvq_codec_gradiveq_init(out, c->comm->dev, &c->gq);
+    } else if (use_qsgd) {
+        c->qs.call = (uint32_t)c->st.iter;
+        if (on_dev) {
+            c->qsgd_dev = (gvq_dev_qsgd_t){c->qs.bits, c->qs.levels, c->qs.norm, c->qs.bucket,
+                                           c->qs.seed, c->qs.rank,   c->qs.call};
+            gvq_codec_qsgd_dev_init(out, dev, &c->qsgd_dev);
+        } else {
+            gvq_codec_qsgd_init(out, c->comm->dev, &c->qs);
+        }
+    } else {
+        gvq_codec_identity_init(out, on_dev ? dev : c->comm->dev, gvqFloat32, gvqSum);
+    }
+}
+
+/* Device rings run over the device transport (NCCL) when there is one, their wire in device
+ * memory; otherwise the wire is staged through pinned host memory over the communicator's own. */
+static void choose_ring(gvqCompressor_t c, const gvq_device_ops_t *dev, int on_dev,
+                        call_plan_t *p) {
+    gvqComm_t comm = c->comm;
+    p->ring = p->comm;
+    gvq_transport_t *dxp = on_dev ? gvq_comm_device_transport(comm, dev) : NULL;
+    if (dxp != NULL) {
+        p->ring = (gvq_coll_ctx_t){.xport = dxp,
+                                   .dev = dev,
+                                   .chunk_bytes = p->comm.chunk_bytes,
+                                   .scratch = &comm->dscratch,
+                                   .scratch_bytes = &comm->dscratch_bytes,
+                                   .bytes_sent = &p->sent};
+        p->codec = p->inner;
+    } else if (on_dev) {
+        gvq_codec_staged_init(&p->codec, &p->inner, &c->stg);
+        p->ring.dev = gvq_comm_pinned_host(comm, dev); /* wire slots in pinned memory */
+        p->ring.scratch = &comm->pscratch;
+        p->ring.scratch_bytes = &comm->pscratch_bytes;
+    }
+}
+
+static void plan_call(gvqCompressor_t c, const gvq_device_ops_t *dev, call_plan_t *p) {
+    int on_dev = dev != &gvq_host_device;
+    p->sent = 0;
+    p->comm = gvq_comm_ctx(c->comm, &p->sent);
+    choose_codec(c, dev, on_dev, p);
+    choose_ring(c, dev, on_dev, p);
+}
+
+/* ---- one call ---------------------------------------------------------------------------------- */
+
+/* The ring's input (src) and output (dst): the collocated work vector, or the caller's
+ * buffers, after adding the error-feedback residual. */
+static gvqResult_t prepare_input(gvqCompressor_t c, const gvq_device_ops_t *dev, const float *send,
+                                 float *recv, const float **src, float **dst) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    int on_dev = dev != &gvq_host_device;
+    const float *x = send;
+    if (cfg->error_feedback) { /* the gradient plus what earlier compression dropped */
+        for (size_t i = 0; i < cfg->count; i++) c->ef_input[i] = send[i] + c->residual[i];
+        x = c->ef_input;
+    }
+    *src = x;
+    *dst = recv;
+    size_t K = (size_t)cfg->K, D = (size_t)cfg->D, H = (size_t)cfg->H, W = (size_t)cfg->W;
+    if (c->collocate && on_dev) {
+        GVQCHECK(dev->collocate(x, c->dwork, K, D, H, W, 0));
+        *src = *dst = c->dwork;
+    } else if (c->collocate) {
+        gvq_collocate(x, c->work, K, D, H, W);
+        *src = *dst = c->work;
+    }
+    return gvqSuccess;
+}
+
+/* gvqAvg's divide and the inverse collocation into recv. */
+static gvqResult_t finish_output(gvqCompressor_t c, const gvq_device_ops_t *dev, float *dst,
+                                 float *recv, gvqRedOp_t op) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    size_t K = (size_t)cfg->K, D = (size_t)cfg->D, H = (size_t)cfg->H, W = (size_t)cfg->W;
+    if (op == gvqAvg) GVQCHECK(dev->divide(dst, cfg->count, gvqFloat32, c->comm->nranks));
+    if (c->collocate && dev != &gvq_host_device)
+        GVQCHECK(dev->collocate(c->dwork, recv, K, D, H, W, 1));
+    else if (c->collocate)
+        gvq_uncollocate(c->work, recv, K, D, H, W);
+    return gvqSuccess;
+}
+
+/* One call. dev holds send and recv: the host device, or (run_device) a device with its own
+ * codecs, whose copies of U, Z and the work vector are ready. */
+static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const float *send,
+                       float *recv, gvqRedOp_t op) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    int phase = c->st.phase;
+    const float *src;
+    float *dst;
+    GVQCHECK(prepare_input(c, dev, send, recv, &src, &dst));
+    call_plan_t p;
+    plan_call(c, dev, &p);
+    if (cfg->error_feedback) GVQCHECK(update_residual(c, src, phase == gvqPhaseCompressed));
+    /* the early-exit vote rides inside the compressed ring's allgather when it can */
+    int voting = phase == gvqPhaseCompressed && cfg->vote < 1.0f;
+    gvq_tally_t tally = {local_vote, c, 0, 0};
+    GVQCHECK(gvq_ring_allreduce_tally(&p.ring, &p.codec, src, dst, cfg->count, gvqSum,
+                                      voting ? &tally : NULL));
+    unsigned long long sent = p.sent; /* the compressed ring's bytes, before any agreement */
+    int32_t vote = voting ? tally.sum : 0;
+    if (voting && !tally.carried) GVQCHECK(gvq_agree_i32(&p.comm, &vote, 1, gvqSum));
+    if (phase == gvqPhasePlain && cfg->codec == gvqCodecQsgd)
+        c->st.stats.ratio =
+            (double)(cfg->count * 4) / (double)p.codec.wire_bytes(&p.codec, 0, cfg->count);
+    double loss = phase == gvqPhaseCompressed ? local_loss(c) : 0;
+    GVQCHECK(gvq_compressor_advance(c, &p.comm, dev, dst, sent, loss, vote));
+    return finish_output(c, dev, dst, recv, op);
+}
+
+gvqResult_t gvq_compressed_allreduce_entered(gvqCompressor_t c, const void *send, void *recv,
+                                             gvqRedOp_t op) {
+    return run(c, &gvq_host_device, send, recv, op);
+}
+
+/* ---- device buffers --------------------------------------------------------------------------
+ * Device-resident: collocation, the codecs, the divide and the inverse collocation run on the
+ * device, on the caller's stream; the PCA fit (the samples are copied out) and the phase
+ * bookkeeping stay on the host. */
+
+/* The device copies this call needs: the collocated work vector, and in the compressed phase
+ * U, Z and U^T Z of the current fit. */
+static gvqResult_t device_ready(gvqCompressor_t c, const gvq_device_ops_t *dev) {
+    if (c->ddev != dev) {
+        gvq_compressor_device_free(c);
+        c->ddev = dev;
+    }
+    size_t M = c->cfg.count, G = c->ngroups, L = (size_t)c->cfg.L, d = (size_t)c->st.d;
+    if (c->collocate && c->dwork == NULL && (c->dwork = dev->alloc(sizeof(float) * M)) == NULL)
+        goto oom;
+    if (c->st.phase != gvqPhaseCompressed || c->dev_version == c->fit_version) return gvqSuccess;
+    if (c->dU_len < G * L * d) {
+        if (c->dU != NULL) dev->free(c->dU);
+        c->dU_len = 0;
+        if ((c->dU = dev->alloc(sizeof(float) * G * L * d)) == NULL) goto oom;
+        c->dU_len = G * L * d;
+    }
+    if (c->dZ == NULL && (c->dZ = dev->alloc(sizeof(float) * G * L)) == NULL) goto oom;
+    if (c->dUZ == NULL && (c->dUZ = dev->alloc(sizeof(float) * G * L)) == NULL) goto oom; /* d <= L */
+    GVQCHECK(dev->copy_from_host(c->dU, c->U, sizeof(float) * G * L * d));
+    GVQCHECK(dev->copy_from_host(c->dZ, c->Z, sizeof(float) * G * L));
+    GVQCHECK(dev->copy_from_host(c->dUZ, c->gq.UZ, sizeof(float) * G * d));
+    c->gq_dev.params = (gvq_dev_gq_t){L, d, (size_t)c->cfg.C, c->comm->nranks, c->cfg.fp16,
+                                      c->dU, c->dZ, c->dUZ};
+    c->dev_version = c->fit_version;
+    return gvqSuccess;
+oom:
+    GVQ_WARN("compressor of tensor %d: cannot allocate its buffers on the %s device",
+             c->tensor_index, dev->name);
+    return gvqSystemError;
+}
+
+static gvqResult_t run_device(gvqCompressor_t c, const gvq_device_ops_t *dev, const void *send,
+                              void *recv, gvqRedOp_t op, gvqStream_t stream) {
+    void *prev = NULL;
+    GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, stream), &prev));
+    gvqResult_t res = device_ready(c, dev);
+    if (res == gvqSuccess) res = run(c, dev, send, recv, op);
+    gvqResult_t r2 = dev->set_stream(prev, NULL);
+    return res != gvqSuccess ? res : r2;
+}
+
+typedef struct {
+    gvqCompressor_t c;
+    gvqRedOp_t op;
+} staged_call_t;
+
+static gvqResult_t compressed_on_host(void *arg, const void *send, void *recv) {
+    const staged_call_t *s = arg;
+    return gvq_compressed_allreduce_entered(s->c, send, recv, s->op);
+}
+
+/* ---- the public call ------------------------------------------------------------------------- */
+
+static gvqResult_t check_call(const void *sendbuff, void *recvbuff, size_t count,
+                              gvqDataType_t datatype, gvqRedOp_t op, gvqCompressor_t compressor,
+                              gvqComm_t comm) {
+    const char *fn = "gvqAllReduceCompressed";
+    if (!gvq_compressor_live(compressor)) {
+        GVQ_WARN("%s: compressor %p is not a live compressor", fn, (void *)compressor);
+        return gvqInvalidArgument;
+    }
+    if (compressor->comm != comm) {
+        GVQ_WARN("%s: the compressor belongs to another communicator", fn);
+        return gvqInvalidArgument;
+    }
+    if (datatype != gvqFloat32) {
+        GVQ_WARN("%s: datatype %s: compressed allreduce takes gvqFloat32", fn,
+                 gvq_dtype_name(datatype));
+        return gvqInvalidArgument;
+    }
+    if (op != gvqSum && op != gvqAvg) {
+        GVQ_WARN("%s: op %d: compressed allreduce takes gvqSum or gvqAvg", fn, (int)op);
+        return gvqInvalidArgument;
+    }
+    if (count != compressor->cfg.count) {
+        GVQ_WARN("%s: count %zu, but the compressor was made for %llu", fn, count,
+                 (unsigned long long)compressor->cfg.count);
+        return gvqInvalidArgument;
+    }
+    if (sendbuff == NULL || recvbuff == NULL) {
+        GVQ_WARN("%s: %s is NULL", fn, sendbuff == NULL ? "sendbuff" : "recvbuff");
+        return gvqInvalidArgument;
+    }
+    if (sendbuff != recvbuff && (const char *)sendbuff < (const char *)recvbuff + count * 4 &&
+        (const char *)recvbuff < (const char *)sendbuff + count * 4) {
+        GVQ_WARN("%s: recvbuff overlaps sendbuff but is not in place", fn);
+        return gvqInvalidArgument;
+    }
+    if (gvq_group_active()) {
+        GVQ_WARN("%s: not allowed inside gvqGroupStart/gvqGroupEnd", fn);
+        return gvqInvalidUsage;
+    }
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
+                                           gvqDataType_t datatype, gvqRedOp_t op,
+                                           gvqCompressor_t compressor, gvqComm_t comm,
+                                           gvqStream_t stream) {
+    const char *fn = "gvqAllReduceCompressed";
+    GVQCHECK(check_call(sendbuff, recvbuff, count, datatype, op, compressor, comm));
+    GVQCHECK(gvq_comm_enter(comm, fn));
+    const gvq_device_ops_t *sdev = gvq_device_of(sendbuff), *rdev = gvq_device_of(recvbuff);
+    const gvq_device_ops_t *dev = sdev != &gvq_host_device ? sdev : rdev;
+    staged_call_t sc = {compressor, op};
+    size_t bytes = count * sizeof(float);
+    gvqResult_t res;
+    if (dev == &gvq_host_device)
+        res = gvq_compressed_allreduce_entered(compressor, sendbuff, recvbuff, op);
+    else if (sdev == rdev && gvq_device_has_codecs(dev) && !compressor->cfg.error_feedback &&
+             gvq_param(GVQ_PARAM_DEVICE_CODECS))
+        res = run_device(compressor, dev, sendbuff, recvbuff, op, stream);
+    else
+        res = gvq_device_staged(dev, stream, fn, &comm->pinned, sendbuff, bytes, recvbuff, bytes,
+                                compressed_on_host, &sc);
+    gvq_comm_leave(comm);
+    return res;
+}

@@ -1,0 +1,104 @@
+/*
+ * gvq_compressor.h -- the compressor handle and what its files share:
+ *
+ *   compressor.c         the handle (create, destroy, stats, registry) and its phase machine
+ *   compressor_config.c  the public config resolved into gvq_comp_cfg_t (every refusal names
+ *                        its field)
+ *   compressor_fit.c     the fit spread over the ranks, and the codec state it yields
+ *   compressed_call.c    one compressed allreduce: input, codec and ring chosen as one plan,
+ *                        the ring, output; device-resident and staged variants
+ *   compressor_save.c    saved state
+ *   zero_code.c          GVQ_CODEC: compressors attached to plain allreduce calls
+ */
+#ifndef GVQ_COMPRESSOR_H_
+#define GVQ_COMPRESSOR_H_
+
+#include "gvq_comm.h"
+
+#define GVQ_COMPRESSOR_MAGIC 0x67767163u
+
+/* The resolved configuration (every default filled in). Saved states carry it, so a load can
+ * check that it restores into the same kind of compressor: its layout is part of the saved
+ * format. */
+typedef struct {
+    int32_t codec, K, D, H, W, L, C;
+    float eps;
+    int32_t warmup, sample, compressed, sample_codec, qbits, qbucket, qmaxnorm, fp16,
+        error_feedback, dmax, seed;
+    float vote;            /* early-exit threshold on the local loss */
+    int32_t sample_slices; /* slices per reuse group kept per sampling call (1..C) */
+    int32_t zero;          /* keeps count 8-aligned without implicit padding, so that save/load can
+                              memcmp the struct; always 0 */
+    uint64_t count;
+} gvq_comp_cfg_t;
+_Static_assert(sizeof(gvq_comp_cfg_t) == 22 * 4 + 8, "gvq_comp_cfg_t must have no implicit padding");
+
+/* Where the schedule stands (saved with the state). */
+typedef struct {
+    int32_t phase;
+    int32_t d;
+    int64_t iter, phase_iter, nsamples;
+    gvqCompressorStats_t stats;
+} gvq_comp_state_t;
+
+struct gvqCompressor {
+    uint32_t magic;
+    gvqComm_t comm;
+    int tensor_index;
+    gvq_comp_cfg_t cfg;
+    gvq_comp_state_t st;
+    size_t nfull, ngroups;
+    int collocate;
+    float *samples;  /* ngroups x T x sample_slices x L */
+    float *U, *Z;    /* ngroups x L x d, ngroups x L */
+    float *work;     /* collocated vector (count) */
+    float *ef_input; /* gradient + residual (count) */
+    float *residual;
+    gvq_gradiveq_t gq;
+    gvq_qsgd_t qs;
+    int have_qsgd;
+    size_t codec_chunk_bytes; /* ring chunk while a compressing codec runs (GVQ_CODEC_CHUNK_BYTES) */
+    uint64_t fit_version;     /* bumped by every gvq_compressor_codec_setup (a fit or a load) */
+    /* Device-resident calls (buffers in a device's memory): the device's copies of the
+     * collocated vector and of U, Z, U^T Z, and the device codecs' parameters. */
+    const gvq_device_ops_t *ddev;
+    float *dwork, *dU, *dZ, *dUZ;
+    size_t dU_len;        /* floats in dU (ngroups L d) */
+    uint64_t dev_version; /* fit_version of dU, dZ, dUZ (0: none) */
+    gvq_gq_dev_codec_t gq_dev;
+    gvq_dev_qsgd_t qsgd_dev;
+    gvq_staging_t stg;
+};
+
+/* compressor_config.c: resolve a public config (NULL: defaults) for a tensor of count floats. */
+gvqResult_t gvq_compressor_config_resolve(const gvqCompressorConfig_t *in, size_t count,
+                                          gvq_comp_cfg_t *cfg);
+
+/* compressor.c */
+int gvq_compressor_live(gvqCompressor_t c);
+void gvq_compressor_set_reason(gvqCompressor_t c, const char *why);
+/* Drop the device copies (the next device-resident call makes them again). */
+void gvq_compressor_device_free(gvqCompressor_t c);
+/* The phase machine, after the ring of one call: keeps the samples of a sampling call (dst: the
+ * summed, collocated result on dev), counts the bytes, takes the vote (`vote`: the sum of the
+ * ranks' votes, already agreed) and moves to the next phase, fitting when the samples are
+ * complete. Every input is identical on all ranks. */
+gvqResult_t gvq_compressor_advance(gvqCompressor_t c, gvq_coll_ctx_t *ctx,
+                                   const gvq_device_ops_t *dev, const float *dst,
+                                   unsigned long long sent, double loss, int32_t vote);
+
+/* compressor_fit.c */
+/* Slices of group g kept per sampling call: sample_slices, or fewer in a short last group. */
+size_t gvq_compressor_group_samples(gvqCompressor_t c, size_t g);
+/* (Re)build the GradiVeQ codec state from U, Z, d. */
+gvqResult_t gvq_compressor_codec_setup(gvqCompressor_t c);
+/* Fit every reuse group on its owner rank, agree on d, broadcast (U, Z) from the owners.
+ * gvqSuccess with *ok = 0 when a fit was refused (non-finite samples) on any rank. */
+gvqResult_t gvq_compressor_fit(gvqCompressor_t c, gvq_coll_ctx_t *ctx, int *ok);
+
+/* compressed_call.c: one compressed allreduce on host buffers, for a caller that has entered
+ * the communicator and checked the arguments. */
+gvqResult_t gvq_compressed_allreduce_entered(gvqCompressor_t c, const void *send, void *recv,
+                                             gvqRedOp_t op);
+
+#endif /* GVQ_COMPRESSOR_H_ */
