@@ -272,7 +272,7 @@ static void rank_gq(gvqComm_t comm, int rank, int nranks, void *arg) {
     gvq_gradiveq_t g;
     gvq_codec_t codec;
     gq_codec(&rc->m, nranks, rc->fp16, &g, &codec);
-    gvq_coll_ctx_t ctx = {comm->xport, comm->dev, comm->chunk_bytes, &comm->scratch, &comm->scratch_bytes, NULL};
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
     size_t M = rc->m.M;
     float *s = malloc(sizeof(float) * M), *d = rc->inplace ? s : malloc(sizeof(float) * M);
     for (size_t i = 0; i < M; i++) s[i] = gq_input(rank, i);
@@ -407,7 +407,7 @@ static void rank_qsgd(gvqComm_t comm, int rank, int nranks, void *arg) {
     gvq_qsgd_init(&qs, 8, 64, GVQ_QSGD_NORM_MAX, 99, (uint32_t)rank);
     gvq_codec_t codec;
     gvq_codec_qsgd_init(&codec, comm->dev, &qs);
-    gvq_coll_ctx_t ctx = {comm->xport, comm->dev, comm->chunk_bytes, &comm->scratch, &comm->scratch_bytes, NULL};
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
     float *s = malloc(sizeof(float) * qc->M), *d = malloc(sizeof(float) * qc->M);
     for (size_t i = 0; i < qc->M; i++) s[i] = gq_input(rank, i);
     EXPECT_RES(gvq_ring_allreduce(&ctx, &codec, s, d, qc->M, gvqAvg), gvqSuccess);

@@ -213,7 +213,7 @@ static void rank_wide(gvqComm_t comm, int rank, int nranks, void *arg) {
     case_t *c = arg;
     gvq_codec_t codec = {"wide", 0, 3, wide_wire_bytes, wide_encode_combine, wide_decode,
                          comm->dev, gvqFloat32, gvqSum, NULL};
-    gvq_coll_ctx_t ctx = {comm->xport, comm->dev, comm->chunk_bytes, &comm->scratch, &comm->scratch_bytes, NULL};
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
     float *s = malloc(c->count * sizeof(float) + 4), *d = c->inplace ? s : malloc(c->count * sizeof(float) + 4);
     /* values whose float sum would round but whose double sum is exact */
     for (size_t i = 0; i < c->count; i++) s[i] = rank == 0 ? 16777216.0f : (float)((rank + i) % 2);

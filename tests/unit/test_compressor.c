@@ -86,6 +86,11 @@ static void rank_sched(gvqComm_t comm, int rank, int nranks, void *arg) {
     sc->out[rank] = y;
     free(x);
     EXPECT_RES(gvqCompressorDestroy(comp), gvqSuccess);
+    /* a destroyed handle is refused by the registry, never read (ASan would see a read) */
+    gvqCompressorStats_t st;
+    EXPECT_RES(gvqCompressorGetStats(comp, &st), gvqInvalidArgument);
+    EXPECT_RES(gvqCompressorDestroy(comp), gvqInvalidArgument);
+    EXPECT_RES(gvqCompressorSave(comp, NULL, &(size_t){0}), gvqInvalidArgument);
 }
 
 static gvqCompressorConfig_t base_cfg(void) {

@@ -32,7 +32,11 @@ static void *fifo_rank(void *p) {
     if (!k->fifo) t->timeout_ns = 2ull * 1000000000ull;
     void *scratch = NULL;
     size_t scratch_bytes = 0;
-    gvq_coll_ctx_t ctx = {t, &gvq_host_device, k->chunk_bytes, &scratch, &scratch_bytes, NULL};
+    gvq_coll_ctx_t ctx = {.xport = t,
+                          .dev = &gvq_host_device,
+                          .chunk_bytes = k->chunk_bytes,
+                          .scratch = &scratch,
+                          .scratch_bytes = &scratch_bytes};
     float *x = malloc(sizeof(float) * k->count), *y = malloc(sizeof(float) * k->count);
     for (size_t i = 0; i < k->count; i++) x[i] = (float)((i * 7 + (size_t)r * 13) % 101); /* exact sums */
     gvq_codec_t codec;

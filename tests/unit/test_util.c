@@ -62,9 +62,21 @@ int main(void) {
     /* tunables come from the environment, a bad value falls back to the default */
     setenv("GVQ_CHUNK_BYTES", "4096", 1);
     setenv("GVQ_SPIN_BEFORE_YIELD", "banana", 1);
+    /* each kind: a name among the choices, a real, a negative integer, and refusals of each */
+    setenv("GVQ_CODEC", "qsgd", 1);
+    setenv("GVQ_GRADIVEQ_EPS", "0.125", 1);
+    setenv("GVQ_GRADIVEQ_VOTE", "nan", 1);
+    setenv("GVQ_GRADIVEQ_SAMPLE_SLICES", "-3", 1);
+    setenv("GVQ_BOOTSTRAP_PORT", "-3", 1);
     EXPECT(gvq_param(GVQ_PARAM_CHUNK_BYTES) == 4096, "chunk %lld", (long long)gvq_param(GVQ_PARAM_CHUNK_BYTES));
     EXPECT(gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD) == 16, "spin %lld", (long long)gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD));
     EXPECT(gvq_param(GVQ_PARAM_TIMEOUT_MS) == 600000, "timeout default");
+    EXPECT(gvq_param(GVQ_PARAM_CODEC) == gvqCodecQsgd, "codec %lld", (long long)gvq_param(GVQ_PARAM_CODEC));
+    EXPECT(gvq_param_real(GVQ_PARAM_GRADIVEQ_EPS) == 0.125, "eps %g", gvq_param_real(GVQ_PARAM_GRADIVEQ_EPS));
+    EXPECT(gvq_param_real(GVQ_PARAM_GRADIVEQ_VOTE) == -1, "vote %g", gvq_param_real(GVQ_PARAM_GRADIVEQ_VOTE));
+    EXPECT(gvq_param(GVQ_PARAM_GRADIVEQ_SAMPLE_SLICES) == -3, "slices %lld",
+           (long long)gvq_param(GVQ_PARAM_GRADIVEQ_SAMPLE_SLICES));
+    EXPECT(gvq_param(GVQ_PARAM_BOOTSTRAP_PORT) == 0, "port %lld", (long long)gvq_param(GVQ_PARAM_BOOTSTRAP_PORT));
 
     /* every half and bf16 code decodes to the reference value */
     for (int c = 0; c < 65536; c++) {
