@@ -358,10 +358,13 @@ GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t compressor, gvqCompres
 /* Allreduce of `count` gvqFloat32 values through the compressor (op gvqSum or gvqAvg). The
  * result is the exact sum during warm-up and sampling with codec none, an approximation
  * otherwise, and bitwise identical on every rank. In place when sendbuff == recvbuff. CUDA
- * buffers are accepted: they are staged through pinned host memory behind `stream` and the host
- * codecs run (the call returns when the result is in place); the codecs do not run on the GPU
- * yet. Not allowed inside a group. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count, type or
- * op the compressor was not made for, gvqInvalidUsage inside a group. */
+ * buffers (both on the device) run device-resident on `stream`: collocation, the codecs and the
+ * divide run on the GPU, the ring over NCCL when it is up (else its wire is staged through pinned
+ * host memory over MPI), and the PCA fit on the host from the copied-out samples; a compressor
+ * with errorFeedback, mixed host/device buffers and GVQ_DEVICE_CODECS=0 stage the whole buffers
+ * and run the host codecs. The call returns when the result is in place. Not allowed inside a
+ * group. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count, type or op the compressor
+ * was not made for, gvqInvalidUsage inside a group. */
 GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
                                            gvqDataType_t datatype, gvqRedOp_t op,
                                            gvqCompressor_t compressor, gvqComm_t comm,

@@ -35,8 +35,8 @@ typedef struct gvq_device_ops {
     /* Wait for queued device work (a no-op on the synchronous host device). */
     gvqResult_t (*sync)(void);
 
-    /* ---- added with the CUDA backend. Every entry above keeps its place and meaning; a table
-     * built against the older layout carries the smaller `size` (check with GVQ_DEVICE_HAS).
+    /* ---- queued devices. A table carries its `size`, so a table shorter than this layout
+     * lacks the entries past its end (check with GVQ_DEVICE_HAS).
      *
      * Ordering: a device may queue work instead of finishing it (the CUDA device queues on the
      * calling thread's current stream). Operations of one thread run in the order issued; the
@@ -93,7 +93,7 @@ typedef struct gvq_device_ops {
                              const void *wire, float *dst);
 } gvq_device_ops_t;
 
-/* Whether a table has an entry (tables built against an older layout are shorter). */
+/* Whether a table has an entry (a table whose `size` ends before it does not). */
 #define GVQ_DEVICE_HAS(ops, field) \
     ((ops)->size >= offsetof(gvq_device_ops_t, field) + sizeof((ops)->field))
 

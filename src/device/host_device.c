@@ -159,7 +159,7 @@ static gvqResult_t host_ssyevd(int n, float *a, int lda, float *w) {
 
 static gvqResult_t host_sync(void) { return gvqSuccess; }
 
-/* ---- entries added with the CUDA backend ------------------------------------------------- */
+/* ---- streams, events, pinned memory, scale, cast, collocation, covariance -------------------- */
 
 static gvqResult_t host_set_stream(void *stream, void **prev) {
     (void)stream;
