@@ -170,7 +170,7 @@ static void *root_thread(void *arg) {
 }
 
 static int pick_address(struct in_addr *out) {
-    const char *want = getenv("GVQ_SOCKET_IFNAME");
+    const char *want = gvq_param_text(GVQ_PARAM_SOCKET_IFNAME);
     struct ifaddrs *ifs = NULL, *lo = NULL, *pick = NULL;
     if (getifaddrs(&ifs) != 0) return -1;
     for (struct ifaddrs *i = ifs; i != NULL; i = i->ifa_next) {

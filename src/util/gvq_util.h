@@ -72,8 +72,9 @@ const char *gvq_log_last_warn(void);
  * One list, so a tool can print every knob with its value and help text. Each entry:
  * X(id, environment variable, kind, default, choices, help). Kinds: UINT (a non-negative
  * integer), INT (any integer), REAL (a finite number), CHOICE (one of the comma-separated
- * names in `choices`; its value is the name's index). A value that does not parse is reported
- * at WARN and the default used. */
+ * names in `choices`; its value is the name's index), TEXT (a string, gvq_param_text; empty
+ * when unset). A value that does not parse is reported at WARN and the default used. Logging
+ * (GVQ_DEBUG, GVQ_DEBUG_FILE) sits below this table and reads its own two variables. */
 #define GVQ_PARAM_LIST(X)                                                                    \
     X(TIMEOUT_MS, "GVQ_TIMEOUT_MS", UINT, 600000, NULL,                                      \
       "a transfer that makes no progress for this many ms fails with gvqTimeout (0: never)") \
@@ -107,9 +108,18 @@ const char *gvq_log_last_warn(void);
     X(GRADIVEQ_VOTE, "GVQ_GRADIVEQ_VOTE", REAL, -1, NULL,                                    \
       "zero-code mode: GradiVeQ's voteThreshold (-1: the config's default)")                 \
     X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL, \
-      "zero-code mode: GradiVeQ's sampleSlices (unset: the config's default)")
+      "zero-code mode: GradiVeQ's sampleSlices (unset: the config's default)")                \
+    X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                     \
+      "network interface whose IPv4 address the bootstrap root listens on (unset: the first " \
+      "non-loopback interface that is up)")
 
-typedef enum { GVQ_PARAM_UINT, GVQ_PARAM_INT, GVQ_PARAM_REAL, GVQ_PARAM_CHOICE } gvq_param_kind_t;
+typedef enum {
+    GVQ_PARAM_UINT,
+    GVQ_PARAM_INT,
+    GVQ_PARAM_REAL,
+    GVQ_PARAM_CHOICE,
+    GVQ_PARAM_TEXT
+} gvq_param_kind_t;
 
 typedef enum {
 #define GVQ_PARAM_ENUM(id, env, kind, def, choices, help) GVQ_PARAM_##id,
@@ -122,6 +132,7 @@ typedef enum {
  * (gvq_param: as an integer; gvq_param_real: as a number, for REAL tunables). */
 int64_t gvq_param(gvq_param_id_t id);
 double gvq_param_real(gvq_param_id_t id);
+const char *gvq_param_text(gvq_param_id_t id);
 /* Log every tunable with its value, source and help at INFO. */
 void gvq_param_dump(void);
 

@@ -3,6 +3,7 @@
  * A value that does not parse as its kind is reported at WARN and the default used.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@ static const param_desc_t param_desc[GVQ_PARAM_COUNT] = {
 };
 
 static double param_value[GVQ_PARAM_COUNT];
+static const char *param_text[GVQ_PARAM_COUNT]; /* TEXT: the environment's string */
 static int param_from_env[GVQ_PARAM_COUNT];
 static pthread_once_t param_once = PTHREAD_ONCE_INIT;
 
@@ -75,7 +77,13 @@ static void param_init(void) {
         const param_desc_t *d = &param_desc[i];
         param_value[i] = d->def;
         const char *s = getenv(d->env);
+        param_text[i] = "";
         if (s == NULL || s[0] == '\0') continue;
+        if (d->kind == GVQ_PARAM_TEXT) {
+            param_text[i] = s;
+            param_from_env[i] = 1;
+            continue;
+        }
         double v;
         if (!parse_value(d, s, &v)) {
             GVQ_WARN("%s='%s' is not %s%s%s; using the default %g", d->env, s, kind_text(d),
@@ -97,13 +105,22 @@ double gvq_param_real(gvq_param_id_t id) {
     return param_value[id];
 }
 
+const char *gvq_param_text(gvq_param_id_t id) {
+    pthread_once(&param_once, param_init);
+    return param_text[id];
+}
+
 void gvq_param_dump(void) {
     pthread_once(&param_once, param_init);
-    for (int i = 0; i < GVQ_PARAM_COUNT; i++)
-        GVQ_INFO("param %s=%.17g (%s) -- %s%s%s", param_desc[i].env, param_value[i],
-                 param_from_env[i] ? "environment" : "default", param_desc[i].help,
-                 param_desc[i].choices != NULL ? "; choices: " : "",
-                 param_desc[i].choices != NULL ? param_desc[i].choices : "");
+    for (int i = 0; i < GVQ_PARAM_COUNT; i++) {
+        const param_desc_t *d = &param_desc[i];
+        char value[64];
+        if (d->kind == GVQ_PARAM_TEXT) snprintf(value, sizeof value, "'%.60s'", param_text[i]);
+        else snprintf(value, sizeof value, "%.17g", param_value[i]);
+        GVQ_INFO("param %s=%s (%s) -- %s%s%s", d->env, value,
+                 param_from_env[i] ? "environment" : "default", d->help,
+                 d->choices != NULL ? "; choices: " : "", d->choices != NULL ? d->choices : "");
+    }
 }
 
 uint64_t gvq_now_ns(void) {
