@@ -32,7 +32,7 @@ static int keyed_cmp(const void *a, const void *b) {
 gvqResult_t gvq_sparse_merge(const gvq_device_ops_t *dev, gvqDataType_t dtype, size_t dim,
                              const int64_t *idx, const void *val, size_t n, int64_t *out_idx,
                              void *out_val, size_t *nout) {
-    size_t rb = dim * gvq_dtype_size(dtype);
+    size_t row_bytes = dim * gvq_dtype_size(dtype);
     *nout = 0;
     if (n == 0) return gvqSuccess;
     keyed_t *k = malloc(n * sizeof *k);
@@ -47,13 +47,13 @@ gvqResult_t gvq_sparse_merge(const gvq_device_ops_t *dev, gvqDataType_t dtype, s
     size_t m = 0;
     gvqResult_t res = gvqSuccess;
     for (size_t i = 0; i < n; i++) {
-        const char *row = v + k[i].pos * rb;
+        const char *row = v + k[i].pos * row_bytes;
         if (m > 0 && out_idx[m - 1] == k[i].idx) {
-            res = dev->reduce(o + (m - 1) * rb, o + (m - 1) * rb, row, dim, dtype, gvqSum);
+            res = dev->reduce(o + (m - 1) * row_bytes, o + (m - 1) * row_bytes, row, dim, dtype, gvqSum);
             if (res != gvqSuccess) break;
         } else {
             out_idx[m] = k[i].idx;
-            memcpy(o + m * rb, row, rb);
+            memcpy(o + m * row_bytes, row, row_bytes);
             m++;
         }
     }
