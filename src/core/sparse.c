@@ -3,33 +3,47 @@
  * the transport's own allgatherv, GVQ_SPARSE_ALLGATHERV) and the summed union.
  *
  *     rank r: check its rows -> (merge its duplicates unless RAW) -> block [indices | values]
- *     allgather of (status, rows) per rank (gvq's ring, 16 bytes each)
+ *     allgather of (status, rows sent, dim, datatype, rows, flags) per rank (gvq_agree_fields)
+ *         dim, datatype, rows or flags differ between ranks -> every rank refuses
  *         any status "refused" -> every rank returns (nothing moved)
  *     blocks placed by the counts -> ring allgatherv or MPI_Iallgatherv
  *     every received block checked (indices in range; ascending when merged) -> concatenation
  *     in rank order -> merge (sort by index, sum in rank order) -> *out
+ *
+ *         rank 0: [i0 i1 | v0 v1]          every rank, after the transfer:
+ *         rank 1: [i0 | v0]          -->   [i0 i1 | v0 v1][i0 | v0][i0 i1 i2 | v0 v1 v2]
+ *         rank 2: [i0 i1 i2 | v0 v1 v2]     displ[0]        displ[1] displ[2]
+ *
+ * Blocks are in the row-block layout of gvq_ps_wire.h.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "gvq_comm.h"
+#include "gvq_ps_wire.h"
 #include "gvq_sparse.h"
 
 typedef struct { /* bytes each array of a gvqSparseRows_t holds */
     size_t indices, values, raw_indices, raw_values, rank_rows;
-} rows_internal_t;
+} rows_capacity_t;
 
-static int rows_valid(const gvqSparseRows_t *o) {
-    return o != NULL && o->magic == GVQ_SPARSE_ROWS_MAGIC && o->size == sizeof(gvqSparseRows_t);
+/* What every rank announces before rows move; the last four must be equal on every rank. */
+enum { F_STATUS, F_NROWS, F_DIM, F_DATATYPE, F_ROWS, F_FLAGS, NFIELDS };
+static const char *const field_names[NFIELDS] = {NULL, NULL, "dim", "datatype", "rows", "flags"};
+
+/* A gvqSparseRows_t made with GVQ_SPARSE_ROWS_INITIALIZER (called what in the WARN). */
+static gvqResult_t check_rows_header(const char *fn, const char *what, const gvqSparseRows_t *o) {
+    if (o == NULL) {
+        GVQ_WARN("%s: %s is NULL", fn, what);
+        return gvqInvalidArgument;
+    }
+    return gvq_config_header_check(fn, what, o->size, o->magic, o->version, GVQ_SPARSE_ROWS_MAGIC,
+                                   sizeof(gvqSparseRows_t), sizeof(gvqSparseRows_t),
+                                   "GVQ_SPARSE_ROWS_INITIALIZER");
 }
 
 GVQ_API gvqResult_t gvqSparseRowsFree(gvqSparseRows_t *o) {
-    if (!rows_valid(o)) {
-        GVQ_WARN("gvqSparseRowsFree: rows is %s", o == NULL ? "NULL"
-                                                            : "not made with "
-                                                              "GVQ_SPARSE_ROWS_INITIALIZER");
-        return gvqInvalidArgument;
-    }
+    GVQCHECK(check_rows_header("gvqSparseRowsFree", "rows", o));
     free(o->indices);
     free(o->values);
     free(o->rawIndices);
@@ -61,11 +75,7 @@ static gvqResult_t check_args(size_t rows, size_t dim, gvqDataType_t dtype, unsi
                               const gvqSparseRows_t *out, gvqComm_t comm) {
     const char *fn = "gvqSparseAllGatherv";
     GVQCHECK(gvq_comm_check(comm, fn, 1));
-    if (!rows_valid(out)) {
-        GVQ_WARN("%s: out is %s", fn,
-                 out == NULL ? "NULL" : "not made with GVQ_SPARSE_ROWS_INITIALIZER");
-        return gvqInvalidArgument;
-    }
+    GVQCHECK(check_rows_header(fn, "out", out));
     if (!gvq_dtype_valid((int)dtype)) {
         GVQ_WARN("%s: invalid datatype %d", fn, (int)dtype);
         return gvqInvalidArgument;
@@ -85,34 +95,31 @@ static gvqResult_t check_args(size_t rows, size_t dim, gvqDataType_t dtype, unsi
     return gvqSuccess;
 }
 
-/* The rows this rank sends: a block [indices | values], merged unless raw. */
+/* The rows this rank sends: one block, merged unless raw. */
 static gvqResult_t pack_own(const gvq_device_ops_t *dev, const int64_t *idx, const void *val,
                             size_t n, size_t dim, gvqDataType_t dtype, int raw, char **block,
                             size_t *nsend) {
-    size_t rb = dim * gvq_dtype_size(dtype);
+    size_t row_bytes = dim * gvq_dtype_size(dtype);
     *block = NULL;
     *nsend = 0;
     if (n == 0) return gvqSuccess;
-    char *b = malloc(n * (8 + rb));
+    char *b = malloc(gvq_wire_block_bytes(n, row_bytes));
     if (b == NULL) {
         GVQ_WARN("gvqSparseAllGatherv: cannot allocate %zu rows", n);
         return gvqSystemError;
     }
     if (raw) {
-        memcpy(b, idx, n * 8);
-        memcpy(b + n * 8, val, n * rb);
+        gvq_wire_block_pack(b, idx, val, n, row_bytes);
         *nsend = n;
     } else {
-        int64_t *mi = malloc(n * 8);
-        char *mv = malloc(n * rb);
-        gvqResult_t res = mi && mv ? gvq_sparse_merge(dev, dtype, dim, idx, val, n, mi, mv, nsend)
-                                   : gvqSystemError;
-        if (res == gvqSuccess) {
-            memcpy(b, mi, *nsend * 8);
-            memcpy(b + *nsend * 8, mv, *nsend * rb);
-        }
-        free(mi);
-        free(mv);
+        int64_t *merged_idx = malloc(n * sizeof *merged_idx);
+        char *merged_val = malloc(n * row_bytes);
+        gvqResult_t res = merged_idx && merged_val ? gvq_sparse_merge(dev, dtype, dim, idx, val, n,
+                                                                      merged_idx, merged_val, nsend)
+                                                   : gvqSystemError;
+        if (res == gvqSuccess) gvq_wire_block_pack(b, merged_idx, merged_val, *nsend, row_bytes);
+        free(merged_idx);
+        free(merged_val);
         if (res != gvqSuccess) {
             free(b);
             return res;
@@ -122,156 +129,191 @@ static gvqResult_t pack_own(const gvq_device_ops_t *dev, const int64_t *idx, con
     return gvqSuccess;
 }
 
-static gvqResult_t allgatherv_entered(gvqComm_t c, const int64_t *idx, const void *val, size_t n,
-                                      size_t rows, size_t dim, gvqDataType_t dtype,
-                                      unsigned flags, int refused, gvqSparseRows_t *out) {
-    const char *fn = "gvqSparseAllGatherv";
-    int N = c->nranks, r = c->rank, raw = (flags & GVQ_SPARSE_RAW) != 0;
-    int summed = (flags & GVQ_SPARSE_SUMMED) != 0;
-    size_t rb = dim * gvq_dtype_size(dtype), rowb = 8 + rb;
-    unsigned long long ring_sent = 0;
-    gvq_coll_ctx_t ctx = {c->xport, c->dev, c->chunk_bytes, &c->scratch, &c->scratch_bytes,
-                          &ring_sent};
-    gvq_sx_bytes_t bytes = {0, 0};
-    gvqResult_t res = gvqSuccess;
-    char *own = NULL, *all = NULL;
-    int64_t *cat_idx = NULL, (*counts)[6] = NULL;
-    char *cat_val = NULL;
-    size_t *displ = NULL, *blen = NULL, nsend = 0;
+/* One call's state once the communicator is entered. */
+typedef struct {
+    gvqComm_t comm;
+    int nranks, rank, raw, refused;
+    size_t rows, dim, row_bytes;
+    gvqDataType_t dtype;
+    int64_t *announced;   /* nranks x NFIELDS: what every rank announced */
+    size_t *displ, *blen; /* per rank: its block's offset in blocks and its bytes */
+    char *blocks;         /* every rank's block, in rank order */
+    size_t total_rows;
+    int64_t *gathered_idx; /* every rank's rows, checked, in rank order */
+    char *gathered_val;
+} gather_t;
 
-    if (!refused) GVQCHECK(pack_own(c->dev, idx, val, n, dim, dtype, raw, &own, &nsend));
-    /* (status, rows sent, and the arguments every rank must agree on) */
-    int64_t mine[6] = {refused, (int64_t)nsend, (int64_t)dim, (int64_t)dtype, (int64_t)rows,
-                       (int64_t)flags};
-    counts = calloc((size_t)N, sizeof *counts);
-    displ = calloc((size_t)N + 1, sizeof *displ);
-    blen = calloc((size_t)N, sizeof *blen);
-    if (counts == NULL || displ == NULL || blen == NULL) {
-        res = gvqSystemError;
-        goto out_free;
-    }
-    GVQCHECKGOTO(gvq_ring_allgather(&ctx, mine, counts, 6, gvqInt64), res, out_free);
-    bytes.sent += ring_sent;
-    bytes.received += ring_sent; /* the ring receives as much as it sends */
-    /* arguments that differ between ranks: every rank refuses alike */
-    for (int p = 0; p < N; p++) {
-        static const char *const what[6] = {"", "", "dim", "datatype", "rows", "flags"};
-        for (int f = 2; f < 6; f++)
-            if (counts[p][f] != mine[f]) {
-                GVQ_WARN("%s: rank %d passed %s %lld, this rank %lld (must be equal on every rank)",
-                         fn, p, what[f], (long long)counts[p][f], (long long)mine[f]);
-                res = gvqInvalidArgument;
-                goto out_free;
-            }
-    }
-    /* a refusal anywhere ends the call everywhere, before any row moves */
-    for (int p = 0; p < N; p++) {
-        if (counts[p][0] == 0) continue;
-        if (p == r) {
-            res = gvqInvalidArgument; /* warned by the caller */
-        } else if (!refused) {
+static gvqResult_t gather_init(gather_t *g, gvqComm_t c, size_t rows, size_t dim,
+                               gvqDataType_t dtype, unsigned flags, int refused) {
+    size_t N = (size_t)c->nranks;
+    *g = (gather_t){.comm = c,
+                    .nranks = c->nranks,
+                    .rank = c->rank,
+                    .refused = refused,
+                    .raw = (flags & GVQ_SPARSE_RAW) != 0,
+                    .rows = rows,
+                    .dim = dim,
+                    .dtype = dtype,
+                    .row_bytes = dim * gvq_dtype_size(dtype)};
+    g->announced = calloc(N * NFIELDS, sizeof *g->announced);
+    g->displ = calloc(N + 1, sizeof *g->displ);
+    g->blen = calloc(N, sizeof *g->blen);
+    return g->announced && g->displ && g->blen ? gvqSuccess : gvqSystemError;
+}
+
+static int64_t field_of(const gather_t *g, int p, int field) {
+    return g->announced[(size_t)p * NFIELDS + field];
+}
+
+/* A refusal anywhere ends the call everywhere, before any row moves; then every announced count
+ * must fit the rows (a merged block holds each row at most once) and the address space. */
+static gvqResult_t check_announced(gather_t *g) {
+    const char *fn = "gvqSparseAllGatherv";
+    size_t block_row = gvq_wire_block_bytes(1, g->row_bytes);
+    for (int p = 0; p < g->nranks; p++) {
+        if (field_of(g, p, F_STATUS) == 0) continue;
+        if (p == g->rank) return gvqInvalidArgument; /* warned by the caller */
+        if (!g->refused) {
             GVQ_WARN("%s: rank %d refused its rows (see its log); nothing was gathered", fn, p);
-            res = gvqRemoteError;
+            return gvqRemoteError;
         }
-        if (res != gvqSuccess) goto out_free;
     }
-    for (int p = 0; p < N; p++) {
-        int64_t k = counts[p][1];
-        /* a merged block holds each row at most once */
-        if (counts[p][0] != 0 || k < 0 || (!raw && (uint64_t)k > rows) ||
-            (uint64_t)k > (SIZE_MAX / 2 - displ[p]) / rowb) {
-            GVQ_WARN("%s: rank %d announced %lld rows (status %lld), impossible for %zu rows",
-                     fn, p, (long long)k, (long long)counts[p][0], rows);
-            res = gvqRemoteError;
-            goto out_free;
+    for (int p = 0; p < g->nranks; p++) {
+        int64_t k = field_of(g, p, F_NROWS), status = field_of(g, p, F_STATUS);
+        if (status != 0 || k < 0 || (!g->raw && (uint64_t)k > g->rows) ||
+            (uint64_t)k > (SIZE_MAX / 2 - g->displ[p]) / block_row) {
+            GVQ_WARN("%s: rank %d announced %lld rows (status %lld), impossible for %zu rows", fn,
+                     p, (long long)k, (long long)status, g->rows);
+            return gvqRemoteError;
         }
-        blen[p] = (size_t)k * rowb;
-        displ[p + 1] = displ[p] + blen[p];
+        g->blen[p] = (size_t)k * block_row;
+        g->displ[p + 1] = g->displ[p] + g->blen[p];
     }
-    size_t total_rows = displ[N] / rowb;
-    all = malloc(GVQ_MAX(displ[N], (size_t)1));
-    if (all == NULL) {
-        GVQ_WARN("%s: cannot allocate %zu bytes for the gathered rows", fn, displ[N]);
-        res = gvqSystemError;
-        goto out_free;
+    g->total_rows = g->displ[g->nranks] / block_row;
+    return gvqSuccess;
+}
+
+/* Every rank's block in place on every rank (this rank's own copied in first): the ring, or the
+ * transport's own allgatherv (*native). */
+static gvqResult_t transfer_blocks(gather_t *g, gvq_coll_ctx_t *ctx, const char *own,
+                                   gvq_sx_bytes_t *bytes, int *native) {
+    size_t total = g->displ[g->nranks];
+    g->blocks = malloc(GVQ_MAX(total, (size_t)1));
+    if (g->blocks == NULL) {
+        GVQ_WARN("gvqSparseAllGatherv: cannot allocate %zu bytes for the gathered rows", total);
+        return gvqSystemError;
     }
-    if (blen[r]) memcpy(all + displ[r], own, blen[r]);
-    int native = gvq_param(GVQ_PARAM_SPARSE_ALLGATHERV) == 1 && gvq_sparse_native_ok(c->xport, blen);
-    if (native)
-        GVQCHECKGOTO(gvq_sparse_native_allgatherv(&ctx, all, displ, blen, &bytes), res, out_free);
-    else
-        GVQCHECKGOTO(gvq_sparse_ring_allgatherv(&ctx, all, displ, blen, &bytes), res, out_free);
-    /* check what arrived, then lay it out in rank order */
-    cat_idx = malloc(GVQ_MAX(total_rows, (size_t)1) * 8);
-    cat_val = malloc(GVQ_MAX(total_rows * rb, (size_t)1));
-    if (cat_idx == NULL || cat_val == NULL) {
-        res = gvqSystemError;
-        goto out_free;
-    }
-    for (int p = 0, at = 0; p < N; p++) {
-        size_t k = blen[p] / rowb;
-        const char *b = all + displ[p];
-        memcpy(cat_idx + at, b, k * 8);
-        memcpy(cat_val + (size_t)at * rb, b + k * 8, k * rb);
-        size_t bad = gvq_sparse_find_out_of_range(cat_idx + at, k, rows);
-        size_t uns = raw ? k : gvq_sparse_find_unsorted(cat_idx + at, k);
+    if (g->blen[g->rank]) memcpy(g->blocks + g->displ[g->rank], own, g->blen[g->rank]);
+    *native = gvq_param(GVQ_PARAM_SPARSE_ALLGATHERV) == 1 &&
+              gvq_sparse_native_ok(g->comm->xport, g->blen);
+    if (*native) return gvq_sparse_native_allgatherv(ctx, g->blocks, g->displ, g->blen, bytes);
+    return gvq_sparse_ring_allgatherv(ctx, g->blocks, g->displ, g->blen, bytes);
+}
+
+/* Check what arrived (indices in range; ascending when merged), then lay it out in rank order
+ * as separate index and value arrays. */
+static gvqResult_t unpack_gathered(gather_t *g) {
+    const char *fn = "gvqSparseAllGatherv";
+    size_t block_row = gvq_wire_block_bytes(1, g->row_bytes);
+    g->gathered_idx = malloc(GVQ_MAX(g->total_rows, (size_t)1) * sizeof *g->gathered_idx);
+    g->gathered_val = malloc(GVQ_MAX(g->total_rows * g->row_bytes, (size_t)1));
+    if (g->gathered_idx == NULL || g->gathered_val == NULL) return gvqSystemError;
+    size_t at = 0;
+    for (int p = 0; p < g->nranks; p++) {
+        size_t k = g->blen[p] / block_row;
+        int64_t *idx = g->gathered_idx + at;
+        gvq_wire_block_unpack(g->blocks + g->displ[p], k, g->row_bytes, idx,
+                              g->gathered_val + at * g->row_bytes);
+        size_t bad = gvq_sparse_find_out_of_range(idx, k, g->rows);
+        size_t uns = g->raw ? k : gvq_sparse_find_unsorted(idx, k);
         if (bad < k || uns < k) {
             size_t i = bad < k ? bad : uns;
             GVQ_WARN("%s: rank %d's block is malformed: row %zu has index %lld (%s)", fn, p, i,
-                     (long long)cat_idx[at + i],
+                     (long long)idx[i],
                      bad < k ? "outside [0, rows)" : "not ascending after its merge");
-            res = gvqRemoteError;
-            goto out_free;
+            return gvqRemoteError;
         }
-        at += (int)k;
+        at += k;
     }
-    /* outputs: grow, then fill */
-    rows_internal_t *in = out->internal;
-    if (in == NULL) {
-        in = calloc(1, sizeof *in);
-        if (in == NULL) {
-            res = gvqSystemError;
-            goto out_free;
-        }
-        out->internal = in;
+    return gvqSuccess;
+}
+
+/* out's arrays grown to hold the result, then filled: the union (SUMMED), the rows as they
+ * came (RAW), the rows per rank. */
+static gvqResult_t fill_outputs(const gather_t *g, unsigned flags, gvqSparseRows_t *out) {
+    size_t n = g->total_rows, row_bytes = g->row_bytes;
+    rows_capacity_t *cap = out->internal;
+    if (cap == NULL) {
+        cap = calloc(1, sizeof *cap);
+        if (cap == NULL) return gvqSystemError;
+        out->internal = cap;
     }
-    GVQCHECKGOTO(grow((void **)&out->rankRows, &in->rank_rows, (size_t)N * sizeof(size_t)), res,
-                 out_free);
-    if (summed) {
-        GVQCHECKGOTO(grow((void **)&out->indices, &in->indices, total_rows * 8), res, out_free);
-        GVQCHECKGOTO(grow(&out->values, &in->values, total_rows * rb), res, out_free);
+    GVQCHECK(grow((void **)&out->rankRows, &cap->rank_rows, (size_t)g->nranks * sizeof(size_t)));
+    if (flags & GVQ_SPARSE_SUMMED) {
+        GVQCHECK(grow((void **)&out->indices, &cap->indices, n * sizeof *out->indices));
+        GVQCHECK(grow(&out->values, &cap->values, n * row_bytes));
         size_t m = 0;
-        GVQCHECKGOTO(gvq_sparse_merge(c->dev, dtype, dim, cat_idx, cat_val, total_rows,
-                                      out->indices, out->values, &m),
-                     res, out_free);
+        GVQCHECK(gvq_sparse_merge(g->comm->dev, g->dtype, g->dim, g->gathered_idx, g->gathered_val,
+                                  n, out->indices, out->values, &m));
         out->nrows = m;
     } else {
         out->nrows = 0;
     }
-    if (raw) {
-        GVQCHECKGOTO(grow((void **)&out->rawIndices, &in->raw_indices, total_rows * 8), res,
-                     out_free);
-        GVQCHECKGOTO(grow(&out->rawValues, &in->raw_values, total_rows * rb), res, out_free);
-        memcpy(out->rawIndices, cat_idx, total_rows * 8);
-        memcpy(out->rawValues, cat_val, total_rows * rb);
-        out->rawRows = total_rows;
+    if (g->raw) {
+        GVQCHECK(grow((void **)&out->rawIndices, &cap->raw_indices, n * sizeof *out->rawIndices));
+        GVQCHECK(grow(&out->rawValues, &cap->raw_values, n * row_bytes));
+        memcpy(out->rawIndices, g->gathered_idx, n * sizeof *out->rawIndices);
+        memcpy(out->rawValues, g->gathered_val, n * row_bytes);
+        out->rawRows = n;
     } else {
         out->rawRows = 0;
     }
-    for (int p = 0; p < N; p++) out->rankRows[p] = blen[p] / rowb;
-    out->nranks = N;
+    for (int p = 0; p < g->nranks; p++)
+        out->rankRows[p] = g->blen[p] / gvq_wire_block_bytes(1, row_bytes);
+    out->nranks = g->nranks;
+    return gvqSuccess;
+}
+
+static gvqResult_t allgatherv_entered(gvqComm_t c, const int64_t *idx, const void *val, size_t n,
+                                      size_t rows, size_t dim, gvqDataType_t dtype, unsigned flags,
+                                      int refused, gvqSparseRows_t *out) {
+    const char *fn = "gvqSparseAllGatherv";
+    gather_t g;
+    unsigned long long ring_sent = 0;
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(c, &ring_sent);
+    gvq_sx_bytes_t bytes = {0, 0};
+    gvqResult_t res = gvqSuccess;
+    char *own = NULL;
+    size_t nsend = 0;
+
+    GVQCHECKGOTO(gather_init(&g, c, rows, dim, dtype, flags, refused), res, out_free);
+    if (!refused)
+        GVQCHECKGOTO(pack_own(c->dev, idx, val, n, dim, dtype, g.raw, &own, &nsend), res, out_free);
+    /* (status, rows sent, and the arguments every rank must agree on) */
+    int64_t mine[NFIELDS] = {refused,        (int64_t)nsend, (int64_t)dim,
+                             (int64_t)dtype, (int64_t)rows,  (int64_t)flags};
+    GVQCHECKGOTO(gvq_agree_fields(&ctx, fn, mine, field_names, NFIELDS, g.announced), res,
+                 out_free);
+    bytes.sent += ring_sent;
+    bytes.received += ring_sent; /* the ring receives as much as it sends */
+    GVQCHECKGOTO(check_announced(&g), res, out_free);
+    int native = 0;
+    GVQCHECKGOTO(transfer_blocks(&g, &ctx, own, &bytes, &native), res, out_free);
+    GVQCHECKGOTO(unpack_gathered(&g), res, out_free);
+    GVQCHECKGOTO(fill_outputs(&g, flags, out), res, out_free);
     out->bytesSent = bytes.sent;
     out->bytesReceived = bytes.received;
     out->algorithm = native;
 out_free:
-    free(cat_idx);
-    free(cat_val);
-    /* a native collective abandoned on error may still write into `all` */
-    if (!(res != gvqSuccess && c->broken != gvqSuccess && c->xport->cancel_keeps_buffers)) free(all);
+    free(g.gathered_idx);
+    free(g.gathered_val);
+    /* a native collective abandoned on error may still write into the blocks */
+    if (!(res != gvqSuccess && c->broken != gvqSuccess && c->xport->cancel_keeps_buffers))
+        free(g.blocks);
     free(own);
-    free(counts);
-    free(displ);
-    free(blen);
+    free(g.announced);
+    free(g.displ);
+    free(g.blen);
     return res;
 }
 
