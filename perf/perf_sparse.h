@@ -12,11 +12,8 @@
 /* 1 when argv selects a sparse mode: -C / --codec naming sparse-ag, ps or dense. */
 int perf_sparse_requested(int argc, char **argv);
 
-/* The sparse benchmark; MPI is initialized (and finalized by the caller). Returns the exit
- * status: 0 ok, 2 bad arguments, 1 a result differed between the methods. */
+/* The sparse benchmark; MPI is initialized (perf_mpi_init) and finalized by the caller. Returns
+ * the exit status: 0 ok, 2 bad arguments, 1 a result differed between the methods. */
 int perf_sparse_main(int argc, char **argv);
-
-/* Median of v[0..n), n >= 1 (reorders v); gvq_perf.c's, shared with the sparse benchmark. */
-double perf_median(double *v, int n);
 
 #endif /* PERF_SPARSE_H_ */

@@ -1,8 +1,8 @@
 /*
  * perf_codecbench.h -- what gvq-perf measures below the public API: GradiVeQ's encode and
  * decode run directly through the codec (for the overlap report), and the PCA fit (--fit-bench).
- * perf_codecbench.c is the only file of gvq-perf that includes gvq's internal headers; it links
- * against gvq_static.
+ * Part of gvq_perf_internal (perf/internal/CMakeLists.txt): it calls the codec and the fit below
+ * the public API. This header itself needs only standard types.
  */
 #ifndef PERF_CODECBENCH_H_
 #define PERF_CODECBENCH_H_
