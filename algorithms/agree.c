@@ -20,8 +20,8 @@ gvqResult_t gvq_agree_i32(gvq_coll_ctx_t *ctx, int32_t *v, int n, gvqRedOp_t op)
 }
 
 /* The first named field of a gathered row that differs from mine, or -1. */
-static int first_difference(const int64_t *row, const int64_t *mine,
-                            const char *const *names, int n) {
+static int first_difference(const int64_t *row, const int64_t *mine, const char *const *names,
+                            int n) {
     for (int f = 0; f < n; f++)
         if (names[f] != NULL && row[f] != mine[f]) return f;
     return -1;
@@ -37,8 +37,8 @@ gvqResult_t gvq_agree_fields(gvq_coll_ctx_t *ctx, const char *fn, const int64_t 
         const int64_t *row = table + (size_t)p * (size_t)n;
         int f = first_difference(row, mine, names, n);
         if (f >= 0) {
-            GVQ_WARN("%s: rank %d passed %s %lld, this rank %lld (must be equal on every rank)",
-                     fn, p, names[f], (long long)row[f], (long long)mine[f]);
+            GVQ_WARN("%s: rank %d passed %s %lld, this rank %lld (must be equal on every rank)", fn,
+                     p, names[f], (long long)row[f], (long long)mine[f]);
             res = gvqInvalidArgument;
         }
     }

@@ -15,7 +15,8 @@ gvqResult_t gvq_coll_scratch(gvq_coll_ctx_t *ctx, size_t bytes, void **out) {
     if (*ctx->scratch_bytes < bytes || *ctx->scratch == NULL) {
         void *p = ctx->dev->alloc(bytes);
         if (p == NULL) {
-            GVQ_WARN("cannot allocate %zu bytes of scratch on the %s device", bytes, ctx->dev->name);
+            GVQ_WARN("cannot allocate %zu bytes of scratch on the %s device", bytes,
+                     ctx->dev->name);
             return gvqSystemError;
         }
         if (*ctx->scratch != NULL) ctx->dev->free(*ctx->scratch);
@@ -45,7 +46,8 @@ gvqResult_t gvq_chain_broadcast(gvq_coll_ctx_t *ctx, const void *src, void *dst,
                                        GVQ_MIN(cb, bytes - c * cb), &rreq[c]),
                          res, err_cancel);
     for (size_t c = 0; c < nc; c++) {
-        if (pos != 0) GVQCHECKGOTO(gvq_xport_wait(t, &rreq[c], "broadcast receive"), res, err_cancel);
+        if (pos != 0)
+            GVQCHECKGOTO(gvq_xport_wait(t, &rreq[c], "broadcast receive"), res, err_cancel);
         if (pos != n - 1)
             GVQCHECKGOTO(t->ops->isend(t, next, GVQ_TAG_COLL, buf + c * cb,
                                        GVQ_MIN(cb, bytes - c * cb), &sreq[c]),
@@ -108,7 +110,8 @@ gvqResult_t gvq_chain_reduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, si
         GVQCHECKGOTO(gvq_xport_wait(t, &rreq[w], "reduce receive"), res, err_cancel);
         char *o = last ? out + c * slot : out + w * slot;
         if (!last) GVQCHECKGOTO(gvq_xport_wait(t, &sreq[w], "reduce send"), res, err_cancel);
-        GVQCHECKGOTO(dev->reduce(o, in + c * slot, tmp + w * slot, len, dtype, eop), res, err_cancel);
+        GVQCHECKGOTO(dev->reduce(o, in + c * slot, tmp + w * slot, len, dtype, eop), res,
+                     err_cancel);
         if (!last)
             GVQCHECKGOTO(t->ops->isend(t, next, GVQ_TAG_COLL, o, len * esize, &sreq[w]), res,
                          err_cancel);

@@ -37,8 +37,7 @@ static gvqResult_t dq_decode(const gvq_codec_t *c, size_t off, size_t count, con
     return c->dev->qsgd_decode(c->state, off, count, wire, dst);
 }
 
-void gvq_codec_qsgd_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev,
-                             const gvq_dev_qsgd_t *q) {
+void gvq_codec_qsgd_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev, const gvq_dev_qsgd_t *q) {
     memset(c, 0, sizeof *c);
     c->name = "qsgd(device)";
     c->granule = q->bucket;
@@ -73,7 +72,8 @@ static gvqResult_t dg_decode(const gvq_codec_t *c, size_t off, size_t count, con
     return c->dev->gq_decode(&g->params, off, count, wire, dst);
 }
 
-void gvq_codec_gradiveq_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gq_dev_codec_t *g) {
+void gvq_codec_gradiveq_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev,
+                                 gvq_gq_dev_codec_t *g) {
     memset(c, 0, sizeof *c);
     c->name = "gradiveq(device)";
     c->granule = g->params.L;

@@ -72,10 +72,13 @@ static double gq_dot(const float *a, const float *b, size_t n) {
     float acc[GQ_LANES] = {0};
     size_t i = 0;
     for (; i + GQ_LANES <= n; i += GQ_LANES)
-        for (size_t l = 0; l < GQ_LANES; l++) acc[l] += a[i + l] * b[i + l];
+        for (size_t l = 0; l < GQ_LANES; l++)
+            acc[l] += a[i + l] * b[i + l];
     double s = 0;
-    for (size_t l = 0; l < GQ_LANES; l++) s += acc[l];
-    for (; i < n; i++) s += (double)a[i] * b[i];
+    for (size_t l = 0; l < GQ_LANES; l++)
+        s += acc[l];
+    for (; i < n; i++)
+        s += (double)a[i] * b[i];
     return s;
 }
 
@@ -130,7 +133,8 @@ static gvqResult_t gq_encode_combine(const gvq_codec_t *c, size_t off, size_t co
         double x2 = 0, c2 = 0, xx, xz;
         for (size_t j = 0; j < k; j++) {
             float *cj = cg + j * d;
-            for (size_t i = 0; i < d; i++) cj[i] -= uz[i] * inv_n;
+            for (size_t i = 0; i < d; i++)
+                cj[i] -= uz[i] * inv_n;
             if ((s0 + rel + j) % GQ_LOSS_STRIDE != 0) continue;
             c2 += gq_dot(cj, cj, d);
             /* ||x - Z/N||^2 = x.x - 2 x.Z / N + Z.Z / N^2: one pass over the slice, which also
@@ -146,22 +150,26 @@ static gvqResult_t gq_encode_combine(const gvq_codec_t *c, size_t off, size_t co
     if (in != NULL && slices) {
         if (g->wire_fp16) {
             const uint16_t *h = in;
-            for (size_t i = 0; i < slices * d; i++) coef[i] += gvq_half_to_float(h[i]);
+            for (size_t i = 0; i < slices * d; i++)
+                coef[i] += gvq_half_to_float(h[i]);
         } else {
             const float *f = in;
-            for (size_t i = 0; i < slices * d; i++) coef[i] += f[i];
+            for (size_t i = 0; i < slices * d; i++)
+                coef[i] += f[i];
         }
     }
     size_t cbytes = gq_coef_bytes(g, slices);
     if (g->wire_fp16) {
         uint16_t *h = out;
-        for (size_t i = 0; i < slices * d; i++) h[i] = gvq_float_to_half(coef[i]);
+        for (size_t i = 0; i < slices * d; i++)
+            h[i] = gvq_float_to_half(coef[i]);
     }
     if (tail) {
         float *t = (float *)((char *)out + cbytes);
         const float *tin = in ? (const float *)((const char *)in + cbytes) : NULL;
         const float *xt = x + slices * L;
-        for (size_t i = 0; i < tail; i++) t[i] = xt[i] + (tin ? tin[i] : 0.0f);
+        for (size_t i = 0; i < tail; i++)
+            t[i] = xt[i] + (tin ? tin[i] : 0.0f);
     }
     return gvqSuccess;
 }
@@ -176,7 +184,8 @@ static gvqResult_t gq_decode(const gvq_codec_t *c, size_t off, size_t count, con
     if (g->wire_fp16) {
         GVQCHECK(gq_tmp(g, slices * d));
         const uint16_t *h = wire;
-        for (size_t i = 0; i < slices * d; i++) g->tmp[i] = gvq_half_to_float(h[i]);
+        for (size_t i = 0; i < slices * d; i++)
+            g->tmp[i] = gvq_half_to_float(h[i]);
         coef = g->tmp;
     }
     float *x = dst;
@@ -184,7 +193,8 @@ static gvqResult_t gq_decode(const gvq_codec_t *c, size_t off, size_t count, con
         k = gq_run(g, s0, rel, slices, &grp);
         float *xg = x + rel * L;
         const float *z = g->Z + grp * L;
-        for (size_t j = 0; j < k; j++) memcpy(xg + j * L, z, L * sizeof(float));
+        for (size_t j = 0; j < k; j++)
+            memcpy(xg + j * L, z, L * sizeof(float));
         GVQCHECK(dev->sgemm(0, 0, (int)L, (int)k, (int)d, 1.0f, g->U + grp * L * d, (int)L,
                             coef + rel * d, (int)d, 1.0f, xg, (int)L));
     }
@@ -209,7 +219,8 @@ gvqResult_t gvq_gradiveq_prepare(gvq_gradiveq_t *g, const gvq_device_ops_t *dev)
     free(g->ZZ);
     g->ZZ = calloc(GVQ_MAX(g->ngroups, (size_t)1), sizeof(double));
     if (g->UZ == NULL || g->ZZ == NULL) return gvqSystemError;
-    for (size_t grp = 0; grp < g->ngroups; grp++) g->ZZ[grp] = gq_dot(g->Z + grp * g->L, g->Z + grp * g->L, g->L);
+    for (size_t grp = 0; grp < g->ngroups; grp++)
+        g->ZZ[grp] = gq_dot(g->Z + grp * g->L, g->Z + grp * g->L, g->L);
     for (size_t grp = 0; grp < g->ngroups; grp++)
         GVQCHECK(dev->sgemm(1, 0, (int)g->d, 1, (int)g->L, 1.0f, g->U + grp * g->L * g->d,
                             (int)g->L, g->Z + grp * g->L, (int)g->L, 0.0f, g->UZ + grp * g->d,

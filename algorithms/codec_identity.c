@@ -16,8 +16,8 @@ static gvqResult_t identity_encode_combine(const gvq_codec_t *c, size_t off, siz
     return c->dev->reduce(out, local, in, count, c->dtype, c->op);
 }
 
-static gvqResult_t identity_decode(const gvq_codec_t *c, size_t off, size_t count,
-                                   const void *wire, void *dst) {
+static gvqResult_t identity_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
+                                   void *dst) {
     (void)off;
     return c->dev->copy(dst, wire, count * gvq_dtype_size(c->dtype));
 }

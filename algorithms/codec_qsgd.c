@@ -46,8 +46,10 @@ static void qsgd_quantize(const gvq_qsgd_t *q, size_t first, const float *v, siz
     for (size_t i = 0; i < len; i++) {
         float a = fabsf(v[i]);
         if (!(a <= 3.0e38f)) finite = 0; /* NaN or Inf */
-        if (q->norm == GVQ_QSGD_NORM_MAX) acc = a > acc ? a : acc;
-        else acc += (double)v[i] * v[i];
+        if (q->norm == GVQ_QSGD_NORM_MAX)
+            acc = a > acc ? a : acc;
+        else
+            acc += (double)v[i] * v[i];
     }
     float scale = q->norm == GVQ_QSGD_NORM_MAX ? (float)acc : (float)sqrt(acc);
     if (!finite) scale = NAN;
@@ -101,7 +103,8 @@ static gvqResult_t qsgd_encode_combine(const gvq_codec_t *c, size_t off, size_t 
         const float *src = x + b;
         if (win != NULL) { /* decode, add, re-encode */
             qsgd_dequantize(q, win, len, q->tmp);
-            for (size_t i = 0; i < len; i++) q->tmp[i] += x[b + i];
+            for (size_t i = 0; i < len; i++)
+                q->tmp[i] += x[b + i];
             src = q->tmp;
             win += bytes;
         }

@@ -15,8 +15,8 @@
 typedef struct {
     gvq_transport_t *xport;
     const gvq_device_ops_t *dev;
-    size_t chunk_bytes;   /* pipeline chunk size */
-    void **scratch;       /* grown on demand by gvq_coll_scratch; owned by the communicator */
+    size_t chunk_bytes; /* pipeline chunk size */
+    void **scratch;     /* grown on demand by gvq_coll_scratch; owned by the communicator */
     size_t *scratch_bytes;
     unsigned long long *bytes_sent; /* if not NULL, the ring adds the bytes it sends */
 } gvq_coll_ctx_t;
@@ -103,15 +103,15 @@ size_t gvq_gradiveq_wire_size(size_t L, size_t d, int wire_fp16, size_t count);
  * The same codecs run by a device's own codec operations (gvq_device_ops_t qsgd_* and gq_*):
  * local values, wires and outputs are memory of that device, and so is everything the
  * parameter structs point at. Same wire format as the host codecs. */
-void gvq_codec_qsgd_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev,
-                             const gvq_dev_qsgd_t *q);
+void gvq_codec_qsgd_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev, const gvq_dev_qsgd_t *q);
 /* GradiVeQ; every encode adds the loss norms of its local slices to norms[3] (host memory:
  * ||x - Z/N||^2, ||c||^2, ||x||^2 over the sampled slices, as the host codec's local_*). */
 typedef struct {
     gvq_dev_gq_t params; /* the device op parameters */
     double norms[3];
 } gvq_gq_dev_codec_t;
-void gvq_codec_gradiveq_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gq_dev_codec_t *g);
+void gvq_codec_gradiveq_dev_init(gvq_codec_t *c, const gvq_device_ops_t *dev,
+                                 gvq_gq_dev_codec_t *g);
 /* Whether a device runs the codecs itself (has the codec entries and is not the host). */
 int gvq_device_has_codecs(const gvq_device_ops_t *dev);
 
@@ -124,7 +124,7 @@ int gvq_device_has_codecs(const gvq_device_ops_t *dev);
 typedef struct {
     const gvq_codec_t *inner;
     const gvq_device_ops_t *dev; /* inner->dev, kept for gvq_staging_fini */
-    void *din, *dout; /* device copies of the wire, grown on demand */
+    void *din, *dout;            /* device copies of the wire, grown on demand */
     size_t cap;
 } gvq_staging_t;
 void gvq_codec_staged_init(gvq_codec_t *c, const gvq_codec_t *inner, gvq_staging_t *st);
@@ -173,9 +173,8 @@ typedef struct {
 } gvq_tally_t;
 
 /* gvq_ring_allreduce with a tally riding along (tally may be NULL). */
-gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec,
-                                     const void *src, void *dst, size_t count, gvqRedOp_t op,
-                                     gvq_tally_t *tally);
+gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
+                                     void *dst, size_t count, gvqRedOp_t op, gvq_tally_t *tally);
 
 /* Ring reduce-scatter: src holds nranks*recvcount elements, dst receives block `rank`. */
 gvqResult_t gvq_ring_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *dst,

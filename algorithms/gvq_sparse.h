@@ -39,9 +39,9 @@ typedef struct {
     uint64_t P;
     int nranks;
     int mode;
-    uint64_t mul, add;       /* hashed: perm(row) = (mul * row + add) mod rows */
-    uint64_t *slot_base;     /* P entries: first slot of shard s on its rank */
-    uint64_t *rank_rows;     /* nranks entries: slots (rows) each rank holds */
+    uint64_t mul, add;   /* hashed: perm(row) = (mul * row + add) mod rows */
+    uint64_t *slot_base; /* P entries: first slot of shard s on its rank */
+    uint64_t *rank_rows; /* nranks entries: slots (rows) each rank holds */
 } gvq_part_t;
 
 /* Build the map; gvqInvalidArgument for rows 0, P 0, nranks < 1, unknown mode; gvqSystemError. */
@@ -82,7 +82,7 @@ enum { GVQ_SX_PUSH_LOCAL = 1, GVQ_SX_PUSH = 2, GVQ_SX_PULL = 3 }; /* kinds of ex
 typedef struct {
     int64_t status; /* 0 ok; 1 the sender refused its own input (nrows is then 0) */
     size_t nrows;
-    void *buf;      /* nrows * (8 + row_bytes): indices, then values */
+    void *buf; /* nrows * (8 + row_bytes): indices, then values */
 } gvq_sx_block_t;
 
 typedef struct {
@@ -93,8 +93,8 @@ typedef struct {
  * (NULL: all). recv[p].buf is malloc'ed here (the caller frees it, also on error). */
 gvqResult_t gvq_sx_alltoallv(gvq_coll_ctx_t *ctx, int kind, size_t row_bytes,
                              const gvq_sx_block_t *send, const uint8_t *send_mask,
-                             const size_t *recv_cap, const uint8_t *recv_mask,
-                             gvq_sx_block_t *recv, gvq_sx_bytes_t *bytes);
+                             const size_t *recv_cap, const uint8_t *recv_mask, gvq_sx_block_t *recv,
+                             gvq_sx_bytes_t *bytes);
 
 /* Plain exchange of known sizes: sends sbytes[p] from sbuf[p] to each peer with sbytes[p] > 0
  * and receives rbytes[p] into rbuf[p] from each peer with rbytes[p] > 0 (both sides know the
@@ -133,10 +133,10 @@ int gvq_lsq_fit3(const double *P, const double *t, int n, double theta[3]);
 #define GVQ_PTUNE_REFINE 3
 typedef struct {
     int start, maxp, granule;
-    int phase;      /* 0 doubling, 1 halving, 2 refining, 3 done */
-    int refined;    /* refinement samples taken */
-    int P;          /* the P to sample next */
-    double prev_t;  /* time of the previous sample of this phase */
+    int phase;     /* 0 doubling, 1 halving, 2 refining, 3 done */
+    int refined;   /* refinement samples taken */
+    int P;         /* the P to sample next */
+    double prev_t; /* time of the previous sample of this phase */
     int n;
     int Ps[GVQ_PTUNE_MAX];
     double ts[GVQ_PTUNE_MAX];

@@ -21,7 +21,8 @@
  * 1 - eps of the total, capped at dmax. */
 static size_t pca_keep(const float *w, size_t n, double eps, size_t dmax, double *kept) {
     double total = 0, acc = 0;
-    for (size_t i = 0; i < n; i++) total += w[i] > 0 ? w[i] : 0;
+    for (size_t i = 0; i < n; i++)
+        total += w[i] > 0 ? w[i] : 0;
     size_t keep = 0;
     while (keep < n) {
         double l = w[n - 1 - keep];
@@ -32,7 +33,8 @@ static size_t pca_keep(const float *w, size_t n, double eps, size_t dmax, double
     if (dmax > 0 && keep > dmax) {
         keep = dmax;
         acc = 0;
-        for (size_t j = 0; j < keep; j++) acc += w[n - 1 - j] > 0 ? w[n - 1 - j] : 0;
+        for (size_t j = 0; j < keep; j++)
+            acc += w[n - 1 - j] > 0 ? w[n - 1 - j] : 0;
     }
     *kept = total > 0 ? acc / total : 1.0;
     return keep;
@@ -45,18 +47,23 @@ static int pca_orthonormalize(float *U, size_t L, size_t d) {
     for (size_t j = 0; j < d; j++) {
         float *u = U + j * L;
         double n0 = 0;
-        for (size_t i = 0; i < L; i++) n0 += (double)u[i] * u[i];
+        for (size_t i = 0; i < L; i++)
+            n0 += (double)u[i] * u[i];
         for (size_t q = 0; q < j; q++) {
             const float *v = U + q * L;
             double p = 0;
-            for (size_t i = 0; i < L; i++) p += (double)u[i] * v[i];
-            for (size_t i = 0; i < L; i++) u[i] = (float)(u[i] - p * v[i]);
+            for (size_t i = 0; i < L; i++)
+                p += (double)u[i] * v[i];
+            for (size_t i = 0; i < L; i++)
+                u[i] = (float)(u[i] - p * v[i]);
         }
         double n1 = 0;
-        for (size_t i = 0; i < L; i++) n1 += (double)u[i] * u[i];
+        for (size_t i = 0; i < L; i++)
+            n1 += (double)u[i] * u[i];
         if (!(n1 > 0.25 * n0) || !(n1 > 0)) return 0;
         double s = 1.0 / sqrt(n1);
-        for (size_t i = 0; i < L; i++) u[i] = (float)(u[i] * s);
+        for (size_t i = 0; i < L; i++)
+            u[i] = (float)(u[i] * s);
     }
     return 1;
 }
@@ -65,8 +72,8 @@ static int pca_orthonormalize(float *U, size_t L, size_t d) {
 static gvqResult_t pca_covariance(const gvq_device_ops_t *dev, size_t L, size_t T, float *xc,
                                   float *w, double eps, size_t dmax, float *U, size_t *d,
                                   double *kept) {
-    GVQCHECK(dev->sgemm(0, 1, (int)L, (int)L, (int)T, 1.0f / (float)T, xc, (int)L, xc, (int)L,
-                        0.0f, U, (int)L));
+    GVQCHECK(dev->sgemm(0, 1, (int)L, (int)L, (int)T, 1.0f / (float)T, xc, (int)L, xc, (int)L, 0.0f,
+                        U, (int)L));
     GVQCHECK(dev->ssyevd((int)L, U, (int)L, w));
     size_t keep = pca_keep(w, L, eps, dmax, kept);
     /* the leading eigenvectors sit at the end of the ascending order: go through a copy
@@ -81,16 +88,15 @@ static gvqResult_t pca_covariance(const gvq_device_ops_t *dev, size_t L, size_t 
 /* Gram route (T < L). Returns gvqInProgress when the result cannot be trusted (degenerate
  * samples), so the caller falls back to the covariance route. xc is kept intact. */
 static gvqResult_t pca_gram(const gvq_device_ops_t *dev, size_t L, size_t T, const float *xc,
-                            float *w, double eps, size_t dmax, float *U, size_t *d,
-                            double *kept) {
+                            float *w, double eps, size_t dmax, float *U, size_t *d, double *kept) {
     gvqResult_t res = gvqSuccess;
     float *G = malloc(sizeof(float) * T * T), *V = malloc(sizeof(float) * T * T);
     if (G == NULL || V == NULL) {
         res = gvqSystemError;
         goto out;
     }
-    GVQCHECKGOTO(dev->sgemm(1, 0, (int)T, (int)T, (int)L, 1.0f / (float)T, xc, (int)L, xc,
-                            (int)L, 0.0f, G, (int)T),
+    GVQCHECKGOTO(dev->sgemm(1, 0, (int)T, (int)T, (int)L, 1.0f / (float)T, xc, (int)L, xc, (int)L,
+                            0.0f, G, (int)T),
                  res, out);
     GVQCHECKGOTO(dev->ssyevd((int)T, G, (int)T, w), res, out);
     size_t keep = pca_keep(w, T, eps, dmax, kept);
@@ -101,11 +107,12 @@ static gvqResult_t pca_gram(const gvq_device_ops_t *dev, size_t L, size_t T, con
             goto out;
         }
         double s = 1.0 / sqrt((double)T * l);
-        for (size_t i = 0; i < T; i++) V[j * T + i] = (float)(G[(T - 1 - j) * T + i] * s);
+        for (size_t i = 0; i < T; i++)
+            V[j * T + i] = (float)(G[(T - 1 - j) * T + i] * s);
     }
-    GVQCHECKGOTO(dev->sgemm(0, 0, (int)L, (int)keep, (int)T, 1.0f, xc, (int)L, V, (int)T, 0.0f,
-                            U, (int)L),
-                 res, out);
+    GVQCHECKGOTO(
+        dev->sgemm(0, 0, (int)L, (int)keep, (int)T, 1.0f, xc, (int)L, V, (int)T, 0.0f, U, (int)L),
+        res, out);
     if (!pca_orthonormalize(U, L, keep)) {
         res = gvqInProgress;
         goto out;
@@ -142,11 +149,13 @@ gvqResult_t gvq_pca_fit_method(const gvq_device_ops_t *dev, size_t L, size_t T,
     }
     for (size_t i = 0; i < L; i++) {
         double m = 0;
-        for (size_t t = 0; t < T; t++) m += samples[t * L + i];
+        for (size_t t = 0; t < T; t++)
+            m += samples[t * L + i];
         Z[i] = (float)(m / (double)T);
     }
     for (size_t t = 0; t < T; t++)
-        for (size_t i = 0; i < L; i++) xc[t * L + i] = samples[t * L + i] - Z[i];
+        for (size_t i = 0; i < L; i++)
+            xc[t * L + i] = samples[t * L + i] - Z[i];
     if (method == GVQ_PCA_GRAM) {
         res = pca_gram(dev, L, T, xc, w, eps, dmax, U, d, &kept);
         if (res != gvqInProgress) goto out_free;

@@ -61,20 +61,32 @@ typedef struct {
     out_mode_t mode;
     char *wire, *tmp[2], *pp[2];
     gvq_req_t *rreq[2], *sreq[2];
-    int posted[2]; /* step whose receives sit in rreq[parity], -1 none */
+    int posted[2];      /* step whose receives sit in rreq[parity], -1 none */
     gvq_tally_t *tally; /* rides along when not NULL */
 } ring_t;
 
-static int ring_mod(int a, int n) { return ((a % n) + n) % n; }
-static int seg_sent(const ring_t *g, int k) { return ring_mod(g->r - k + g->shift, g->n); }
-static int seg_recv(const ring_t *g, int k) { return ring_mod(g->r - k - 1 + g->shift, g->n); }
-static size_t seg_len(const ring_t *g, int s) { return g->seg_off[s + 1] - g->seg_off[s]; }
-static size_t seg_chunks(const ring_t *g, int s) { return GVQ_DIV_UP(seg_len(g, s), g->ce); }
+static int ring_mod(int a, int n) {
+    return ((a % n) + n) % n;
+}
+static int seg_sent(const ring_t *g, int k) {
+    return ring_mod(g->r - k + g->shift, g->n);
+}
+static int seg_recv(const ring_t *g, int k) {
+    return ring_mod(g->r - k - 1 + g->shift, g->n);
+}
+static size_t seg_len(const ring_t *g, int s) {
+    return g->seg_off[s + 1] - g->seg_off[s];
+}
+static size_t seg_chunks(const ring_t *g, int s) {
+    return GVQ_DIV_UP(seg_len(g, s), g->ce);
+}
 static size_t chunk_len(const ring_t *g, int s, size_t c) {
     return GVQ_MIN(g->ce, seg_len(g, s) - c * g->ce);
 }
 /* Element offset of chunk c of segment s in the tensor. */
-static size_t chunk_off(const ring_t *g, int s, size_t c) { return g->seg_off[s] + c * g->ce; }
+static size_t chunk_off(const ring_t *g, int s, size_t c) {
+    return g->seg_off[s] + c * g->ce;
+}
 
 static size_t chunk_wire_bytes(const ring_t *g, int s, size_t c) {
     size_t len = chunk_len(g, s, c);
@@ -246,15 +258,19 @@ static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const
     g.posted[0] = g.posted[1] = -1;
     g.seg_off = malloc(sizeof(size_t) * (size_t)(g.n + 1));
     if (g.seg_off == NULL) return gvqSystemError;
-    if (given_off != NULL) memcpy(g.seg_off, given_off, sizeof(size_t) * (size_t)(g.n + 1));
-    else ring_partition(g.seg_off, g.n, count, codec->granule);
+    if (given_off != NULL)
+        memcpy(g.seg_off, given_off, sizeof(size_t) * (size_t)(g.n + 1));
+    else
+        ring_partition(g.seg_off, g.n, count, codec->granule);
 
     size_t gran = codec->granule;
     g.ce = GVQ_MAX(gran, (ctx->chunk_bytes / g.esize) / gran * gran);
-    for (int s = 0; s < g.n; s++) g.maxchunks = GVQ_MAX(g.maxchunks, seg_chunks(&g, s));
+    for (int s = 0; s < g.n; s++)
+        g.maxchunks = GVQ_MAX(g.maxchunks, seg_chunks(&g, s));
     if (tally != NULL) { /* it rides only if every segment has a last chunk to ride on */
         int ok = mode == OUT_WIRE && nrs > 0 && nag > 0;
-        for (int s = 0; s < g.n; s++) ok &= seg_chunks(&g, s) > 0;
+        for (int s = 0; s < g.n; s++)
+            ok &= seg_chunks(&g, s) > 0;
         tally->carried = ok;
         if (ok) g.tally = tally;
     }
@@ -303,9 +319,8 @@ gvqResult_t gvq_ring_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
     return gvq_ring_allreduce_tally(ctx, codec, src, dst, count, op, NULL);
 }
 
-gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec,
-                                     const void *src, void *dst, size_t count, gvqRedOp_t op,
-                                     gvq_tally_t *tally) {
+gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
+                                     void *dst, size_t count, gvqRedOp_t op, gvq_tally_t *tally) {
     const gvq_device_ops_t *dev = ctx->dev;
     size_t esize = gvq_dtype_size(codec->dtype);
     int n = ctx->xport->nranks;
@@ -340,7 +355,8 @@ gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *cod
 static size_t *block_offsets(int n, size_t block) {
     size_t *off = malloc(sizeof(size_t) * (size_t)(n + 1));
     if (off != NULL)
-        for (int s = 0; s <= n; s++) off[s] = (size_t)s * block;
+        for (int s = 0; s <= n; s++)
+            off[s] = (size_t)s * block;
     return off;
 }
 

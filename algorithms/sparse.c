@@ -40,7 +40,8 @@ gvqResult_t gvq_sparse_merge(const gvq_device_ops_t *dev, gvqDataType_t dtype, s
         GVQ_WARN("sparse merge: cannot allocate the order of %zu rows", n);
         return gvqSystemError;
     }
-    for (size_t i = 0; i < n; i++) k[i] = (keyed_t){idx[i], i};
+    for (size_t i = 0; i < n; i++)
+        k[i] = (keyed_t){idx[i], i};
     qsort(k, n, sizeof *k, keyed_cmp);
     const char *v = val;
     char *o = out_val;
@@ -49,7 +50,8 @@ gvqResult_t gvq_sparse_merge(const gvq_device_ops_t *dev, gvqDataType_t dtype, s
     for (size_t i = 0; i < n; i++) {
         const char *row = v + k[i].pos * row_bytes;
         if (m > 0 && out_idx[m - 1] == k[i].idx) {
-            res = dev->reduce(o + (m - 1) * row_bytes, o + (m - 1) * row_bytes, row, dim, dtype, gvqSum);
+            res = dev->reduce(o + (m - 1) * row_bytes, o + (m - 1) * row_bytes, row, dim, dtype,
+                              gvqSum);
             if (res != gvqSuccess) break;
         } else {
             out_idx[m] = k[i].idx;
@@ -115,7 +117,9 @@ static uint64_t shard_of_perm(const gvq_part_t *m, uint64_t p) {
     return (uint64_t)((((gvq_u128)p + 1) * m->P - 1) / m->rows);
 }
 
-uint64_t gvq_part_shard(const gvq_part_t *m, uint64_t row) { return shard_of_perm(m, perm(m, row)); }
+uint64_t gvq_part_shard(const gvq_part_t *m, uint64_t row) {
+    return shard_of_perm(m, perm(m, row));
+}
 
 void gvq_part_locate(const gvq_part_t *m, uint64_t row, int *rank, uint64_t *slot) {
     uint64_t p = perm(m, row), s = shard_of_perm(m, p);
@@ -130,12 +134,15 @@ uint64_t gvq_part_row_of(const gvq_part_t *m, int rank, uint64_t slot) {
                                     whose shard is not empty */
     while (hi - lo > 1) {
         uint64_t mid = (lo + hi) / 2;
-        if (m->slot_base[(uint64_t)rank + mid * N] <= slot) lo = mid;
-        else hi = mid;
+        if (m->slot_base[(uint64_t)rank + mid * N] <= slot)
+            lo = mid;
+        else
+            hi = mid;
     }
     uint64_t s = (uint64_t)rank + lo * N;
     /* skip empty shards that share the base */
-    while (s + N < m->P && m->slot_base[s + N] <= slot) s += N;
+    while (s + N < m->P && m->slot_base[s + N] <= slot)
+        s += N;
     uint64_t p = gvq_part_start(m, s) + (slot - m->slot_base[s]);
     if (m->mode == GVQ_PART_CONTIGUOUS) return p;
     uint64_t q = (p + m->rows - m->add % m->rows) % m->rows;
@@ -157,7 +164,8 @@ gvqResult_t gvq_part_init(gvq_part_t *m, uint64_t rows, uint64_t P, int nranks, 
     if (mode == GVQ_PART_HASHED) {
         uint64_t a = 0x9e3779b97f4a7c15ull % rows;
         if (a == 0) a = 1;
-        while (gcd_u64(a, rows) != 1) a = a + 1 < rows ? a + 1 : 1;
+        while (gcd_u64(a, rows) != 1)
+            a = a + 1 < rows ? a + 1 : 1;
         m->mul = a;
         m->add = 0x632be59bd9b4e019ull % rows;
     }
@@ -186,28 +194,30 @@ void gvq_part_fini(gvq_part_t *m) {
 /* ---- update rules ---------------------------------------------------------------------------- */
 
 /* One definition of the three rules, stamped out for float and double. */
-#define GVQ_RULE_KERNEL(T, SQRT)                                                              \
-    static void rule_##T(const gvq_rule_t *r, size_t dim, T *w, T *s, const T *g) {           \
-        const T lr = (T)r->lr, mu = (T)r->mu, eps = (T)r->eps, gs = (T)r->gscale;             \
-        switch (r->rule) {                                                                    \
-        case GVQ_RULE_SGD:                                                                    \
-            for (size_t j = 0; j < dim; j++) w[j] -= lr * (g[j] * gs);                        \
-            break;                                                                            \
-        case GVQ_RULE_MOMENTUM:                                                               \
-            for (size_t j = 0; j < dim; j++) {                                                \
-                s[j] = mu * s[j] + g[j] * gs;                                                 \
-                w[j] -= lr * s[j];                                                            \
-            }                                                                                 \
-            break;                                                                            \
-        case GVQ_RULE_ADAGRAD:                                                                \
-            for (size_t j = 0; j < dim; j++) {                                                \
-                T gj = g[j] * gs;                                                             \
-                s[j] += gj * gj;                                                              \
-                w[j] -= lr * gj / (SQRT(s[j]) + eps);                                         \
-            }                                                                                 \
-            break;                                                                            \
-        default: break;                                                                       \
-        }                                                                                     \
+#define GVQ_RULE_KERNEL(T, SQRT)                                                    \
+    static void rule_##T(const gvq_rule_t *r, size_t dim, T *w, T *s, const T *g) { \
+        const T lr = (T)r->lr, mu = (T)r->mu, eps = (T)r->eps, gs = (T)r->gscale;   \
+        switch (r->rule) {                                                          \
+        case GVQ_RULE_SGD:                                                          \
+            for (size_t j = 0; j < dim; j++)                                        \
+                w[j] -= lr * (g[j] * gs);                                           \
+            break;                                                                  \
+        case GVQ_RULE_MOMENTUM:                                                     \
+            for (size_t j = 0; j < dim; j++) {                                      \
+                s[j] = mu * s[j] + g[j] * gs;                                       \
+                w[j] -= lr * s[j];                                                  \
+            }                                                                       \
+            break;                                                                  \
+        case GVQ_RULE_ADAGRAD:                                                      \
+            for (size_t j = 0; j < dim; j++) {                                      \
+                T gj = g[j] * gs;                                                   \
+                s[j] += gj * gj;                                                    \
+                w[j] -= lr * gj / (SQRT(s[j]) + eps);                               \
+            }                                                                       \
+            break;                                                                  \
+        default:                                                                    \
+            break;                                                                  \
+        }                                                                           \
     }
 GVQ_RULE_KERNEL(float, sqrtf)
 GVQ_RULE_KERNEL(double, sqrt)
@@ -215,6 +225,8 @@ GVQ_RULE_KERNEL(double, sqrt)
 
 void gvq_rule_apply(const gvq_rule_t *r, gvqDataType_t dtype, size_t dim, void *w, void *s,
                     const void *g) {
-    if (dtype == gvqFloat32) rule_float(r, dim, w, s, g);
-    else if (dtype == gvqFloat64) rule_double(r, dim, w, s, g);
+    if (dtype == gvqFloat32)
+        rule_float(r, dim, w, s, g);
+    else if (dtype == gvqFloat64)
+        rule_double(r, dim, w, s, g);
 }

@@ -22,9 +22,11 @@
 
 #include "gvq_sparse.h"
 
-#define SX_PIECE ((size_t)1 << 30)     /* one transport message holds < 2 GiB */
+#define SX_PIECE ((size_t)1 << 30) /* one transport message holds < 2 GiB */
 
-static size_t pieces_of(size_t bytes) { return GVQ_DIV_UP(bytes, SX_PIECE); }
+static size_t pieces_of(size_t bytes) {
+    return GVQ_DIV_UP(bytes, SX_PIECE);
+}
 
 static void mark_broken(gvq_transport_t *t) {
     if (t->broken != NULL && *t->broken == gvqSuccess) *t->broken = gvqRemoteError;
@@ -37,8 +39,10 @@ static gvqResult_t post_pieces(gvq_transport_t *t, int send, int peer, void *buf
     for (size_t i = 0; i < np; i++) {
         size_t len = GVQ_MIN(SX_PIECE, bytes - i * SX_PIECE);
         char *p = (char *)buf + i * SX_PIECE;
-        if (send) GVQCHECK(t->ops->isend(t, peer, GVQ_TAG_COLL, p, len, *reqs));
-        else GVQCHECK(t->ops->irecv(t, peer, GVQ_TAG_COLL, p, len, *reqs));
+        if (send)
+            GVQCHECK(t->ops->isend(t, peer, GVQ_TAG_COLL, p, len, *reqs));
+        else
+            GVQCHECK(t->ops->irecv(t, peer, GVQ_TAG_COLL, p, len, *reqs));
         (*reqs)++;
     }
     return gvqSuccess;
@@ -46,13 +50,14 @@ static gvqResult_t post_pieces(gvq_transport_t *t, int send, int peer, void *buf
 
 gvqResult_t gvq_sx_alltoallv(gvq_coll_ctx_t *ctx, int kind, size_t row_bytes,
                              const gvq_sx_block_t *send, const uint8_t *send_mask,
-                             const size_t *recv_cap, const uint8_t *recv_mask,
-                             gvq_sx_block_t *recv, gvq_sx_bytes_t *bytes) {
+                             const size_t *recv_cap, const uint8_t *recv_mask, gvq_sx_block_t *recv,
+                             gvq_sx_bytes_t *bytes) {
     gvq_transport_t *t = ctx->xport;
     int N = t->nranks, r = t->rank;
     const size_t rowb = 8 + row_bytes;
     gvqResult_t res = gvqSuccess;
-    for (int p = 0; p < N; p++) recv[p] = (gvq_sx_block_t){0, 0, NULL};
+    for (int p = 0; p < N; p++)
+        recv[p] = (gvq_sx_block_t){0, 0, NULL};
     if (N <= 1) return gvqSuccess;
     int64_t(*hs)[3] = calloc((size_t)N, sizeof *hs);
     int64_t(*hr)[3] = calloc((size_t)N, sizeof *hr);
@@ -85,11 +90,14 @@ gvqResult_t gvq_sx_alltoallv(gvq_coll_ctx_t *ctx, int kind, size_t row_bytes,
         bytes->received += sizeof hr[p];
         int64_t st = hr[p][1], n = hr[p][2];
         const char *bad = NULL;
-        if (hr[p][0] != (GVQ_SX_MAGIC ^ kind)) bad = "a wrong magic (a message of another call?)";
-        else if (st != 0 && st != 1) bad = "an unknown status";
+        if (hr[p][0] != (GVQ_SX_MAGIC ^ kind))
+            bad = "a wrong magic (a message of another call?)";
+        else if (st != 0 && st != 1)
+            bad = "an unknown status";
         else if (n < 0 || (uint64_t)n > recv_cap[p] || (st == 1 && n != 0))
             bad = "more rows than this rank can accept from it";
-        else if ((uint64_t)n > SIZE_MAX / rowb) bad = "a size that overflows";
+        else if ((uint64_t)n > SIZE_MAX / rowb)
+            bad = "a size that overflows";
         if (bad != NULL) {
             GVQ_WARN("sparse exchange: rank %d sent a header with %s (status %lld, rows %lld, "
                      "at most %zu accepted); the communicator is broken",
@@ -187,7 +195,8 @@ gvqResult_t gvq_sparse_ring_allgatherv(gvq_coll_ctx_t *ctx, void *blocks, const 
     int N = t->nranks, r = t->rank, left = (r - 1 + N) % N, right = (r + 1) % N;
     if (N == 1) return gvqSuccess;
     size_t cb = GVQ_MAX((size_t)1, GVQ_MIN(ctx->chunk_bytes, SX_PIECE)), total = 0;
-    for (int p = 0; p < N; p++) total += GVQ_DIV_UP(blen[p], cb);
+    for (int p = 0; p < N; p++)
+        total += GVQ_DIV_UP(blen[p], cb);
     if (total == 0) return gvqSuccess;
     gvq_req_t *rreq = calloc(2 * total, sizeof *rreq);
     if (rreq == NULL) return gvqSystemError;
@@ -205,16 +214,15 @@ gvqResult_t gvq_sparse_ring_allgatherv(gvq_coll_ctx_t *ctx, void *blocks, const 
         first[k] = nr;
         for (size_t off = 0; off < blen[b]; off += cb) {
             size_t len = GVQ_MIN(cb, blen[b] - off);
-            GVQCHECKGOTO(t->ops->irecv(t, left, GVQ_TAG_COLL, base + displ[b] + off, len,
-                                       &rreq[nr++]),
-                         res, err_cancel);
+            GVQCHECKGOTO(
+                t->ops->irecv(t, left, GVQ_TAG_COLL, base + displ[b] + off, len, &rreq[nr++]), res,
+                err_cancel);
             bytes->received += len;
         }
     }
     for (size_t off = 0; off < blen[r]; off += cb) { /* step 0: the own block */
         size_t len = GVQ_MIN(cb, blen[r] - off);
-        GVQCHECKGOTO(t->ops->isend(t, right, GVQ_TAG_COLL, base + displ[r] + off, len,
-                                   &sreq[ns++]),
+        GVQCHECKGOTO(t->ops->isend(t, right, GVQ_TAG_COLL, base + displ[r] + off, len, &sreq[ns++]),
                      res, err_cancel);
         bytes->sent += len;
     }
@@ -223,12 +231,11 @@ gvqResult_t gvq_sparse_ring_allgatherv(gvq_coll_ctx_t *ctx, void *blocks, const 
         size_t c = first[k];
         for (size_t off = 0; off < blen[b]; off += cb, c++) {
             size_t len = GVQ_MIN(cb, blen[b] - off);
-            GVQCHECKGOTO(gvq_xport_wait(t, &rreq[c], "sparse allgatherv receive"), res,
-                         err_cancel);
+            GVQCHECKGOTO(gvq_xport_wait(t, &rreq[c], "sparse allgatherv receive"), res, err_cancel);
             if (k == N - 2) continue; /* the last block stops here */
-            GVQCHECKGOTO(t->ops->isend(t, right, GVQ_TAG_COLL, base + displ[b] + off, len,
-                                       &sreq[ns++]),
-                         res, err_cancel);
+            GVQCHECKGOTO(
+                t->ops->isend(t, right, GVQ_TAG_COLL, base + displ[b] + off, len, &sreq[ns++]), res,
+                err_cancel);
             bytes->sent += len;
         }
     }

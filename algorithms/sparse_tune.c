@@ -23,7 +23,8 @@ int gvq_lsq_fit3(const double *P, const double *t, int n, double theta[3]) {
     int distinct = 0;
     for (int i = 0; i < n; i++) {
         int seen = 0;
-        for (int j = 0; j < i; j++) seen |= P[j] == P[i];
+        for (int j = 0; j < i; j++)
+            seen |= P[j] == P[i];
         distinct += !seen && P[i] > 0;
     }
     if (distinct < 3) return -1;
@@ -32,14 +33,17 @@ int gvq_lsq_fit3(const double *P, const double *t, int n, double theta[3]) {
     double col[3] = {0, 0, 0};
     for (int i = 0; i < n; i++) {
         double x[3] = {1.0, 1.0 / P[i], P[i]};
-        for (int a = 0; a < 3; a++) col[a] += x[a] * x[a];
+        for (int a = 0; a < 3; a++)
+            col[a] += x[a] * x[a];
     }
-    for (int a = 0; a < 3; a++) col[a] = sqrt(col[a]);
+    for (int a = 0; a < 3; a++)
+        col[a] = sqrt(col[a]);
     double A[3][4] = {{0}};
     for (int i = 0; i < n; i++) {
         double x[3] = {1.0 / col[0], 1.0 / P[i] / col[1], P[i] / col[2]};
         for (int a = 0; a < 3; a++) {
-            for (int b = 0; b < 3; b++) A[a][b] += x[a] * x[b];
+            for (int b = 0; b < 3; b++)
+                A[a][b] += x[a] * x[b];
             A[a][3] += x[a] * t[i];
         }
     }
@@ -57,7 +61,8 @@ int gvq_lsq_fit3(const double *P, const double *t, int n, double theta[3]) {
         for (int r = 0; r < 3; r++) {
             if (r == c) continue;
             double f = A[r][c] / A[c][c];
-            for (int k = c; k < 4; k++) A[r][k] -= f * A[c][k];
+            for (int k = c; k < 4; k++)
+                A[r][k] -= f * A[c][k];
         }
     }
     for (int a = 0; a < 3; a++) {

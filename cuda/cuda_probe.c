@@ -27,7 +27,9 @@ int gvq_cuda_device_count(void) {
     return probe_count;
 }
 
-void *gvq_cuda_legacy_stream(void) { return (void *)cudaStreamLegacy; }
+void *gvq_cuda_legacy_stream(void) {
+    return (void *)cudaStreamLegacy;
+}
 
 int gvq_cuda_is_device_ptr(const void *p) {
     if (p == NULL || gvq_cuda_device_count() == 0) return 0;

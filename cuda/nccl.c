@@ -35,10 +35,10 @@ static gvqResult_t nccl_fail(ncclResult_t r, const char *what) {
                                        : gvqInternalError;
 }
 
-#define NCCLCHECK(call)                                                                      \
-    do {                                                                                     \
-        ncclResult_t r_ = (call);                                                            \
-        if (r_ != ncclSuccess) return nccl_fail(r_, #call);                                  \
+#define NCCLCHECK(call)                                     \
+    do {                                                    \
+        ncclResult_t r_ = (call);                           \
+        if (r_ != ncclSuccess) return nccl_fail(r_, #call); \
     } while (0)
 
 struct gvq_nccl {
@@ -73,16 +73,18 @@ gvqResult_t gvq_nccl_init(const void *id, int nranks, int rank, gvq_nccl_t **out
 
 void gvq_nccl_destroy(gvq_nccl_t *n, int abort) {
     if (n == NULL) return;
-    if (abort) ncclCommAbort(n->comm);
-    else ncclCommDestroy(n->comm);
+    if (abort)
+        ncclCommAbort(n->comm);
+    else
+        ncclCommDestroy(n->comm);
     free(n);
 }
 
 static ncclDataType_t nccl_type(gvqDataType_t t) {
     static const ncclDataType_t map[gvqNumTypes] = {
-        [gvqInt8] = ncclInt8,       [gvqUint8] = ncclUint8,     [gvqInt32] = ncclInt32,
-        [gvqUint32] = ncclUint32,   [gvqInt64] = ncclInt64,     [gvqUint64] = ncclUint64,
-        [gvqFloat16] = ncclFloat16, [gvqFloat32] = ncclFloat32, [gvqFloat64] = ncclFloat64,
+        [gvqInt8] = ncclInt8,         [gvqUint8] = ncclUint8,     [gvqInt32] = ncclInt32,
+        [gvqUint32] = ncclUint32,     [gvqInt64] = ncclInt64,     [gvqUint64] = ncclUint64,
+        [gvqFloat16] = ncclFloat16,   [gvqFloat32] = ncclFloat32, [gvqFloat64] = ncclFloat64,
         [gvqBfloat16] = ncclBfloat16,
     };
     return map[t];
@@ -90,8 +92,8 @@ static ncclDataType_t nccl_type(gvqDataType_t t) {
 
 static ncclRedOp_t nccl_op(gvqRedOp_t op) {
     static const ncclRedOp_t map[gvqNumOps] = {
-        [gvqSum] = ncclSum, [gvqProd] = ncclProd, [gvqMax] = ncclMax, [gvqMin] = ncclMin,
-        [gvqAvg] = ncclAvg,
+        [gvqSum] = ncclSum, [gvqProd] = ncclProd, [gvqMax] = ncclMax,
+        [gvqMin] = ncclMin, [gvqAvg] = ncclAvg,
     };
     return map[op];
 }
@@ -113,7 +115,9 @@ gvqResult_t gvq_nccl_collective(gvq_nccl_t *n, gvq_nccl_coll_t kind, const void 
         NCCLCHECK(ncclAllReduce(send, recv, count, t, o, n->comm, s));
         divided = count;
         break;
-    case GVQ_NCCL_BROADCAST: NCCLCHECK(ncclBroadcast(send, recv, count, t, root, n->comm, s)); break;
+    case GVQ_NCCL_BROADCAST:
+        NCCLCHECK(ncclBroadcast(send, recv, count, t, root, n->comm, s));
+        break;
     case GVQ_NCCL_REDUCE:
         NCCLCHECK(ncclReduce(send, recv, count, t, o, root, n->comm, s));
         divided = n->rank == root ? count : 0;
@@ -122,8 +126,11 @@ gvqResult_t gvq_nccl_collective(gvq_nccl_t *n, gvq_nccl_coll_t kind, const void 
         NCCLCHECK(ncclReduceScatter(send, recv, count, t, o, n->comm, s));
         divided = count;
         break;
-    case GVQ_NCCL_ALLGATHER: NCCLCHECK(ncclAllGather(send, recv, count, t, n->comm, s)); break;
-    default: return gvqInternalError;
+    case GVQ_NCCL_ALLGATHER:
+        NCCLCHECK(ncclAllGather(send, recv, count, t, n->comm, s));
+        break;
+    default:
+        return gvqInternalError;
     }
     if (post_divide && divided > 0)
         return gvq_cuda_divide_on(recv, divided, dtype, n->nranks, stream);
@@ -151,7 +158,7 @@ typedef struct {
     cudaEvent_t compute_ready;
     pending_t *pend;
     size_t npend, cap;
-    int abort_flag;     /* used until a communicator adopts the transport */
+    int abort_flag; /* used until a communicator adopts the transport */
     gvqResult_t broken;
 } nccl_xport_t;
 
@@ -264,7 +271,8 @@ static gvqResult_t nx_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
         return gvqSuccess;
     }
     if (e != cudaErrorNotReady) {
-        GVQ_WARN("NCCL transport: transfer with peer %d failed: %s", req->peer, cudaGetErrorString(e));
+        GVQ_WARN("NCCL transport: transfer with peer %d failed: %s", req->peer,
+                 cudaGetErrorString(e));
         return gvqUnhandledCudaError;
     }
     ncclResult_t async = ncclSuccess;

@@ -38,10 +38,11 @@ extern "C" {
 #define GVQ_MAJOR 0
 #define GVQ_MINOR 1
 #define GVQ_PATCH 0
-#define GVQ_VERSION_CODE(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define GVQ_VERSION_CODE(X, Y, Z) ((X)*10000 + (Y)*100 + (Z))
 #define GVQ_VERSION GVQ_VERSION_CODE(GVQ_MAJOR, GVQ_MINOR, GVQ_PATCH)
 
 /* Result codes. The numbering follows NCCL's where the two share a name. */
+/* clang-format off */
 typedef enum {
     gvqSuccess            = 0,
     gvqUnhandledCudaError = 1,
@@ -54,8 +55,10 @@ typedef enum {
     gvqTimeout            = 8,
     gvqNumResults         = 9
 } gvqResult_t;
+/* clang-format on */
 
 /* Element types. gvqFloat16 is IEEE binary16, gvqBfloat16 is bfloat16; both reduce in fp32. */
+/* clang-format off */
 typedef enum {
     gvqInt8     = 0, gvqChar = 0,
     gvqUint8    = 1,
@@ -69,9 +72,11 @@ typedef enum {
     gvqBfloat16 = 9,
     gvqNumTypes = 10
 } gvqDataType_t;
+/* clang-format on */
 
 /* Reductions. gvqAvg sums, then divides once by the number of ranks at the end (integer types
  * divide with C's truncation). */
+/* clang-format off */
 typedef enum {
     gvqSum    = 0,
     gvqProd   = 1,
@@ -80,6 +85,7 @@ typedef enum {
     gvqAvg    = 4,
     gvqNumOps = 5
 } gvqRedOp_t;
+/* clang-format on */
 
 #define GVQ_UNIQUE_ID_BYTES 128
 /* Opaque bootstrap handle made by gvqGetUniqueId on one rank and handed to the others. */
@@ -93,26 +99,26 @@ typedef struct gvqComm *gvqComm_t;
 /* A cudaStream_t for device buffers; ignored (pass NULL) for host buffers. */
 typedef void *gvqStream_t;
 
-#define GVQ_CONFIG_MAGIC     0x67767163u /* 'gvqc' */
+#define GVQ_CONFIG_MAGIC 0x67767163u /* 'gvqc' */
 #define GVQ_CONFIG_UNDEF_INT INT32_MIN
 
 /* Versioned communicator configuration. Fill it with GVQ_CONFIG_INITIALIZER and set only the
  * fields you need; a field left at GVQ_CONFIG_UNDEF_INT takes its value from the environment
  * (GVQ_TIMEOUT_MS, ...) or its default. New fields are only ever appended. */
 typedef struct {
-    size_t size;       /* sizeof(gvqConfig_t) as the caller compiled it */
+    size_t size;          /* sizeof(gvqConfig_t) as the caller compiled it */
     unsigned int magic;   /* GVQ_CONFIG_MAGIC */
     unsigned int version; /* GVQ_VERSION the caller compiled against */
-    int blocking;      /* 1: calls return when done (the only mode of the host backend) */
-    int timeoutMs;     /* a transfer that makes no progress this long fails with gvqTimeout;
-                          0 waits forever */
-    int chunkBytes;    /* ring pipeline chunk size in bytes */
+    int blocking;         /* 1: calls return when done (the only mode of the host backend) */
+    int timeoutMs;        /* a transfer that makes no progress this long fails with gvqTimeout;
+                             0 waits forever */
+    int chunkBytes;       /* ring pipeline chunk size in bytes */
 } gvqConfig_t;
 
-#define GVQ_CONFIG_INITIALIZER                                                       \
-    {                                                                                \
-        sizeof(gvqConfig_t), GVQ_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,    \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT                               \
+#define GVQ_CONFIG_INITIALIZER                                                    \
+    {                                                                             \
+        sizeof(gvqConfig_t), GVQ_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT                            \
     }
 
 /* ---------------------------------------------------------------------------------------------
@@ -154,8 +160,8 @@ GVQ_API gvqResult_t gvqCommInitRank(gvqComm_t *comm, int nranks, gvqUniqueId com
 
 /* As gvqCommInitRank, with a configuration (NULL means all defaults). A config whose size,
  * magic or version is wrong is refused with gvqInvalidArgument. */
-GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUniqueId commId,
-                                          int rank, gvqConfig_t *config);
+GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUniqueId commId, int rank,
+                                          gvqConfig_t *config);
 
 /* Frees a communicator once its operations are done. Local (not collective); never hangs.
  * Errors: gvqInvalidArgument (NULL or already destroyed). */
@@ -257,18 +263,22 @@ GVQ_API gvqResult_t gvqGroupEnd(void);
 
 typedef struct gvqCompressor *gvqCompressor_t;
 
+/* clang-format off */
 typedef enum {
     gvqCodecNone     = 0, /* plain ring */
     gvqCodecGradiveq = 1, /* PCA compression, summed in the compressed domain */
     gvqCodecQsgd     = 2  /* stochastic quantization; decoded, added, re-encoded at each hop */
 } gvqCodec_t;
+/* clang-format on */
 
+/* clang-format off */
 typedef enum {
     gvqPhaseWarmup     = 0,
     gvqPhaseSample     = 1,
     gvqPhaseCompressed = 2,
     gvqPhasePlain      = 3  /* codec none, or QSGD alone: no schedule */
 } gvqCompressorPhase_t;
+/* clang-format on */
 
 #define GVQ_COMPRESSOR_CONFIG_MAGIC 0x67767178u /* 'gvqx' */
 
@@ -278,9 +288,9 @@ typedef struct {
     size_t size;
     unsigned int magic;
     unsigned int version;
-    int codec;           /* gvqCodec_t [gvqCodecGradiveq] */
-    int filters;         /* K of a conv layer [K][D][H][W]; with depth/height/width. All four
-                            unset: a flat tensor (K = 1). K*D*H*W must equal the count. */
+    int codec;   /* gvqCodec_t [gvqCodecGradiveq] */
+    int filters; /* K of a conv layer [K][D][H][W]; with depth/height/width. All four
+                    unset: a flat tensor (K = 1). K*D*H*W must equal the count. */
     int depth, height, width;
     int sliceSize;       /* L, a multiple of K [the smallest multiple of K >= 256, at most the
                             count] */
@@ -289,14 +299,14 @@ typedef struct {
     int warmupIters;     /* W [0] */
     int sampleIters;     /* T [100] */
     int compressedIters; /* S [400] */
-    int sampleCodec;     /* codec during warm-up and sampling: gvqCodecNone or gvqCodecQsgd [None] */
-    int qsgdBits;        /* 2, 4 or 8 [4] */
-    int qsgdBucket;      /* values per QSGD bucket [512] */
-    int qsgdMaxNorm;     /* 1: scale buckets by the max norm, 0: by the L2 norm [1] */
-    int wireType;        /* GradiVeQ coefficients on the wire: gvqFloat32 or gvqFloat16 [Float32] */
-    int errorFeedback;   /* 1: add what compression dropped to the next call's gradient [0] */
-    int maxDims;         /* cap on d [L] */
-    int seed;            /* QSGD random seed [0] */
+    int sampleCodec;   /* codec during warm-up and sampling: gvqCodecNone or gvqCodecQsgd [None] */
+    int qsgdBits;      /* 2, 4 or 8 [4] */
+    int qsgdBucket;    /* values per QSGD bucket [512] */
+    int qsgdMaxNorm;   /* 1: scale buckets by the max norm, 0: by the L2 norm [1] */
+    int wireType;      /* GradiVeQ coefficients on the wire: gvqFloat32 or gvqFloat16 [Float32] */
+    int errorFeedback; /* 1: add what compression dropped to the next call's gradient [0] */
+    int maxDims;       /* cap on d [L] */
+    int seed;          /* QSGD random seed [0] */
     float voteThreshold; /* early exit: a rank votes to leave the compressed phase when its local
                             loss ||x_n - x_hat_n|| / ||x_n|| exceeds this [lossThreshold, the
                             paper's rule]; >= 1 never exits early. Small-batch local gradients
@@ -307,38 +317,38 @@ typedef struct {
                             0). [1: the first slice, as the paper] */
 } gvqCompressorConfig_t;
 
-#define GVQ_COMPRESSOR_CONFIG_INITIALIZER                                                     \
-    {                                                                                         \
-        sizeof(gvqCompressorConfig_t), GVQ_COMPRESSOR_CONFIG_MAGIC, GVQ_VERSION,              \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
-            GVQ_CONFIG_UNDEF_INT, -1.0f, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,          \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f,          \
-            GVQ_CONFIG_UNDEF_INT                                                              \
+#define GVQ_COMPRESSOR_CONFIG_INITIALIZER                                            \
+    {                                                                                \
+        sizeof(gvqCompressorConfig_t), GVQ_COMPRESSOR_CONFIG_MAGIC, GVQ_VERSION,     \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,        \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,        \
+            GVQ_CONFIG_UNDEF_INT, -1.0f, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,        \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,        \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f, \
+            GVQ_CONFIG_UNDEF_INT                                                     \
     }
 
 /* What a compressor is doing and has done. */
 typedef struct {
-    int codec;             /* gvqCodec_t */
-    int phase;             /* gvqCompressorPhase_t */
-    long long iteration;   /* calls so far */
-    long long phaseIter;   /* calls in the current phase */
-    int dims;              /* d of the current compressor (0 before the first fit) */
-    int sliceSize;         /* L */
-    int groups;            /* compressors of the tensor (reuse groups) */
-    double ratio;          /* uncompressed / wire bytes of the compressed phase (QSGD: of every call) */
-    double lastLoss;       /* this rank's last local compression loss ||x - x_hat|| / ||x|| */
-    double keptEnergy;     /* share of the sample variance the last fit kept */
-    long long fits;        /* successful fits */
+    int codec;           /* gvqCodec_t */
+    int phase;           /* gvqCompressorPhase_t */
+    long long iteration; /* calls so far */
+    long long phaseIter; /* calls in the current phase */
+    int dims;            /* d of the current compressor (0 before the first fit) */
+    int sliceSize;       /* L */
+    int groups;          /* compressors of the tensor (reuse groups) */
+    double ratio;      /* uncompressed / wire bytes of the compressed phase (QSGD: of every call) */
+    double lastLoss;   /* this rank's last local compression loss ||x - x_hat|| / ||x|| */
+    double keptEnergy; /* share of the sample variance the last fit kept */
+    long long fits;    /* successful fits */
     long long fitsRefused; /* fits refused (non-finite samples) */
     long long earlyExits;  /* compressed phases ended by the vote */
     double fitSeconds;     /* wall time of the last fit on this rank (eigen-solves + broadcast) */
     unsigned long long wireBytes; /* bytes this rank sent for this tensor, all calls */
     unsigned long long rawBytes;  /* what a plain fp32 ring would send per rank for the same calls:
                                      2(n-1)/n of the tensor per call, a per-rank average */
-    char reason[160];      /* why the tensor is not compressed right now, or "" */
+    char reason[160];             /* why the tensor is not compressed right now, or "" */
 } gvqCompressorStats_t;
 
 /* Creates a compressor for a tensor of `count` floats. Collective in the sense that every rank
@@ -408,8 +418,9 @@ GVQ_API gvqResult_t gvqCompressorLoadFile(gvqCompressor_t compressor, const char
 
 /* Flags of gvqSparseAllGatherv (or them together; 0 means GVQ_SPARSE_SUMMED). */
 #define GVQ_SPARSE_SUMMED 1u /* fill the union: unique indices, ascending, duplicates summed */
-#define GVQ_SPARSE_RAW    2u /* fill the concatenation: rank 0's rows as it gave them, then
-                                rank 1's, ... (what a NCCL user expects of an allgatherv) */
+#define GVQ_SPARSE_RAW                                                \
+    2u /* fill the concatenation: rank 0's rows as it gave them, then \
+          rank 1's, ... (what a NCCL user expects of an allgatherv) */
 
 /* The result of gvqSparseAllGatherv. Initialize it with GVQ_SPARSE_ROWS_INITIALIZER once and
  * pass it to every call: gvq owns the arrays, grows them on demand and keeps them between calls
@@ -428,14 +439,14 @@ typedef struct {
     size_t *rankRows;     /* rows each rank sent (after its local merge unless GVQ_SPARSE_RAW) */
     unsigned long long bytesSent;     /* bytes this rank put on the wire in the last call */
     unsigned long long bytesReceived; /* bytes this rank received in the last call */
-    int algorithm;        /* transfer used by the last call: 0 ring, 1 the transport's own */
-    void *internal;       /* gvq's bookkeeping (capacities); do not touch */
+    int algorithm;  /* transfer used by the last call: 0 ring, 1 the transport's own */
+    void *internal; /* gvq's bookkeeping (capacities); do not touch */
 } gvqSparseRows_t;
 
-#define GVQ_SPARSE_ROWS_INITIALIZER                                                          \
-    {                                                                                        \
-        sizeof(gvqSparseRows_t), GVQ_SPARSE_ROWS_MAGIC, GVQ_VERSION, 0, NULL, NULL, 0, NULL, \
-            NULL, 0, NULL, 0, 0, 0, NULL                                                     \
+#define GVQ_SPARSE_ROWS_INITIALIZER                                                                \
+    {                                                                                              \
+        sizeof(gvqSparseRows_t), GVQ_SPARSE_ROWS_MAGIC, GVQ_VERSION, 0, NULL, NULL, 0, NULL, NULL, \
+            0, NULL, 0, 0, 0, NULL                                                                 \
     }
 
 /* Sparse allgatherv. Rank r contributes `nrows` rows: indices[i] in [0, rows) and the `dim`
@@ -445,10 +456,10 @@ typedef struct {
  * run in rank order, then in the order the rows were given). Without GVQ_SPARSE_RAW each rank
  * sums its own duplicates before sending. The row counts are exchanged first; the rows then
  * travel around a pipelined ring or through the transport's native allgatherv (MPI_Iallgatherv),
- * chosen by GVQ_SPARSE_ALLGATHERV (perf/RESULTS.md, section 4 says which is faster and the default).
- * `rows`, `dim`, `datatype` and `flags` must be the same on every rank. Blocking; not allowed
- * inside a group. Only sums (any gvq datatype; fp16/bf16 add in fp32).
- * Errors: gvqInvalidArgument (NULL or destroyed comm, NULL out or an out not made with
+ * chosen by GVQ_SPARSE_ALLGATHERV (perf/RESULTS.md, section 4 says which is faster and the
+ * default). `rows`, `dim`, `datatype` and `flags` must be the same on every rank. Blocking; not
+ * allowed inside a group. Only sums (any gvq datatype; fp16/bf16 add in fp32). Errors:
+ * gvqInvalidArgument (NULL or destroyed comm, NULL out or an out not made with
  * GVQ_SPARSE_ROWS_INITIALIZER, dim 0, bad datatype or flags, NULL indices/values with
  * nrows > 0, an index outside [0, rows): nothing is written), gvqRemoteError (another rank
  * refused its input, or a peer sent a malformed block), gvqInvalidUsage (inside a group;
@@ -471,6 +482,7 @@ typedef struct gvqPs *gvqPs_t;
  * rate). Rows no push touched since the last gvqPsApply are left alone (lazy, as TensorFlow's
  * sparse optimizers): SGD w -= lr g; momentum m = mu m + g, w -= lr m; Adagrad a += g^2,
  * w -= lr g / (sqrt(a) + eps). */
+/* clang-format off */
 typedef enum { gvqPsSgd = 0, gvqPsMomentum = 1, gvqPsAdagrad = 2 } gvqPsRule_t;
 
 /* Which rows a shard owns: hashed (a fixed pseudo-random permutation of the rows cut into P
@@ -506,21 +518,21 @@ typedef struct {
     const void *initValues;   /* gvqPsInitValues: rows x dim elements of the variable's type, read
                                  during gvqPsCreate (each rank copies the rows it holds) */
 } gvqPsConfig_t;
+/* clang-format on */
 
-#define GVQ_PS_CONFIG_INITIALIZER                                                       \
-    {                                                                                   \
-        sizeof(gvqPsConfig_t), GVQ_PS_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,  \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, -1.0, -1.0, -1.0,         \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, 0,  \
-            NULL                                                                        \
+#define GVQ_PS_CONFIG_INITIALIZER                                                           \
+    {                                                                                       \
+        sizeof(gvqPsConfig_t), GVQ_PS_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,      \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, -1.0, -1.0, -1.0,             \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, 0, NULL \
     }
 
 /* What a parameter server has done, on this rank. */
 typedef struct {
-    int partitions;        /* P */
-    int shards;            /* shards held by this rank */
-    size_t localRows;      /* rows held by this rank */
-    int hosts;             /* distinct hosts among the ranks (host name and network namespace) */
+    int partitions;   /* P */
+    int shards;       /* shards held by this rank */
+    size_t localRows; /* rows held by this rank */
+    int hosts;        /* distinct hosts among the ranks (host name and network namespace) */
     long long pushes, pulls, applies;
     unsigned long long bytesSent;     /* bytes this rank put on the wire, all calls */
     unsigned long long bytesReceived; /* bytes this rank received, all calls */
@@ -602,27 +614,26 @@ typedef struct {
     int maxPartitions;   /* largest P sampled or chosen [min(rows, 64 x ranks)] */
 } gvqPsTuneConfig_t;
 
-#define GVQ_PS_TUNE_CONFIG_INITIALIZER                                                        \
-    {                                                                                         \
-        sizeof(gvqPsTuneConfig_t), GVQ_PS_TUNE_CONFIG_MAGIC, GVQ_VERSION,                     \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                 \
-            GVQ_CONFIG_UNDEF_INT                                                              \
+#define GVQ_PS_TUNE_CONFIG_INITIALIZER                                                          \
+    {                                                                                           \
+        sizeof(gvqPsTuneConfig_t), GVQ_PS_TUNE_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT                    \
     }
 
 /* What the tuner sampled, the fit and its choice (identical on every rank). */
 typedef struct {
-    int nsamples;                                /* samples taken, in the order taken */
-    int partitions[GVQ_PS_TUNE_MAX_SAMPLES];     /* P of sample i */
-    double seconds[GVQ_PS_TUNE_MAX_SAMPLES];     /* iteration time of sample i: each rank's
-                                                    median over the timed iterations, the
-                                                    slowest rank's */
-    int fitOk;            /* 1: theta from least squares over >= 3 distinct P; 0: too few or
-                             singular, the best sample was chosen */
-    double theta[3];      /* time ~ theta[0] + theta[1] / P + theta[2] * P */
-    int bestPartitions;   /* the choice: the fastest sample, after the search and the
-                             refinement samples the fit pointed to (see below) */
-    double predictedSeconds; /* the fit at bestPartitions (the sample's time without a fit) */
-    int bestSampledPartitions;  /* the fastest sample */
+    int nsamples;                            /* samples taken, in the order taken */
+    int partitions[GVQ_PS_TUNE_MAX_SAMPLES]; /* P of sample i */
+    double seconds[GVQ_PS_TUNE_MAX_SAMPLES]; /* iteration time of sample i: each rank's
+                                                median over the timed iterations, the
+                                                slowest rank's */
+    int fitOk;                 /* 1: theta from least squares over >= 3 distinct P; 0: too few or
+                                  singular, the best sample was chosen */
+    double theta[3];           /* time ~ theta[0] + theta[1] / P + theta[2] * P */
+    int bestPartitions;        /* the choice: the fastest sample, after the search and the
+                                  refinement samples the fit pointed to (see below) */
+    double predictedSeconds;   /* the fit at bestPartitions (the sample's time without a fit) */
+    int bestSampledPartitions; /* the fastest sample */
     double bestSampledSeconds;
 } gvqPsTuneResult_t;
 

@@ -14,24 +14,24 @@
 static int gvq_test_failures;
 static pthread_mutex_t gvq_test_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define EXPECT(cond, ...)                                                  \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            pthread_mutex_lock(&gvq_test_lock);                            \
-            if (gvq_test_failures++ < 50) {                                \
+#define EXPECT(cond, ...)                                                       \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            pthread_mutex_lock(&gvq_test_lock);                                 \
+            if (gvq_test_failures++ < 50) {                                     \
                 fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-                fprintf(stderr, __VA_ARGS__);                              \
-                fprintf(stderr, "\n");                                     \
-            }                                                              \
-            pthread_mutex_unlock(&gvq_test_lock);                          \
-        }                                                                  \
+                fprintf(stderr, __VA_ARGS__);                                   \
+                fprintf(stderr, "\n");                                          \
+            }                                                                   \
+            pthread_mutex_unlock(&gvq_test_lock);                               \
+        }                                                                       \
     } while (0)
 
-#define EXPECT_RES(call, want)                                                         \
-    do {                                                                               \
-        gvqResult_t got_ = (call);                                                     \
-        EXPECT(got_ == (want), "%s returned %s, expected %s (%s)", #call,             \
-               gvqGetErrorString(got_), gvqGetErrorString(want), gvqGetLastError(NULL)); \
+#define EXPECT_RES(call, want)                                                                     \
+    do {                                                                                           \
+        gvqResult_t got_ = (call);                                                                 \
+        EXPECT(got_ == (want), "%s returned %s, expected %s (%s)", #call, gvqGetErrorString(got_), \
+               gvqGetErrorString(want), gvqGetLastError(NULL));                                    \
     } while (0)
 
 typedef void (*gvq_rank_fn)(gvqComm_t comm, int rank, int nranks, void *arg);
@@ -61,8 +61,10 @@ static inline void gvq_test_run(int nranks, const gvqConfig_t *cfg, gvq_rank_fn 
         th[r] = (gvq_test_thread_t){fn, comms[r], r, nranks, arg};
         pthread_create(&tid[r], NULL, gvq_test_thread_main, &th[r]);
     }
-    for (int r = 0; r < nranks; r++) pthread_join(tid[r], NULL);
-    for (int r = 0; r < nranks; r++) gvqCommDestroy(comms[r]);
+    for (int r = 0; r < nranks; r++)
+        pthread_join(tid[r], NULL);
+    for (int r = 0; r < nranks; r++)
+        gvqCommDestroy(comms[r]);
 }
 
 static inline int gvq_test_finish(const char *name) {

@@ -20,7 +20,8 @@
 #include "train.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
+    fprintf(
+        f,
         "usage: mpirun -np N gvq-train [options]\n"
         "data and model:\n"
         "  --data DIR            Fashion-MNIST IDX .gz files (default %s,\n"
@@ -39,8 +40,10 @@ static void usage(FILE *f) {
         "                        the run (default: constant)\n"
         "  --seed S              weights and shuffling (default 1; the same on every rank)\n"
         "aggregation through gvq:\n"
-        "  --codec C             conv weight gradients: none (gvqAllReduce), gradiveq (a compressor\n"
-        "                        per layer with its [K][D][k][k] shape) or qsgd (default gradiveq)\n"
+        "  --codec C             conv weight gradients: none (gvqAllReduce), gradiveq (a "
+        "compressor\n"
+        "                        per layer with its [K][D][k][k] shape) or qsgd (default "
+        "gradiveq)\n"
         "  --rest-codec C        biases and fc: none or qsgd (default none)\n"
         "  --zero-code           one plain gvqAllReduce of the whole flat gradient; set GVQ_CODEC\n"
         "                        to compress it without code changes\n"
@@ -96,10 +99,14 @@ static int parse_double(const char *s, double lo, double hi, double *v) {
 }
 
 static int parse_codec(const char *s, int allow_gradiveq, int *v) {
-    if (strcmp(s, "none") == 0) *v = TRAIN_CODEC_NONE;
-    else if (strcmp(s, "qsgd") == 0) *v = TRAIN_CODEC_QSGD;
-    else if (allow_gradiveq && strcmp(s, "gradiveq") == 0) *v = TRAIN_CODEC_GRADIVEQ;
-    else return -1;
+    if (strcmp(s, "none") == 0)
+        *v = TRAIN_CODEC_NONE;
+    else if (strcmp(s, "qsgd") == 0)
+        *v = TRAIN_CODEC_QSGD;
+    else if (allow_gradiveq && strcmp(s, "gradiveq") == 0)
+        *v = TRAIN_CODEC_GRADIVEQ;
+    else
+        return -1;
     return 0;
 }
 
@@ -111,8 +118,10 @@ static int parse_channels(const char *s, net_arch_t *a) {
         long c = strtol(p, &end, 10);
         if (end == p || c < 1 || c > 4096 || n == 8) return -1;
         a->channels[n++] = (int)c;
-        if (*end == ',') end++;
-        else if (*end != '\0') return -1;
+        if (*end == ',')
+            end++;
+        else if (*end != '\0')
+            return -1;
         p = end;
     }
     if (n == 0) return -1;
@@ -121,12 +130,45 @@ static int parse_channels(const char *s, net_arch_t *a) {
 }
 
 enum {
-    OPT_DATA = 256, OPT_TRAIN_SUBSET, OPT_TEST_SUBSET, OPT_CHANNELS, OPT_KERNEL, OPT_HIDDEN,
-    OPT_BATCH, OPT_EPOCHS, OPT_ITERS, OPT_LR, OPT_MOMENTUM, OPT_WD, OPT_SEED, OPT_CODEC,
-    OPT_REST_CODEC, OPT_ZERO_CODE, OPT_SLICE, OPT_REUSE, OPT_EPS, OPT_VOTE, OPT_WARMUP, OPT_SAMPLE,
-    OPT_COMPRESSED, OPT_SAMPLE_CODEC, OPT_QSGD_BITS, OPT_QSGD_BUCKET, OPT_WIRE, OPT_EF,
-    OPT_MAX_DIMS, OPT_PRINT_EVERY, OPT_EVAL_EVERY, OPT_CHECK_EVERY, OPT_STOP_AT, OPT_LOG,
-    OPT_DUMP, OPT_DUMP_LAYER, OPT_DUMP_ITERS, OPT_COSINE, OPT_SAMPLE_SLICES
+    OPT_DATA = 256,
+    OPT_TRAIN_SUBSET,
+    OPT_TEST_SUBSET,
+    OPT_CHANNELS,
+    OPT_KERNEL,
+    OPT_HIDDEN,
+    OPT_BATCH,
+    OPT_EPOCHS,
+    OPT_ITERS,
+    OPT_LR,
+    OPT_MOMENTUM,
+    OPT_WD,
+    OPT_SEED,
+    OPT_CODEC,
+    OPT_REST_CODEC,
+    OPT_ZERO_CODE,
+    OPT_SLICE,
+    OPT_REUSE,
+    OPT_EPS,
+    OPT_VOTE,
+    OPT_WARMUP,
+    OPT_SAMPLE,
+    OPT_COMPRESSED,
+    OPT_SAMPLE_CODEC,
+    OPT_QSGD_BITS,
+    OPT_QSGD_BUCKET,
+    OPT_WIRE,
+    OPT_EF,
+    OPT_MAX_DIMS,
+    OPT_PRINT_EVERY,
+    OPT_EVAL_EVERY,
+    OPT_CHECK_EVERY,
+    OPT_STOP_AT,
+    OPT_LOG,
+    OPT_DUMP,
+    OPT_DUMP_LAYER,
+    OPT_DUMP_ITERS,
+    OPT_COSINE,
+    OPT_SAMPLE_SLICES
 };
 
 /* Returns 0, 1 for --help, or -1 after naming the bad option on stderr. */
@@ -179,8 +221,11 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         const char *what = NULL;
         long seed;
         switch (c) {
-        case 'h': return 1;
-        case OPT_DATA: o->data_dir = optarg; break;
+        case 'h':
+            return 1;
+        case OPT_DATA:
+            o->data_dir = optarg;
+            break;
         case OPT_TRAIN_SUBSET:
             if (parse_int(optarg, 0, 1 << 24, &o->train_subset)) what = "--train-subset (>= 0)";
             break;
@@ -188,7 +233,8 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             if (parse_int(optarg, 0, 1 << 24, &o->test_subset)) what = "--test-subset (>= 0)";
             break;
         case OPT_CHANNELS:
-            if (parse_channels(optarg, &o->arch)) what = "--channels (1..8 numbers, comma-separated)";
+            if (parse_channels(optarg, &o->arch))
+                what = "--channels (1..8 numbers, comma-separated)";
             break;
         case OPT_KERNEL:
             if (parse_int(optarg, 1, 15, &o->arch.ksize) || o->arch.ksize % 2 == 0)
@@ -222,8 +268,10 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             if (parse_double(optarg, 0.0, 1.0, &o->weight_decay)) what = "--wd ([0, 1])";
             break;
         case OPT_SEED:
-            if (parse_long(optarg, 0, 1L << 40, &seed)) what = "--seed (>= 0)";
-            else o->seed = (unsigned long long)seed;
+            if (parse_long(optarg, 0, 1L << 40, &seed))
+                what = "--seed (>= 0)";
+            else
+                o->seed = (unsigned long long)seed;
             break;
         case OPT_CODEC:
             if (parse_codec(optarg, 1, &o->codec)) what = "--codec (none, gradiveq or qsgd)";
@@ -231,7 +279,9 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         case OPT_REST_CODEC:
             if (parse_codec(optarg, 0, &o->rest_codec)) what = "--rest-codec (none or qsgd)";
             break;
-        case OPT_ZERO_CODE: o->zero_code = 1; break;
+        case OPT_ZERO_CODE:
+            o->zero_code = 1;
+            break;
         case OPT_SLICE:
             if (parse_int(optarg, 1, 1 << 20, &o->slice)) what = "--slice (>= 1)";
             break;
@@ -263,11 +313,16 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             if (parse_int(optarg, 1, 1 << 24, &o->qsgd_bucket)) what = "--qsgd-bucket (>= 1)";
             break;
         case OPT_WIRE:
-            if (strcmp(optarg, "fp16") == 0) o->wire_fp16 = 1;
-            else if (strcmp(optarg, "fp32") == 0) o->wire_fp16 = 0;
-            else what = "--wire (fp16 or fp32)";
+            if (strcmp(optarg, "fp16") == 0)
+                o->wire_fp16 = 1;
+            else if (strcmp(optarg, "fp32") == 0)
+                o->wire_fp16 = 0;
+            else
+                what = "--wire (fp16 or fp32)";
             break;
-        case OPT_EF: o->error_feedback = 1; break;
+        case OPT_EF:
+            o->error_feedback = 1;
+            break;
         case OPT_MAX_DIMS:
             if (parse_int(optarg, 1, 1 << 20, &o->max_dims)) what = "--max-dims (>= 1)";
             break;
@@ -283,8 +338,12 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         case OPT_STOP_AT:
             if (parse_double(optarg, 0.0, 100.0, &o->stop_at)) what = "--stop-at (0..100)";
             break;
-        case OPT_LOG: o->log_path = optarg; break;
-        case OPT_DUMP: o->dump_path = optarg; break;
+        case OPT_LOG:
+            o->log_path = optarg;
+            break;
+        case OPT_DUMP:
+            o->dump_path = optarg;
+            break;
         case OPT_DUMP_LAYER:
             if (parse_int(optarg, 1, 8, &o->dump_layer)) what = "--dump-layer (1..8)";
             break;

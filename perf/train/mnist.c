@@ -42,7 +42,8 @@ static int read_idx(const char *path, uint32_t magic, int nwords, uint32_t *hdr,
         gzclose(f);
         return -1;
     }
-    for (int i = 0; i < nwords; i++) hdr[i] = be32(h + 4 * i);
+    for (int i = 0; i < nwords; i++)
+        hdr[i] = be32(h + 4 * i);
     if (hdr[0] != magic) {
         snprintf(err, errlen, "%s: IDX magic 0x%08x, expected 0x%08x", path, hdr[0], magic);
         gzclose(f);
@@ -84,7 +85,9 @@ static int read_idx(const char *path, uint32_t magic, int nwords, uint32_t *hdr,
     return 0;
 }
 
-static size_t image_bytes(const uint32_t *hdr) { return (size_t)hdr[2] * hdr[3]; }
+static size_t image_bytes(const uint32_t *hdr) {
+    return (size_t)hdr[2] * hdr[3];
+}
 static size_t label_bytes(const uint32_t *hdr) {
     (void)hdr;
     return 1;

@@ -53,8 +53,12 @@ uint64_t hash_floats(const float *x, size_t n) {
 
 /* ---- layer sizes ---------------------------------------------------------------------------- */
 
-size_t layer_in_size(const layer_t *l) { return (size_t)l->in_c * l->in_h * l->in_w; }
-size_t layer_out_size(const layer_t *l) { return (size_t)l->out_c * l->out_h * l->out_w; }
+size_t layer_in_size(const layer_t *l) {
+    return (size_t)l->in_c * l->in_h * l->in_w;
+}
+size_t layer_out_size(const layer_t *l) {
+    return (size_t)l->out_c * l->out_h * l->out_w;
+}
 
 /* ---- convolution ---------------------------------------------------------------------------- */
 
@@ -76,7 +80,8 @@ static void im2col(const float *in, int batch, int D, int H, int W, int k, float
                         }
                         for (int x = 0; x < W; x++) {
                             int sx = x + kj - pad;
-                            dst[(size_t)y * W + x] = sx >= 0 && sx < W ? img[(size_t)sy * W + sx] : 0.0f;
+                            dst[(size_t)y * W + x] =
+                                sx >= 0 && sx < W ? img[(size_t)sy * W + sx] : 0.0f;
                         }
                     }
                 }
@@ -100,7 +105,8 @@ static void col2im(const float *cols, int batch, int D, int H, int W, int k, flo
                         if (sy < 0 || sy >= H) continue;
                         for (int x = 0; x < W; x++) {
                             int sx = x + kj - pad;
-                            if (sx >= 0 && sx < W) img[(size_t)sy * W + sx] += src[(size_t)y * W + x];
+                            if (sx >= 0 && sx < W)
+                                img[(size_t)sy * W + sx] += src[(size_t)y * W + x];
                         }
                     }
                 }
@@ -118,7 +124,8 @@ static void conv_forward(layer_t *l, const float *in, int batch) {
         for (int f = 0; f < K; f++) {
             const float *src = l->tmp + (size_t)f * ncol + (size_t)b * hw;
             float *dst = l->out + ((size_t)b * K + f) * hw;
-            for (size_t i = 0; i < hw; i++) dst[i] = src[i] + l->b[f];
+            for (size_t i = 0; i < hw; i++)
+                dst[i] = src[i] + l->b[f];
         }
 }
 
@@ -151,12 +158,14 @@ static void conv_backward(layer_t *l, const float *in, const float *dout, int ba
 
 static void relu_forward(layer_t *l, const float *in, int batch) {
     size_t n = (size_t)batch * layer_in_size(l);
-    for (size_t i = 0; i < n; i++) l->out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+    for (size_t i = 0; i < n; i++)
+        l->out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
 static void relu_backward(layer_t *l, const float *in, const float *dout, int batch) {
     size_t n = (size_t)batch * layer_in_size(l);
-    for (size_t i = 0; i < n; i++) l->dout[i] = in[i] > 0.0f ? dout[i] : 0.0f;
+    for (size_t i = 0; i < n; i++)
+        l->dout[i] = in[i] > 0.0f ? dout[i] : 0.0f;
 }
 
 static void pool_forward(layer_t *l, const float *in, int batch) {
@@ -182,23 +191,26 @@ static void pool_forward(layer_t *l, const float *in, int batch) {
 static void pool_backward(layer_t *l, const float *dout, int batch) {
     memset(l->dout, 0, sizeof(float) * (size_t)batch * layer_in_size(l));
     size_t n = (size_t)batch * layer_out_size(l);
-    for (size_t i = 0; i < n; i++) l->dout[l->argmax[i]] += dout[i];
+    for (size_t i = 0; i < n; i++)
+        l->dout[l->argmax[i]] += dout[i];
 }
 
 static void fc_forward(layer_t *l, const float *in, int batch) {
     const int ni = (int)layer_in_size(l), no = l->out_c;
-    for (int b = 0; b < batch; b++) memcpy(l->out + (size_t)b * no, l->b, sizeof(float) * (size_t)no);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, no, ni, 1.0f, in, ni, l->w, ni, 1.0f,
-                l->out, no);
+    for (int b = 0; b < batch; b++)
+        memcpy(l->out + (size_t)b * no, l->b, sizeof(float) * (size_t)no);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, no, ni, 1.0f, in, ni, l->w, ni,
+                1.0f, l->out, no);
 }
 
 static void fc_backward(layer_t *l, const float *in, const float *dout, int batch) {
     const int ni = (int)layer_in_size(l), no = l->out_c;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, no, ni, batch, 1.0f, dout, no, in, ni, 0.0f,
-                l->dw, ni);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, no, ni, batch, 1.0f, dout, no, in, ni,
+                0.0f, l->dw, ni);
     for (int o = 0; o < no; o++) {
         double sum = 0.0;
-        for (int b = 0; b < batch; b++) sum += dout[(size_t)b * no + o];
+        for (int b = 0; b < batch; b++)
+            sum += dout[(size_t)b * no + o];
         l->db[o] = (float)sum;
     }
     if (l->dout == NULL) return;
@@ -208,19 +220,35 @@ static void fc_backward(layer_t *l, const float *in, const float *dout, int batc
 
 void layer_forward(layer_t *l, const float *in, int batch) {
     switch (l->kind) {
-    case LAYER_CONV: conv_forward(l, in, batch); break;
-    case LAYER_RELU: relu_forward(l, in, batch); break;
-    case LAYER_POOL: pool_forward(l, in, batch); break;
-    case LAYER_FC: fc_forward(l, in, batch); break;
+    case LAYER_CONV:
+        conv_forward(l, in, batch);
+        break;
+    case LAYER_RELU:
+        relu_forward(l, in, batch);
+        break;
+    case LAYER_POOL:
+        pool_forward(l, in, batch);
+        break;
+    case LAYER_FC:
+        fc_forward(l, in, batch);
+        break;
     }
 }
 
 void layer_backward(layer_t *l, const float *in, const float *dout_next, int batch) {
     switch (l->kind) {
-    case LAYER_CONV: conv_backward(l, in, dout_next, batch); break;
-    case LAYER_RELU: relu_backward(l, in, dout_next, batch); break;
-    case LAYER_POOL: pool_backward(l, dout_next, batch); break;
-    case LAYER_FC: fc_backward(l, in, dout_next, batch); break;
+    case LAYER_CONV:
+        conv_backward(l, in, dout_next, batch);
+        break;
+    case LAYER_RELU:
+        relu_backward(l, in, dout_next, batch);
+        break;
+    case LAYER_POOL:
+        pool_backward(l, dout_next, batch);
+        break;
+    case LAYER_FC:
+        fc_backward(l, in, dout_next, batch);
+        break;
     }
 }
 
@@ -236,8 +264,10 @@ double softmax_xent(const float *logits, const uint8_t *labels, int batch, int c
         for (int c = 1; c < classes; c++)
             if (z[c] > z[arg]) arg = c;
         double sum = 0.0;
-        for (int c = 0; c < classes; c++) sum += exp((double)z[c] - z[arg]);
-        for (int c = 0; c < classes; c++) p[c] = (float)(exp((double)z[c] - z[arg]) / sum);
+        for (int c = 0; c < classes; c++)
+            sum += exp((double)z[c] - z[arg]);
+        for (int c = 0; c < classes; c++)
+            p[c] = (float)(exp((double)z[c] - z[arg]) / sum);
         /* -log p[label], computed from the logits so it stays finite */
         loss += log(sum) - ((double)z[labels[b]] - z[arg]);
         if (arg == labels[b]) (*correct)++;
@@ -280,8 +310,8 @@ void net_free(net_t *net) {
     memset(net, 0, sizeof *net);
 }
 
-int net_create(net_t *net, const net_arch_t *arch, int c, int h, int w, int capacity,
-               uint64_t seed, char *err, size_t errlen) {
+int net_create(net_t *net, const net_arch_t *arch, int c, int h, int w, int capacity, uint64_t seed,
+               char *err, size_t errlen) {
     memset(net, 0, sizeof *net);
     if (arch->nconv < 1 || arch->nconv > 8 || arch->ksize < 1 || arch->ksize % 2 == 0 ||
         arch->hidden < 0 || arch->classes < 2 || capacity < 1) {
@@ -345,7 +375,8 @@ int net_create(net_t *net, const net_arch_t *arch, int c, int h, int w, int capa
 
     /* parameters: conv weights first, then the rest in layer order */
     size_t total = 0;
-    for (int i = 0; i < net->nlayers; i++) total += net->layers[i].nw + net->layers[i].nb;
+    for (int i = 0; i < net->nlayers; i++)
+        total += net->layers[i].nw + net->layers[i].nb;
     net->nparams = total;
     net->params = calloc(total, sizeof(float));
     net->grads = calloc(total, sizeof(float));
@@ -380,7 +411,8 @@ int net_create(net_t *net, const net_arch_t *arch, int c, int h, int w, int capa
         if (l->nw == 0) continue;
         double fan_in = (double)l->nw / (double)l->out_c;
         double sd = sqrt(2.0 / fan_in);
-        for (size_t j = 0; j < l->nw; j++) l->w[j] = (float)(sd * rng_normal(&rng));
+        for (size_t j = 0; j < l->nw; j++)
+            l->w[j] = (float)(sd * rng_normal(&rng));
     }
 
     /* buffers */

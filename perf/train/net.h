@@ -49,11 +49,11 @@ typedef struct {
     int capacity;         /* largest batch the buffers hold */
     int in_c, in_h, in_w; /* image shape */
     int classes;
-    size_t nparams;       /* floats in params (and grads) */
-    size_t conv_params;   /* floats of the leading conv-weight blocks */
+    size_t nparams;     /* floats in params (and grads) */
+    size_t conv_params; /* floats of the leading conv-weight blocks */
     float *params, *grads;
-    float *probs;         /* softmax output, capacity x classes */
-    float *dlogits;       /* loss gradient with respect to the logits */
+    float *probs;   /* softmax output, capacity x classes */
+    float *dlogits; /* loss gradient with respect to the logits */
 } net_t;
 
 /* Architecture: conv layers with the given output channels (each conv -> relu -> 2x2 pool), an
@@ -69,8 +69,8 @@ typedef struct {
 /* Builds the network for images of c x h x w and batches up to `capacity`, with parameters
  * initialized from `seed` (He-normal weights, zero biases; the same on every rank). Returns 0,
  * or -1 with a message in err (bad architecture, no memory). */
-int net_create(net_t *net, const net_arch_t *arch, int c, int h, int w, int capacity,
-               uint64_t seed, char *err, size_t errlen);
+int net_create(net_t *net, const net_arch_t *arch, int c, int h, int w, int capacity, uint64_t seed,
+               char *err, size_t errlen);
 void net_free(net_t *net);
 
 /* Forward pass over `batch` images (batch x c x h x w floats); returns the logits

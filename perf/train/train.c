@@ -35,27 +35,26 @@
 
 /* A failed gvq or MPI call ends the whole job: a rank that stopped calling collectives would
  * leave the others waiting for it until gvq's timeout. */
-#define TRAIN_GVQ(call, comm)                                                                  \
-    do {                                                                                       \
-        gvqResult_t res_ = (call);                                                             \
-        if (res_ != gvqSuccess) {                                                              \
-            fprintf(stderr, "gvq-train: %s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__,     \
-                    #call, gvqGetErrorString(res_), gvqGetLastError(comm));                    \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                      \
-        }                                                                                      \
+#define TRAIN_GVQ(call, comm)                                                                    \
+    do {                                                                                         \
+        gvqResult_t res_ = (call);                                                               \
+        if (res_ != gvqSuccess) {                                                                \
+            fprintf(stderr, "gvq-train: %s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call, \
+                    gvqGetErrorString(res_), gvqGetLastError(comm));                             \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                        \
+        }                                                                                        \
     } while (0)
 
-#define TRAIN_MPI(call)                                                                        \
-    do {                                                                                       \
-        int err_ = (call);                                                                     \
-        if (err_ != MPI_SUCCESS) {                                                             \
-            char msg_[MPI_MAX_ERROR_STRING];                                                   \
-            int len_ = 0;                                                                      \
-            MPI_Error_string(err_, msg_, &len_);                                               \
-            fprintf(stderr, "gvq-train: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,    \
-                    msg_);                                                                     \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                      \
-        }                                                                                      \
+#define TRAIN_MPI(call)                                                                            \
+    do {                                                                                           \
+        int err_ = (call);                                                                         \
+        if (err_ != MPI_SUCCESS) {                                                                 \
+            char msg_[MPI_MAX_ERROR_STRING];                                                       \
+            int len_ = 0;                                                                          \
+            MPI_Error_string(err_, msg_, &len_);                                                   \
+            fprintf(stderr, "gvq-train: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, msg_); \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
+        }                                                                                          \
     } while (0)
 
 static double now_s(void) {
@@ -92,7 +91,8 @@ void train_opts_default(train_opts_t *o) {
     o->out = stdout;
 }
 
-/* ---- gradient recording (gvq-perf --replay's GVQGRAD1 format, see perf/perf_gradsrc.h) -------- */
+/* ---- gradient recording (gvq-perf --replay's GVQGRAD1 format, see perf/perf_gradsrc.h) --------
+ */
 
 typedef struct {
     FILE *f;
@@ -146,7 +146,8 @@ static int dump_close(dump_t *d, const char *path) {
 
 static void shuffle(int *perm, int n, uint64_t seed) {
     rng_t r = {seed};
-    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = 0; i < n; i++)
+        perm[i] = i;
     for (int i = n - 1; i > 0; i--) {
         int j = (int)(rng_uniform(&r) * (double)(i + 1));
         if (j > i) j = i;
@@ -163,7 +164,8 @@ static double evaluate(net_t *net, const mnist_set_t *test, int rank, int nranks
     long correct = 0;
     for (int i = lo; i < hi; i += net->capacity) {
         int n = hi - i < net->capacity ? hi - i : net->capacity;
-        for (int j = 0; j < n; j++) idx[j] = i + j;
+        for (int j = 0; j < n; j++)
+            idx[j] = i + j;
         mnist_batch(test, idx, n, images, labels);
         correct += net_count_correct(net, images, labels, n);
     }
@@ -186,10 +188,14 @@ static const char *codec_name(int c) {
 
 static char phase_letter(int phase) {
     switch (phase) {
-    case gvqPhaseWarmup: return 'W';
-    case gvqPhaseSample: return 'S';
-    case gvqPhaseCompressed: return 'C';
-    default: return 'P';
+    case gvqPhaseWarmup:
+        return 'W';
+    case gvqPhaseSample:
+        return 'S';
+    case gvqPhaseCompressed:
+        return 'C';
+    default:
+        return 'P';
     }
 }
 
@@ -241,8 +247,10 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
 
     if (o->batch < nranks || o->batch % nranks != 0) {
         if (rank == 0)
-            fprintf(stderr, "gvq-train: the global batch (%d) must be a multiple of the number of "
-                            "ranks (%d)\n", o->batch, nranks);
+            fprintf(stderr,
+                    "gvq-train: the global batch (%d) must be a multiple of the number of "
+                    "ranks (%d)\n",
+                    o->batch, nranks);
         return -1;
     }
     const int local = o->batch / nranks;
@@ -274,8 +282,8 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     /* model */
     net_t net;
     const int capacity = local > 100 ? local : 100; /* evaluation runs in chunks of 100 */
-    if (net_create(&net, &o->arch, 1, train.rows, train.cols, capacity, o->seed, err,
-                   sizeof err) != 0) {
+    if (net_create(&net, &o->arch, 1, train.rows, train.cols, capacity, o->seed, err, sizeof err) !=
+        0) {
         if (rank == 0) fprintf(stderr, "gvq-train: %s\n", err);
         mnist_free(&train);
         mnist_free(&test);
@@ -338,11 +346,11 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     }
 
     if (rank == 0 && !o->quiet) {
-        fprintf(out, "# gvq-train: %d ranks, global batch %d (%d per rank), %ld steps (%ld per "
-                     "epoch), lr %g%s momentum %g wd %g seed %llu\n",
+        fprintf(out,
+                "# gvq-train: %d ranks, global batch %d (%d per rank), %ld steps (%ld per "
+                "epoch), lr %g%s momentum %g wd %g seed %llu\n",
                 nranks, o->batch, local, iters, steps_per_epoch, o->lr,
-                o->cosine ? " (cosine decay)" : "", o->momentum,
-                o->weight_decay, o->seed);
+                o->cosine ? " (cosine decay)" : "", o->momentum, o->weight_decay, o->seed);
         fprintf(out, "# data: %s (%d train, %d test images of %dx%d)\n", o->data_dir, train.n,
                 test.n, train.rows, train.cols);
         fprintf(out, "# model: %zu parameters, %zu in conv weights:", net.nparams, net.conv_params);
@@ -354,8 +362,10 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                 o->arch.hidden > 0 ? "hidden -> " : "", o->arch.classes);
         if (o->zero_code) {
             const char *e = getenv("GVQ_CODEC");
-            fprintf(out, "# aggregation: zero-code mode, one gvqAllReduce of %zu floats "
-                         "(GVQ_CODEC=%s)\n", net.nparams, e != NULL ? e : "unset");
+            fprintf(out,
+                    "# aggregation: zero-code mode, one gvqAllReduce of %zu floats "
+                    "(GVQ_CODEC=%s)\n",
+                    net.nparams, e != NULL ? e : "unset");
         } else {
             fprintf(out, "# aggregation: conv weights %s, the rest (%zu floats) %s",
                     codec_name(o->codec), nrest, codec_name(o->rest_codec));
@@ -391,7 +401,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         nranks > 1 ? 2.0 * (nranks - 1) * (double)nrest * 4.0 / nranks : 0.0;
     const double raw_conv_per_call =
         nranks > 1 ? 2.0 * (nranks - 1) * (double)net.conv_params * 4.0 / nranks : 0.0;
-    double rest_wire = 0.0; /* rest bytes on the wire (plain: the raw amount) */
+    double rest_wire = 0.0;   /* rest bytes on the wire (plain: the raw amount) */
     long pos = (long)train.n; /* forces a shuffle at step 0 */
     int epoch = 0;
     long step;
@@ -419,8 +429,9 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         }
 
         if (o->zero_code) {
-            TRAIN_GVQ(gvqAllReduce(net.grads, net.grads, net.nparams, gvqFloat32, gvqAvg, gcomm,
-                                   NULL), gcomm);
+            TRAIN_GVQ(
+                gvqAllReduce(net.grads, net.grads, net.nparams, gvqFloat32, gvqAvg, gcomm, NULL),
+                gcomm);
         } else {
             for (int i = 0; i < nconv; i++) {
                 if (comp[i] != NULL)
@@ -429,18 +440,22 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                               gcomm);
                 else
                     TRAIN_GVQ(gvqAllReduce(conv[i]->dw, conv[i]->dw, conv[i]->nw, gvqFloat32,
-                                           gvqAvg, gcomm, NULL), gcomm);
+                                           gvqAvg, gcomm, NULL),
+                              gcomm);
             }
             if (rest_comp != NULL)
                 TRAIN_GVQ(gvqAllReduceCompressed(rest, rest, nrest, gvqFloat32, gvqAvg, rest_comp,
-                                                 gcomm, NULL), gcomm);
+                                                 gcomm, NULL),
+                          gcomm);
             else
                 TRAIN_GVQ(gvqAllReduce(rest, rest, nrest, gvqFloat32, gvqAvg, gcomm, NULL), gcomm);
         }
         double t2 = now_s();
 
         const double lr_step =
-            o->cosine ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters)) : o->lr;
+            o->cosine
+                ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
+                : o->lr;
         const float lr = (float)lr_step, mu = (float)o->momentum, wd = (float)o->weight_decay;
         for (size_t j = 0; j < net.nparams; j++) {
             velocity[j] = mu * velocity[j] + net.grads[j] + wd * net.params[j];
@@ -497,28 +512,29 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             snprintf(phases + len, sizeof phases - len, "%s%c", i ? "," : "",
                      phase_letter(st.phase));
         }
-        double ratio = wire > prev_wire ? (double)(raw - prev_raw) / (double)(wire - prev_wire) : 1.0;
+        double ratio =
+            wire > prev_wire ? (double)(raw - prev_raw) / (double)(wire - prev_wire) : 1.0;
         prev_raw = raw;
         prev_wire = wire;
-        if (comp[0] == NULL) snprintf(phases, sizeof phases, "%s", o->zero_code ? "zero-code" : "-");
+        if (comp[0] == NULL)
+            snprintf(phases, sizeof phases, "%s", o->zero_code ? "zero-code" : "-");
 
         if (rank == 0) {
             double ips = (double)o->batch * (double)nsteps_win / win_train_s;
             char acc[32] = "   -  ";
             if (test_acc >= 0.0) snprintf(acc, sizeof acc, "%5.2f%%", test_acc);
             if (!o->quiet) {
-                fprintf(out, "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s"
-                             "  compute %6.2fs comm %6.2fs (%2.0f%%)  ratio %5.2f  phase %s\n",
+                fprintf(out,
+                        "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s"
+                        "  compute %6.2fs comm %6.2fs (%2.0f%%)  ratio %5.2f  phase %s\n",
                         epoch, step + 1, mean_loss, train_acc, acc, ips, compute, commt,
-                        100.0 * commt / (compute + commt > 0 ? compute + commt : 1), ratio,
-                        phases);
+                        100.0 * commt / (compute + commt > 0 ? compute + commt : 1), ratio, phases);
                 fflush(out);
             }
             if (csv != NULL) {
-                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,%.4f,%.4f,%.3f,%s\n", step + 1,
-                        epoch, train_s, mean_loss, train_acc, evaluated ? test_acc : -1.0, ips,
-                        tot_compute,
-                        tot_comm, ratio, phases);
+                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,%.4f,%.4f,%.3f,%s\n", step + 1, epoch,
+                        train_s, mean_loss, train_acc, evaluated ? test_acc : -1.0, ips,
+                        tot_compute, tot_comm, ratio, phases);
                 fflush(csv);
             }
         }
@@ -564,15 +580,16 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         res->total_ratio = conv_wire + rest_wire > 0 ? all_raw / (conv_wire + rest_wire) : 1.0;
     }
     if (rank == 0 && !o->quiet) {
-        fprintf(out, "# done: %ld steps in %.1f s of training (%.0f img/s), test accuracy %.2f%%, "
-                     "compute %.1f s comm %.1f s per rank (comm %.0f%%)\n",
+        fprintf(out,
+                "# done: %ld steps in %.1f s of training (%.0f img/s), test accuracy %.2f%%, "
+                "compute %.1f s comm %.1f s per rank (comm %.0f%%)\n",
                 res->iters, train_s, (double)o->batch * (double)res->iters / train_s, test_acc,
-                res->compute_s, res->comm_s,
-                100.0 * res->comm_s / (res->compute_s + res->comm_s));
+                res->compute_s, res->comm_s, 100.0 * res->comm_s / (res->compute_s + res->comm_s));
         if (!o->zero_code)
-            fprintf(out, "# wire: conv layers %.2fx smaller than a plain fp32 ring over the run, "
-                         "the whole gradient %.2fx; weight checksums compared %ld times, %ld "
-                         "mismatches\n",
+            fprintf(out,
+                    "# wire: conv layers %.2fx smaller than a plain fp32 ring over the run, "
+                    "the whole gradient %.2fx; weight checksums compared %ld times, %ld "
+                    "mismatches\n",
                     res->conv_ratio, res->total_ratio, res->sync_checks, res->sync_mismatches);
         else
             fprintf(out, "# weight checksums compared %ld times, %ld mismatches\n",
@@ -580,9 +597,10 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         for (int i = 0; i < nconv && comp[i] != NULL; i++) {
             gvqCompressorStats_t st;
             TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
-            fprintf(out, "# conv%d %s: phase %c, L %d, d %d, fits %lld (refused %lld), early "
-                         "exits %lld, compressed-phase ratio %.2f, kept energy %.4f, last local "
-                         "loss %.4f%s%s\n",
+            fprintf(out,
+                    "# conv%d %s: phase %c, L %d, d %d, fits %lld (refused %lld), early "
+                    "exits %lld, compressed-phase ratio %.2f, kept energy %.4f, last local "
+                    "loss %.4f%s%s\n",
                     i + 1, codec_name(o->codec), phase_letter(st.phase), st.sliceSize, st.dims,
                     st.fits, st.fitsRefused, st.earlyExits, st.ratio, st.keptEnergy, st.lastLoss,
                     st.reason[0] ? "; " : "", st.reason);

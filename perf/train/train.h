@@ -25,32 +25,32 @@ typedef struct {
     int train_subset, test_subset; /* 0: all */
     /* model and optimizer */
     net_arch_t arch;
-    int batch;          /* global batch, a multiple of the number of ranks */
-    int epochs;         /* used when iters is 0 */
-    long iters;         /* total steps (0: epochs x steps per epoch) */
+    int batch;  /* global batch, a multiple of the number of ranks */
+    int epochs; /* used when iters is 0 */
+    long iters; /* total steps (0: epochs x steps per epoch) */
     double lr, momentum, weight_decay;
-    int cosine;         /* 1: lr x (1 + cos(pi step / steps)) / 2 */
+    int cosine; /* 1: lr x (1 + cos(pi step / steps)) / 2 */
     unsigned long long seed;
     /* aggregation */
-    int codec;          /* train_codec_t of the conv layers */
-    int rest_codec;     /* TRAIN_CODEC_NONE or TRAIN_CODEC_QSGD for everything else */
-    int zero_code;      /* 1: one flat gvqAllReduce of the whole gradient */
+    int codec;      /* train_codec_t of the conv layers */
+    int rest_codec; /* TRAIN_CODEC_NONE or TRAIN_CODEC_QSGD for everything else */
+    int zero_code;  /* 1: one flat gvqAllReduce of the whole gradient */
     int slice, reuse, warmup, sample, compressed, sample_codec, qsgd_bits, qsgd_bucket;
     int wire_fp16, error_feedback, max_dims;
-    int sample_slices;  /* TRAIN_UNSET: the library default */
+    int sample_slices; /* TRAIN_UNSET: the library default */
     double eps;
-    double vote;        /* GradiVeQ early-exit threshold (0: the library's, = eps) */
+    double vote; /* GradiVeQ early-exit threshold (0: the library's, = eps) */
     /* what the user sees */
-    int print_every;    /* progress line every N steps (and a CSV row) */
-    int eval_every;     /* test accuracy every N steps (a multiple of print_every; 0: at the end) */
-    int check_every;    /* compare weight checksums across ranks every N steps (0: at prints) */
-    double stop_at;     /* stop once test accuracy reaches this (0: never) */
+    int print_every; /* progress line every N steps (and a CSV row) */
+    int eval_every;  /* test accuracy every N steps (a multiple of print_every; 0: at the end) */
+    int check_every; /* compare weight checksums across ranks every N steps (0: at prints) */
+    double stop_at;  /* stop once test accuracy reaches this (0: never) */
     const char *log_path;
     const char *dump_path;
-    int dump_layer;     /* conv layer (1-based) whose gradients --dump-grads records */
-    long dump_iters;    /* iterations to record (0: all) */
-    int quiet;          /* no progress lines (tests) */
-    FILE *out;          /* progress lines (rank 0) */
+    int dump_layer;  /* conv layer (1-based) whose gradients --dump-grads records */
+    long dump_iters; /* iterations to record (0: all) */
+    int quiet;       /* no progress lines (tests) */
+    FILE *out;       /* progress lines (rank 0) */
 } train_opts_t;
 
 /* Fills defaults: a 3-conv net (16, 32, 64 channels, 3x3), batch 64, 2 epochs, lr 0.05, momentum
@@ -58,20 +58,20 @@ typedef struct {
 void train_opts_default(train_opts_t *o);
 
 typedef struct {
-    long iters;            /* steps done */
-    double first_loss;     /* mean loss (over ranks) of the first print window */
-    double last_loss;      /* ... of the last one */
-    double test_acc;       /* final test accuracy, percent */
-    double train_s;        /* wall time of the steps (evaluation excluded) */
-    double compute_s, comm_s;  /* per rank, averaged over ranks */
-    double conv_ratio;     /* raw / wire bytes of the conv layers over the whole run */
-    double total_ratio;    /* raw / wire bytes of the whole gradient */
-    long long fits;        /* GradiVeQ fits over the conv compressors */
-    long long early_exits; /* compressed phases the loss vote ended early */
-    double time_to_stop;   /* train_s when test accuracy first reached stop_at (or -1) */
-    long sync_checks;      /* weight checksum comparisons made */
-    long sync_mismatches;  /* ... that found ranks holding different weights */
-    double *loss_hist;     /* this rank's local loss per step (iters values; caller frees) */
+    long iters;               /* steps done */
+    double first_loss;        /* mean loss (over ranks) of the first print window */
+    double last_loss;         /* ... of the last one */
+    double test_acc;          /* final test accuracy, percent */
+    double train_s;           /* wall time of the steps (evaluation excluded) */
+    double compute_s, comm_s; /* per rank, averaged over ranks */
+    double conv_ratio;        /* raw / wire bytes of the conv layers over the whole run */
+    double total_ratio;       /* raw / wire bytes of the whole gradient */
+    long long fits;           /* GradiVeQ fits over the conv compressors */
+    long long early_exits;    /* compressed phases the loss vote ended early */
+    double time_to_stop;      /* train_s when test accuracy first reached stop_at (or -1) */
+    long sync_checks;         /* weight checksum comparisons made */
+    long sync_mismatches;     /* ... that found ranks holding different weights */
+    double *loss_hist;        /* this rank's local loss per step (iters values; caller frees) */
 } train_result_t;
 
 /* Runs the training; returns 0, or -1 after printing why (bad options, data missing, a gvq

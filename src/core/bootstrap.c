@@ -121,7 +121,8 @@ static void *root_thread(void *arg) {
         int fd = accept(a.listen_fd, NULL, NULL);
         if (fd < 0) continue;
         boot_hello_t h;
-        if (io_full(fd, &h, sizeof h, 0, 5000) != 0 || h.magic != BOOT_MAGIC || h.nonce != a.nonce) {
+        if (io_full(fd, &h, sizeof h, 0, 5000) != 0 || h.magic != BOOT_MAGIC ||
+            h.nonce != a.nonce) {
             close(fd); /* a stray connection, not one of ours */
             continue;
         }
@@ -300,7 +301,8 @@ gvqResult_t gvq_bootstrap_exchange(const gvqUniqueId *id, int nranks, int rank,
     gvqResult_t res = gvqSuccess;
     boot_reply_t rep;
     /* the root answers within its own timeout; allow it some slack beyond ours */
-    int wait_ms = timeout_ns ? (int)GVQ_MIN(timeout_ns / 1000000ull + 10000ull, (uint64_t)INT32_MAX) : -1;
+    int wait_ms =
+        timeout_ns ? (int)GVQ_MIN(timeout_ns / 1000000ull + 10000ull, (uint64_t)INT32_MAX) : -1;
     int rc = io_full(fd, &h, sizeof h, 1, 10000);
     if (rc == 0) rc = io_full(fd, &rep, sizeof rep, 0, wait_ms);
     if (rc != 0) {

@@ -15,7 +15,7 @@
 #include "gvq_zero_code.h"
 
 static const char *op_fn[] = {"gvqAllReduce", "gvqBroadcast", "gvqReduce", "gvqReduceScatter",
-                              "gvqAllGather", "gvqSend", "gvqRecv"};
+                              "gvqAllGather", "gvqSend",      "gvqRecv"};
 
 /* Point-to-point messages larger than this travel in pieces (one MPI message holds < 2 GiB). */
 #define P2P_PIECE ((size_t)1 << 30)
@@ -33,13 +33,32 @@ static void op_lengths(const gvq_op_t *o, size_t *slen, size_t *rlen) {
     size_t one = o->count * gvq_dtype_size(o->dtype), all = one * (size_t)n;
     *slen = *rlen = 0;
     switch (o->kind) {
-    case GVQ_OP_ALLREDUCE: *slen = one; *rlen = one; break;
-    case GVQ_OP_BROADCAST: *slen = r == o->root ? one : 0; *rlen = one; break;
-    case GVQ_OP_REDUCE: *slen = one; *rlen = r == o->root ? one : 0; break;
-    case GVQ_OP_REDUCE_SCATTER: *slen = all; *rlen = one; break;
-    case GVQ_OP_ALLGATHER: *slen = one; *rlen = all; break;
-    case GVQ_OP_SEND: *slen = one; break;
-    case GVQ_OP_RECV: *rlen = one; break;
+    case GVQ_OP_ALLREDUCE:
+        *slen = one;
+        *rlen = one;
+        break;
+    case GVQ_OP_BROADCAST:
+        *slen = r == o->root ? one : 0;
+        *rlen = one;
+        break;
+    case GVQ_OP_REDUCE:
+        *slen = one;
+        *rlen = r == o->root ? one : 0;
+        break;
+    case GVQ_OP_REDUCE_SCATTER:
+        *slen = all;
+        *rlen = one;
+        break;
+    case GVQ_OP_ALLGATHER:
+        *slen = one;
+        *rlen = all;
+        break;
+    case GVQ_OP_SEND:
+        *slen = one;
+        break;
+    case GVQ_OP_RECV:
+        *rlen = one;
+        break;
     }
 }
 
@@ -55,7 +74,8 @@ static gvqResult_t check_op(const gvq_op_t *o) {
         GVQ_WARN("%s: invalid datatype %d", fn, (int)o->dtype);
         return gvqInvalidArgument;
     }
-    int reduces = o->kind == GVQ_OP_ALLREDUCE || o->kind == GVQ_OP_REDUCE || o->kind == GVQ_OP_REDUCE_SCATTER;
+    int reduces =
+        o->kind == GVQ_OP_ALLREDUCE || o->kind == GVQ_OP_REDUCE || o->kind == GVQ_OP_REDUCE_SCATTER;
     if (reduces && !gvq_op_valid((int)o->op)) {
         GVQ_WARN("%s: invalid reduction op %d", fn, (int)o->op);
         return gvqInvalidArgument;
@@ -67,7 +87,8 @@ static gvqResult_t check_op(const gvq_op_t *o) {
                  gvq_dtype_name(o->dtype));
         return gvqInvalidArgument;
     }
-    if ((o->kind == GVQ_OP_BROADCAST || o->kind == GVQ_OP_REDUCE) && (o->root < 0 || o->root >= n)) {
+    if ((o->kind == GVQ_OP_BROADCAST || o->kind == GVQ_OP_REDUCE) &&
+        (o->root < 0 || o->root >= n)) {
         GVQ_WARN("%s: root %d is outside [0, %d)", fn, o->root, n);
         return gvqInvalidArgument;
     }
@@ -181,11 +202,11 @@ static gvqResult_t p2p_post(const gvq_op_t *o, gvq_req_t *reqs) {
     for (size_t i = 0; i < np; i++) {
         size_t len = GVQ_MIN(P2P_PIECE, bytes - i * P2P_PIECE);
         if (o->kind == GVQ_OP_SEND)
-            GVQCHECK(t->ops->isend(t, o->root, GVQ_TAG_P2P, (const char *)o->sendbuff + i * P2P_PIECE,
-                                   len, &reqs[i]));
+            GVQCHECK(t->ops->isend(t, o->root, GVQ_TAG_P2P,
+                                   (const char *)o->sendbuff + i * P2P_PIECE, len, &reqs[i]));
         else
-            GVQCHECK(t->ops->irecv(t, o->root, GVQ_TAG_P2P, (char *)o->recvbuff + i * P2P_PIECE, len,
-                                   &reqs[i]));
+            GVQCHECK(t->ops->irecv(t, o->root, GVQ_TAG_P2P, (char *)o->recvbuff + i * P2P_PIECE,
+                                   len, &reqs[i]));
     }
     return gvqSuccess;
 }
@@ -214,7 +235,8 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
     }
     for (size_t i = 0, q = 0; i <= n; i++) {
         first[i] = q;
-        if (i < n && (ops[i].kind == GVQ_OP_SEND || ops[i].kind == GVQ_OP_RECV)) q += p2p_pieces(&ops[i]);
+        if (i < n && (ops[i].kind == GVQ_OP_SEND || ops[i].kind == GVQ_OP_RECV))
+            q += p2p_pieces(&ops[i]);
     }
     for (size_t i = 0; i < n; i++) {
         if (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV) continue;
@@ -238,7 +260,8 @@ out_leave:
     for (size_t i = 0; i < entered; i++) {
         if (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV) continue;
         if (res != gvqSuccess)
-            gvq_xport_cancelall(ops[i].comm->xport, reqs + first[i], (int)(first[i + 1] - first[i]));
+            gvq_xport_cancelall(ops[i].comm->xport, reqs + first[i],
+                                (int)(first[i + 1] - first[i]));
         gvq_comm_leave(ops[i].comm);
     }
 out_free:
@@ -293,7 +316,8 @@ GVQ_API gvqResult_t gvqAllReduce(const void *sendbuff, void *recvbuff, size_t co
 GVQ_API gvqResult_t gvqBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                                  gvqDataType_t datatype, int root, gvqComm_t comm,
                                  gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_BROADCAST, sendbuff, recvbuff, count, datatype, gvqSum, root, comm, stream};
+    gvq_op_t o = {GVQ_OP_BROADCAST, sendbuff, recvbuff, count, datatype,
+                  gvqSum,           root,     comm,     stream};
     return submit(&o);
 }
 
@@ -312,13 +336,15 @@ GVQ_API gvqResult_t gvqReduce(const void *sendbuff, void *recvbuff, size_t count
 GVQ_API gvqResult_t gvqReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                      gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
                                      gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream};
+    gvq_op_t o = {
+        GVQ_OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                                  gvqDataType_t datatype, gvqComm_t comm, gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, gvqSum, 0, comm, stream};
+    gvq_op_t o = {GVQ_OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype,
+                  gvqSum,           0,        comm,     stream};
     return submit(&o);
 }
 

@@ -18,7 +18,9 @@
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
 
-int gvq_comm_is_live(gvqComm_t comm) { return gvq_handles_live(&live, comm); }
+int gvq_comm_is_live(gvqComm_t comm) {
+    return gvq_handles_live(&live, comm);
+}
 
 /* The entry check of calls that are not queued by groups (compressed allreduce, sparse, PS):
  * comm must be live, and with no_group the caller must not be inside gvqGroupStart/End. */
@@ -40,7 +42,8 @@ gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     gvqResult_t res = gvqSuccess;
     gvq_handles_lock(&live);
     if (gvq_handles_find_locked(&live, comm) < 0) {
-        GVQ_WARN("%s: comm %p is %s", fn, (void *)comm, comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
+        GVQ_WARN("%s: comm %p is %s", fn, (void *)comm,
+                 comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
         res = gvqInvalidArgument;
     } else if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
         GVQ_WARN("%s: the communicator was aborted", fn);
@@ -57,7 +60,9 @@ gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     return res;
 }
 
-void gvq_comm_leave(gvqComm_t comm) { __atomic_sub_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL); }
+void gvq_comm_leave(gvqComm_t comm) {
+    __atomic_sub_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL);
+}
 
 /* ---- configuration ----------------------------------------------------------------------- */
 
@@ -70,13 +75,13 @@ gvqResult_t gvq_config_resolve(const gvqConfig_t *config, const char *caller, in
         *chunk_bytes = 1 << 20;
     }
     if (config == NULL) return gvqSuccess;
-    GVQCHECK(gvq_config_header_check(caller, "config", config->size, config->magic,
-                                     config->version, GVQ_CONFIG_MAGIC,
+    GVQCHECK(gvq_config_header_check(caller, "config", config->size, config->magic, config->version,
+                                     GVQ_CONFIG_MAGIC,
                                      offsetof(gvqConfig_t, chunkBytes) + sizeof(int),
                                      sizeof(gvqConfig_t), "GVQ_CONFIG_INITIALIZER"));
     if (config->blocking != GVQ_CONFIG_UNDEF_INT && config->blocking != 1) {
-        GVQ_WARN("%s: config->blocking=%d: the host backend only runs blocking communicators", caller,
-                 config->blocking);
+        GVQ_WARN("%s: config->blocking=%d: the host backend only runs blocking communicators",
+                 caller, config->blocking);
         return gvqInvalidArgument;
     }
     if (config->timeoutMs != GVQ_CONFIG_UNDEF_INT) {
@@ -205,7 +210,8 @@ gvqResult_t gvq_comm_hosts(gvqComm_t c, int *nhosts, int *leader, uint8_t *same_
     *leader = -1;
     for (int p = 0; p < c->nranks; p++) {
         int first = 1;
-        for (int q = 0; q < p; q++) first &= all[q] != all[p];
+        for (int q = 0; q < p; q++)
+            first &= all[q] != all[p];
         *nhosts += first;
         if (same_host != NULL) same_host[p] = all[p] == mine;
         if (all[p] == mine && *leader < 0) *leader = p;
@@ -226,8 +232,7 @@ const gvq_device_ops_t *gvq_comm_pinned_host(gvqComm_t c, const gvq_device_ops_t
     return &c->pinned_ops;
 }
 
-void gvq_comm_adopt_device_transport(gvqComm_t c, gvq_transport_t *t,
-                                     const gvq_device_ops_t *dev) {
+void gvq_comm_adopt_device_transport(gvqComm_t c, gvq_transport_t *t, const gvq_device_ops_t *dev) {
     t->timeout_ns = c->xport->timeout_ns;
     t->abort_flag = &c->abort_flag;
     t->broken = &c->broken;
@@ -236,8 +241,8 @@ void gvq_comm_adopt_device_transport(gvqComm_t c, gvq_transport_t *t,
     c->dxport_state = 1;
 }
 
-GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUniqueId commId,
-                                          int rank, gvqConfig_t *config) {
+GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUniqueId commId, int rank,
+                                          gvqConfig_t *config) {
     if (comm == NULL) {
         GVQ_WARN("gvqCommInitRank: comm is NULL");
         return gvqInvalidArgument;
@@ -293,7 +298,8 @@ GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUnique
     GVQCHECKGOTO(gvq_comm_create(t, config, "gvqCommInitRank", comm), res, out_free);
     uint64_t *keys = calloc((size_t)nranks, sizeof *keys);
     if (keys != NULL) { /* without them, gvq_comm_hosts exchanges the keys on first use */
-        for (int r = 0; r < nranks; r++) keys[r] = all[r].host_key;
+        for (int r = 0; r < nranks; r++)
+            keys[r] = all[r].host_key;
         (*comm)->host_keys = keys;
     }
 out_free:
@@ -324,7 +330,8 @@ gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_
         gvqResult_t res = gvq_inproc_transport_create(own->world, r, &t);
         if (res == gvqSuccess) res = gvq_comm_create(t, config, "inproc", &comms[r]);
         if (res != gvqSuccess) {
-            for (int q = 0; q < r; q++) gvqCommDestroy(comms[q]);
+            for (int q = 0; q < r; q++)
+                gvqCommDestroy(comms[q]);
             if (own->refs == 0) {
                 gvq_inproc_world_destroy(own->world);
                 free(own);
@@ -341,7 +348,8 @@ gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_
 
 static void comm_free(gvqComm_t c) {
     /* calls still inside (another thread, after an abort) leave promptly */
-    while (__atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) > 0) usleep(1000);
+    while (__atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) > 0)
+        usleep(1000);
     detach_all(c);
     /* a broken communicator may have sends from scratch still in the transport's hands; the
      * scratch is then left allocated rather than freed under them */
@@ -350,8 +358,8 @@ static void comm_free(gvqComm_t c) {
     if (c->dxport != NULL) c->dxport->ops->destroy(c->dxport); /* before the NCCL comm it uses */
     if (!keep) gvq_pinned_free(&c->pinned); /* a broken MPI transport may still read from it */
     if (!keep && c->pscratch != NULL) c->pinned_ops.free(c->pscratch);
-    if (c->dscratch != NULL && !(c->broken != gvqSuccess && c->dxport != NULL &&
-                                 c->dxport->cancel_keeps_buffers))
+    if (c->dscratch != NULL &&
+        !(c->broken != gvqSuccess && c->dxport != NULL && c->dxport->cancel_keeps_buffers))
         c->dxport_dev->free(c->dscratch);
 #ifdef GVQ_WITH_NCCL
     gvq_nccl_destroy(c->nccl, c->broken != gvqSuccess);
@@ -402,7 +410,8 @@ GVQ_API gvqResult_t gvqCommAbort(gvqComm_t comm) {
 
 GVQ_API gvqResult_t gvqCommCount(const gvqComm_t comm, int *count) {
     if (!gvq_comm_is_live(comm) || count == NULL) {
-        GVQ_WARN("gvqCommCount: %s", count == NULL ? "count is NULL" : "comm is not a live communicator");
+        GVQ_WARN("gvqCommCount: %s",
+                 count == NULL ? "count is NULL" : "comm is not a live communicator");
         return gvqInvalidArgument;
     }
     *count = comm->nranks;
@@ -411,7 +420,8 @@ GVQ_API gvqResult_t gvqCommCount(const gvqComm_t comm, int *count) {
 
 GVQ_API gvqResult_t gvqCommUserRank(const gvqComm_t comm, int *rank) {
     if (!gvq_comm_is_live(comm) || rank == NULL) {
-        GVQ_WARN("gvqCommUserRank: %s", rank == NULL ? "rank is NULL" : "comm is not a live communicator");
+        GVQ_WARN("gvqCommUserRank: %s",
+                 rank == NULL ? "rank is NULL" : "comm is not a live communicator");
         return gvqInvalidArgument;
     }
     *rank = comm->rank;

@@ -68,10 +68,11 @@ int gvq_comm_nccl_ready(gvqComm_t c) {
 }
 
 gvqResult_t gvq_comm_nccl_collective(const gvq_op_t *o) {
-    static const gvq_nccl_coll_t kind[] = {
-        [GVQ_OP_ALLREDUCE] = GVQ_NCCL_ALLREDUCE, [GVQ_OP_BROADCAST] = GVQ_NCCL_BROADCAST,
-        [GVQ_OP_REDUCE] = GVQ_NCCL_REDUCE, [GVQ_OP_REDUCE_SCATTER] = GVQ_NCCL_REDUCE_SCATTER,
-        [GVQ_OP_ALLGATHER] = GVQ_NCCL_ALLGATHER};
+    static const gvq_nccl_coll_t kind[] = {[GVQ_OP_ALLREDUCE] = GVQ_NCCL_ALLREDUCE,
+                                           [GVQ_OP_BROADCAST] = GVQ_NCCL_BROADCAST,
+                                           [GVQ_OP_REDUCE] = GVQ_NCCL_REDUCE,
+                                           [GVQ_OP_REDUCE_SCATTER] = GVQ_NCCL_REDUCE_SCATTER,
+                                           [GVQ_OP_ALLGATHER] = GVQ_NCCL_ALLGATHER};
     if (o->kind > GVQ_OP_ALLGATHER) return gvqInternalError;
     return gvq_nccl_collective(o->comm->nccl, kind[o->kind], o->sendbuff, o->recvbuff, o->count,
                                o->dtype, o->op, o->root, o->stream);

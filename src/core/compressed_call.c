@@ -33,7 +33,8 @@ static gvqResult_t slice_residual(gvqCompressor_t c, size_t j, const float *xs, 
     size_t L = (size_t)cfg->L, d = (size_t)c->st.d, g = j / (size_t)cfg->C;
     const float *U = c->U + g * L * d, *Z = c->Z + g * L;
     float n = (float)c->comm->nranks;
-    for (size_t i = 0; i < L; i++) v[i] = xs[j * L + i] - Z[i] / n;
+    for (size_t i = 0; i < L; i++)
+        v[i] = xs[j * L + i] - Z[i] / n;
     GVQCHECK(dev->sgemm(1, 0, (int)d, 1, (int)L, 1.0f, U, (int)L, v, (int)L, 0.0f, coef, (int)d));
     /* v = (I - U U^T)(x - Z/N) = x - x_hat */
     return dev->sgemm(0, 0, (int)L, 1, (int)d, -1.0f, U, (int)L, coef, (int)d, 1.0f, v, (int)L);
@@ -84,7 +85,8 @@ static int32_t local_vote(void *arg) {
     return local_loss(c) > c->cfg.vote;
 }
 
-/* ---- the plan: codec and ring of this call ----------------------------------------------------- */
+/* ---- the plan: codec and ring of this call -----------------------------------------------------
+ */
 
 typedef struct {
     gvq_codec_t codec;   /* what the ring runs */
@@ -107,8 +109,10 @@ static void choose_codec(gvqCompressor_t c, const gvq_device_ops_t *dev, int on_
     if (phase == gvqPhaseCompressed) {
         c->gq.local_x2 = c->gq.local_c2 = c->gq.local_all2 = 0;
         c->gq_dev.norms[0] = c->gq_dev.norms[1] = c->gq_dev.norms[2] = 0;
-        if (on_dev) gvq_codec_gradiveq_dev_init(out, dev, &c->gq_dev);
-        else gvq_codec_gradiveq_init(out, c->comm->dev, &c->gq);
+        if (on_dev)
+            gvq_codec_gradiveq_dev_init(out, dev, &c->gq_dev);
+        else
+            gvq_codec_gradiveq_init(out, c->comm->dev, &c->gq);
     } else if (use_qsgd) {
         c->qs.call = (uint32_t)c->st.iter;
         if (on_dev) {
@@ -154,7 +158,8 @@ static void plan_call(gvqCompressor_t c, const gvq_device_ops_t *dev, call_plan_
     choose_ring(c, dev, on_dev, p);
 }
 
-/* ---- one call ---------------------------------------------------------------------------------- */
+/* ---- one call ----------------------------------------------------------------------------------
+ */
 
 /* The ring's input (src) and output (dst): the collocated work vector, or the caller's
  * buffers, after adding the error-feedback residual. */
@@ -164,7 +169,8 @@ static gvqResult_t prepare_input(gvqCompressor_t c, const gvq_device_ops_t *dev,
     int on_dev = dev != &gvq_host_device;
     const float *x = send;
     if (cfg->error_feedback) { /* the gradient plus what earlier compression dropped */
-        for (size_t i = 0; i < cfg->count; i++) c->ef_input[i] = send[i] + c->residual[i];
+        for (size_t i = 0; i < cfg->count; i++)
+            c->ef_input[i] = send[i] + c->residual[i];
         x = c->ef_input;
     }
     *src = x;
@@ -249,12 +255,13 @@ static gvqResult_t device_ready(gvqCompressor_t c, const gvq_device_ops_t *dev) 
         c->dU_len = G * L * d;
     }
     if (c->dZ == NULL && (c->dZ = dev->alloc(sizeof(float) * G * L)) == NULL) goto oom;
-    if (c->dUZ == NULL && (c->dUZ = dev->alloc(sizeof(float) * G * L)) == NULL) goto oom; /* d <= L */
+    if (c->dUZ == NULL && (c->dUZ = dev->alloc(sizeof(float) * G * L)) == NULL)
+        goto oom; /* d <= L */
     GVQCHECK(dev->copy_from_host(c->dU, c->U, sizeof(float) * G * L * d));
     GVQCHECK(dev->copy_from_host(c->dZ, c->Z, sizeof(float) * G * L));
     GVQCHECK(dev->copy_from_host(c->dUZ, c->gq.UZ, sizeof(float) * G * d));
-    c->gq_dev.params = (gvq_dev_gq_t){L, d, (size_t)c->cfg.C, c->comm->nranks, c->cfg.fp16,
-                                      c->dU, c->dZ, c->dUZ};
+    c->gq_dev.params =
+        (gvq_dev_gq_t){L, d, (size_t)c->cfg.C, c->comm->nranks, c->cfg.fp16, c->dU, c->dZ, c->dUZ};
     c->dev_version = c->fit_version;
     return gvqSuccess;
 oom:

@@ -21,7 +21,9 @@
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
 
-int gvq_compressor_live(gvqCompressor_t c) { return gvq_handles_live(&live, c); }
+int gvq_compressor_live(gvqCompressor_t c) {
+    return gvq_handles_live(&live, c);
+}
 
 void gvq_compressor_set_reason(gvqCompressor_t c, const char *why) {
     snprintf(c->st.stats.reason, sizeof c->st.stats.reason, "%s", why);
@@ -172,7 +174,8 @@ GVQ_API gvqResult_t gvqCompressorDestroy(gvqCompressor_t c) {
 
 GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t c, gvqCompressorStats_t *stats) {
     if (!gvq_compressor_live(c) || stats == NULL) {
-        GVQ_WARN("gvqCompressorGetStats: %s", stats == NULL ? "stats is NULL" : "not a live compressor");
+        GVQ_WARN("gvqCompressorGetStats: %s",
+                 stats == NULL ? "stats is NULL" : "not a live compressor");
         return gvqInvalidArgument;
     }
     *stats = c->st.stats;

@@ -11,7 +11,9 @@
 
 static const char *const fn = "gvqCompressorCreate";
 
-static int undef(int v) { return v == GVQ_CONFIG_UNDEF_INT; }
+static int undef(int v) {
+    return v == GVQ_CONFIG_UNDEF_INT;
+}
 
 /* Conv shape [K][D][H][W] (K D H W all 1 but W = 0 for a flat tensor) and the slice length. */
 static gvqResult_t resolve_shape(const gvqCompressorConfig_t *in, size_t count, gvq_comp_cfg_t *c) {
@@ -23,8 +25,8 @@ static gvqResult_t resolve_shape(const gvqCompressorConfig_t *in, size_t count, 
         c->W = undef(in->width) ? 1 : in->width;
         if (c->K < 1 || c->D < 1 || c->H < 1 || c->W < 1 ||
             (uint64_t)c->K * (uint64_t)c->D * (uint64_t)c->H * (uint64_t)c->W != count) {
-            GVQ_WARN("%s: shape filters=%d depth=%d height=%d width=%d does not match count %zu", fn,
-                     c->K, c->D, c->H, c->W, count);
+            GVQ_WARN("%s: shape filters=%d depth=%d height=%d width=%d does not match count %zu",
+                     fn, c->K, c->D, c->H, c->W, count);
             return gvqInvalidArgument;
         }
     } else {
@@ -38,8 +40,8 @@ static gvqResult_t resolve_shape(const gvqCompressorConfig_t *in, size_t count, 
     } else {
         c->L = in->sliceSize;
         if (c->L < 1 || c->L % c->K != 0 || c->L > 65536) {
-            GVQ_WARN("%s: sliceSize=%d must be a positive multiple of filters=%d, at most 65536", fn,
-                     c->L, c->K);
+            GVQ_WARN("%s: sliceSize=%d must be a positive multiple of filters=%d, at most 65536",
+                     fn, c->L, c->K);
             return gvqInvalidArgument;
         }
     }
@@ -73,8 +75,9 @@ static gvqResult_t resolve_schedule(const gvqCompressorConfig_t *in, gvq_comp_cf
     c->sample = undef(in->sampleIters) ? 100 : in->sampleIters;
     c->compressed = undef(in->compressedIters) ? 400 : in->compressedIters;
     if (c->warmup < 0 || c->sample < 1 || c->compressed < 1) {
-        GVQ_WARN("%s: warmupIters=%d sampleIters=%d compressedIters=%d: need W >= 0, T >= 1, S >= 1",
-                 fn, c->warmup, c->sample, c->compressed);
+        GVQ_WARN(
+            "%s: warmupIters=%d sampleIters=%d compressedIters=%d: need W >= 0, T >= 1, S >= 1", fn,
+            c->warmup, c->sample, c->compressed);
         return gvqInvalidArgument;
     }
     c->sample_codec = undef(in->sampleCodec) ? gvqCodecNone : in->sampleCodec;
@@ -136,7 +139,8 @@ gvqResult_t gvq_compressor_config_resolve(const gvqCompressorConfig_t *in, size_
     c->count = count;
     c->codec = undef(in->codec) ? gvqCodecGradiveq : in->codec;
     if (c->codec != gvqCodecNone && c->codec != gvqCodecGradiveq && c->codec != gvqCodecQsgd) {
-        GVQ_WARN("%s: codec %d is not gvqCodecNone, gvqCodecGradiveq or gvqCodecQsgd", fn, c->codec);
+        GVQ_WARN("%s: codec %d is not gvqCodecNone, gvqCodecGradiveq or gvqCodecQsgd", fn,
+                 c->codec);
         return gvqInvalidArgument;
     }
     GVQCHECK(resolve_shape(in, count, c));

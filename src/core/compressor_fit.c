@@ -33,8 +33,8 @@ gvqResult_t gvq_compressor_codec_setup(gvqCompressor_t c) {
     c->fit_version++;
     size_t coef_bytes = (size_t)c->st.d * (c->cfg.fp16 ? 2 : 4);
     size_t tail = c->cfg.count - c->nfull * (size_t)c->cfg.L;
-    c->st.stats.ratio = (double)(c->cfg.count * sizeof(float)) /
-                        (double)(c->nfull * coef_bytes + tail * 4);
+    c->st.stats.ratio =
+        (double)(c->cfg.count * sizeof(float)) / (double)(c->nfull * coef_bytes + tail * 4);
     return gvqSuccess;
 }
 
@@ -61,8 +61,10 @@ static gvqResult_t fit_own_groups(gvqCompressor_t c, fit_work_t *w) {
         gvqResult_t fr =
             gvq_pca_fit(comm->dev, L, ng, c->samples + g * stride * L, c->cfg.eps,
                         (size_t)c->cfg.dmax, w->full + k * L * L, w->Zall + g * L, &w->dg[g], &e);
-        if (fr == gvqInvalidArgument) w->agree[1] = 1;
-        else if (fr != gvqSuccess) return fr;
+        if (fr == gvqInvalidArgument)
+            w->agree[1] = 1;
+        else if (fr != gvqSuccess)
+            return fr;
         w->kept[g] = (float)e;
         w->agree[0] = GVQ_MAX(w->agree[0], (int32_t)w->dg[g]);
         k++;
@@ -120,10 +122,13 @@ static gvqResult_t adopt_fits(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const fit_
 gvqResult_t gvq_compressor_fit(gvqCompressor_t c, gvq_coll_ctx_t *ctx, int *ok) {
     size_t L = (size_t)c->cfg.L, G = c->ngroups, mine = 0;
     uint64_t t0 = gvq_now_ns();
-    for (size_t g = 0; g < G; g++) mine += (size_t)(owner_of(c, g) == c->comm->rank);
+    for (size_t g = 0; g < G; g++)
+        mine += (size_t)(owner_of(c, g) == c->comm->rank);
     fit_work_t w = {malloc(sizeof(float) * L * L * GVQ_MAX(mine, (size_t)1)),
-                    malloc(sizeof(float) * L * G), calloc(G, sizeof(float)),
-                    calloc(G, sizeof(size_t)), {1, 0}};
+                    malloc(sizeof(float) * L * G),
+                    calloc(G, sizeof(float)),
+                    calloc(G, sizeof(size_t)),
+                    {1, 0}};
     gvqResult_t res = gvqSuccess;
     if (w.full == NULL || w.Zall == NULL || w.kept == NULL || w.dg == NULL) {
         res = gvqSystemError;

@@ -97,5 +97,7 @@ out:;
 }
 
 #ifndef GVQ_WITH_CUDA
-int gvq_cuda_device_count(void) { return 0; }
+int gvq_cuda_device_count(void) {
+    return 0;
+}
 #endif

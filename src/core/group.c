@@ -10,9 +10,13 @@
 
 static __thread gvq_group_t group;
 
-gvq_group_t *gvq_group_self(void) { return &group; }
+gvq_group_t *gvq_group_self(void) {
+    return &group;
+}
 
-int gvq_group_active(void) { return group.depth > 0; }
+int gvq_group_active(void) {
+    return group.depth > 0;
+}
 
 gvqResult_t gvq_group_push(gvq_group_t *g, const gvq_op_t *o) {
     if (g->n == g->cap) {

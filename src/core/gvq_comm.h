@@ -24,7 +24,7 @@ struct gvqComm {
     void *owned_world; /* in-process world owned by this communicator, freed by the last rank */
     int ntensors;      /* compressors created so far: spreads the fits over the ranks */
     struct gvq_comm_attachment *attached; /* state of layers above (gvq_comm_attach) */
-    uint64_t *host_keys; /* every rank's gvq_host_key (NULL: not exchanged yet) */
+    uint64_t *host_keys;                  /* every rank's gvq_host_key (NULL: not exchanged yet) */
     /* CUDA buffers (comm_nccl.c): a NCCL communicator made on the first collective on CUDA
      * buffers (gvq_nccl_t, builds with GVQ_WITH_NCCL); nccl_state 0: not tried yet, 1: ready,
      * -1: unavailable, CUDA buffers are staged through host memory */

@@ -31,7 +31,8 @@ typedef struct {
                               memcmp the struct; always 0 */
     uint64_t count;
 } gvq_comp_cfg_t;
-_Static_assert(sizeof(gvq_comp_cfg_t) == 22 * 4 + 8, "gvq_comp_cfg_t must have no implicit padding");
+_Static_assert(sizeof(gvq_comp_cfg_t) == 22 * 4 + 8,
+               "gvq_comp_cfg_t must have no implicit padding");
 
 /* Where the schedule stands (saved with the state). */
 typedef struct {
@@ -57,8 +58,9 @@ struct gvqCompressor {
     gvq_gradiveq_t gq;
     gvq_qsgd_t qs;
     int have_qsgd;
-    size_t codec_chunk_bytes; /* ring chunk while a compressing codec runs (GVQ_CODEC_CHUNK_BYTES) */
-    uint64_t fit_version;     /* bumped by every gvq_compressor_codec_setup (a fit or a load) */
+    size_t
+        codec_chunk_bytes; /* ring chunk while a compressing codec runs (GVQ_CODEC_CHUNK_BYTES) */
+    uint64_t fit_version;  /* bumped by every gvq_compressor_codec_setup (a fit or a load) */
     /* Device-resident calls (buffers in a device's memory): the device's copies of the
      * collocated vector and of U, Z, U^T Z, and the device codecs' parameters. */
     const gvq_device_ops_t *ddev;

@@ -33,7 +33,7 @@ typedef struct {
 
 /* The calling thread's group. */
 typedef struct {
-    int depth;   /* open gvqGroupStart calls */
+    int depth;     /* open gvqGroupStart calls */
     gvq_op_t *ops; /* queued calls, in call order */
     size_t n, cap;
     gvqResult_t error;    /* the first refused call's result */

@@ -83,7 +83,8 @@ gvqResult_t gvq_zero_code_allreduce(gvqComm_t comm, const void *send, void *recv
     zero_code_list_t *list;
     GVQCHECK(attached_list(comm, &list));
     zero_code_entry_t *e = list->first;
-    while (e != NULL && !(e->buf == recv && e->count == count)) e = e->next;
+    while (e != NULL && !(e->buf == recv && e->count == count))
+        e = e->next;
     if (e == NULL) {
         GVQCHECK(new_entry(comm, codec, recv, count, &e));
         e->next = list->first;

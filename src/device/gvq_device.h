@@ -22,8 +22,8 @@ typedef struct gvq_device_ops {
     gvqResult_t (*copy)(void *dst, const void *src, size_t bytes);
     /* dst[i] = a[i] op b[i] for i < count; dst may alias a or b. gvqAvg reduces as gvqSum.
      * fp16/bf16 compute in fp32. */
-    gvqResult_t (*reduce)(void *dst, const void *a, const void *b, size_t count,
-                          gvqDataType_t type, gvqRedOp_t op);
+    gvqResult_t (*reduce)(void *dst, const void *a, const void *b, size_t count, gvqDataType_t type,
+                          gvqRedOp_t op);
     /* buf[i] /= divisor (the final step of gvqAvg). */
     gvqResult_t (*divide)(void *buf, size_t count, gvqDataType_t type, int divisor);
     /* Column-major sgemm: C = alpha * op(A) op(B) + beta * C (transa/transb: 0 or 1). */
@@ -89,8 +89,8 @@ typedef struct gvq_device_ops {
     gvqResult_t (*gq_encode_combine)(const struct gvq_dev_gq *g, size_t off, size_t count,
                                      const float *local, const void *in, void *out,
                                      double norms[3]);
-    gvqResult_t (*gq_decode)(const struct gvq_dev_gq *g, size_t off, size_t count,
-                             const void *wire, float *dst);
+    gvqResult_t (*gq_decode)(const struct gvq_dev_gq *g, size_t off, size_t count, const void *wire,
+                             float *dst);
 } gvq_device_ops_t;
 
 /* Whether a table has an entry (a table whose `size` ends before it does not). */

@@ -16,7 +16,9 @@ static void *host_alloc(size_t bytes) {
     return p;
 }
 
-static void host_free(void *p) { free(p); }
+static void host_free(void *p) {
+    free(p);
+}
 
 static gvqResult_t host_copy(void *dst, const void *src, size_t bytes) {
     if (dst != src && bytes) memmove(dst, src, bytes);
@@ -28,7 +30,8 @@ static gvqResult_t host_copy(void *dst, const void *src, size_t bytes) {
 static float half_table[65536];
 static pthread_once_t half_once = PTHREAD_ONCE_INIT;
 static void half_table_init(void) {
-    for (uint32_t h = 0; h < 65536; h++) half_table[h] = gvq_half_to_float((uint16_t)h);
+    for (uint32_t h = 0; h < 65536; h++)
+        half_table[h] = gvq_half_to_float((uint16_t)h);
 }
 #define HALF_LOAD(h) (half_table[(h)])
 
@@ -44,34 +47,34 @@ static void half_table_init(void) {
 #define OP_MINF(a, b) ((a) != (a) ? (a) : ((a) < (b) ? (a) : (b)))
 
 /* One kernel per (type, op): T is the storage type, A the arithmetic type, LOAD/STORE convert. */
-#define STAMP_KERNEL(name, T, A, LOAD, STORE, OP)                                            \
-    static void name(void *dstv, const void *av, const void *bv, size_t n) {        \
-        T *dst = (T *)dstv;                                                                  \
-        const T *a = (const T *)av, *b = (const T *)bv;                                      \
-        for (size_t i = 0; i < n; i++) {                                                     \
-            A x = LOAD(a[i]), y = LOAD(b[i]);                                                \
-            dst[i] = STORE(OP(x, y));                                                        \
-        }                                                                                    \
+#define STAMP_KERNEL(name, T, A, LOAD, STORE, OP)                            \
+    static void name(void *dstv, const void *av, const void *bv, size_t n) { \
+        T *dst = (T *)dstv;                                                  \
+        const T *a = (const T *)av, *b = (const T *)bv;                      \
+        for (size_t i = 0; i < n; i++) {                                     \
+            A x = LOAD(a[i]), y = LOAD(b[i]);                                \
+            dst[i] = STORE(OP(x, y));                                        \
+        }                                                                    \
     }
 
 #define ID(x) (x)
-#define STAMP_UNSIGNED(tag, T, A, STORE)                               \
-    STAMP_KERNEL(k_sum_##tag, T, A, ID, STORE, OP_SUM)                 \
-    STAMP_KERNEL(k_prod_##tag, T, A, ID, STORE, OP_PROD)               \
-    STAMP_KERNEL(k_max_##tag, T, T, ID, ID, OP_MAX)                    \
+#define STAMP_UNSIGNED(tag, T, A, STORE)                 \
+    STAMP_KERNEL(k_sum_##tag, T, A, ID, STORE, OP_SUM)   \
+    STAMP_KERNEL(k_prod_##tag, T, A, ID, STORE, OP_PROD) \
+    STAMP_KERNEL(k_max_##tag, T, T, ID, ID, OP_MAX)      \
     STAMP_KERNEL(k_min_##tag, T, T, ID, ID, OP_MIN)
 
-#define STAMP_FLOAT(tag, T, A, LOAD, STORE)                            \
-    STAMP_KERNEL(k_sum_##tag, T, A, LOAD, STORE, OP_SUM)               \
-    STAMP_KERNEL(k_prod_##tag, T, A, LOAD, STORE, OP_PROD)             \
-    STAMP_KERNEL(k_max_##tag, T, A, LOAD, STORE, OP_MAXF)              \
+#define STAMP_FLOAT(tag, T, A, LOAD, STORE)                \
+    STAMP_KERNEL(k_sum_##tag, T, A, LOAD, STORE, OP_SUM)   \
+    STAMP_KERNEL(k_prod_##tag, T, A, LOAD, STORE, OP_PROD) \
+    STAMP_KERNEL(k_max_##tag, T, A, LOAD, STORE, OP_MAXF)  \
     STAMP_KERNEL(k_min_##tag, T, A, LOAD, STORE, OP_MINF)
 
 /* Signed integers: max/min compare signed, sum/prod wrap through the unsigned type. */
-#define STAMP_SIGNED(tag, T, U)                                                              \
-    STAMP_KERNEL(k_sum_##tag, T, U, (U), (T), OP_SUM)                                        \
-    STAMP_KERNEL(k_prod_##tag, T, U, (U), (T), OP_PROD)                                      \
-    STAMP_KERNEL(k_max_##tag, T, T, ID, ID, OP_MAX)                                          \
+#define STAMP_SIGNED(tag, T, U)                         \
+    STAMP_KERNEL(k_sum_##tag, T, U, (U), (T), OP_SUM)   \
+    STAMP_KERNEL(k_prod_##tag, T, U, (U), (T), OP_PROD) \
+    STAMP_KERNEL(k_max_##tag, T, T, ID, ID, OP_MAX)     \
     STAMP_KERNEL(k_min_##tag, T, T, ID, ID, OP_MIN)
 
 /* uint8/int8 promote to int in C; do the arithmetic in unsigned int and truncate. */
@@ -87,10 +90,11 @@ STAMP_FLOAT(f64, double, double, ID, ID)
 STAMP_FLOAT(bf16, uint16_t, float, gvq_bf16_to_float, gvq_float_to_bf16)
 
 typedef void (*kernel_fn)(void *, const void *, const void *, size_t);
-#define KROW(tag) {k_sum_##tag, k_prod_##tag, k_max_##tag, k_min_##tag, k_sum_##tag}
+#define KROW(tag) \
+    { k_sum_##tag, k_prod_##tag, k_max_##tag, k_min_##tag, k_sum_##tag }
 static const kernel_fn kernels[gvqNumTypes][gvqNumOps] = {
-    [gvqInt8] = KROW(i8),       [gvqUint8] = KROW(u8),   [gvqInt32] = KROW(i32),
-    [gvqUint32] = KROW(u32),    [gvqInt64] = KROW(i64),  [gvqUint64] = KROW(u64),
+    [gvqInt8] = KROW(i8),       [gvqUint8] = KROW(u8),    [gvqInt32] = KROW(i32),
+    [gvqUint32] = KROW(u32),    [gvqInt64] = KROW(i64),   [gvqUint64] = KROW(u64),
     [gvqFloat16] = KROW(f16),   [gvqFloat32] = KROW(f32), [gvqFloat64] = KROW(f64),
     [gvqBfloat16] = KROW(bf16),
 };
@@ -106,10 +110,11 @@ static gvqResult_t host_reduce(void *dst, const void *a, const void *b, size_t c
     return gvqSuccess;
 }
 
-#define STAMP_DIVIDE(tag, T, A, LOAD, STORE)                                   \
-    static void d_##tag(void *bufv, size_t n, int divisor) {                   \
-        T *buf = (T *)bufv;                                                    \
-        for (size_t i = 0; i < n; i++) buf[i] = STORE(LOAD(buf[i]) / (A)divisor); \
+#define STAMP_DIVIDE(tag, T, A, LOAD, STORE)                 \
+    static void d_##tag(void *bufv, size_t n, int divisor) { \
+        T *buf = (T *)bufv;                                  \
+        for (size_t i = 0; i < n; i++)                       \
+            buf[i] = STORE(LOAD(buf[i]) / (A)divisor);       \
     }
 STAMP_DIVIDE(i8, int8_t, int, ID, (int8_t))
 STAMP_DIVIDE(u8, uint8_t, int, ID, (uint8_t))
@@ -124,8 +129,8 @@ STAMP_DIVIDE(bf16, uint16_t, float, gvq_bf16_to_float, gvq_float_to_bf16)
 
 typedef void (*divide_fn)(void *, size_t, int);
 static const divide_fn dividers[gvqNumTypes] = {
-    [gvqInt8] = d_i8,     [gvqUint8] = d_u8,     [gvqInt32] = d_i32, [gvqUint32] = d_u32,
-    [gvqInt64] = d_i64,   [gvqUint64] = d_u64,   [gvqFloat16] = d_f16, [gvqFloat32] = d_f32,
+    [gvqInt8] = d_i8,     [gvqUint8] = d_u8,      [gvqInt32] = d_i32,   [gvqUint32] = d_u32,
+    [gvqInt64] = d_i64,   [gvqUint64] = d_u64,    [gvqFloat16] = d_f16, [gvqFloat32] = d_f32,
     [gvqFloat64] = d_f64, [gvqBfloat16] = d_bf16,
 };
 
@@ -157,7 +162,9 @@ static gvqResult_t host_ssyevd(int n, float *a, int lda, float *w) {
     return gvqSuccess;
 }
 
-static gvqResult_t host_sync(void) { return gvqSuccess; }
+static gvqResult_t host_sync(void) {
+    return gvqSuccess;
+}
 
 /* ---- streams, events, pinned memory, scale, cast, collocation, covariance -------------------- */
 
@@ -173,7 +180,9 @@ static gvqResult_t host_event_create(void **ev) {
     *ev = &host_event_token;
     return gvqSuccess;
 }
-static void host_event_destroy(void *ev) { (void)ev; }
+static void host_event_destroy(void *ev) {
+    (void)ev;
+}
 static gvqResult_t host_event_noop(void *ev) {
     (void)ev;
     return gvqSuccess;
@@ -186,18 +195,30 @@ static gvqResult_t host_copy_between(void *dst, const void *src, size_t bytes) {
 /* Values of the float types as double (fp16/bf16/fp32 convert exactly) and back. */
 static double host_load_float(const void *p, size_t i, gvqDataType_t t) {
     switch (t) {
-    case gvqFloat16: return gvq_half_to_float(((const uint16_t *)p)[i]);
-    case gvqBfloat16: return gvq_bf16_to_float(((const uint16_t *)p)[i]);
-    case gvqFloat32: return ((const float *)p)[i];
-    default: return ((const double *)p)[i];
+    case gvqFloat16:
+        return gvq_half_to_float(((const uint16_t *)p)[i]);
+    case gvqBfloat16:
+        return gvq_bf16_to_float(((const uint16_t *)p)[i]);
+    case gvqFloat32:
+        return ((const float *)p)[i];
+    default:
+        return ((const double *)p)[i];
     }
 }
 static void host_store_float(void *p, size_t i, gvqDataType_t t, double v) {
     switch (t) {
-    case gvqFloat16: ((uint16_t *)p)[i] = gvq_float_to_half((float)v); break;
-    case gvqBfloat16: ((uint16_t *)p)[i] = gvq_float_to_bf16((float)v); break;
-    case gvqFloat32: ((float *)p)[i] = (float)v; break;
-    default: ((double *)p)[i] = v; break;
+    case gvqFloat16:
+        ((uint16_t *)p)[i] = gvq_float_to_half((float)v);
+        break;
+    case gvqBfloat16:
+        ((uint16_t *)p)[i] = gvq_float_to_bf16((float)v);
+        break;
+    case gvqFloat32:
+        ((float *)p)[i] = (float)v;
+        break;
+    default:
+        ((double *)p)[i] = v;
+        break;
     }
 }
 static int host_is_float(gvqDataType_t t) {
@@ -211,7 +232,8 @@ static gvqResult_t host_scale(void *dst, const void *src, size_t count, gvqDataT
         return gvqInvalidArgument;
     }
     if (type == gvqFloat64) {
-        for (size_t i = 0; i < count; i++) ((double *)dst)[i] = ((const double *)src)[i] * alpha;
+        for (size_t i = 0; i < count; i++)
+            ((double *)dst)[i] = ((const double *)src)[i] * alpha;
         return gvqSuccess;
     }
     const float a = (float)alpha; /* fp16/bf16/fp32 scale in fp32 */
@@ -226,7 +248,8 @@ static gvqResult_t host_cast(void *dst, gvqDataType_t dtype, const void *src, gv
         GVQ_WARN("host cast: datatypes %d -> %d are not both float types", (int)stype, (int)dtype);
         return gvqInvalidArgument;
     }
-    for (size_t i = 0; i < count; i++) host_store_float(dst, i, dtype, host_load_float(src, i, stype));
+    for (size_t i = 0; i < count; i++)
+        host_store_float(dst, i, dtype, host_load_float(src, i, stype));
     return gvqSuccess;
 }
 
@@ -236,9 +259,12 @@ static gvqResult_t host_collocate(const float *src, float *dst, size_t K, size_t
         for (size_t d = 0; d < D; d++)
             for (size_t h = 0; h < H; h++)
                 for (size_t w = 0; w < W; w++) {
-                    size_t natural = ((k * D + d) * H + h) * W + w, coll = ((h * W + w) * D + d) * K + k;
-                    if (inverse) dst[natural] = src[coll];
-                    else dst[coll] = src[natural];
+                    size_t natural = ((k * D + d) * H + h) * W + w,
+                           coll = ((h * W + w) * D + d) * K + k;
+                    if (inverse)
+                        dst[natural] = src[coll];
+                    else
+                        dst[coll] = src[natural];
                 }
     return gvqSuccess;
 }
@@ -252,12 +278,15 @@ static gvqResult_t host_scov(int L, int T, const float *samples, float *Z, float
     if (xc == NULL) return gvqSystemError;
     for (int i = 0; i < L; i++) {
         double m = 0;
-        for (int t = 0; t < T; t++) m += samples[(size_t)t * L + i];
+        for (int t = 0; t < T; t++)
+            m += samples[(size_t)t * L + i];
         Z[i] = (float)(m / (double)T);
     }
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < L; i++) xc[(size_t)t * L + i] = samples[(size_t)t * L + i] - Z[i];
-    cblas_ssyrk(CblasColMajor, CblasLower, CblasNoTrans, L, T, 1.0f / (float)T, xc, L, 0.0f, cov, L);
+        for (int i = 0; i < L; i++)
+            xc[(size_t)t * L + i] = samples[(size_t)t * L + i] - Z[i];
+    cblas_ssyrk(CblasColMajor, CblasLower, CblasNoTrans, L, T, 1.0f / (float)T, xc, L, 0.0f, cov,
+                L);
     free(xc);
     return gvqSuccess;
 }
@@ -265,7 +294,8 @@ static gvqResult_t host_scov(int L, int T, const float *samples, float *Z, float
 static gvqResult_t host_qsgd_encode_combine(const struct gvq_dev_qsgd *q, size_t off, size_t count,
                                             const float *local, const void *in, void *out) {
     (void)q, (void)off, (void)count, (void)local, (void)in, (void)out;
-    return gvq_device_not_supported("host", "qsgd_encode_combine (the host codec runs its own loop)");
+    return gvq_device_not_supported("host",
+                                    "qsgd_encode_combine (the host codec runs its own loop)");
 }
 static gvqResult_t host_qsgd_decode(const struct gvq_dev_qsgd *q, size_t off, size_t count,
                                     const void *wire, float *dst) {

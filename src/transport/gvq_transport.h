@@ -20,7 +20,7 @@ typedef struct {
     uint64_t handle[2]; /* owned by the transport */
     size_t bytes;       /* expected (recv) or sent size */
     int peer;
-    int active;         /* posted and not completed */
+    int active; /* posted and not completed */
 } gvq_req_t;
 
 struct gvq_transport;
@@ -50,9 +50,9 @@ typedef struct gvq_transport {
     const gvq_transport_ops_t *ops;
     int rank;
     int nranks;
-    uint64_t timeout_ns;   /* 0: wait forever */
-    int *abort_flag;       /* read atomically; set by gvqCommAbort */
-    gvqResult_t *broken;   /* the error that broke the communicator, gvqSuccess while healthy */
+    uint64_t timeout_ns;      /* 0: wait forever */
+    int *abort_flag;          /* read atomically; set by gvqCommAbort */
+    gvqResult_t *broken;      /* the error that broke the communicator, gvqSuccess while healthy */
     int cancel_keeps_buffers; /* a cancelled send may still read its buffer later (MPI) */
     /* The transport runs its transfers in issue order on one queue: a transfer does not start
      * before every earlier one has finished (NCCL sends and receives on one stream). A receive

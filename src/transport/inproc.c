@@ -90,8 +90,10 @@ static gvqResult_t inproc_isend(gvq_transport_t *t, int peer, int tag, const voi
     m->bytes = bytes;
     if (bytes) memcpy(m->data, buf, bytes);
     pthread_mutex_lock(&w->lock);
-    if (w->tail[peer] != NULL) w->tail[peer]->next = m;
-    else w->head[peer] = m;
+    if (w->tail[peer] != NULL)
+        w->tail[peer]->next = m;
+    else
+        w->head[peer] = m;
     w->tail[peer] = m;
     pthread_mutex_unlock(&w->lock);
     req->peer = peer;
@@ -110,7 +112,8 @@ static gvqResult_t inproc_irecv(gvq_transport_t *t, int peer, int tag, void *buf
     r->peer = peer;
     r->tag = tag;
     inproc_recv_t **pp = &me->posted;
-    while (*pp != NULL) pp = &(*pp)->next;
+    while (*pp != NULL)
+        pp = &(*pp)->next;
     *pp = r;
     memcpy(req->handle, &r, sizeof r);
     req->peer = peer;
@@ -132,8 +135,10 @@ static void inproc_progress(gvq_transport_t *t) {
             m = m->next;
         }
         if (m == NULL) continue;
-        if (prev != NULL) prev->next = m->next;
-        else w->head[t->rank] = m->next;
+        if (prev != NULL)
+            prev->next = m->next;
+        else
+            w->head[t->rank] = m->next;
         if (w->tail[t->rank] == m) w->tail[t->rank] = prev;
         r->done = 1;
         if (m->bytes != r->bytes) {
@@ -180,7 +185,8 @@ static void inproc_cancel(gvq_transport_t *t, gvq_req_t *req) {
 
 static void inproc_destroy(gvq_transport_t *t) {
     inproc_rank_t *me = t->impl;
-    while (me->posted != NULL) inproc_unlink(me, me->posted);
+    while (me->posted != NULL)
+        inproc_unlink(me, me->posted);
     free(me);
     free(t);
 }

@@ -12,16 +12,16 @@
 
 #include "gvq_transport.h"
 
-#define MPICHECK(call, what)                                                      \
-    do {                                                                          \
-        int mpi_rc_ = (call);                                                     \
-        if (mpi_rc_ != MPI_SUCCESS) {                                             \
-            char mpi_msg_[MPI_MAX_ERROR_STRING];                                  \
-            int mpi_len_ = 0;                                                     \
-            MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                       \
-            GVQ_WARN("%s: %s failed: %s", what, #call, mpi_msg_);                 \
-            return gvqRemoteError;                                                \
-        }                                                                         \
+#define MPICHECK(call, what)                                      \
+    do {                                                          \
+        int mpi_rc_ = (call);                                     \
+        if (mpi_rc_ != MPI_SUCCESS) {                             \
+            char mpi_msg_[MPI_MAX_ERROR_STRING];                  \
+            int mpi_len_ = 0;                                     \
+            MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);       \
+            GVQ_WARN("%s: %s failed: %s", what, #call, mpi_msg_); \
+            return gvqRemoteError;                                \
+        }                                                         \
     } while (0)
 
 enum { REQ_SEND = 1, REQ_RECV = 2, REQ_COLL = 3 };
@@ -124,7 +124,8 @@ static gvqResult_t mpi_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
         MPI_Get_count(&st, MPI_BYTE, &got);
         if ((size_t)got != req->bytes) {
             GVQ_WARN("mpi transport: message from rank %d has %d bytes, expected %zu "
-                     "(mismatched calls on the ranks?)", req->peer, got, req->bytes);
+                     "(mismatched calls on the ranks?)",
+                     req->peer, got, req->bytes);
             return gvqRemoteError;
         }
     }
@@ -167,7 +168,8 @@ static gvqResult_t mpi_iallgatherv(gvq_transport_t *t, void *blocks, const size_
     for (int p = 0; p < n; p++) {
         if (blen[p] > INT_MAX || displ[p] > INT_MAX) {
             GVQ_WARN("mpi transport: allgatherv block %d of %zu bytes at %zu exceeds MPI's int "
-                     "counts", p, blen[p], displ[p]);
+                     "counts",
+                     p, blen[p], displ[p]);
             return gvqInternalError;
         }
         m->coll_counts[p] = (int)blen[p];
@@ -230,8 +232,8 @@ gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int
     MPICHECK(rc, "gvqCommInitRank");
     GVQCHECK(mpi_wrap(comm, t));
     if ((*t)->rank != rank || (*t)->nranks != nranks) {
-        GVQ_WARN("gvqCommInitRank: MPI placed rank %d of %d at %d of %d", rank, nranks,
-                 (*t)->rank, (*t)->nranks);
+        GVQ_WARN("gvqCommInitRank: MPI placed rank %d of %d at %d of %d", rank, nranks, (*t)->rank,
+                 (*t)->nranks);
         mpi_destroy(*t);
         return gvqInternalError;
     }

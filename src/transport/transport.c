@@ -9,9 +9,8 @@
 
 #include "gvq_transport.h"
 
-gvqResult_t gvq_xport_iallgatherv_unsupported(gvq_transport_t *t, void *blocks,
-                                              const size_t *displ, const size_t *blen,
-                                              gvq_req_t *req) {
+gvqResult_t gvq_xport_iallgatherv_unsupported(gvq_transport_t *t, void *blocks, const size_t *displ,
+                                              const size_t *blen, gvq_req_t *req) {
     (void)blocks, (void)displ, (void)blen, (void)req;
     GVQ_WARN("the %s transport has no native allgatherv", t->ops->name);
     return gvqInvalidUsage;
@@ -33,7 +32,8 @@ gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const 
     uint64_t start = 0;
     int64_t idle = 0;
     int pending = 0;
-    for (int i = 0; i < n; i++) pending += reqs[i].active;
+    for (int i = 0; i < n; i++)
+        pending += reqs[i].active;
     while (pending > 0) {
         int progressed = 0;
         for (int i = 0; i < n; i++) {

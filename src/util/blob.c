@@ -8,9 +8,9 @@
 
 #include "gvq_util.h"
 
-gvqResult_t gvq_config_header_check(const char *fn, const char *what, size_t size,
-                                    unsigned magic, unsigned version, unsigned want_magic,
-                                    size_t min_size, size_t max_size, const char *initializer) {
+gvqResult_t gvq_config_header_check(const char *fn, const char *what, size_t size, unsigned magic,
+                                    unsigned version, unsigned want_magic, size_t min_size,
+                                    size_t max_size, const char *initializer) {
     if (magic != want_magic) {
         GVQ_WARN("%s: %s->magic is 0x%x, not 0x%x (initialize it with %s)", fn, what, magic,
                  want_magic, initializer);

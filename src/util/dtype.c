@@ -3,15 +3,15 @@
  */
 #include "gvq_util.h"
 
-#define GVQ_RESULT_LIST(X)                                          \
-    X(gvqSuccess, "no error")                                       \
-    X(gvqUnhandledCudaError, "unhandled cuda error")                \
-    X(gvqSystemError, "unhandled system error")                     \
-    X(gvqInternalError, "internal error")                           \
-    X(gvqInvalidArgument, "invalid argument")                       \
-    X(gvqInvalidUsage, "invalid usage")                             \
+#define GVQ_RESULT_LIST(X)                                                  \
+    X(gvqSuccess, "no error")                                               \
+    X(gvqUnhandledCudaError, "unhandled cuda error")                        \
+    X(gvqSystemError, "unhandled system error")                             \
+    X(gvqInternalError, "internal error")                                   \
+    X(gvqInvalidArgument, "invalid argument")                               \
+    X(gvqInvalidUsage, "invalid usage")                                     \
     X(gvqRemoteError, "remote process exited or there was a network error") \
-    X(gvqInProgress, "operation in progress")                       \
+    X(gvqInProgress, "operation in progress")                               \
     X(gvqTimeout, "operation timed out")
 
 const char *gvqGetErrorString(gvqResult_t result) {
@@ -38,8 +38,12 @@ const char *gvqGetErrorString(gvqResult_t result) {
     X(gvqFloat64, double, "double")  \
     X(gvqBfloat16, uint16_t, "bfloat16")
 
-int gvq_dtype_valid(int t) { return t >= 0 && t < gvqNumTypes; }
-int gvq_op_valid(int op) { return op >= 0 && op < gvqNumOps; }
+int gvq_dtype_valid(int t) {
+    return t >= 0 && t < gvqNumTypes;
+}
+int gvq_op_valid(int op) {
+    return op >= 0 && op < gvqNumOps;
+}
 
 size_t gvq_dtype_size(gvqDataType_t t) {
     switch (t) {

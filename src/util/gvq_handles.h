@@ -18,7 +18,8 @@ typedef struct {
     size_t n, cap;
 } gvq_handles_t;
 
-#define GVQ_HANDLES_INITIALIZER {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0}
+#define GVQ_HANDLES_INITIALIZER \
+    { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 }
 
 /* Register h as live (gvqSystemError when memory runs out). */
 gvqResult_t gvq_handles_add(gvq_handles_t *set, const void *h);

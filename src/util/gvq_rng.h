@@ -22,7 +22,7 @@ typedef struct {
 } gvq_philox_ctr_t;
 
 GVQ_RNG_FN void gvq_philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2],
-                                     uint32_t out[4]) {
+                                  uint32_t out[4]) {
     uint32_t c0 = ctr_in[0], c1 = ctr_in[1], c2 = ctr_in[2], c3 = ctr_in[3];
     uint32_t k0 = key_in[0], k1 = key_in[1];
     for (int round = 0; round < 10; round++) {
@@ -43,6 +43,8 @@ GVQ_RNG_FN void gvq_philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_i
 }
 
 /* A uniform float in [0, 1) from 24 random bits. */
-GVQ_RNG_FN float gvq_u01(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+GVQ_RNG_FN float gvq_u01(uint32_t x) {
+    return (float)(x >> 8) * (1.0f / 16777216.0f);
+}
 
 #endif /* GVQ_RNG_H_ */

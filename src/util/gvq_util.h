@@ -16,10 +16,10 @@
 /* ---- logging (src/util/log.c) ------------------------------------------------------------- */
 
 typedef enum {
-    GVQ_LOG_NONE  = 0,
+    GVQ_LOG_NONE = 0,
     GVQ_LOG_VERSION = 1,
-    GVQ_LOG_WARN  = 2,
-    GVQ_LOG_INFO  = 3,
+    GVQ_LOG_WARN = 2,
+    GVQ_LOG_INFO = 3,
     GVQ_LOG_TRACE = 4
 } gvq_log_level_t;
 
@@ -35,37 +35,36 @@ const char *gvq_log_last_warn(void);
 #define GVQ_LOG_ENABLED(lvl) \
     ((gvq_log_level_cached >= 0 ? gvq_log_level_cached : gvq_log_level()) >= (lvl))
 #define GVQ_WARN(...) gvq_log(GVQ_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
-#define GVQ_INFO(...)                                                  \
-    do {                                                               \
-        if (GVQ_LOG_ENABLED(GVQ_LOG_INFO))                             \
-            gvq_log(GVQ_LOG_INFO, __FILE__, __LINE__, __VA_ARGS__);    \
+#define GVQ_INFO(...)                                                                              \
+    do {                                                                                           \
+        if (GVQ_LOG_ENABLED(GVQ_LOG_INFO)) gvq_log(GVQ_LOG_INFO, __FILE__, __LINE__, __VA_ARGS__); \
     } while (0)
-#define GVQ_TRACE(...)                                                 \
-    do {                                                               \
-        if (GVQ_LOG_ENABLED(GVQ_LOG_TRACE))                            \
-            gvq_log(GVQ_LOG_TRACE, __FILE__, __LINE__, __VA_ARGS__);   \
+#define GVQ_TRACE(...)                                               \
+    do {                                                             \
+        if (GVQ_LOG_ENABLED(GVQ_LOG_TRACE))                          \
+            gvq_log(GVQ_LOG_TRACE, __FILE__, __LINE__, __VA_ARGS__); \
     } while (0)
 
 /* ---- error propagation -------------------------------------------------------------------- */
 
 /* Return the failure of `call` to the caller; the function that detected it already warned. */
-#define GVQCHECK(call)                                                        \
-    do {                                                                      \
-        gvqResult_t gvq_res_ = (call);                                        \
-        if (gvq_res_ != gvqSuccess) {                                         \
-            GVQ_TRACE("%s -> %s", #call, gvqGetErrorString(gvq_res_));        \
-            return gvq_res_;                                                  \
-        }                                                                     \
+#define GVQCHECK(call)                                                 \
+    do {                                                               \
+        gvqResult_t gvq_res_ = (call);                                 \
+        if (gvq_res_ != gvqSuccess) {                                  \
+            GVQ_TRACE("%s -> %s", #call, gvqGetErrorString(gvq_res_)); \
+            return gvq_res_;                                           \
+        }                                                              \
     } while (0)
 
 /* Store the failure of `call` in `res` and jump to `label` (a cleanup label). */
-#define GVQCHECKGOTO(call, res, label)                                        \
-    do {                                                                      \
-        (res) = (call);                                                       \
-        if ((res) != gvqSuccess) {                                            \
-            GVQ_TRACE("%s -> %s", #call, gvqGetErrorString(res));             \
-            goto label;                                                       \
-        }                                                                     \
+#define GVQCHECKGOTO(call, res, label)                            \
+    do {                                                          \
+        (res) = (call);                                           \
+        if ((res) != gvqSuccess) {                                \
+            GVQ_TRACE("%s -> %s", #call, gvqGetErrorString(res)); \
+            goto label;                                           \
+        }                                                         \
     } while (0)
 
 /* ---- tunables (src/util/param.c) ----------------------------------------------------------
@@ -75,42 +74,42 @@ const char *gvq_log_last_warn(void);
  * names in `choices`; its value is the name's index), TEXT (a string, gvq_param_text; empty
  * when unset). A value that does not parse is reported at WARN and the default used. Logging
  * (GVQ_DEBUG, GVQ_DEBUG_FILE) sits below this table and reads its own two variables. */
-#define GVQ_PARAM_LIST(X)                                                                    \
-    X(TIMEOUT_MS, "GVQ_TIMEOUT_MS", UINT, 600000, NULL,                                      \
-      "a transfer that makes no progress for this many ms fails with gvqTimeout (0: never)") \
-    X(CHUNK_BYTES, "GVQ_CHUNK_BYTES", UINT, 1 << 20, NULL,                                   \
-      "ring and chain pipeline chunk size in bytes")                                         \
-    X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", UINT, 1 << 18, NULL,                       \
-      "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")    \
-    X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                            \
-      "polls of an unfinished transfer before the waiting thread yields the core")           \
-    X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", UINT, 0, NULL,                                   \
-      "TCP port of the bootstrap root (0: any free port)")                                   \
-    X(SPARSE_ALLGATHERV, "GVQ_SPARSE_ALLGATHERV", UINT, 0, NULL,                             \
-      "sparse allgatherv transfer: 0 gvq's pipelined ring, 1 the transport's own "           \
-      "(MPI_Iallgatherv; the ring where the transport has none)")                            \
-    X(NCCL, "GVQ_NCCL", UINT, 1, NULL,                                                       \
+#define GVQ_PARAM_LIST(X)                                                                      \
+    X(TIMEOUT_MS, "GVQ_TIMEOUT_MS", UINT, 600000, NULL,                                        \
+      "a transfer that makes no progress for this many ms fails with gvqTimeout (0: never)")   \
+    X(CHUNK_BYTES, "GVQ_CHUNK_BYTES", UINT, 1 << 20, NULL,                                     \
+      "ring and chain pipeline chunk size in bytes")                                           \
+    X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", UINT, 1 << 18, NULL,                         \
+      "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")      \
+    X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                              \
+      "polls of an unfinished transfer before the waiting thread yields the core")             \
+    X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", UINT, 0, NULL,                                     \
+      "TCP port of the bootstrap root (0: any free port)")                                     \
+    X(SPARSE_ALLGATHERV, "GVQ_SPARSE_ALLGATHERV", UINT, 0, NULL,                               \
+      "sparse allgatherv transfer: 0 gvq's pipelined ring, 1 the transport's own "             \
+      "(MPI_Iallgatherv; the ring where the transport has none)")                              \
+    X(NCCL, "GVQ_NCCL", UINT, 1, NULL,                                                         \
       "collectives on CUDA buffers run on NCCL when built in (0: staged through host memory)") \
-    X(CUDA_BUFFERS, "GVQ_CUDA_BUFFERS", UINT, 1, NULL,                                       \
+    X(CUDA_BUFFERS, "GVQ_CUDA_BUFFERS", UINT, 1, NULL,                                         \
       "look for CUDA buffers (cudaPointerGetAttributes, which creates a CUDA context on the "  \
-      "current GPU); 0: every buffer is host memory and CUDA is never touched")              \
-    X(NCCL_RING, "GVQ_NCCL_RING", UINT, 1, NULL,                                             \
-      "device-resident compressed rings on CUDA buffers run over NCCL sends and receives "    \
-      "when NCCL is up (0: their wire is staged through host memory over MPI)")              \
-    X(DEVICE_CODECS, "GVQ_DEVICE_CODECS", UINT, 1, NULL,                                     \
+      "current GPU); 0: every buffer is host memory and CUDA is never touched")                \
+    X(NCCL_RING, "GVQ_NCCL_RING", UINT, 1, NULL,                                               \
+      "device-resident compressed rings on CUDA buffers run over NCCL sends and receives "     \
+      "when NCCL is up (0: their wire is staged through host memory over MPI)")                \
+    X(DEVICE_CODECS, "GVQ_DEVICE_CODECS", UINT, 1, NULL,                                       \
       "compressed allreduce on device buffers runs the device's codecs, only the wire staged " \
-      "through host memory (0: the whole buffers are staged and the host codecs run)")       \
-    X(CODEC, "GVQ_CODEC", CHOICE, 0, "none,gradiveq,qsgd",                                   \
-      "zero-code mode: plain float sum/avg gvqAllReduce calls run through a compressor of "   \
-      "this codec, one per (recvbuff, count) (index = gvqCodec_t)")                          \
-    X(GRADIVEQ_EPS, "GVQ_GRADIVEQ_EPS", REAL, -1, NULL,                                      \
-      "zero-code mode: GradiVeQ's lossThreshold (-1: the config's default)")                 \
-    X(GRADIVEQ_VOTE, "GVQ_GRADIVEQ_VOTE", REAL, -1, NULL,                                    \
-      "zero-code mode: GradiVeQ's voteThreshold (-1: the config's default)")                 \
-    X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL, \
-      "zero-code mode: GradiVeQ's sampleSlices (unset: the config's default)")                \
-    X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                     \
-      "network interface whose IPv4 address the bootstrap root listens on (unset: the first " \
+      "through host memory (0: the whole buffers are staged and the host codecs run)")         \
+    X(CODEC, "GVQ_CODEC", CHOICE, 0, "none,gradiveq,qsgd",                                     \
+      "zero-code mode: plain float sum/avg gvqAllReduce calls run through a compressor of "    \
+      "this codec, one per (recvbuff, count) (index = gvqCodec_t)")                            \
+    X(GRADIVEQ_EPS, "GVQ_GRADIVEQ_EPS", REAL, -1, NULL,                                        \
+      "zero-code mode: GradiVeQ's lossThreshold (-1: the config's default)")                   \
+    X(GRADIVEQ_VOTE, "GVQ_GRADIVEQ_VOTE", REAL, -1, NULL,                                      \
+      "zero-code mode: GradiVeQ's voteThreshold (-1: the config's default)")                   \
+    X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL,   \
+      "zero-code mode: GradiVeQ's sampleSlices (unset: the config's default)")                 \
+    X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                       \
+      "network interface whose IPv4 address the bootstrap root listens on (unset: the first "  \
       "non-loopback interface that is up)")
 
 typedef enum {
@@ -125,7 +124,7 @@ typedef enum {
 #define GVQ_PARAM_ENUM(id, env, kind, def, choices, help) GVQ_PARAM_##id,
     GVQ_PARAM_LIST(GVQ_PARAM_ENUM)
 #undef GVQ_PARAM_ENUM
-    GVQ_PARAM_COUNT
+        GVQ_PARAM_COUNT
 } gvq_param_id_t;
 
 /* The value of a tunable: the environment variable if set and valid, else the default
@@ -141,9 +140,9 @@ void gvq_param_dump(void);
 /* The header of a versioned config struct (size, magic, version as the caller compiled it):
  * refuses, with a WARN naming fn and what, a wrong magic, a size outside [min_size, max_size]
  * or a version newer than this library's. */
-gvqResult_t gvq_config_header_check(const char *fn, const char *what, size_t size,
-                                    unsigned magic, unsigned version, unsigned want_magic,
-                                    size_t min_size, size_t max_size, const char *initializer);
+gvqResult_t gvq_config_header_check(const char *fn, const char *what, size_t size, unsigned magic,
+                                    unsigned version, unsigned want_magic, size_t min_size,
+                                    size_t max_size, const char *initializer);
 
 /* A handle's save call (buf NULL: *size = bytes needed) and load call, as the public
  * gvq*Save / gvq*Load take them. */
@@ -206,10 +205,11 @@ GVQ_CONV_FN uint16_t gvq_float_to_half(float f) {
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     uint32_t absx = x & 0x7fffffffu;
     if (absx >= 0x7f800000u) /* inf or nan */
-        return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0));
+        return (uint16_t)(sign | 0x7c00u |
+                          (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0));
     if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
         return (uint16_t)(sign | 0x7c00u);
-    if (absx < 0x38800000u) { /* below 2^-14: subnormal half or zero */
+    if (absx < 0x38800000u) {   /* below 2^-14: subnormal half or zero */
         if (absx < 0x33000000u) /* below 2^-25: rounds to zero */
             return sign;
         uint32_t e = absx >> 23;
@@ -218,8 +218,7 @@ GVQ_CONV_FN uint16_t gvq_float_to_half(float f) {
         uint32_t half_m = m >> shift;
         uint32_t rem = m & ((1u << shift) - 1u);
         uint32_t halfway = 1u << (shift - 1u);
-        if (rem > halfway || (rem == halfway && (half_m & 1u)))
-            half_m++;
+        if (rem > halfway || (rem == halfway && (half_m & 1u))) half_m++;
         return (uint16_t)(sign | half_m);
     }
     uint32_t r = absx + 0xfffu + ((absx >> 13) & 1u); /* round to nearest even */
@@ -236,8 +235,7 @@ GVQ_CONV_FN float gvq_bf16_to_float(uint16_t h) {
 GVQ_CONV_FN uint16_t gvq_float_to_bf16(float f) {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u); /* quiet nan */
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet nan */
     x += 0x7fffu + ((x >> 16) & 1u);
     return (uint16_t)(x >> 16);
 }

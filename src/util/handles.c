@@ -6,9 +6,13 @@
 
 #include "gvq_handles.h"
 
-void gvq_handles_lock(gvq_handles_t *set) { pthread_mutex_lock(&set->lock); }
+void gvq_handles_lock(gvq_handles_t *set) {
+    pthread_mutex_lock(&set->lock);
+}
 
-void gvq_handles_unlock(gvq_handles_t *set) { pthread_mutex_unlock(&set->lock); }
+void gvq_handles_unlock(gvq_handles_t *set) {
+    pthread_mutex_unlock(&set->lock);
+}
 
 int gvq_handles_find_locked(const gvq_handles_t *set, const void *h) {
     if (h == NULL) return -1;

@@ -54,15 +54,22 @@ static void log_init(void) {
     const char *lvl = getenv("GVQ_DEBUG");
     int level = GVQ_LOG_WARN;
     if (lvl != NULL) {
-        if (strcasecmp(lvl, "NONE") == 0) level = GVQ_LOG_NONE;
-        else if (strcasecmp(lvl, "VERSION") == 0) level = GVQ_LOG_VERSION;
-        else if (strcasecmp(lvl, "WARN") == 0) level = GVQ_LOG_WARN;
-        else if (strcasecmp(lvl, "INFO") == 0) level = GVQ_LOG_INFO;
-        else if (strcasecmp(lvl, "TRACE") == 0) level = GVQ_LOG_TRACE;
-        else fprintf(stderr, "GVQ WARN GVQ_DEBUG='%s' is not NONE|VERSION|WARN|INFO|TRACE; using WARN\n", lvl);
+        if (strcasecmp(lvl, "NONE") == 0)
+            level = GVQ_LOG_NONE;
+        else if (strcasecmp(lvl, "VERSION") == 0)
+            level = GVQ_LOG_VERSION;
+        else if (strcasecmp(lvl, "WARN") == 0)
+            level = GVQ_LOG_WARN;
+        else if (strcasecmp(lvl, "INFO") == 0)
+            level = GVQ_LOG_INFO;
+        else if (strcasecmp(lvl, "TRACE") == 0)
+            level = GVQ_LOG_TRACE;
+        else
+            fprintf(stderr,
+                    "GVQ WARN GVQ_DEBUG='%s' is not NONE|VERSION|WARN|INFO|TRACE; using WARN\n",
+                    lvl);
     }
-    if (gethostname(log_host, sizeof log_host) != 0)
-        snprintf(log_host, sizeof log_host, "unknown");
+    if (gethostname(log_host, sizeof log_host) != 0) snprintf(log_host, sizeof log_host, "unknown");
     log_host[sizeof log_host - 1] = '\0';
     char *dot = strchr(log_host, '.');
     if (dot != NULL) *dot = '\0';
@@ -80,9 +87,13 @@ int gvq_log_level(void) {
     return gvq_log_level_cached;
 }
 
-void gvq_log_set_rank(int rank) { log_rank = rank; }
+void gvq_log_set_rank(int rank) {
+    log_rank = rank;
+}
 
-const char *gvq_log_last_warn(void) { return log_last; }
+const char *gvq_log_last_warn(void) {
+    return log_last;
+}
 
 void gvq_log(gvq_log_level_t level, const char *file, int line, const char *fmt, ...) {
     int cur = gvq_log_level();
@@ -91,8 +102,7 @@ void gvq_log(gvq_log_level_t level, const char *file, int line, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (level == GVQ_LOG_WARN)
-        snprintf(log_last, sizeof log_last, "%s", msg);
+    if (level == GVQ_LOG_WARN) snprintf(log_last, sizeof log_last, "%s", msg);
     if (cur < (int)level) return;
     static const char *names[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
     char rank[24] = "";

@@ -65,10 +65,14 @@ static int parse_value(const param_desc_t *d, const char *s, double *v) {
 
 static const char *kind_text(const param_desc_t *d) {
     switch (d->kind) {
-    case GVQ_PARAM_UINT: return "a non-negative integer";
-    case GVQ_PARAM_INT: return "an integer";
-    case GVQ_PARAM_REAL: return "a number";
-    default: return "one of";
+    case GVQ_PARAM_UINT:
+        return "a non-negative integer";
+    case GVQ_PARAM_INT:
+        return "an integer";
+    case GVQ_PARAM_REAL:
+        return "a number";
+    default:
+        return "one of";
     }
 }
 
@@ -115,8 +119,10 @@ void gvq_param_dump(void) {
     for (int i = 0; i < GVQ_PARAM_COUNT; i++) {
         const param_desc_t *d = &param_desc[i];
         char value[64];
-        if (d->kind == GVQ_PARAM_TEXT) snprintf(value, sizeof value, "'%.60s'", param_text[i]);
-        else snprintf(value, sizeof value, "%.17g", param_value[i]);
+        if (d->kind == GVQ_PARAM_TEXT)
+            snprintf(value, sizeof value, "'%.60s'", param_text[i]);
+        else
+            snprintf(value, sizeof value, "%.17g", param_value[i]);
         GVQ_INFO("param %s=%s (%s) -- %s%s%s", d->env, value,
                  param_from_env[i] ? "environment" : "default", d->help,
                  d->choices != NULL ? "; choices: " : "", d->choices != NULL ? d->choices : "");

@@ -16,15 +16,15 @@
 #include "gvq.h"
 
 static int failures;
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            if (failures++ < 20) {                                              \
-                fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);            \
-                fprintf(stderr, __VA_ARGS__);                                   \
-                fprintf(stderr, "\n");                                          \
-            }                                                                   \
-        }                                                                       \
+#define CHECK(cond, ...)                                             \
+    do {                                                             \
+        if (!(cond)) {                                               \
+            if (failures++ < 20) {                                   \
+                fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+                fprintf(stderr, __VA_ARGS__);                        \
+                fprintf(stderr, "\n");                               \
+            }                                                        \
+        }                                                            \
     } while (0)
 
 /* Element i of a buffer of type t as a double (16-bit floats decoded). */
@@ -73,28 +73,34 @@ int main(int argc, char **argv) {
             srand(7 + rank * 31 + ti);
             for (size_t i = 0; i < count; i++) {
                 float f = (float)(rand() % 200 - 100) / 16.0f;
-                if (t == gvqInt32) ((int32_t *)h)[i] = rand() % 1000 - 500;
-                else if (t == gvqFloat32) ((float *)h)[i] = f;
-                else if (t == gvqFloat64) ((double *)h)[i] = f;
+                if (t == gvqInt32)
+                    ((int32_t *)h)[i] = rand() % 1000 - 500;
+                else if (t == gvqFloat32)
+                    ((float *)h)[i] = f;
+                else if (t == gvqFloat64)
+                    ((double *)h)[i] = f;
                 else { /* small exact values in 16 bits: (-100..99)/16 */
                     uint32_t b;
                     memcpy(&b, &f, 4);
                     ((uint16_t *)h)[i] = t == gvqBfloat16 ? (uint16_t)(b >> 16) : 0;
-                    if (t == gvqFloat16) { /* through the host's own conversion: gvqFloat32 -> fp16 via a cast below */
+                    if (t == gvqFloat16) { /* through the host's own conversion: gvqFloat32 -> fp16
+                                              via a cast below */
                         ((uint16_t *)h)[i] = (uint16_t)(rand() % 0x3bff);
                     }
                 }
             }
-            CHECK(gvqAllReduce(h, want, count, t, (gvqRedOp_t)op, comm, NULL) == gvqSuccess, "host allreduce");
+            CHECK(gvqAllReduce(h, want, count, t, (gvqRedOp_t)op, comm, NULL) == gvqSuccess,
+                  "host allreduce");
             void *d = NULL;
             cudaMalloc(&d, bytes);
             cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
-            CHECK(gvqAllReduce(d, d, count, t, (gvqRedOp_t)op, comm, s) == gvqSuccess, "device allreduce: %s",
-                  gvqGetLastError(comm));
+            CHECK(gvqAllReduce(d, d, count, t, (gvqRedOp_t)op, comm, s) == gvqSuccess,
+                  "device allreduce: %s", gvqGetLastError(comm));
             cudaStreamSynchronize(s);
             cudaMemcpy(got, d, bytes, cudaMemcpyDeviceToHost);
             if (n <= 2 || t == gvqInt32) {
-                CHECK(memcmp(got, want, bytes) == 0, "type %d op %d: device result differs from host", (int)t, op);
+                CHECK(memcmp(got, want, bytes) == 0,
+                      "type %d op %d: device result differs from host", (int)t, op);
             } else { /* several ranks: summation orders may differ; compare within rounding */
                 double e = 0, scale = 0;
                 for (size_t i = 0; i < count; i++) {
@@ -103,8 +109,12 @@ int main(int argc, char **argv) {
                     e = fmax(e, fabs(a - b));
                     scale = fmax(scale, fabs(b));
                 }
-                double tol = (t == gvqFloat16 ? 4e-3 : t == gvqBfloat16 ? 3e-2 : 1e-5) * (1 + scale);
-                CHECK(e <= tol, "type %d op %d: device result differs by %g (tolerance %g)", (int)t, op, e, tol);
+                double tol = (t == gvqFloat16    ? 4e-3
+                              : t == gvqBfloat16 ? 3e-2
+                                                 : 1e-5) *
+                             (1 + scale);
+                CHECK(e <= tol, "type %d op %d: device result differs by %g (tolerance %g)", (int)t,
+                      op, e, tol);
             }
             /* broadcast from the last rank, out of place, of data that differs between ranks (each
              * rank's own input), so that a local copy cannot pass */
@@ -114,7 +124,8 @@ int main(int argc, char **argv) {
             CHECK(gvqBroadcast(d, d2, count, t, n - 1, comm, s) == gvqSuccess, "device broadcast");
             cudaStreamSynchronize(s);
             cudaMemcpy(got, d2, bytes, cudaMemcpyDeviceToHost);
-            CHECK(gvqBroadcast(h, want, count, t, n - 1, comm, NULL) == gvqSuccess, "host broadcast");
+            CHECK(gvqBroadcast(h, want, count, t, n - 1, comm, NULL) == gvqSuccess,
+                  "host broadcast");
             CHECK(memcmp(got, want, bytes) == 0, "broadcast type %d differs", (int)t);
             cudaFree(d);
             cudaFree(d2);
@@ -145,7 +156,8 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < cn; i++)
                 x[i] = (float)(sin(0.01 * (double)(i % 64) * (1 + it % 3) + rank) +
                                0.1 * cos(0.37 * (double)i + it));
-            CHECK(gvqAllReduceCompressed(x, want, cn, gvqFloat32, gvqAvg, ch, comm, NULL) == gvqSuccess,
+            CHECK(gvqAllReduceCompressed(x, want, cn, gvqFloat32, gvqAvg, ch, comm, NULL) ==
+                      gvqSuccess,
                   "host compressed call %d", it);
             cudaMemcpy(dx, x, cn * 4, cudaMemcpyHostToDevice);
             CHECK(gvqAllReduceCompressed(dx, dx, cn, gvqFloat32, gvqAvg, cd, comm, s) == gvqSuccess,
@@ -166,8 +178,10 @@ int main(int argc, char **argv) {
             int exact_phase = it <= cc.warmupIters + cc.sampleIters - 1; /* before the first fit */
             const char *dc = getenv("GVQ_DEVICE_CODECS");
             if (exact_phase || (dc != NULL && atoi(dc) == 0))
-                CHECK(memcmp(got, want, cn * 4) == 0, "compressed call %d: device result differs "
-                      "(max error %g)", it, err);
+                CHECK(memcmp(got, want, cn * 4) == 0,
+                      "compressed call %d: device result differs "
+                      "(max error %g)",
+                      it, err);
             else
                 CHECK(err <= 1e-4 * top, "compressed call %d: device result off by %g (max %g)", it,
                       err, top);
@@ -186,13 +200,15 @@ int main(int argc, char **argv) {
     }
     float *dv = NULL;
     cudaMalloc((void **)&dv, 16);
-    CHECK(gvqSend(dv, 4, gvqFloat32, 0, comm, s) == gvqInvalidUsage, "p2p on device buffers is refused");
+    CHECK(gvqSend(dv, 4, gvqFloat32, 0, comm, s) == gvqInvalidUsage,
+          "p2p on device buffers is refused");
     cudaFree(dv);
     cudaStreamDestroy(s);
     gvqCommDestroy(comm);
     int all = 0;
     MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0) printf("test_gpu_collectives (%d ranks): %s\n", n, all ? "FAILED" : "all checks passed");
+    if (rank == 0)
+        printf("test_gpu_collectives (%d ranks): %s\n", n, all ? "FAILED" : "all checks passed");
     MPI_Finalize();
     return all ? 1 : 0;
 }

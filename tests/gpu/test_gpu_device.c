@@ -26,7 +26,9 @@ static uint32_t rnd32(void) {
     rng_state = rng_state * 1664525u + 1013904223u;
     return rng_state ^ (rng_state >> 13);
 }
-static float rndf(void) { return ((float)(rnd32() >> 8) / 16777216.0f) * 2.0f - 1.0f; }
+static float rndf(void) {
+    return ((float)(rnd32() >> 8) / 16777216.0f) * 2.0f - 1.0f;
+}
 
 static void *dup_to_dev(const void *h, size_t bytes) {
     void *d = D->alloc(bytes);
@@ -47,12 +49,21 @@ static void fill(void *p, size_t n, gvqDataType_t t) {
         float f = rndf() * 4.0f;
         if (rnd32() % 97 == 0) f = NAN;
         switch (t) {
-        case gvqFloat16: ((uint16_t *)p)[i] = gvq_float_to_half(f); break;
-        case gvqBfloat16: ((uint16_t *)p)[i] = gvq_float_to_bf16(f); break;
-        case gvqFloat32: ((float *)p)[i] = f; break;
-        case gvqFloat64: ((double *)p)[i] = (double)f * (1.0 + 1e-9 * rnd32()); break;
+        case gvqFloat16:
+            ((uint16_t *)p)[i] = gvq_float_to_half(f);
+            break;
+        case gvqBfloat16:
+            ((uint16_t *)p)[i] = gvq_float_to_bf16(f);
+            break;
+        case gvqFloat32:
+            ((float *)p)[i] = f;
+            break;
+        case gvqFloat64:
+            ((double *)p)[i] = (double)f * (1.0 + 1e-9 * rnd32());
+            break;
         default:
-            for (size_t b = 0; b < es; b++) ((uint8_t *)p)[i * es + b] = (uint8_t)rnd32();
+            for (size_t b = 0; b < es; b++)
+                ((uint8_t *)p)[i * es + b] = (uint8_t)rnd32();
         }
     }
 }
@@ -131,7 +142,8 @@ static void test_collocate(void) {
         size_t K = shapes[s][0], Dd = shapes[s][1], Hh = shapes[s][2], W = shapes[s][3];
         size_t n = K * Dd * Hh * W, bytes = n * sizeof(float);
         float *x = malloc(bytes), *want = malloc(bytes), *back = malloc(bytes);
-        for (size_t i = 0; i < n; i++) x[i] = rndf();
+        for (size_t i = 0; i < n; i++)
+            x[i] = rndf();
         gvq_collocate(x, want, K, Dd, Hh, W);
         float *dx = dup_to_dev(x, bytes), *dy = D->alloc(bytes), *dz = D->alloc(bytes);
         EXPECT_RES(D->collocate(dx, dy, K, Dd, Hh, W, 0), gvqSuccess);
@@ -166,15 +178,19 @@ static void test_linalg(void) {
     int m = 37, n = 29, k = 301;
     float *a = malloc(sizeof(float) * k * m), *b = malloc(sizeof(float) * k * n);
     float *c = malloc(sizeof(float) * m * n), *want = malloc(sizeof(float) * m * n);
-    for (int i = 0; i < k * m; i++) a[i] = rndf();
-    for (int i = 0; i < k * n; i++) b[i] = rndf();
-    for (int i = 0; i < m * n; i++) c[i] = want[i] = rndf();
+    for (int i = 0; i < k * m; i++)
+        a[i] = rndf();
+    for (int i = 0; i < k * n; i++)
+        b[i] = rndf();
+    for (int i = 0; i < m * n; i++)
+        c[i] = want[i] = rndf();
     float *da = dup_to_dev(a, sizeof(float) * k * m), *db = dup_to_dev(b, sizeof(float) * k * n);
     float *dc = dup_to_dev(c, sizeof(float) * m * n);
     H->sgemm(1, 0, m, n, k, 0.5f, a, k, b, k, 0.25f, want, m);
     EXPECT_RES(D->sgemm(1, 0, m, n, k, 0.5f, da, k, db, k, 0.25f, dc, m), gvqSuccess);
     float *got = from_dev(dc, sizeof(float) * m * n);
-    EXPECT(max_rel(got, want, (size_t)m * n) < 1e-5, "sgemm differs: %g", max_rel(got, want, (size_t)m * n));
+    EXPECT(max_rel(got, want, (size_t)m * n) < 1e-5, "sgemm differs: %g",
+           max_rel(got, want, (size_t)m * n));
     free(got);
     D->free(da);
     D->free(db);
@@ -214,17 +230,20 @@ static void test_linalg(void) {
         float *A = malloc(sizeof(float) * L * L);
         memcpy(A, cov, sizeof(float) * L * L);
         for (int j = 0; j < L; j++) /* full symmetric copy for the residual */
-            for (int i = 0; i < j; i++) A[j * L + i] = A[i * L + j];
+            for (int i = 0; i < j; i++)
+                A[j * L + i] = A[i * L + j];
         H->ssyevd(L, cov, L, w);
         EXPECT_RES(D->ssyevd(L, dcov, L, dw), gvqSuccess);
         float *gw = from_dev(dw, sizeof(float) * L), *gv = from_dev(dcov, sizeof(float) * L * L);
         double lmax = fmax(fabs(w[0]), fabs(w[L - 1])), ew = 0, res = 0;
-        for (int i = 0; i < L; i++) ew = fmax(ew, fabs((double)gw[i] - w[i]));
+        for (int i = 0; i < L; i++)
+            ew = fmax(ew, fabs((double)gw[i] - w[i]));
         EXPECT(ew <= 1e-4 * lmax, "eigenvalues (L=%d) differ: %g of %g", L, ew, lmax);
         for (int j = L - 3; j < L; j++) /* the leading eigenpairs: A v = l v */
             for (int i = 0; i < L; i++) {
                 double av = 0;
-                for (int q = 0; q < L; q++) av += (double)A[q * L + i] * gv[j * L + q];
+                for (int q = 0; q < L; q++)
+                    av += (double)A[q * L + i] * gv[j * L + q];
                 res = fmax(res, fabs(av - (double)gw[j] * gv[j * L + i]));
             }
         EXPECT(res <= 1e-3 * lmax, "eigenvector residual (L=%d): %g of %g", L, res, lmax);
@@ -256,7 +275,8 @@ static void test_qsgd(void) {
                     q.call = 5;
                     gvq_codec_t c;
                     gvq_codec_qsgd_init(&c, H, &q);
-                    gvq_dev_qsgd_t dq = {q.bits, q.levels, q.norm, q.bucket, q.seed, q.rank, q.call};
+                    gvq_dev_qsgd_t dq = {q.bits, q.levels, q.norm, q.bucket,
+                                         q.seed, q.rank,   q.call};
                     size_t n = counts[ci], off = 3 * q.bucket, wb = c.wire_bytes(&c, off, n);
                     float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
                     for (size_t i = 0; i < n; i++) {
@@ -270,7 +290,8 @@ static void test_qsgd(void) {
                     c.encode_combine(&c, off, n, y, NULL, w1); /* y's wire */
                     c.encode_combine(&c, off, n, x, w1, w2);   /* x + decode(y's wire) */
                     c.decode(&c, off, n, w2, dec);
-                    float *dx = dup_to_dev(x, sizeof(float) * n), *dy = dup_to_dev(y, sizeof(float) * n);
+                    float *dx = dup_to_dev(x, sizeof(float) * n),
+                          *dy = dup_to_dev(y, sizeof(float) * n);
                     void *dw1 = D->alloc(wb), *dw2 = D->alloc(wb);
                     float *ddec = D->alloc(sizeof(float) * n);
                     EXPECT_RES(D->qsgd_encode_combine(&dq, off, n, dy, NULL, dw1), gvqSuccess);
@@ -278,12 +299,14 @@ static void test_qsgd(void) {
                     EXPECT_RES(D->qsgd_decode(&dq, off, n, dw2, ddec), gvqSuccess);
                     uint8_t *g1 = from_dev(dw1, wb), *g2 = from_dev(dw2, wb);
                     float *gd = from_dev(ddec, sizeof(float) * n);
-                    EXPECT(memcmp(g1, w1, wb) == 0, "QSGD encode bits=%d norm=%d bucket=%zu n=%zu: wire differs",
-                           q.bits, norm, q.bucket, n);
-                    EXPECT(memcmp(g2, w2, wb) == 0, "QSGD combine bits=%d norm=%d bucket=%zu n=%zu: wire differs",
-                           q.bits, norm, q.bucket, n);
-                    EXPECT(memcmp(gd, dec, sizeof(float) * n) == 0, "QSGD decode bits=%d n=%zu differs",
-                           q.bits, n);
+                    EXPECT(memcmp(g1, w1, wb) == 0,
+                           "QSGD encode bits=%d norm=%d bucket=%zu n=%zu: wire differs", q.bits,
+                           norm, q.bucket, n);
+                    EXPECT(memcmp(g2, w2, wb) == 0,
+                           "QSGD combine bits=%d norm=%d bucket=%zu n=%zu: wire differs", q.bits,
+                           norm, q.bucket, n);
+                    EXPECT(memcmp(gd, dec, sizeof(float) * n) == 0,
+                           "QSGD decode bits=%d n=%zu differs", q.bits, n);
                     /* x alone (in = NULL): its zero bucket and zero element reach the wire as
                      * they are, not hidden under y's decoded values as in the combine above */
                     uint8_t *w3 = malloc(wb);
@@ -291,7 +314,9 @@ static void test_qsgd(void) {
                     c.encode_combine(&c, off, n, x, NULL, w3);
                     EXPECT_RES(D->qsgd_encode_combine(&dq, off, n, dx, NULL, dw3), gvqSuccess);
                     uint8_t *g3 = from_dev(dw3, wb);
-                    EXPECT(memcmp(g3, w3, wb) == 0, "QSGD encode of x alone (zero bucket) bits=%d norm=%d bucket=%zu n=%zu: wire differs",
+                    EXPECT(memcmp(g3, w3, wb) == 0,
+                           "QSGD encode of x alone (zero bucket) bits=%d norm=%d bucket=%zu n=%zu: "
+                           "wire differs",
                            q.bits, norm, q.bucket, n);
                     free(g3);
                     free(w3);
@@ -329,9 +354,12 @@ static void test_gradiveq(void) {
             g.nranks = 3;
             g.wire_fp16 = fp16;
             size_t ngroups = GVQ_DIV_UP(full, C);
-            float *U = malloc(sizeof(float) * ngroups * L * d), *Z = malloc(sizeof(float) * ngroups * L);
-            for (size_t i = 0; i < ngroups * L * d; i++) U[i] = rndf() / sqrtf((float)L);
-            for (size_t i = 0; i < ngroups * L; i++) Z[i] = rndf();
+            float *U = malloc(sizeof(float) * ngroups * L * d),
+                  *Z = malloc(sizeof(float) * ngroups * L);
+            for (size_t i = 0; i < ngroups * L * d; i++)
+                U[i] = rndf() / sqrtf((float)L);
+            for (size_t i = 0; i < ngroups * L; i++)
+                Z[i] = rndf();
             g.U = U;
             g.Z = Z;
             EXPECT_RES(gvq_gradiveq_prepare(&g, H), gvqSuccess);
@@ -364,18 +392,22 @@ static void test_gradiveq(void) {
             uint8_t *g2 = from_dev(dw2, wb);
             float *gd = from_dev(ddec, sizeof(float) * n);
             size_t ncoef = (n / L) * d, cb = ((ncoef * (fp16 ? 2 : 4)) + 3) & ~(size_t)3;
-            float *wc = malloc(sizeof(float) * (ncoef + 1)), *gc = malloc(sizeof(float) * (ncoef + 1));
+            float *wc = malloc(sizeof(float) * (ncoef + 1)),
+                  *gc = malloc(sizeof(float) * (ncoef + 1));
             for (size_t i = 0; i < ncoef; i++) {
                 wc[i] = fp16 ? gvq_half_to_float(((uint16_t *)w2)[i]) : ((float *)w2)[i];
                 gc[i] = fp16 ? gvq_half_to_float(((uint16_t *)g2)[i]) : ((float *)g2)[i];
             }
             double tol = fp16 ? 2e-3 : 1e-5;
-            EXPECT(max_rel(gc, wc, ncoef) < tol, "GradiVeQ L=%zu d=%zu C=%zu fp16=%d: coefficients differ by %g",
-                   L, d, C, fp16, max_rel(gc, wc, ncoef));
+            EXPECT(max_rel(gc, wc, ncoef) < tol,
+                   "GradiVeQ L=%zu d=%zu C=%zu fp16=%d: coefficients differ by %g", L, d, C, fp16,
+                   max_rel(gc, wc, ncoef));
             EXPECT(memcmp(g2 + cb, w2 + cb, wb - cb) == 0, "GradiVeQ tail on the wire differs");
-            EXPECT(max_rel(gd, dec, n) < tol, "GradiVeQ L=%zu d=%zu C=%zu fp16=%d: decode differs by %g", L,
-                   d, C, fp16, max_rel(gd, dec, n));
-            EXPECT(fabs(norms[0] - g.local_x2) <= 1e-6 * g.local_x2 && fabs(norms[1] - g.local_c2) <= 1e-4 * g.local_c2 + 1e-12 &&
+            EXPECT(max_rel(gd, dec, n) < tol,
+                   "GradiVeQ L=%zu d=%zu C=%zu fp16=%d: decode differs by %g", L, d, C, fp16,
+                   max_rel(gd, dec, n));
+            EXPECT(fabs(norms[0] - g.local_x2) <= 1e-6 * g.local_x2 &&
+                       fabs(norms[1] - g.local_c2) <= 1e-4 * g.local_c2 + 1e-12 &&
                        fabs(norms[2] - g.local_all2) <= 1e-6 * g.local_all2,
                    "GradiVeQ norms differ: %g %g %g vs host %g %g %g", norms[0], norms[1], norms[2],
                    g.local_x2, g.local_c2, g.local_all2);
@@ -415,22 +447,27 @@ static void CUDART_CB sleep_cb(void *arg) {
 static void test_event_order(void) {
     size_t n = 1 << 16, bytes = n * sizeof(float);
     float *h = malloc(bytes), *want = malloc(bytes);
-    for (size_t i = 0; i < n; i++) h[i] = rndf();
+    for (size_t i = 0; i < n; i++)
+        h[i] = rndf();
     float *da = dup_to_dev(h, bytes), *db = D->alloc(bytes);
     cudaStream_t user;
-    EXPECT(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking) == cudaSuccess, "cudaStreamCreate");
+    EXPECT(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking) == cudaSuccess,
+           "cudaStreamCreate");
     EXPECT(cudaMemset(db, 0, bytes) == cudaSuccess, "cudaMemset");
     void *ev = NULL;
     EXPECT_RES(D->event_create(&ev), gvqSuccess);
-    EXPECT(cudaLaunchHostFunc(user, sleep_cb, (void *)(intptr_t)200) == cudaSuccess, "cudaLaunchHostFunc");
-    EXPECT(cudaMemcpyAsync(db, da, bytes, cudaMemcpyDeviceToDevice, user) == cudaSuccess, "cudaMemcpyAsync");
+    EXPECT(cudaLaunchHostFunc(user, sleep_cb, (void *)(intptr_t)200) == cudaSuccess,
+           "cudaLaunchHostFunc");
+    EXPECT(cudaMemcpyAsync(db, da, bytes, cudaMemcpyDeviceToDevice, user) == cudaSuccess,
+           "cudaMemcpyAsync");
     EXPECT(cudaEventRecord((cudaEvent_t)ev, user) == cudaSuccess, "cudaEventRecord");
     EXPECT_RES(D->event_wait(ev), gvqSuccess); /* on the device's own stream */
     EXPECT_RES(D->scale(db, db, n, gvqFloat32, 0.5), gvqSuccess);
     EXPECT_RES(D->sync(), gvqSuccess);
     float *got = from_dev(db, bytes);
     H->scale(want, h, n, gvqFloat32, 0.5);
-    EXPECT(memcmp(got, want, bytes) == 0, "event_wait did not order the own stream after the user stream");
+    EXPECT(memcmp(got, want, bytes) == 0,
+           "event_wait did not order the own stream after the user stream");
     D->event_destroy(ev);
     cudaStreamSynchronize(user);
     cudaStreamDestroy(user);
@@ -445,7 +482,8 @@ static void test_event_order(void) {
 static void test_streams(void) {
     size_t n = 1 << 20, bytes = n * sizeof(float);
     float *h = malloc(bytes), *want = malloc(bytes);
-    for (size_t i = 0; i < n; i++) h[i] = rndf();
+    for (size_t i = 0; i < n; i++)
+        h[i] = rndf();
     float *da = dup_to_dev(h, bytes), *db = D->alloc(bytes);
     void *user = NULL, *prev = (void *)1, *ev = NULL;
     EXPECT(cudaStreamCreate((cudaStream_t *)&user) == cudaSuccess, "cudaStreamCreate");

@@ -13,7 +13,8 @@ int main(void) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        printf("SKIPPED: no CUDA device (%s)\n",
+               err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
         return 77;
     }
     int seen = gvq_cuda_device_count();
@@ -22,9 +23,11 @@ int main(void) {
         return 1;
     }
     float h[256], back[256];
-    for (int i = 0; i < 256; i++) h[i] = (float)i * 0.5f;
+    for (int i = 0; i < 256; i++)
+        h[i] = (float)i * 0.5f;
     void *d = NULL;
-    if (cudaMalloc(&d, sizeof h) != cudaSuccess || cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice) != cudaSuccess ||
+    if (cudaMalloc(&d, sizeof h) != cudaSuccess ||
+        cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(back, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) {
         fprintf(stderr, "FAIL: device round trip\n");
         return 1;

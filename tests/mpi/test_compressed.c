@@ -58,8 +58,10 @@ static const char *g_part = "start";
 static void watchdog(int sig) {
     (void)sig;
     char msg[160];
-    int n = snprintf(msg, sizeof msg, "FAIL [rank %d] watchdog: no progress for %d s in part '%s' "
-                     "(hang?)\n", mt.rank, WATCHDOG_S, g_part);
+    int n = snprintf(msg, sizeof msg,
+                     "FAIL [rank %d] watchdog: no progress for %d s in part '%s' "
+                     "(hang?)\n",
+                     mt.rank, WATCHDOG_S, g_part);
     if (n > 0) {
         ssize_t w = write(1, msg, (size_t)n);
         (void)w;
@@ -104,11 +106,14 @@ static gvqComm_t new_comm_chunk(int chunk_bytes) {
     return comm;
 }
 
-static gvqComm_t new_comm(void) { return new_comm_chunk(0); }
+static gvqComm_t new_comm(void) {
+    return new_comm_chunk(0);
+}
 
 static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
     const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
 #define FNV_INIT 0xcbf29ce484222325ull
@@ -122,13 +127,17 @@ static void check_identical(const void *buf, size_t bytes, const char *what, int
         int bad = -1;
         for (int r = 1; r < mt.nranks && bad < 0; r++)
             if (all[r] != all[0]) bad = r;
-        MT_CHECK(bad < 0, "%s call %d: output of rank %d differs from rank 0's (hash %016" PRIx64
-                 " vs %016" PRIx64 ")", what, call, bad, bad < 0 ? 0 : all[bad], all[0]);
+        MT_CHECK(bad < 0,
+                 "%s call %d: output of rank %d differs from rank 0's (hash %016" PRIx64
+                 " vs %016" PRIx64 ")",
+                 what, call, bad, bad < 0 ? 0 : all[bad], all[0]);
     }
     free(all);
 }
 
-static double elapsed(void) { return MPI_Wtime() - mt.t0; }
+static double elapsed(void) {
+    return MPI_Wtime() - mt.t0;
+}
 
 /* ---- low-rank gradients --------------------------------------------------------------------
  * Element i of rank r at call t of a tensor cut into slices of L: in every full slice s,
@@ -147,10 +156,10 @@ static double elapsed(void) { return MPI_Wtime() - mt.t0; }
  * the sum: every rank's input differs, all lie in the subspace. */
 typedef struct {
     int L;
-    int rank;   /* 1..4 */
+    int rank; /* 1..4 */
     double seed;
     size_t nfull;
-    int T;      /* sampling window of the compressor */
+    int T; /* sampling window of the compressor */
 } lr_t;
 
 static lr_t lr_make(size_t count, int L, int rank, double seed, int T) {
@@ -161,20 +170,28 @@ static lr_t lr_make(size_t count, int L, int rank, double seed, int T) {
 static double lr_dir(int j, size_t e, int L) {
     double ph = TWO_PI * (double)e / L;
     switch (j) {
-    case 0: return cos(ph);
-    case 1: return sin(ph);
-    case 2: return cos(2 * ph);
-    default: return sin(2 * ph);
+    case 0:
+        return cos(ph);
+    case 1:
+        return sin(ph);
+    case 2:
+        return cos(2 * ph);
+    default:
+        return sin(2 * ph);
     }
 }
 
 static double lr_series(int j, double u, int T) {
     double w = TWO_PI / T;
     switch (j) {
-    case 0: return cos(w * u);
-    case 1: return sin(w * u);
-    case 2: return cos(2 * w * u);
-    default: return sin(2 * w * u);
+    case 0:
+        return cos(w * u);
+    case 1:
+        return sin(w * u);
+    case 2:
+        return cos(2 * w * u);
+    default:
+        return sin(2 * w * u);
     }
 }
 
@@ -189,12 +206,15 @@ static float lr_val(const lr_t *g, int r, int t, size_t i) {
     if (s >= g->nfull) return (float)(0.7 * sin(1.3 * (double)i + 0.77 * t + 0.5 * r + g->seed));
     double ph = TWO_PI * (double)e / g->L;
     double v = 0.25 + 0.2 * cos(3 * ph); /* the common offset */
-    for (int j = 0; j < g->rank; j++) v += lr_coef(g, j, r, t, s) * lr_dir(j, e, g->L);
+    for (int j = 0; j < g->rank; j++)
+        v += lr_coef(g, j, r, t, s) * lr_dir(j, e, g->L);
     return (float)v;
 }
 
 /* A component outside the span of the b_j and the offset (5th harmonic). */
-static double lr_outside(size_t e, int L) { return 0.5 * sin(5 * TWO_PI * (double)e / L); }
+static double lr_outside(size_t e, int L) {
+    return 0.5 * sin(5 * TWO_PI * (double)e / L);
+}
 
 /* ---- conv gradients: rank 3 in the filter-collocated order ---------------------------------
  * Tensor layout [K][D][H][W]; collocated index j = ((h*W + w)*D + d)*K + k (ALGORITHMS.md 2). */
@@ -230,14 +250,18 @@ typedef struct {
 
 static float src_val(const src_t *s, int r, int t, size_t i) {
     switch (s->kind) {
-    case SRC_LR: return lr_val(&s->lr, r, t, i);
-    case SRC_CONV: return conv_val(&s->conv, r, t, i);
-    default: return q_val(r, t, i);
+    case SRC_LR:
+        return lr_val(&s->lr, r, t, i);
+    case SRC_CONV:
+        return conv_val(&s->conv, r, t, i);
+    default:
+        return q_val(r, t, i);
     }
 }
 
 static void src_fill(const src_t *s, int r, int t, float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = src_val(s, r, t, i);
+    for (size_t i = 0; i < n; i++)
+        x[i] = src_val(s, r, t, i);
 }
 
 /* Double-precision reference over all ranks: ref = sum (or mean), absum = sum |x_r|,
@@ -259,7 +283,8 @@ static void reference(const src_t *s, int t, size_t n, int avg, double *ref, dou
     }
     if (xnorm_sum != NULL) {
         double sn = 0;
-        for (int r = 0; r < N; r++) sn += sqrt(xn2[r]);
+        for (int r = 0; r < N; r++)
+            sn += sqrt(xn2[r]);
         *xnorm_sum = avg ? sn / N : sn;
     }
     free(xn2);
@@ -321,11 +346,16 @@ static void model_step(model_t *m) {
 
 static const char *phase_name(int p) {
     switch (p) {
-    case gvqPhaseWarmup: return "warmup";
-    case gvqPhaseSample: return "sample";
-    case gvqPhaseCompressed: return "compressed";
-    case gvqPhasePlain: return "plain";
-    default: return "?";
+    case gvqPhaseWarmup:
+        return "warmup";
+    case gvqPhaseSample:
+        return "sample";
+    case gvqPhaseCompressed:
+        return "compressed";
+    case gvqPhasePlain:
+        return "plain";
+    default:
+        return "?";
     }
 }
 
@@ -338,7 +368,7 @@ typedef struct {
     gvqRedOp_t op;
     int inplace;
     int fp16;
-    int d_want;     /* rank of the data */
+    int d_want;         /* rank of the data */
     size_t nfull, tail; /* of the (collocated) tensor, for the ratio */
     gvqCompressor_t comp;
     model_t model;
@@ -388,9 +418,8 @@ static void gq_call(gq_tensor_t *g, gvqComm_t comm, int t) {
                  st.earlyExits == 0 && st.fitsRefused == 0,
              "%s call %d: after the call iteration %lld fits %lld phase %s exits %lld refused "
              "%lld; want %d, %ld, %s, 0, 0 (reason '%s', lastLoss %g)",
-             g->name, t, st.iteration, st.fits, phase_name(st.phase), st.earlyExits,
-             st.fitsRefused, t + 1, g->model.fits, phase_name(g->model.phase), st.reason,
-             st.lastLoss);
+             g->name, t, st.iteration, st.fits, phase_name(st.phase), st.earlyExits, st.fitsRefused,
+             t + 1, g->model.fits, phase_name(g->model.phase), st.reason, st.lastLoss);
     MT_CHECK(st.codec == gvqCodecGradiveq && st.sliceSize == g->cfg.sliceSize,
              "%s: stats codec %d sliceSize %d", g->name, st.codec, st.sliceSize);
 
@@ -400,13 +429,15 @@ static void gq_call(gq_tensor_t *g, gvqComm_t comm, int t) {
         size_t at;
         double q = exact_worst(g->y, g->ref, g->absum, g->count, &at);
         if (q > g->max_exact_q) g->max_exact_q = q;
-        MT_CHECK(q <= 1.0, "%s call %d (%s, must be exact): element %zu = %.9g, reference %.9g "
-                 "(error %.3g of the allowed rounding)", g->name, t, phase_name(want), at,
-                 (double)g->y[at], g->ref[at], q);
+        MT_CHECK(q <= 1.0,
+                 "%s call %d (%s, must be exact): element %zu = %.9g, reference %.9g "
+                 "(error %.3g of the allowed rounding)",
+                 g->name, t, phase_name(want), at, (double)g->y[at], g->ref[at], q);
     } else {
         g->compressed_calls++;
         double e = rel_l2(g->y, g->ref, g->count), n2 = 0;
-        for (size_t i = 0; i < g->count; i++) n2 += g->ref[i] * g->ref[i];
+        for (size_t i = 0; i < g->count; i++)
+            n2 += g->ref[i] * g->ref[i];
         /* fp32 wire: the data lie in the fitted subspace, only float rounding remains.
          * fp16 wire: every coefficient is rounded to half (unit 2^-11) once per quantizing
          * hop, N times in all; coefficients of rank r have norm <= ||x_r - Z/N||, which we
@@ -420,8 +451,8 @@ static void gq_call(gq_tensor_t *g, gvqComm_t comm, int t) {
         double ratio = (double)(g->count * 4) /
                        (double)(g->nfull * (size_t)g->d_want * (g->fp16 ? 2 : 4) + g->tail * 4);
         MT_CHECK(fabs(st.ratio - ratio) <= 1e-9 * ratio,
-                 "%s call %d: ratio %.9g, closed form count*4/(full*d*%d + tail*4) = %.9g",
-                 g->name, t, st.ratio, g->fp16 ? 2 : 4, ratio);
+                 "%s call %d: ratio %.9g, closed form count*4/(full*d*%d + tail*4) = %.9g", g->name,
+                 t, st.ratio, g->fp16 ? 2 : 4, ratio);
         if (N > 1)
             MT_CHECK(st.wireBytes - g->wire_prev < st.rawBytes - g->raw_prev,
                      "%s call %d (compressed): sent %llu bytes, a plain ring %llu", g->name, t,
@@ -485,7 +516,8 @@ static void part_gradiveq(gvqComm_t comm, const char *title) {
         gq_setup(&t[k], comm);
     }
     for (int call = 0; call < P1_CALLS; call++)
-        for (int k = 0; k < NT; k++) gq_call(&t[k], comm, call);
+        for (int k = 0; k < NT; k++)
+            gq_call(&t[k], comm, call);
     for (int k = 0; k < NT; k++) {
         gvqCompressorStats_t st;
         MT_OK(gvqCompressorGetStats(t[k].comp, &st));
@@ -524,10 +556,11 @@ static void part_conv(gvqComm_t comm, const char *title) {
     g.op = gvqAvg;
     g.d_want = 3;
     gq_setup(&g, comm);
-    for (int call = 0; call < 12; call++) gq_call(&g, comm, call);
+    for (int call = 0; call < 12; call++)
+        gq_call(&g, comm, call);
     if (mt.rank == 0)
-        printf("   conv: max compressed err %.2e over %d compressed calls\n",
-               g.max_err_compressed, g.compressed_calls);
+        printf("   conv: max compressed err %.2e over %d compressed calls\n", g.max_err_compressed,
+               g.compressed_calls);
     MT_CHECK(g.compressed_calls == 6, "conv: %d compressed calls, want 6", g.compressed_calls);
     gq_free(&g);
 }
@@ -551,13 +584,15 @@ static double qsgd_bound(const float *xs_all /* N x n */, size_t n, int bits, si
         double P = 0;
         for (int r = 0; r < N; r++) {
             double m = 0;
-            for (size_t i = b; i < b + len; i++) m = fmax(m, fabs(xs_all[(size_t)r * n + i]));
+            for (size_t i = b; i < b + len; i++)
+                m = fmax(m, fabs(xs_all[(size_t)r * n + i]));
             P += m;
         }
         double step = P * grow / s;
         e += (double)N * (double)len * step * step / 4;
     }
-    for (size_t i = 0; i < n; i++) n2 += ref[i] * ref[i];
+    for (size_t i = 0; i < n; i++)
+        n2 += ref[i] * ref[i];
     return 2 * sqrt(e) / sqrt(n2);
 }
 
@@ -594,7 +629,8 @@ static void part_qsgd(gvqComm_t comm) {
         for (int b = 0; b < 2; b++) {
             int t = 10 * call + b;
             src_fill(&src, mt.rank, t, x, n);
-            for (int r = 0; r < N; r++) src_fill(&src, r, t, xs_all + (size_t)r * n, n);
+            for (int r = 0; r < N; r++)
+                src_fill(&src, r, t, xs_all + (size_t)r * n, n);
             reference(&src, t, n, 0, ref, absum, NULL);
             MT_OK(gvqAllReduceCompressed(x, y, n, gvqFloat32, gvqSum, comp[b], comm, NULL));
             double e = rel_l2(y, ref, n), bound = qsgd_bound(xs_all, n, bits_list[b], 512, ref);
@@ -611,8 +647,9 @@ static void part_qsgd(gvqComm_t comm) {
             MT_CHECK(st.phase == gvqPhasePlain && st.codec == gvqCodecQsgd &&
                          st.iteration == call + 1 && fabs(st.ratio - ratio) <= 1e-9 * ratio,
                      "%s call %d: phase %s codec %d iteration %lld ratio %.9g (want plain, %d, "
-                     "%d, %.9g)", what, call, phase_name(st.phase), st.codec, st.iteration,
-                     st.ratio, gvqCodecQsgd, call + 1, ratio);
+                     "%d, %.9g)",
+                     what, call, phase_name(st.phase), st.codec, st.iteration, st.ratio,
+                     gvqCodecQsgd, call + 1, ratio);
             if (mt.rank == 0 && call == 0)
                 printf("   %s: relative error %.4f (bound %.4f), ratio %.3f\n", what, e, bound,
                        st.ratio);
@@ -627,14 +664,17 @@ static void part_qsgd(gvqComm_t comm) {
         cfg.codec = gvqCodecQsgd;
         cfg.qsgdBits = 8;
         MT_OK(gvqCompressorCreate(comm, ns, &cfg, &cs));
-        for (int r = 0; r < N; r++) src_fill(&src, r, 5, xs_all + (size_t)r * ns, ns);
+        for (int r = 0; r < N; r++)
+            src_fill(&src, r, 5, xs_all + (size_t)r * ns, ns);
         reference(&src, 5, ns, 0, ref, absum, NULL);
         MT_OK(gvqAllReduceCompressed(xs_all + (size_t)mt.rank * ns, y, ns, gvqFloat32, gvqSum, cs,
                                      comm, NULL));
         double e = rel_l2(y, ref, ns), bound = qsgd_bound(xs_all, ns, 8, 512, ref);
         check_identical(y, sizeof(float) * ns, "qsgd 8-bit, 300 values", 0);
-        MT_CHECK(e <= bound && e < 0.05, "qsgd 8-bit, 300 values (one bucket): relative error "
-                 "%.4g, bound %.4g", e, bound);
+        MT_CHECK(e <= bound && e < 0.05,
+                 "qsgd 8-bit, 300 values (one bucket): relative error "
+                 "%.4g, bound %.4g",
+                 e, bound);
         MT_OK(gvqCompressorDestroy(cs));
     }
 
@@ -658,9 +698,12 @@ static void part_qsgd(gvqComm_t comm) {
         h = fnv1a(y, sizeof(float) * m, h);
         double e = rel_l2(y, ref, m);
         sq_single += e * e;
-        for (size_t i = 0; i < m; i++) mean[i] += y[i];
-        if (k == 0) memcpy(first, y, sizeof(float) * m);
-        else if (!distinct && memcmp(first, y, sizeof(float) * m) != 0) distinct = 1;
+        for (size_t i = 0; i < m; i++)
+            mean[i] += y[i];
+        if (k == 0)
+            memcpy(first, y, sizeof(float) * m);
+        else if (!distinct && memcmp(first, y, sizeof(float) * m) != 0)
+            distinct = 1;
     }
     check_identical(&h, sizeof h, "qsgd 4-bit, 200 calls (hash of all outputs)", reps);
     double e2 = 0, n2 = 0;
@@ -673,15 +716,18 @@ static void part_qsgd(gvqComm_t comm) {
     /* unbiased: the mean's error shrinks like 1/sqrt(200) = 0.07 of one call's; a biased
      * quantizer (e.g. rounding down) would keep it near 1. */
     MT_CHECK(distinct, "qsgd: 200 calls on one input gave identical outputs; the random "
-             "counter does not advance per call");
-    MT_CHECK(e_mean < 0.25 * e_single, "qsgd unbiasedness: mean of %d calls has relative error "
-             "%.4g, one call %.4g (want < 0.25x)", reps, e_mean, e_single);
+                       "counter does not advance per call");
+    MT_CHECK(e_mean < 0.25 * e_single,
+             "qsgd unbiasedness: mean of %d calls has relative error "
+             "%.4g, one call %.4g (want < 0.25x)",
+             reps, e_mean, e_single);
     if (mt.rank == 0)
         printf("   qsgd 4-bit unbiasedness: one call %.4f, mean of %d calls %.5f (ratio %.3f, "
-               "1/sqrt(%d) = %.3f)\n", e_single, reps, e_mean, e_mean / e_single, reps,
-               1 / sqrt((double)reps));
+               "1/sqrt(%d) = %.3f)\n",
+               e_single, reps, e_mean, e_mean / e_single, reps, 1 / sqrt((double)reps));
     MT_OK(gvqCompressorDestroy(cu));
-    for (int b = 0; b < 2; b++) MT_OK(gvqCompressorDestroy(comp[b]));
+    for (int b = 0; b < 2; b++)
+        MT_OK(gvqCompressorDestroy(comp[b]));
     free(first), free(mean), free(x), free(y), free(xs_all), free(ref), free(absum);
 }
 
@@ -689,7 +735,7 @@ static void part_qsgd(gvqComm_t comm) {
 static void part_nan(gvqComm_t comm) {
     part("4 nan: a NaN on one rank during sampling");
     const int L = 16, C = 4, T = 6, S = 4, nan_call = 2;
-    const size_t n = (size_t)L * 12 + 5; /* 12 slices, 3 reuse groups, a tail */
+    const size_t n = (size_t)L * 12 + 5;         /* 12 slices, 3 reuse groups, a tail */
     const size_t nan_at = (size_t)1 * C * L + 3; /* in the sampled (first) slice of group 1 */
     const int nan_rank = mt.nranks - 1;
     src_t src;
@@ -712,38 +758,47 @@ static void part_nan(gvqComm_t comm) {
         MT_OK(gvqCompressorGetStats(comp, &st));
         if (call < 2 * T) { /* uncompressed: exact, the NaN propagated where it was fed */
             if (call == nan_call) {
-                MT_CHECK(isnan(y[nan_at]), "nan call %d: element %zu = %g, want NaN (a NaN "
-                         "input must propagate like a plain sum)", call, nan_at, (double)y[nan_at]);
+                MT_CHECK(isnan(y[nan_at]),
+                         "nan call %d: element %zu = %g, want NaN (a NaN "
+                         "input must propagate like a plain sum)",
+                         call, nan_at, (double)y[nan_at]);
                 y[nan_at] = (float)ref[nan_at];
             }
             size_t at;
             double q = exact_worst(y, ref, absum, n, &at);
-            MT_CHECK(q <= 1.0, "nan call %d (sampling, exact): element %zu = %.9g, reference "
-                     "%.9g", call, at, (double)y[at], ref[at]);
+            MT_CHECK(q <= 1.0,
+                     "nan call %d (sampling, exact): element %zu = %.9g, reference "
+                     "%.9g",
+                     call, at, (double)y[at], ref[at]);
         } else {
             double e = rel_l2(y, ref, n);
-            MT_CHECK(e < 1e-4, "nan call %d (compressed after the refit, d=%d): relative error "
-                     "%.3g", call, st.dims, e);
+            MT_CHECK(e < 1e-4,
+                     "nan call %d (compressed after the refit, d=%d): relative error "
+                     "%.3g",
+                     call, st.dims, e);
         }
         if (call == T - 1) { /* the end of the first sampling round: the fit is refused */
             MT_CHECK(st.fitsRefused == 1 && st.fits == 0 && st.phase == gvqPhaseSample &&
                          st.phaseIter == 0 && st.dims == 0 && strstr(st.reason, "NaN") != NULL,
                      "nan: after the sampling round holding a NaN (fed by rank %d): fitsRefused "
                      "%lld fits %lld phase %s/%lld d %d reason '%s'; want 1, 0, sample/0, 0, a "
-                     "reason naming NaN", nan_rank, st.fitsRefused, st.fits,
-                     phase_name(st.phase), st.phaseIter, st.dims, st.reason);
+                     "reason naming NaN",
+                     nan_rank, st.fitsRefused, st.fits, phase_name(st.phase), st.phaseIter, st.dims,
+                     st.reason);
             long long refused[2] = {st.fitsRefused, -st.fitsRefused}, agg[2];
             MPI_Allreduce(refused, agg, 2, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
             if (mt.rank == 0)
-                MT_CHECK(agg[0] == 1 && -agg[1] == 1, "nan: fitsRefused ranges %lld..%lld "
-                         "over the ranks; want 1 on every rank", -agg[1], agg[0]);
+                MT_CHECK(agg[0] == 1 && -agg[1] == 1,
+                         "nan: fitsRefused ranges %lld..%lld "
+                         "over the ranks; want 1 on every rank",
+                         -agg[1], agg[0]);
         }
         if (call == 2 * T - 1)
             MT_CHECK(st.fits == 1 && st.fitsRefused == 1 && st.phase == gvqPhaseCompressed &&
                          st.dims == 3 && st.reason[0] == '\0',
                      "nan: after the clean round fits %lld refused %lld phase %s d %d reason "
-                     "'%s'; want 1, 1, compressed, 3, ''", st.fits, st.fitsRefused,
-                     phase_name(st.phase), st.dims, st.reason);
+                     "'%s'; want 1, 1, compressed, 3, ''",
+                     st.fits, st.fitsRefused, phase_name(st.phase), st.dims, st.reason);
         if (call < T - 1 || (call >= T && call < 2 * T - 1))
             MT_CHECK(st.phase == gvqPhaseSample, "nan call %d: phase %s, want sample", call,
                      phase_name(st.phase));
@@ -757,10 +812,12 @@ static void part_nan(gvqComm_t comm) {
  * Q GradiVeQ sampling through 8-bit QSGD, avg in place (W=0, T=5, S=4), R QSGD 4-bit. */
 #define SL_N 3
 #define SL_CALLS 16
-#define SL_STOP1 5  /* saved after 5 calls: P in the middle of sampling (4 of 6 samples), Q
-                       just fitted (compressed, nothing run yet) */
-#define SL_STOP2 11 /* saved after 11 calls: P in its compressed phase (4 of 5 calls done), Q in
-                       the middle of its second sampling round */
+#define SL_STOP1                                                              \
+    5 /* saved after 5 calls: P in the middle of sampling (4 of 6 samples), Q \
+         just fitted (compressed, nothing run yet) */
+#define SL_STOP2                                                                    \
+    11 /* saved after 11 calls: P in its compressed phase (4 of 5 calls done), Q in \
+          the middle of its second sampling round */
 
 typedef struct {
     size_t count;
@@ -798,7 +855,8 @@ static void sl_specs(sl_spec_t *sp) {
 }
 
 static void sl_create(const sl_spec_t *sp, gvqComm_t comm, gvqCompressor_t *c) {
-    for (int k = 0; k < SL_N; k++) MT_OK(gvqCompressorCreate(comm, sp[k].count, &sp[k].cfg, &c[k]));
+    for (int k = 0; k < SL_N; k++)
+        MT_OK(gvqCompressorCreate(comm, sp[k].count, &sp[k].cfg, &c[k]));
 }
 
 /* Calls [from, to) of every compressor, interleaved; outputs into out[k] + call*count. */
@@ -816,7 +874,8 @@ static void sl_run(const sl_spec_t *sp, gvqComm_t comm, gvqCompressor_t *c, int 
 }
 
 static void sl_stats(gvqCompressor_t *c, gvqCompressorStats_t *st) {
-    for (int k = 0; k < SL_N; k++) MT_OK(gvqCompressorGetStats(c[k], &st[k]));
+    for (int k = 0; k < SL_N; k++)
+        MT_OK(gvqCompressorGetStats(c[k], &st[k]));
 }
 
 static void sl_check_restored(gvqCompressor_t *c, const gvqCompressorStats_t *before,
@@ -828,9 +887,9 @@ static void sl_check_restored(gvqCompressor_t *c, const gvqCompressorStats_t *be
                      st[k].phaseIter == before[k].phaseIter && st[k].dims == before[k].dims &&
                      st[k].fits == before[k].fits,
                  "saveload %s, compressor %d: restored phase %s/%lld iteration %lld d %d fits "
-                 "%lld; saved %s/%lld, %lld, %d, %lld", how, k, phase_name(st[k].phase),
-                 st[k].phaseIter, st[k].iteration, st[k].dims, st[k].fits,
-                 phase_name(before[k].phase), before[k].phaseIter, before[k].iteration,
+                 "%lld; saved %s/%lld, %lld, %d, %lld",
+                 how, k, phase_name(st[k].phase), st[k].phaseIter, st[k].iteration, st[k].dims,
+                 st[k].fits, phase_name(before[k].phase), before[k].phaseIter, before[k].iteration,
                  before[k].dims, before[k].fits);
 }
 
@@ -851,7 +910,8 @@ static void part_saveload(void) {
     sl_create(sp, comm, c);
     sl_run(sp, comm, c, 0, SL_CALLS, ref_out);
     sl_stats(c, st_u);
-    for (int k = 0; k < SL_N; k++) MT_OK(gvqCompressorDestroy(c[k]));
+    for (int k = 0; k < SL_N; k++)
+        MT_OK(gvqCompressorDestroy(c[k]));
     MT_OK(gvqCommDestroy(comm));
     MT_CHECK(st_u[0].fits == 1 && st_u[1].fits >= 1,
              "saveload: the uninterrupted job fitted P %lld times, Q %lld times (want 1, >= 1)",
@@ -870,19 +930,22 @@ static void part_saveload(void) {
         buf[k] = malloc(size[k]);
         size_t s = size[k];
         MT_OK(gvqCompressorSave(c[k], buf[k], &s));
-        MT_CHECK(s == size[k], "saveload: compressor %d saved %zu bytes, size query said %zu", k,
-                 s, size[k]);
+        MT_CHECK(s == size[k], "saveload: compressor %d saved %zu bytes, size query said %zu", k, s,
+                 size[k]);
     }
-    for (int k = 0; k < SL_N; k++) MT_OK(gvqCompressorDestroy(c[k]));
+    for (int k = 0; k < SL_N; k++)
+        MT_OK(gvqCompressorDestroy(c[k]));
     MT_OK(gvqCommDestroy(comm));
 
     /* restarted on a new communicator: calls 5-10 */
     comm = new_comm();
     sl_create(sp, comm, c);
     MT_EXPECT_RES(gvqCompressorLoad(c[1], buf[0], size[0]), gvqInvalidArgument); /* P into Q */
-    for (int k = 0; k < SL_N; k++) MT_OK(gvqCompressorLoad(c[k], buf[k], size[k]));
+    for (int k = 0; k < SL_N; k++)
+        MT_OK(gvqCompressorLoad(c[k], buf[k], size[k]));
     sl_check_restored(c, before, "from buffers");
-    for (int k = 0; k < SL_N; k++) free(buf[k]);
+    for (int k = 0; k < SL_N; k++)
+        free(buf[k]);
     sl_run(sp, comm, c, SL_STOP1, SL_STOP2, out);
     sl_stats(c, before);
     char path[SL_N][256];
@@ -912,9 +975,9 @@ static void part_saveload(void) {
         MT_CHECK(st[k].iteration == SL_CALLS && st[k].phase == st_u[k].phase &&
                      st[k].fits == st_u[k].fits && st[k].dims == st_u[k].dims,
                  "saveload compressor %d: the restarted job ends at iteration %lld phase %s fits "
-                 "%lld d %d, the uninterrupted one at %lld %s %lld %d", k, st[k].iteration,
-                 phase_name(st[k].phase), st[k].fits, st[k].dims, st_u[k].iteration,
-                 phase_name(st_u[k].phase), st_u[k].fits, st_u[k].dims);
+                 "%lld d %d, the uninterrupted one at %lld %s %lld %d",
+                 k, st[k].iteration, phase_name(st[k].phase), st[k].fits, st[k].dims,
+                 st_u[k].iteration, phase_name(st_u[k].phase), st_u[k].fits, st_u[k].dims);
         MT_OK(gvqCompressorDestroy(c[k]));
     }
     MT_OK(gvqCommDestroy(comm));
@@ -925,9 +988,10 @@ static void part_saveload(void) {
             if (memcmp(out[k] + (size_t)t * sp[k].count, ref_out[k] + (size_t)t * sp[k].count,
                        sizeof(float) * sp[k].count) != 0)
                 first_bad = t;
-        MT_CHECK(first_bad < 0, "saveload compressor %d: the restarted job's output of call %d "
-                 "differs from the uninterrupted job's (restarts after calls %d and %d)", k,
-                 first_bad, SL_STOP1, SL_STOP2);
+        MT_CHECK(first_bad < 0,
+                 "saveload compressor %d: the restarted job's output of call %d "
+                 "differs from the uninterrupted job's (restarts after calls %d and %d)",
+                 k, first_bad, SL_STOP1, SL_STOP2);
         check_identical(out[k], sizeof(float) * sp[k].count * SL_CALLS, "saveload", k);
         free(out[k]), free(ref_out[k]);
     }
@@ -938,7 +1002,7 @@ static void part_saveload(void) {
 
 /* ---- zero-code mode ------------------------------------------------------------------------ */
 #define ZC_COUNT ((size_t)256 * 8 + 100) /* 8 slices of the default L = 256, a tail of 100 */
-#define ZC_T 100                          /* default sampleIters, warm-up 0 */
+#define ZC_T 100                         /* default sampleIters, warm-up 0 */
 #define ZC_CALLS 110
 
 static int32_t zc_int(int r, int t, size_t i) {
@@ -969,25 +1033,30 @@ static void run_zerocode(void) {
         int probe = t == ZC_CALLS - 1;
         src_fill(&src, mt.rank, t, buf, n);
         if (probe)
-            for (size_t i = 0; i < 256; i++) buf[i] += (float)lr_outside(i, 256);
+            for (size_t i = 0; i < 256; i++)
+                buf[i] += (float)lr_outside(i, 256);
         MT_OK(gvqAllReduce(buf, buf, n, gvqFloat32, gvqSum, comm, NULL)); /* in place */
 
         src_fill(&src, mt.rank, t + 1000, fmax_buf, n);
         if (probe)
-            for (size_t i = 0; i < 256; i++) fmax_buf[i] += (float)lr_outside(i, 256);
+            for (size_t i = 0; i < 256; i++)
+                fmax_buf[i] += (float)lr_outside(i, 256);
         MPI_Allreduce(fmax_buf, fmax_mpi, (int)n, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
         MT_OK(gvqAllReduce(fmax_buf, fmax_buf, n, gvqFloat32, gvqMax, comm, NULL));
 
-        for (size_t i = 0; i < n; i++) isend[i] = zc_int(mt.rank, t, i);
+        for (size_t i = 0; i < n; i++)
+            isend[i] = zc_int(mt.rank, t, i);
         MPI_Allreduce(isend, impi, (int)n, MPI_INT32_T, MPI_SUM, MPI_COMM_WORLD);
         MT_OK(gvqAllReduce(isend, irecv, n, gvqInt32, gvqSum, comm, NULL));
 
         MT_CHECK(memcmp(fmax_buf, fmax_mpi, sizeof(float) * n) == 0,
                  "zerocode call %d: float max allreduce differs from MPI_Allreduce(MPI_MAX) (it "
-                 "must not be compressed)", t);
+                 "must not be compressed)",
+                 t);
         MT_CHECK(memcmp(irecv, impi, sizeof(int32_t) * n) == 0,
                  "zerocode call %d: int32 sum allreduce differs from MPI_Allreduce (it must not "
-                 "be compressed)", t);
+                 "be compressed)",
+                 t);
         uint64_t h = fnv1a(buf, sizeof(float) * n, FNV_INIT);
         h = fnv1a(fmax_buf, sizeof(float) * n, h);
         h = fnv1a(irecv, sizeof(int32_t) * n, h);
@@ -998,13 +1067,17 @@ static void run_zerocode(void) {
             size_t at;
             double q = exact_worst(buf, ref, absum, n, &at);
             if (q > max_q) max_q = q;
-            MT_CHECK(q <= 1.0, "zerocode call %d (sampling: must be exact): element %zu = %.9g, "
-                     "reference %.9g", t, at, (double)buf[at], ref[at]);
+            MT_CHECK(q <= 1.0,
+                     "zerocode call %d (sampling: must be exact): element %zu = %.9g, "
+                     "reference %.9g",
+                     t, at, (double)buf[at], ref[at]);
         } else if (!probe) {
             double err = rel_l2(buf, ref, n);
             if (err > max_err_c) max_err_c = err;
-            MT_CHECK(err < 1e-4, "zerocode call %d (compressed, rank-4 data): relative error "
-                     "%.3g", t, err);
+            MT_CHECK(err < 1e-4,
+                     "zerocode call %d (compressed, rank-4 data): relative error "
+                     "%.3g",
+                     t, err);
         } else {
             /* the output must be the sum without the probe (projected away)... */
             double err = rel_l2(buf, ref, n);
@@ -1019,12 +1092,14 @@ static void run_zerocode(void) {
             MT_CHECK(err < 1e-4 && sqrt(d2 / p2) > 0.9,
                      "zerocode call %d: the probe outside the subspace was not dropped (error vs "
                      "the sum without it %.3g, missing share of the probe %.3g): the buffer is "
-                     "not compressed after %d sampling calls", t, err, sqrt(d2 / p2), ZC_T);
+                     "not compressed after %d sampling calls",
+                     t, err, sqrt(d2 / p2), ZC_T);
         }
     }
     if (mt.rank == 0)
         printf("   zerocode: exact calls worst %.2f of the rounding bound, compressed calls max "
-               "relative error %.2e\n", max_q, max_err_c);
+               "relative error %.2e\n",
+               max_q, max_err_c);
     MT_OK(gvqCommDestroy(comm));
     free(buf), free(fmax_buf), free(fmax_mpi), free(isend), free(irecv), free(impi);
     free(ref), free(absum);
@@ -1038,10 +1113,12 @@ static void run_zerocode_bad(void) {
     gvqComm_t comm = new_comm();
     float f[300];
     int32_t i32[300];
-    for (int i = 0; i < 300; i++) f[i] = (float)i, i32[i] = i;
+    for (int i = 0; i < 300; i++)
+        f[i] = (float)i, i32[i] = i;
     MT_EXPECT_RES(gvqAllReduce(f, f, 300, gvqFloat32, gvqSum, comm, NULL), gvqInvalidArgument);
     const char *err = gvqGetLastError(comm);
-    MT_CHECK(strstr(err, "sampleSlices") != NULL, "the refusal does not name sampleSlices: '%s'", err);
+    MT_CHECK(strstr(err, "sampleSlices") != NULL, "the refusal does not name sampleSlices: '%s'",
+             err);
     MT_OK(gvqAllReduce(i32, i32, 300, gvqInt32, gvqSum, comm, NULL));
     MT_CHECK(i32[299] == 299 * mt.nranks, "int32 sum after the refusal: %d", (int)i32[299]);
     MT_OK(gvqCommDestroy(comm));

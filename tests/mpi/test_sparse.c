@@ -52,7 +52,8 @@ static size_t make_rows(uint64_t seed, int rank, int step, size_t rows, size_t d
     for (size_t i = 0; i < n; i++) {
         uint64_t y = mix(x + i + 1);
         idx[i] = (int64_t)(y % span);
-        for (size_t j = 0; j < dim; j++) val[i * dim + j] = (double)((int)(mix(y + j) % 11) - 5);
+        for (size_t j = 0; j < dim; j++)
+            val[i * dim + j] = (double)((int)(mix(y + j) % 11) - 5);
     }
     return n;
 }
@@ -73,11 +74,16 @@ static float from_half(uint16_t h) {
     memcpy(&f, &x, 4);
     return f;
 }
-static size_t esize_of(gvqDataType_t t) { return t == gvqFloat64 ? 8 : t == gvqFloat32 ? 4 : 2; }
+static size_t esize_of(gvqDataType_t t) {
+    return t == gvqFloat64 ? 8 : t == gvqFloat32 ? 4 : 2;
+}
 static void put(void *b, size_t i, gvqDataType_t t, double v) {
-    if (t == gvqFloat64) ((double *)b)[i] = v;
-    else if (t == gvqFloat32) ((float *)b)[i] = (float)v;
-    else ((uint16_t *)b)[i] = to_half((float)v);
+    if (t == gvqFloat64)
+        ((double *)b)[i] = v;
+    else if (t == gvqFloat32)
+        ((float *)b)[i] = (float)v;
+    else
+        ((uint16_t *)b)[i] = to_half((float)v);
 }
 static double get(const void *b, size_t i, gvqDataType_t t) {
     if (t == gvqFloat64) return ((const double *)b)[i];
@@ -95,7 +101,8 @@ static void dense_reference(const int64_t *idx, const double *val, size_t n, siz
     int *tm = calloc(rows, sizeof *tm);
     for (size_t i = 0; i < n; i++) {
         tm[idx[i]] = 1;
-        for (size_t j = 0; j < dim; j++) mine[idx[i] * dim + j] += val[i * dim + j];
+        for (size_t j = 0; j < dim; j++)
+            mine[idx[i] * dim + j] += val[i * dim + j];
     }
     MPI_Allreduce(mine, sum, (int)(rows * dim), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(tm, touched, (int)rows, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -106,7 +113,8 @@ static void dense_reference(const int64_t *idx, const double *val, size_t n, siz
 /* Every rank holds the same bytes: compare a hash of them across ranks. */
 static void same_on_all(const void *buf, size_t bytes, const char *what) {
     uint64_t h = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < bytes; i++) h = (h ^ ((const unsigned char *)buf)[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < bytes; i++)
+        h = (h ^ ((const unsigned char *)buf)[i]) * 0x100000001b3ull;
     unsigned long long mine = h, lo = 0, hi = 0;
     MPI_Allreduce(&mine, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(&mine, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
@@ -122,18 +130,23 @@ static void test_allgatherv_case(size_t rows, size_t dim, size_t maxn, gvqDataTy
     double *val = malloc((maxn + 1) * dim * sizeof *val);
     size_t n = make_rows(seed, mt.rank, 0, rows, dim, maxn, idx, val);
     void *v = malloc((maxn + 1) * dim * es);
-    for (size_t k = 0; k < n * dim; k++) put(v, k, dt, val[k]);
+    for (size_t k = 0; k < n * dim; k++)
+        put(v, k, dt, val[k]);
     double *sum = malloc(rows * dim * sizeof *sum);
     int *touched = malloc(rows * sizeof *touched);
     dense_reference(idx, val, n, rows, dim, sum, touched);
     MT_OK(gvqSparseAllGatherv(idx, v, n, rows, dim, dt, GVQ_SPARSE_SUMMED | GVQ_SPARSE_RAW, out,
                               comm, NULL));
     size_t want = 0;
-    for (size_t r = 0; r < rows; r++) want += touched[r] != 0;
-    MT_CHECK(out->nrows == want, "allgatherv rows %zu dim %zu type %d: %zu unique rows, dense "
-             "reference %zu", rows, dim, (int)dt, out->nrows, want);
+    for (size_t r = 0; r < rows; r++)
+        want += touched[r] != 0;
+    MT_CHECK(out->nrows == want,
+             "allgatherv rows %zu dim %zu type %d: %zu unique rows, dense "
+             "reference %zu",
+             rows, dim, (int)dt, out->nrows, want);
     for (size_t i = 0, r = 0; i < out->nrows && i < want; i++, r++) {
-        while (!touched[r]) r++;
+        while (!touched[r])
+            r++;
         MT_CHECK(out->indices[i] == (int64_t)r, "union row %zu: index %lld, expected %zu", i,
                  (long long)out->indices[i], r);
         for (size_t j = 0; j < dim; j++)
@@ -145,7 +158,8 @@ static void test_allgatherv_case(size_t rows, size_t dim, size_t maxn, gvqDataTy
     int *cnt = malloc(mt.nranks * sizeof *cnt), *dsp = malloc(mt.nranks * sizeof *dsp), ni = (int)n;
     MPI_Allgather(&ni, 1, MPI_INT, cnt, 1, MPI_INT, MPI_COMM_WORLD);
     int total = 0;
-    for (int p = 0; p < mt.nranks; p++) dsp[p] = total, total += cnt[p];
+    for (int p = 0; p < mt.nranks; p++)
+        dsp[p] = total, total += cnt[p];
     int64_t *ref = malloc(((size_t)total + 1) * 8);
     MPI_Allgatherv(idx, ni, MPI_INT64_T, ref, cnt, dsp, MPI_INT64_T, MPI_COMM_WORLD);
     MT_CHECK(out->rawRows == (size_t)total, "raw rows %zu, MPI_Allgatherv %d", out->rawRows, total);
@@ -156,8 +170,9 @@ static void test_allgatherv_case(size_t rows, size_t dim, size_t maxn, gvqDataTy
         MT_CHECK(total == 0 || memcmp(ref, out->rawIndices, (size_t)total * 8) == 0,
                  "raw indices differ from MPI_Allgatherv");
     if (n > 0 && out->rawRows == (size_t)total)
-        MT_CHECK(memcmp((char *)out->rawValues + (size_t)dsp[mt.rank] * dim * es, v, n * dim * es) ==
-                     0, "raw values of this rank's block differ from its input");
+        MT_CHECK(
+            memcmp((char *)out->rawValues + (size_t)dsp[mt.rank] * dim * es, v, n * dim * es) == 0,
+            "raw values of this rank's block differ from its input");
     same_on_all(out->values, out->nrows * dim * es, "union values");
     same_on_all(out->rawValues, out->rawRows * dim * es, "raw values");
     /* summed only: each rank merges first, the union is the same */
@@ -212,7 +227,9 @@ static void ref_rule(const ps_case_t *c, double lr, double *w, double *s, const 
     }
 }
 
-static double init_value(size_t r, size_t j) { return 0.25 * (double)((r * 7 + j * 3) % 9) - 1.0; }
+static double init_value(size_t r, size_t j) {
+    return 0.25 * (double)((r * 7 + j * 3) % 9) - 1.0;
+}
 
 static gvqPs_t make_ps(const ps_case_t *c, const void *initv) {
     gvqPsConfig_t cfg = GVQ_PS_CONFIG_INITIALIZER;
@@ -230,14 +247,17 @@ static gvqPs_t make_ps(const ps_case_t *c, const void *initv) {
     return ps;
 }
 
-static double tol_of(gvqDataType_t dt) { return dt == gvqFloat64 ? 1e-12 : 2e-5; }
+static double tol_of(gvqDataType_t dt) {
+    return dt == gvqFloat64 ? 1e-12 : 2e-5;
+}
 
 /* Pull every row and compare with w (rows x dim). */
 static void check_all(gvqPs_t ps, const ps_case_t *c, const double *w, const char *when) {
     size_t es = esize_of(c->dt);
     int64_t *all = malloc(c->rows * 8);
     void *got = malloc(c->rows * c->dim * es);
-    for (size_t r = 0; r < c->rows; r++) all[r] = (int64_t)r;
+    for (size_t r = 0; r < c->rows; r++)
+        all[r] = (int64_t)r;
     MT_OK(gvqPsPull(ps, all, got, c->rows));
     long bad = 0;
     for (size_t k = 0; k < c->rows * c->dim; k++) {
@@ -245,8 +265,9 @@ static void check_all(gvqPs_t ps, const ps_case_t *c, const double *w, const cha
         if (!(fabs(g - w[k]) <= tol_of(c->dt) * (1.0 + fabs(w[k])))) {
             if (bad++ < 3)
                 MT_REPORT("%s: P %d part %d rule %d avg %d agg %d: element %zu (row %zu) = %.9g, "
-                          "dense reference %.9g", when, c->P, c->partitioning, c->rule,
-                          c->average, c->local_agg, k, k / c->dim, g, w[k]);
+                          "dense reference %.9g",
+                          when, c->P, c->partitioning, c->rule, c->average, c->local_agg, k,
+                          k / c->dim, g, w[k]);
         }
     }
     mt.checks++;
@@ -262,7 +283,8 @@ static void test_ps_case(const ps_case_t *c, int steps) {
     if (c->init == gvqPsInitValues) {
         initv = calloc(rows * dim, es);
         for (size_t r = 0; r < rows; r++)
-            for (size_t j = 0; j < dim; j++) put(initv, r * dim + j, c->dt, init_value(r, j));
+            for (size_t j = 0; j < dim; j++)
+                put(initv, r * dim + j, c->dt, init_value(r, j));
     }
     gvqPs_t ps = make_ps(c, initv);
     if (ps == NULL) return;
@@ -271,7 +293,8 @@ static void test_ps_case(const ps_case_t *c, int steps) {
      * identical on every rank and within the scale) */
     int64_t *all = malloc(rows * 8);
     void *tmp = malloc(maxn * dim * es);
-    for (size_t r = 0; r < rows; r++) all[r] = (int64_t)r;
+    for (size_t r = 0; r < rows; r++)
+        all[r] = (int64_t)r;
     MT_OK(gvqPsPull(ps, all, tmp, rows));
     for (size_t k = 0; k < rows * dim; k++) {
         w[k] = get(tmp, k, c->dt);
@@ -283,14 +306,16 @@ static void test_ps_case(const ps_case_t *c, int steps) {
     }
     same_on_all(tmp, rows * dim * es, "initial values");
     if (c->rule == gvqPsAdagrad)
-        for (size_t k = 0; k < rows * dim; k++) s[k] = 0.1;
+        for (size_t k = 0; k < rows * dim; k++)
+            s[k] = 0.1;
     int64_t *idx = malloc(maxn * 8);
     double *val = malloc(maxn * dim * sizeof *val), *sum = malloc(rows * dim * sizeof *sum);
     int *touched = malloc(rows * sizeof *touched);
     void *g = malloc(maxn * dim * es);
     for (int step = 0; step < steps; step++) {
         size_t n = make_rows(1000 + (uint64_t)c->P, mt.rank, step, rows, dim, maxn, idx, val);
-        for (size_t k = 0; k < n * dim; k++) put(g, k, c->dt, val[k]);
+        for (size_t k = 0; k < n * dim; k++)
+            put(g, k, c->dt, val[k]);
         dense_reference(idx, val, n, rows, dim, sum, touched);
         for (size_t r = 0; r < rows; r++)
             if (touched[r])
@@ -328,8 +353,9 @@ static void test_ps(void) {
     for (size_t a = 0; a < sizeof Ps / sizeof Ps[0]; a++)
         for (int part = 0; part < 2; part++)
             for (int rule = 0; rule < 3; rule++) {
-                ps_case_t c = {Ps[a], part, rule, 0, 0, (int)(a + (size_t)rule) % 3, rows, 4,
-                               rule == 1 ? gvqFloat64 : gvqFloat32};
+                ps_case_t c = {Ps[a], part, rule,
+                               0,     0,    (int)(a + (size_t)rule) % 3,
+                               rows,  4,    rule == 1 ? gvqFloat64 : gvqFloat32};
                 test_ps_case(&c, 4);
             }
     ps_case_t avg = {N + 1, gvqPsHashed, gvqPsMomentum, 1, 0, gvqPsInitValues, 57, 3, gvqFloat32};
@@ -340,7 +366,8 @@ static void test_ps(void) {
     test_ps_case(&big, 3);
 }
 
-/* ---- save / load ------------------------------------------------------------------------------ */
+/* ---- save / load ------------------------------------------------------------------------------
+ */
 
 /* n rows of the step (seeded), pushed, not applied. */
 static void push_step(gvqPs_t ps, const ps_case_t *c, int step) {
@@ -349,14 +376,16 @@ static void push_step(gvqPs_t ps, const ps_case_t *c, int step) {
     double *val = malloc(maxn * c->dim * sizeof *val);
     float *g = malloc(maxn * c->dim * 4);
     size_t n = make_rows(77, mt.rank, step, c->rows, c->dim, maxn, idx, val);
-    for (size_t k = 0; k < n * c->dim; k++) g[k] = (float)val[k];
+    for (size_t k = 0; k < n * c->dim; k++)
+        g[k] = (float)val[k];
     MT_OK(gvqPsPush(ps, idx, g, n));
     free(idx), free(val), free(g);
 }
 
 static void pull_all(gvqPs_t ps, const ps_case_t *c, float *out) {
     int64_t *all = malloc(c->rows * 8);
-    for (size_t r = 0; r < c->rows; r++) all[r] = (int64_t)r;
+    for (size_t r = 0; r < c->rows; r++)
+        all[r] = (int64_t)r;
     MT_OK(gvqPsPull(ps, all, out, c->rows));
     free(all);
 }
@@ -404,11 +433,11 @@ static void test_save_load(void) {
     MT_OK(gvqPsSave(ps2, NULL, &n_before));
     char *before = malloc(n_before), *after = malloc(n_before);
     MT_OK(gvqPsSave(ps2, before, &n_before));
-    MT_EXPECT_RES(gvqPsLoad(ps2, saved, n - 1), gvqInvalidArgument);       /* truncated */
+    MT_EXPECT_RES(gvqPsLoad(ps2, saved, n - 1), gvqInvalidArgument); /* truncated */
     char *bad = malloc(n);
     memcpy(bad, saved, n);
     bad[0] ^= 1;
-    MT_EXPECT_RES(gvqPsLoad(ps2, bad, n), gvqInvalidArgument);            /* not a state */
+    MT_EXPECT_RES(gvqPsLoad(ps2, bad, n), gvqInvalidArgument); /* not a state */
     memcpy(bad, saved, n);
     if (n >= 16 * 8) { /* the pending count (header word 11) beyond the slots */
         uint64_t huge = 1ull << 40;
@@ -473,8 +502,8 @@ static void expect_unchanged(gvqPs_t ps, const char *buf, size_t n, const char *
 
 static void test_bad_input(void) {
     const size_t rows = 17, dim = 2;
-    ps_case_t c = {mt.nranks + 1, gvqPsHashed, gvqPsMomentum, 0, 0, gvqPsInitUniform, rows, dim,
-                   gvqFloat32};
+    ps_case_t c = {mt.nranks + 1,    gvqPsHashed, gvqPsMomentum, 0,         0,
+                   gvqPsInitUniform, rows,        dim,           gvqFloat32};
     gvqPs_t ps = make_ps(&c, NULL);
     if (ps == NULL) return;
     push_step(ps, &c, 0); /* some pending sums, which must survive the refusals */
@@ -534,12 +563,12 @@ static void test_bad_input(void) {
         MT_EXPECT_RES(gvqPsCreate(comm, rows, dim, gvqFloat32, &cfg, &other), gvqInvalidArgument);
     }
     if (mt.nranks > 1) { /* the ranks disagree on dim, or on the datatype: all refuse */
-        MT_EXPECT_RES(gvqPsCreate(comm, rows, mt.rank == 0 ? dim + 1 : dim, gvqFloat32, NULL,
-                                  &other),
-                      gvqInvalidArgument);
-        MT_EXPECT_RES(gvqPsCreate(comm, rows, dim, mt.rank == 0 ? gvqFloat64 : gvqFloat32, NULL,
-                                  &other),
-                      gvqInvalidArgument);
+        MT_EXPECT_RES(
+            gvqPsCreate(comm, rows, mt.rank == 0 ? dim + 1 : dim, gvqFloat32, NULL, &other),
+            gvqInvalidArgument);
+        MT_EXPECT_RES(
+            gvqPsCreate(comm, rows, dim, mt.rank == 0 ? gvqFloat64 : gvqFloat32, NULL, &other),
+            gvqInvalidArgument);
     }
     MT_CHECK(other == NULL, "a refused gvqPsCreate wrote its output");
     expect_unchanged(ps, snap, sn, "after all refusals");
@@ -587,7 +616,8 @@ static void test_bad_input(void) {
     MT_OK(gvqSparseRowsFree(&o));
 }
 
-/* ---- tuner ------------------------------------------------------------------------------------ */
+/* ---- tuner ------------------------------------------------------------------------------------
+ */
 
 typedef struct {
     size_t rows, dim;
@@ -599,7 +629,8 @@ static gvqResult_t tune_step(gvqPs_t ps, int it, void *arg) {
     float g[8 * 4];
     for (int i = 0; i < 8; i++) {
         idx[i] = (int64_t)(mix((uint64_t)it * 31 + (uint64_t)mt.rank * 7 + (uint64_t)i) % a->rows);
-        for (size_t j = 0; j < a->dim; j++) g[i * a->dim + j] = 1.0f;
+        for (size_t j = 0; j < a->dim; j++)
+            g[i * a->dim + j] = 1.0f;
     }
     gvqResult_t r = gvqPsPush(ps, idx, g, 8);
     if (r == gvqSuccess) r = gvqPsApply(ps);
@@ -625,9 +656,9 @@ static void test_tuner(void) {
     MT_EXPECT_RES(gvqPsTunePartitions(comm, a.rows, a.dim, gvqFloat32, NULL, &tc, NULL, &a, &res),
                   gvqInvalidArgument);
     tc.skipIters = 6;
-    MT_EXPECT_RES(gvqPsTunePartitions(comm, a.rows, a.dim, gvqFloat32, NULL, &tc, tune_step, &a,
-                                      &res),
-                  gvqInvalidArgument);
+    MT_EXPECT_RES(
+        gvqPsTunePartitions(comm, a.rows, a.dim, gvqFloat32, NULL, &tc, tune_step, &a, &res),
+        gvqInvalidArgument);
 }
 
 int main(int argc, char **argv) {

@@ -61,7 +61,8 @@ static void make_layer(test_layer_t *t, layer_kind_t kind, int c, int h, int w, 
     l->b = t->params + l->nw;
     l->dw = t->grads;
     l->db = t->grads + l->nw;
-    for (size_t i = 0; i < np; i++) t->params[i] = (float)(0.5 * rng_normal(rng));
+    for (size_t i = 0; i < np; i++)
+        t->params[i] = (float)(0.5 * rng_normal(rng));
     l->out = calloc((size_t)batch * layer_out_size(l), sizeof(float));
     l->dout = calloc((size_t)batch * layer_in_size(l), sizeof(float));
     if (kind == LAYER_CONV) {
@@ -87,7 +88,8 @@ static double objective(layer_t *l, const float *in, const float *R, int batch) 
     layer_forward(l, in, batch);
     size_t n = (size_t)batch * layer_out_size(l);
     double f = 0.0;
-    for (size_t i = 0; i < n; i++) f += (double)l->out[i] * R[i];
+    for (size_t i = 0; i < n; i++)
+        f += (double)l->out[i] * R[i];
     return f;
 }
 
@@ -117,7 +119,8 @@ static void check_layer_grads(const char *name, test_layer_t *t, float *in, int 
     float *R = malloc(sizeof(float) * nout);
     float *din = malloc(sizeof(float) * nin);
     float *dparams = malloc(sizeof(float) * (l->nw + l->nb + 1));
-    for (size_t i = 0; i < nout; i++) R[i] = (float)rng_normal(rng);
+    for (size_t i = 0; i < nout; i++)
+        R[i] = (float)rng_normal(rng);
     layer_forward(l, in, batch);
     layer_backward(l, in, R, batch);
     memcpy(din, l->dout, sizeof(float) * nin);
@@ -144,7 +147,8 @@ static void test_conv_forward(rng_t *rng) {
     test_layer_t t;
     make_layer(&t, LAYER_CONV, D, H, W, K, k, B, rng);
     float in[2 * 3 * 5 * 6];
-    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) in[i] = (float)rng_normal(rng);
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        in[i] = (float)rng_normal(rng);
     layer_forward(&t.l, in, B);
     double worst = 0.0;
     for (int b = 0; b < B; b++)
@@ -175,7 +179,8 @@ static void test_layers(rng_t *rng) {
         test_layer_t t;
         make_layer(&t, LAYER_CONV, 2, 5, 4, 3, ks[q], B, rng);
         float in[2 * 2 * 5 * 4];
-        for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) in[i] = (float)rng_normal(rng);
+        for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+            in[i] = (float)rng_normal(rng);
         char name[64];
         snprintf(name, sizeof name, "conv %dx%d (2x5x4 -> 3)", ks[q], ks[q]);
         check_layer_grads(name, &t, in, B, 1e-2f, 2e-3, rng);
@@ -186,7 +191,8 @@ static void test_layers(rng_t *rng) {
         test_layer_t t;
         make_layer(&t, LAYER_FC, 3, 2, 2, 5, 0, B, rng);
         float in[2 * 12];
-        for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) in[i] = (float)rng_normal(rng);
+        for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+            in[i] = (float)rng_normal(rng);
         check_layer_grads("fc (12 -> 5)", &t, in, B, 1e-2f, 2e-3, rng);
         free_layer(&t);
     }
@@ -209,7 +215,8 @@ static void test_layers(rng_t *rng) {
         enum { N = 2 * 2 * 4 * 5 };
         float in[N];
         int order[N];
-        for (int i = 0; i < N; i++) order[i] = i;
+        for (int i = 0; i < N; i++)
+            order[i] = i;
         for (int i = N - 1; i > 0; i--) {
             int j = (int)(rng_uniform(rng) * (i + 1));
             if (j > i) j = i;
@@ -217,7 +224,8 @@ static void test_layers(rng_t *rng) {
             order[i] = order[j];
             order[j] = s;
         }
-        for (int i = 0; i < N; i++) in[i] = 0.05f * (float)(order[i] - N / 2);
+        for (int i = 0; i < N; i++)
+            in[i] = 0.05f * (float)(order[i] - N / 2);
         check_layer_grads("max pool 2x2 (2x4x5 -> 2x2x2)", &t, in, B, 1e-3f, 2e-3, rng);
         free_layer(&t);
     }
@@ -227,14 +235,17 @@ static void test_softmax(rng_t *rng) {
     enum { B = 3, C = 10 };
     float logits[B * C], probs[B * C], grad[B * C], p2[B * C];
     uint8_t labels[B] = {0, 7, 9};
-    for (int i = 0; i < B * C; i++) logits[i] = (float)(3.0 * rng_normal(rng));
+    for (int i = 0; i < B * C; i++)
+        logits[i] = (float)(3.0 * rng_normal(rng));
     long correct = 0;
     double loss = softmax_xent(logits, labels, B, C, probs, grad, &correct);
     double ref = 0.0;
     for (int b = 0; b < B; b++) {
         double m = -INFINITY, s = 0.0;
-        for (int c = 0; c < C; c++) m = fmax(m, logits[b * C + c]);
-        for (int c = 0; c < C; c++) s += exp((double)logits[b * C + c] - m);
+        for (int c = 0; c < C; c++)
+            m = fmax(m, logits[b * C + c]);
+        for (int c = 0; c < C; c++)
+            s += exp((double)logits[b * C + c] - m);
         ref += m + log(s) - logits[b * C + labels[b]];
     }
     ref /= B;
@@ -268,7 +279,8 @@ static void test_network(rng_t *rng) {
     }
     float images[B * HW * HW];
     uint8_t labels[B] = {1, 4, 8};
-    for (int i = 0; i < B * HW * HW; i++) images[i] = (float)rng_normal(rng);
+    for (int i = 0; i < B * HW * HW; i++)
+        images[i] = (float)rng_normal(rng);
     long correct = 0;
     net_forward(&net, images, B);
     net_loss(&net, labels, B, &correct);

@@ -40,7 +40,8 @@ static void check(int ok, const char *fmt, double a, double b) {
 static double mean_loss(const train_result_t *r, long from, long to) {
     double s = 0.0, all = 0.0;
     int n = 1;
-    for (long i = from; i < to; i++) s += r->loss_hist[i];
+    for (long i = from; i < to; i++)
+        s += r->loss_hist[i];
     MPI_Allreduce(&s, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     return all / ((double)(to - from) * n);
@@ -115,8 +116,7 @@ int main(int argc, char **argv) {
 
     free(plain.loss_hist);
     free(gvq.loss_hist);
-    if (g_rank == 0)
-        printf("test_train_mpi: %s\n", g_failures ? "FAILED" : "all checks passed");
+    if (g_rank == 0) printf("test_train_mpi: %s\n", g_failures ? "FAILED" : "all checks passed");
     MPI_Finalize();
     return g_failures ? 1 : 0;
 }

@@ -47,13 +47,13 @@ static inline int sim_owns(const void *q) {
     return found;
 }
 
-#define SIM_DEV(op, p)                                                                       \
-    do {                                                                                     \
-        if ((p) != NULL && !sim_owns(p)) sim_violation(op, #p " is not device memory");       \
+#define SIM_DEV(op, p)                                                                  \
+    do {                                                                                \
+        if ((p) != NULL && !sim_owns(p)) sim_violation(op, #p " is not device memory"); \
     } while (0)
-#define SIM_HOST(op, p)                                                                      \
-    do {                                                                                     \
-        if ((p) != NULL && sim_owns(p)) sim_violation(op, #p " is device memory");            \
+#define SIM_HOST(op, p)                                                            \
+    do {                                                                           \
+        if ((p) != NULL && sim_owns(p)) sim_violation(op, #p " is device memory"); \
     } while (0)
 
 static const gvq_device_ops_t *const H = &gvq_host_device;
@@ -91,24 +91,32 @@ static inline gvqResult_t sim_copy(void *dst, const void *src, size_t bytes) {
     return H->copy(dst, src, bytes);
 }
 static inline gvqResult_t sim_reduce(void *dst, const void *a, const void *b, size_t count,
-                              gvqDataType_t type, gvqRedOp_t op) {
-    SIM_DEV("reduce", dst); SIM_DEV("reduce", a); SIM_DEV("reduce", b);
+                                     gvqDataType_t type, gvqRedOp_t op) {
+    SIM_DEV("reduce", dst);
+    SIM_DEV("reduce", a);
+    SIM_DEV("reduce", b);
     return H->reduce(dst, a, b, count, type, op);
 }
 static inline gvqResult_t sim_divide(void *buf, size_t count, gvqDataType_t type, int divisor) {
     SIM_DEV("divide", buf);
     return H->divide(buf, count, type, divisor);
 }
-static inline gvqResult_t sim_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a,
-                             int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-    SIM_DEV("sgemm", a); SIM_DEV("sgemm", b); SIM_DEV("sgemm", c);
+static inline gvqResult_t sim_sgemm(int ta, int tb, int m, int n, int k, float alpha,
+                                    const float *a, int lda, const float *b, int ldb, float beta,
+                                    float *c, int ldc) {
+    SIM_DEV("sgemm", a);
+    SIM_DEV("sgemm", b);
+    SIM_DEV("sgemm", c);
     return H->sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 static inline gvqResult_t sim_ssyevd(int n, float *a, int lda, float *w) {
-    SIM_DEV("ssyevd", a); SIM_DEV("ssyevd", w);
+    SIM_DEV("ssyevd", a);
+    SIM_DEV("ssyevd", w);
     return H->ssyevd(n, a, lda, w);
 }
-static inline gvqResult_t sim_sync(void) { return gvqSuccess; }
+static inline gvqResult_t sim_sync(void) {
+    return gvqSuccess;
+}
 static inline gvqResult_t sim_set_stream(void *stream, void **prev) {
     (void)stream;
     if (prev != NULL) *prev = NULL;
@@ -118,7 +126,9 @@ static inline gvqResult_t sim_event_create(void **ev) {
     *ev = malloc(1);
     return *ev != NULL ? gvqSuccess : gvqSystemError;
 }
-static inline void sim_event_destroy(void *ev) { free(ev); }
+static inline void sim_event_destroy(void *ev) {
+    free(ev);
+}
 static inline gvqResult_t sim_event_noop(void *ev) {
     (void)ev;
     return gvqSuccess;
@@ -149,28 +159,34 @@ static inline gvqResult_t sim_copy_to_host(void *dst, const void *src, size_t by
     return H->copy(dst, src, bytes);
 }
 static inline gvqResult_t sim_scale(void *dst, const void *src, size_t count, gvqDataType_t type,
-                             double alpha) {
-    SIM_DEV("scale", dst); SIM_DEV("scale", src);
+                                    double alpha) {
+    SIM_DEV("scale", dst);
+    SIM_DEV("scale", src);
     return H->scale(dst, src, count, type, alpha);
 }
 static inline gvqResult_t sim_cast(void *dst, gvqDataType_t dt, const void *src, gvqDataType_t st,
-                            size_t count) {
-    SIM_DEV("cast", dst); SIM_DEV("cast", src);
+                                   size_t count) {
+    SIM_DEV("cast", dst);
+    SIM_DEV("cast", src);
     return H->cast(dst, dt, src, st, count);
 }
 static inline gvqResult_t sim_collocate(const float *src, float *dst, size_t K, size_t D, size_t Hh,
-                                 size_t W, int inverse) {
-    SIM_DEV("collocate", dst); SIM_DEV("collocate", src);
+                                        size_t W, int inverse) {
+    SIM_DEV("collocate", dst);
+    SIM_DEV("collocate", src);
     return H->collocate(src, dst, K, D, Hh, W, inverse);
 }
 static inline gvqResult_t sim_scov(int L, int T, const float *s, float *Z, float *cov) {
-    SIM_DEV("scov", s); SIM_DEV("scov", Z); SIM_DEV("scov", cov);
+    SIM_DEV("scov", s);
+    SIM_DEV("scov", Z);
+    SIM_DEV("scov", cov);
     return H->scov(L, T, s, Z, cov);
 }
 
 /* The codec operations run the host codecs on the parameters they are given. */
-static inline gvqResult_t sim_qsgd(const gvq_dev_qsgd_t *q, size_t off, size_t count, const float *local,
-                            const void *in, void *out, const void *wire, float *dst) {
+static inline gvqResult_t sim_qsgd(const gvq_dev_qsgd_t *q, size_t off, size_t count,
+                                   const float *local, const void *in, void *out, const void *wire,
+                                   float *dst) {
     __atomic_add_fetch(&sim_codec_calls, 1, __ATOMIC_RELAXED);
     gvq_qsgd_t h;
     memset(&h, 0, sizeof h);
@@ -185,22 +201,26 @@ static inline gvqResult_t sim_qsgd(const gvq_dev_qsgd_t *q, size_t off, size_t c
     return res;
 }
 static inline gvqResult_t sim_qsgd_encode_combine(const gvq_dev_qsgd_t *q, size_t off, size_t count,
-                                           const float *local, const void *in, void *out) {
-    SIM_DEV("qsgd_encode_combine", local); SIM_DEV("qsgd_encode_combine", in);
+                                                  const float *local, const void *in, void *out) {
+    SIM_DEV("qsgd_encode_combine", local);
+    SIM_DEV("qsgd_encode_combine", in);
     SIM_DEV("qsgd_encode_combine", out);
     return sim_qsgd(q, off, count, local, in, out, NULL, NULL);
 }
 static inline gvqResult_t sim_qsgd_decode(const gvq_dev_qsgd_t *q, size_t off, size_t count,
-                                   const void *wire, float *dst) {
-    SIM_DEV("qsgd_decode", wire); SIM_DEV("qsgd_decode", dst);
+                                          const void *wire, float *dst) {
+    SIM_DEV("qsgd_decode", wire);
+    SIM_DEV("qsgd_decode", dst);
     return sim_qsgd(q, off, count, NULL, NULL, NULL, wire, dst);
 }
 
-static inline gvqResult_t sim_gq(const gvq_dev_gq_t *g, size_t off, size_t count, const float *local,
-                          const void *in, void *out, double norms[3], const void *wire,
-                          float *dst) {
+static inline gvqResult_t sim_gq(const gvq_dev_gq_t *g, size_t off, size_t count,
+                                 const float *local, const void *in, void *out, double norms[3],
+                                 const void *wire, float *dst) {
     __atomic_add_fetch(&sim_codec_calls, 1, __ATOMIC_RELAXED);
-    SIM_DEV("gq", g->U); SIM_DEV("gq", g->Z); SIM_DEV("gq", g->UZ);
+    SIM_DEV("gq", g->U);
+    SIM_DEV("gq", g->Z);
+    SIM_DEV("gq", g->UZ);
     gvq_gradiveq_t h;
     memset(&h, 0, sizeof h);
     h.count = off + count; /* every group up to this chunk's */
@@ -223,16 +243,18 @@ static inline gvqResult_t sim_gq(const gvq_dev_gq_t *g, size_t off, size_t count
     return res;
 }
 static inline gvqResult_t sim_gq_encode_combine(const gvq_dev_gq_t *g, size_t off, size_t count,
-                                         const float *local, const void *in, void *out,
-                                         double norms[3]) {
-    SIM_DEV("gq_encode_combine", local); SIM_DEV("gq_encode_combine", in);
+                                                const float *local, const void *in, void *out,
+                                                double norms[3]) {
+    SIM_DEV("gq_encode_combine", local);
+    SIM_DEV("gq_encode_combine", in);
     SIM_DEV("gq_encode_combine", out);
     SIM_HOST("gq_encode_combine", norms);
     return sim_gq(g, off, count, local, in, out, norms, NULL, NULL);
 }
 static inline gvqResult_t sim_gq_decode(const gvq_dev_gq_t *g, size_t off, size_t count,
-                                 const void *wire, float *dst) {
-    SIM_DEV("gq_decode", wire); SIM_DEV("gq_decode", dst);
+                                        const void *wire, float *dst) {
+    SIM_DEV("gq_decode", wire);
+    SIM_DEV("gq_decode", dst);
     return sim_gq(g, off, count, NULL, NULL, NULL, NULL, wire, dst);
 }
 
@@ -271,12 +293,12 @@ __attribute__((unused)) static const gvq_device_ops_t sim_device = {
 static const gvq_transport_ops_t *sim_inner_xport;
 static gvq_transport_ops_t sim_guard_ops;
 static inline gvqResult_t sim_guard_isend(gvq_transport_t *t, int peer, int tag, const void *buf,
-                                   size_t bytes, gvq_req_t *req) {
+                                          size_t bytes, gvq_req_t *req) {
     SIM_HOST("transport isend", buf);
     return sim_inner_xport->isend(t, peer, tag, buf, bytes, req);
 }
-static inline gvqResult_t sim_guard_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
-                                   gvq_req_t *req) {
+static inline gvqResult_t sim_guard_irecv(gvq_transport_t *t, int peer, int tag, void *buf,
+                                          size_t bytes, gvq_req_t *req) {
     SIM_HOST("transport irecv", buf);
     return sim_inner_xport->irecv(t, peer, tag, buf, bytes, req);
 }

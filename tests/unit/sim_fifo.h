@@ -69,7 +69,7 @@ static inline void fifo_world_destroy(fifo_world_t *w) {
 }
 
 static inline gvqResult_t fifo_post(gvq_transport_t *t, int send, int peer, void *buf, size_t bytes,
-                             gvq_req_t *req) {
+                                    gvq_req_t *req) {
     fifo_world_t *w = t->impl;
     if (w->device_only && bytes) SIM_DEV(send ? "fifo isend" : "fifo irecv", buf);
     fifo_op_t *o = calloc(1, sizeof *o);
@@ -94,13 +94,13 @@ static inline gvqResult_t fifo_post(gvq_transport_t *t, int send, int peer, void
 }
 
 static inline gvqResult_t fifo_isend(gvq_transport_t *t, int peer, int tag, const void *buf,
-                              size_t bytes, gvq_req_t *req) {
+                                     size_t bytes, gvq_req_t *req) {
     (void)tag;
     return fifo_post(t, 1, peer, (void *)buf, bytes, req);
 }
 
 static inline gvqResult_t fifo_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
-                              gvq_req_t *req) {
+                                     gvq_req_t *req) {
     (void)tag;
     return fifo_post(t, 0, peer, buf, bytes, req);
 }
@@ -139,7 +139,8 @@ static inline void fifo_progress(fifo_world_t *w) {
         moved = 0;
         for (int a = 0; a < w->nranks; a++) {
             fifo_group_t *g = w->r[a].head;
-            while (g != NULL && g->ndone == g->n) g = g->next;
+            while (g != NULL && g->ndone == g->n)
+                g = g->next;
             if (g == NULL) continue;
             for (int i = 0; i < g->n; i++) {
                 fifo_op_t *s = g->ops[i];
@@ -148,8 +149,10 @@ static inline void fifo_progress(fifo_world_t *w) {
                 if (fifo_first(w, a, 1, b, &sh) != s || !sh) continue; /* an earlier send first */
                 fifo_op_t *r = fifo_first(w, b, 0, a, &rh);
                 if (r == NULL || !rh) continue; /* the receive has not started */
-                if (r->bytes != s->bytes) r->error = s->error = 1;
-                else if (s->bytes) memcpy(r->buf, s->buf, s->bytes);
+                if (r->bytes != s->bytes)
+                    r->error = s->error = 1;
+                else if (s->bytes)
+                    memcpy(r->buf, s->buf, s->bytes);
                 fifo_finish(w, a, s);
                 fifo_finish(w, b, r);
                 w->transfers++;
@@ -175,8 +178,10 @@ static inline gvqResult_t fifo_test(gvq_transport_t *t, gvq_req_t *req, int *don
         memcpy(g->ops, me->pend, sizeof *g->ops * (size_t)me->npend);
         g->n = me->npend;
         me->npend = 0;
-        if (me->tail != NULL) me->tail->next = g;
-        else me->head = g;
+        if (me->tail != NULL)
+            me->tail->next = g;
+        else
+            me->head = g;
         me->tail = g;
         w->groups++;
     }
@@ -213,7 +218,9 @@ typedef struct {
     gvqResult_t broken;
 } fifo_xport_t;
 
-static inline void fifo_destroy(gvq_transport_t *t) { free(t); } /* t is the first member */
+static inline void fifo_destroy(gvq_transport_t *t) {
+    free(t);
+} /* t is the first member */
 
 __attribute__((unused)) static const gvq_transport_ops_t fifo_ops = {
     .size = sizeof(gvq_transport_ops_t),

@@ -19,16 +19,23 @@ static double input(int rank, size_t i, gvqDataType_t t, gvqRedOp_t op) {
     return gvq_dtype_is_float(t) ? v / 4.0 : v;
 }
 
-
 static double expect_reduce(int nranks, size_t i, gvqDataType_t t, gvqRedOp_t op) {
     double acc = input(0, i, t, op);
     for (int r = 1; r < nranks; r++) {
         double x = input(r, i, t, op);
         switch (op) {
-        case gvqProd: acc *= x; break;
-        case gvqMax: acc = x > acc ? x : acc; break;
-        case gvqMin: acc = x < acc ? x : acc; break;
-        default: acc += x; break;
+        case gvqProd:
+            acc *= x;
+            break;
+        case gvqMax:
+            acc = x > acc ? x : acc;
+            break;
+        case gvqMin:
+            acc = x < acc ? x : acc;
+            break;
+        default:
+            acc += x;
+            break;
         }
     }
     if (op == gvqAvg) acc = gvq_dtype_is_float(t) ? acc / nranks : (double)(int64_t)(acc / nranks);
@@ -36,7 +43,8 @@ static double expect_reduce(int nranks, size_t i, gvqDataType_t t, gvqRedOp_t op
 }
 
 static void fill(void *b, gvqDataType_t t, size_t n, int rank, gvqRedOp_t op) {
-    for (size_t i = 0; i < n; i++) put(b, t, i, input(rank, i, t, op));
+    for (size_t i = 0; i < n; i++)
+        put(b, t, i, input(rank, i, t, op));
 }
 
 typedef struct {
@@ -50,7 +58,8 @@ typedef struct {
 
 static uint64_t fnv(const void *p, size_t n) {
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
     return h;
 }
 
@@ -70,8 +79,9 @@ static void rank_allreduce(gvqComm_t comm, int rank, int nranks, void *arg) {
     for (size_t i = 0; i < c->count; i++) {
         double want = expect_reduce(nranks, i, c->t, c->op), got = get(d, c->t, i);
         if (!close_enough(got, want, c->t) && bad++ < 2)
-            EXPECT(0, "allreduce n=%d count=%zu %s %s %s rank %d [%zu]: got %g want %g", nranks, c->count,
-                   gvq_dtype_name(c->t), gvq_op_name(c->op), c->inplace ? "in-place" : "out-of-place", rank, i, got, want);
+            EXPECT(0, "allreduce n=%d count=%zu %s %s %s rank %d [%zu]: got %g want %g", nranks,
+                   c->count, gvq_dtype_name(c->t), gvq_op_name(c->op),
+                   c->inplace ? "in-place" : "out-of-place", rank, i, got, want);
     }
     c->hash[rank] = fnv(d, c->count * es);
     if (d != s) free(d);
@@ -87,10 +97,11 @@ static void rank_reduce_scatter(gvqComm_t comm, int rank, int nranks, void *arg)
     EXPECT_RES(gvqReduceScatter(s, d, c->count, c->t, c->op, comm, NULL), gvqSuccess);
     int bad = 0;
     for (size_t i = 0; i < c->count; i++) {
-        double want = expect_reduce(nranks, (size_t)rank * c->count + i, c->t, c->op), got = get(d, c->t, i);
+        double want = expect_reduce(nranks, (size_t)rank * c->count + i, c->t, c->op),
+               got = get(d, c->t, i);
         if (!close_enough(got, want, c->t) && bad++ < 2)
-            EXPECT(0, "reduce_scatter n=%d count=%zu %s %s rank %d [%zu]: got %g want %g", nranks, c->count,
-                   gvq_dtype_name(c->t), gvq_op_name(c->op), rank, i, got, want);
+            EXPECT(0, "reduce_scatter n=%d count=%zu %s %s rank %d [%zu]: got %g want %g", nranks,
+                   c->count, gvq_dtype_name(c->t), gvq_op_name(c->op), rank, i, got, want);
     }
     if (!c->inplace) free(d);
     free(s);
@@ -109,8 +120,8 @@ static void rank_allgather(gvqComm_t comm, int rank, int nranks, void *arg) {
         for (size_t i = 0; i < c->count; i++) {
             double want = input(r, i, c->t, gvqSum), got = get(d, c->t, (size_t)r * c->count + i);
             if (got != want && bad++ < 2)
-                EXPECT(0, "allgather n=%d count=%zu %s rank %d block %d [%zu]: got %g want %g", nranks,
-                       c->count, gvq_dtype_name(c->t), rank, r, i, got, want);
+                EXPECT(0, "allgather n=%d count=%zu %s rank %d block %d [%zu]: got %g want %g",
+                       nranks, c->count, gvq_dtype_name(c->t), rank, r, i, got, want);
         }
     c->hash[rank] = fnv(d, c->count * (size_t)nranks * es);
     if (!c->inplace) free(s);
@@ -137,14 +148,16 @@ static void rank_reduce(gvqComm_t comm, int rank, int nranks, void *arg) {
     size_t es = gvq_dtype_size(c->t);
     char *s = malloc(c->count * es + 1), *d = c->inplace ? s : malloc(c->count * es + 1);
     fill(s, c->t, c->count, rank, c->op);
-    EXPECT_RES(gvqReduce(s, rank == c->root || c->inplace ? d : NULL, c->count, c->t, c->op, c->root, comm, NULL), gvqSuccess);
+    EXPECT_RES(gvqReduce(s, rank == c->root || c->inplace ? d : NULL, c->count, c->t, c->op,
+                         c->root, comm, NULL),
+               gvqSuccess);
     int bad = 0;
     if (rank == c->root)
         for (size_t i = 0; i < c->count; i++) {
             double want = expect_reduce(nranks, i, c->t, c->op), got = get(d, c->t, i);
             if (!close_enough(got, want, c->t) && bad++ < 2)
-                EXPECT(0, "reduce n=%d root %d count=%zu %s %s [%zu]: got %g want %g", nranks, c->root,
-                       c->count, gvq_dtype_name(c->t), gvq_op_name(c->op), i, got, want);
+                EXPECT(0, "reduce n=%d root %d count=%zu %s %s [%zu]: got %g want %g", nranks,
+                       c->root, c->count, gvq_dtype_name(c->t), gvq_op_name(c->op), i, got, want);
         }
     if (d != s) free(d);
     free(s);
@@ -152,8 +165,9 @@ static void rank_reduce(gvqComm_t comm, int rank, int nranks, void *arg) {
 
 static void check_same(const case_t *c, int nranks, const char *what) {
     for (int r = 1; r < nranks; r++)
-        EXPECT(c->hash[r] == c->hash[0], "%s n=%d count=%zu %s %s: rank %d output differs from rank 0",
-               what, nranks, c->count, gvq_dtype_name(c->t), gvq_op_name(c->op), r);
+        EXPECT(c->hash[r] == c->hash[0],
+               "%s n=%d count=%zu %s %s: rank %d output differs from rank 0", what, nranks,
+               c->count, gvq_dtype_name(c->t), gvq_op_name(c->op), r);
 }
 
 static void test_all_collectives(void) {
@@ -168,7 +182,8 @@ static void test_all_collectives(void) {
                         case_t c = {counts[ci], (gvqDataType_t)t, (gvqRedOp_t)op, ip, 0, {0}};
                         gvq_test_run(n, &cfg, rank_allreduce, &c);
                         check_same(&c, n, "allreduce");
-                        if (ci == 4 && op > gvqSum) continue; /* large counts: sum only for the rest */
+                        if (ci == 4 && op > gvqSum)
+                            continue; /* large counts: sum only for the rest */
                         gvq_test_run(n, &cfg, rank_reduce_scatter, &c);
                         c.root = (ci + t) % n;
                         gvq_test_run(n, &cfg, rank_reduce, &c);
@@ -190,42 +205,49 @@ static size_t wide_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
     (void)off;
     return count * sizeof(double);
 }
-static gvqResult_t wide_encode_combine(const gvq_codec_t *c, size_t off, size_t count, const void *local,
-                                       const void *in, void *out) {
+static gvqResult_t wide_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
+                                       const void *local, const void *in, void *out) {
     (void)c;
     (void)off;
     const float *x = local;
     const double *w = in;
     double *o = out;
-    for (size_t i = 0; i < count; i++) o[i] = (double)x[i] + (w ? w[i] : 0.0);
+    for (size_t i = 0; i < count; i++)
+        o[i] = (double)x[i] + (w ? w[i] : 0.0);
     return gvqSuccess;
 }
-static gvqResult_t wide_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire, void *dst) {
+static gvqResult_t wide_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
+                               void *dst) {
     (void)c;
     (void)off;
     const double *w = wire;
     float *d = dst;
-    for (size_t i = 0; i < count; i++) d[i] = (float)w[i];
+    for (size_t i = 0; i < count; i++)
+        d[i] = (float)w[i];
     return gvqSuccess;
 }
 
 static void rank_wide(gvqComm_t comm, int rank, int nranks, void *arg) {
     case_t *c = arg;
-    gvq_codec_t codec = {"wide", 0, 3, wide_wire_bytes, wide_encode_combine, wide_decode,
-                         comm->dev, gvqFloat32, gvqSum, NULL};
+    gvq_codec_t codec = {"wide",      0,         3,          wide_wire_bytes, wide_encode_combine,
+                         wide_decode, comm->dev, gvqFloat32, gvqSum,          NULL};
     gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
-    float *s = malloc(c->count * sizeof(float) + 4), *d = c->inplace ? s : malloc(c->count * sizeof(float) + 4);
+    float *s = malloc(c->count * sizeof(float) + 4),
+          *d = c->inplace ? s : malloc(c->count * sizeof(float) + 4);
     /* values whose float sum would round but whose double sum is exact */
-    for (size_t i = 0; i < c->count; i++) s[i] = rank == 0 ? 16777216.0f : (float)((rank + i) % 2);
+    for (size_t i = 0; i < c->count; i++)
+        s[i] = rank == 0 ? 16777216.0f : (float)((rank + i) % 2);
     EXPECT_RES(gvq_ring_allreduce(&ctx, &codec, s, d, c->count, c->op), gvqSuccess);
     int bad = 0;
     for (size_t i = 0; i < c->count; i++) {
         double want = 16777216.0; /* exact in double; a float ring would lose the +1s */
-        for (int r = 1; r < nranks; r++) want += (double)((r + i) % 2);
+        for (int r = 1; r < nranks; r++)
+            want += (double)((r + i) % 2);
         float w = (float)want;
         if (c->op == gvqAvg) w = w / (float)nranks; /* decode, then the one final divide */
         if (d[i] != w && bad++ < 2)
-            EXPECT(0, "wide codec n=%d count=%zu [%zu]: got %.1f want %.1f", nranks, c->count, i, d[i], w);
+            EXPECT(0, "wide codec n=%d count=%zu [%zu]: got %.1f want %.1f", nranks, c->count, i,
+                   d[i], w);
     }
     c->hash[rank] = fnv(d, c->count * sizeof(float));
     if (d != s) free(d);
@@ -252,9 +274,11 @@ static void rank_group(gvqComm_t comm, int rank, int nranks, void *arg) {
     (void)arg;
     int right = (rank + 1) % nranks, left = (rank - 1 + nranks) % nranks;
     int64_t out[300], in[300];
-    for (int i = 0; i < 300; i++) out[i] = rank * 1000 + i, in[i] = -1;
+    for (int i = 0; i < 300; i++)
+        out[i] = rank * 1000 + i, in[i] = -1;
     float a[5], b[5];
-    for (int i = 0; i < 5; i++) a[i] = (float)rank, b[i] = 1;
+    for (int i = 0; i < 5; i++)
+        a[i] = (float)rank, b[i] = 1;
     EXPECT_RES(gvqGroupStart(), gvqSuccess);
     EXPECT_RES(gvqGroupStart(), gvqSuccess); /* nesting */
     EXPECT_RES(gvqSend(out, 300, gvqInt64, right, comm, NULL), gvqSuccess);
@@ -269,7 +293,8 @@ static void rank_group(gvqComm_t comm, int rank, int nranks, void *arg) {
             EXPECT(0, "group ring exchange rank %d [%d]: %lld", rank, i, (long long)in[i]);
             break;
         }
-    EXPECT(a[4] == nranks * (nranks - 1) / 2.0f && b[0] == nranks, "grouped allreduce: %g %g", a[4], b[0]);
+    EXPECT(a[4] == nranks * (nranks - 1) / 2.0f && b[0] == nranks, "grouped allreduce: %g %g", a[4],
+           b[0]);
     EXPECT_RES(gvqGroupEnd(), gvqInvalidUsage);
     /* a refused call poisons its group: nothing runs, GroupEnd reports it */
     EXPECT_RES(gvqGroupStart(), gvqSuccess);
@@ -291,7 +316,8 @@ static void rank_timeout(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT_RES(gvqCommGetAsyncError(comm, &async), gvqSuccess);
     EXPECT(async == gvqTimeout, "async error %s", gvqGetErrorString(async));
     EXPECT_RES(gvqAllReduce(x, x, 1000, gvqFloat32, gvqSum, comm, NULL), gvqTimeout);
-    EXPECT(strstr(gvqGetLastError(comm), "broken") != NULL, "last error: %s", gvqGetLastError(comm));
+    EXPECT(strstr(gvqGetLastError(comm), "broken") != NULL, "last error: %s",
+           gvqGetLastError(comm));
 }
 
 typedef struct {
@@ -325,7 +351,8 @@ static void test_abort(void) {
 int main(void) {
     test_all_collectives();
     test_generic_codec();
-    for (int n = 1; n <= 4; n++) gvq_test_run(n, NULL, rank_group, NULL);
+    for (int n = 1; n <= 4; n++)
+        gvq_test_run(n, NULL, rank_group, NULL);
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     cfg.timeoutMs = 300;
     gvq_test_run(3, &cfg, rank_timeout, NULL);

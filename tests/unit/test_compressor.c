@@ -9,8 +9,8 @@
 
 #include "gvq_test.h"
 
-#define SL 16   /* slice size */
-#define RANK 3  /* rank of the synthetic gradients */
+#define SL 16  /* slice size */
+#define RANK 3 /* rank of the synthetic gradients */
 
 /* Slice s of rank r at iteration t: sum_j a_j(r,t,s) B_j, with B fixed -- every slice lies in
  * one RANK-dimensional subspace, as GradiVeQ assumes of a conv layer. */
@@ -30,7 +30,8 @@ static float grad(int r, int t, size_t i) {
 
 static double exact_sum(int n, int t, size_t i) {
     double v = 0;
-    for (int r = 0; r < n; r++) v += grad(r, t, i);
+    for (int r = 0; r < n; r++)
+        v += grad(r, t, i);
     return v;
 }
 
@@ -38,17 +39,18 @@ typedef struct {
     size_t count;
     gvqCompressorConfig_t cfg;
     int iters;
-    int nan_iter;      /* iteration at which rank 0 feeds a NaN, -1 none */
-    int noise_from;    /* iteration from which gradients leave the subspace, -1 never */
-    double offset;     /* a constant added along a 4th direction before quiet_from (no variance:
-                          the fit's centring takes it, no component of U does) */
-    int quiet_from;    /* iteration from which gradients are small noise only (0: never) */
-    float *out[8];     /* last output per rank */
+    int nan_iter;   /* iteration at which rank 0 feeds a NaN, -1 none */
+    int noise_from; /* iteration from which gradients leave the subspace, -1 never */
+    double offset;  /* a constant added along a 4th direction before quiet_from (no variance:
+                       the fit's centring takes it, no component of U does) */
+    int quiet_from; /* iteration from which gradients are small noise only (0: never) */
+    float *out[8];  /* last output per rank */
     gvqCompressorStats_t st[8];
-    int phases[64];    /* rank 0: phase before each call */
-    double err[64];    /* rank 0: relative error vs the exact sum per call */
-    const char *save_path; int save_at; /* save after this call */
-    const char *load_path;             /* load before the first call */
+    int phases[64]; /* rank 0: phase before each call */
+    double err[64]; /* rank 0: relative error vs the exact sum per call */
+    const char *save_path;
+    int save_at;           /* save after this call */
+    const char *load_path; /* load before the first call */
     int start_t;
 } sched_t;
 
@@ -62,15 +64,19 @@ static void rank_sched(gvqComm_t comm, int rank, int nranks, void *arg) {
         int t = sc->start_t + it;
         for (size_t i = 0; i < sc->count; i++) {
             x[i] = grad(rank, t, i);
-            if (sc->noise_from >= 0 && t >= sc->noise_from) x[i] += (float)sin(12.9898 * (double)i * (rank + 1) + t) * 3;
-            if (sc->offset != 0) x[i] += (float)(sc->offset * cos(4 * 6.283185307179586 * (double)(i % SL) / SL));
-            if (sc->quiet_from > 0 && t >= sc->quiet_from) x[i] = (float)(0.01 * sin(12.9898 * (double)i * (rank + 1) + t));
+            if (sc->noise_from >= 0 && t >= sc->noise_from)
+                x[i] += (float)sin(12.9898 * (double)i * (rank + 1) + t) * 3;
+            if (sc->offset != 0)
+                x[i] += (float)(sc->offset * cos(4 * 6.283185307179586 * (double)(i % SL) / SL));
+            if (sc->quiet_from > 0 && t >= sc->quiet_from)
+                x[i] = (float)(0.01 * sin(12.9898 * (double)i * (rank + 1) + t));
         }
         if (t == sc->nan_iter && rank == 0) x[0] = NAN;
         gvqCompressorStats_t st;
         gvqCompressorGetStats(comp, &st);
         if (rank == 0 && it < 64) sc->phases[it] = st.phase;
-        EXPECT_RES(gvqAllReduceCompressed(x, y, sc->count, gvqFloat32, gvqSum, comp, comm, NULL), gvqSuccess);
+        EXPECT_RES(gvqAllReduceCompressed(x, y, sc->count, gvqFloat32, gvqSum, comp, comm, NULL),
+                   gvqSuccess);
         if (rank == 0 && it < 64 && sc->noise_from < 0) {
             double e2 = 0, n2 = 0;
             for (size_t i = 0; i < sc->count; i++) {
@@ -80,7 +86,8 @@ static void rank_sched(gvqComm_t comm, int rank, int nranks, void *arg) {
             }
             sc->err[it] = sqrt(e2 / n2);
         }
-        if (sc->save_path && it == sc->save_at && rank == 0) EXPECT_RES(gvqCompressorSaveFile(comp, sc->save_path), gvqSuccess);
+        if (sc->save_path && it == sc->save_at && rank == 0)
+            EXPECT_RES(gvqCompressorSaveFile(comp, sc->save_path), gvqSuccess);
     }
     gvqCompressorGetStats(comp, &sc->st[rank]);
     sc->out[rank] = y;
@@ -106,7 +113,8 @@ static gvqCompressorConfig_t base_cfg(void) {
 }
 
 static void free_outs(sched_t *sc, int n) {
-    for (int r = 0; r < n; r++) free(sc->out[r]), sc->out[r] = NULL;
+    for (int r = 0; r < n; r++)
+        free(sc->out[r]), sc->out[r] = NULL;
 }
 
 static void test_schedule(void) {
@@ -119,22 +127,33 @@ static void test_schedule(void) {
         sc.nan_iter = -1;
         sc.noise_from = -1;
         gvq_test_run(n, NULL, rank_sched, &sc);
-        /* calls 0-1 warm-up, 2-7 sampling, fit at the end of call 7, 8-11 compressed, 12-17 sampling,
-         * second fit, 18-19 compressed */
+        /* calls 0-1 warm-up, 2-7 sampling, fit at the end of call 7, 8-11 compressed, 12-17
+         * sampling, second fit, 18-19 compressed */
         for (int it = 0; it < 20; it++) {
-            int want = it < 2 ? gvqPhaseWarmup : it < 8 ? gvqPhaseSample : it < 12 ? gvqPhaseCompressed : it < 18 ? gvqPhaseSample : gvqPhaseCompressed;
-            EXPECT(sc.phases[it] == want, "n=%d call %d: phase %d, want %d", n, it, sc.phases[it], want);
+            int want = it < 2    ? gvqPhaseWarmup
+                       : it < 8  ? gvqPhaseSample
+                       : it < 12 ? gvqPhaseCompressed
+                       : it < 18 ? gvqPhaseSample
+                                 : gvqPhaseCompressed;
+            EXPECT(sc.phases[it] == want, "n=%d call %d: phase %d, want %d", n, it, sc.phases[it],
+                   want);
             if (sc.phases[it] != gvqPhaseCompressed)
-                EXPECT(sc.err[it] < 1e-6, "n=%d call %d (uncompressed) error %g", n, it, sc.err[it]);
+                EXPECT(sc.err[it] < 1e-6, "n=%d call %d (uncompressed) error %g", n, it,
+                       sc.err[it]);
             else
-                EXPECT(sc.err[it] < 1e-4, "n=%d call %d (compressed, exact low rank) error %g", n, it, sc.err[it]);
+                EXPECT(sc.err[it] < 1e-4, "n=%d call %d (compressed, exact low rank) error %g", n,
+                       it, sc.err[it]);
         }
         EXPECT(sc.st[0].dims == RANK, "n=%d: d=%d, the data has rank %d", n, sc.st[0].dims, RANK);
-        EXPECT(sc.st[0].fits == 2 && sc.st[0].earlyExits == 0, "n=%d fits %lld exits %lld", n, sc.st[0].fits, sc.st[0].earlyExits);
-        EXPECT(fabs(sc.st[0].ratio - (double)(sc.count * 4) / (20 * RANK * 4 + 5 * 4)) < 1e-9, "ratio %g", sc.st[0].ratio);
-        EXPECT(n == 1 || sc.st[0].wireBytes < sc.st[0].rawBytes, "wire %llu raw %llu", sc.st[0].wireBytes, sc.st[0].rawBytes);
+        EXPECT(sc.st[0].fits == 2 && sc.st[0].earlyExits == 0, "n=%d fits %lld exits %lld", n,
+               sc.st[0].fits, sc.st[0].earlyExits);
+        EXPECT(fabs(sc.st[0].ratio - (double)(sc.count * 4) / (20 * RANK * 4 + 5 * 4)) < 1e-9,
+               "ratio %g", sc.st[0].ratio);
+        EXPECT(n == 1 || sc.st[0].wireBytes < sc.st[0].rawBytes, "wire %llu raw %llu",
+               sc.st[0].wireBytes, sc.st[0].rawBytes);
         for (int r = 1; r < n; r++)
-            EXPECT(memcmp(sc.out[r], sc.out[0], sc.count * 4) == 0, "n=%d rank %d output differs", n, r);
+            EXPECT(memcmp(sc.out[r], sc.out[0], sc.count * 4) == 0, "n=%d rank %d output differs",
+                   n, r);
         free_outs(&sc, n);
     }
 }
@@ -149,9 +168,11 @@ static void test_early_exit_and_nan(void) {
     sc.nan_iter = -1;
     sc.noise_from = 9; /* compressed from call 8; call 9 leaves the subspace: every rank votes */
     gvq_test_run(3, NULL, rank_sched, &sc);
-    EXPECT(sc.phases[8] == gvqPhaseCompressed && sc.phases[9] == gvqPhaseCompressed, "phases %d %d", sc.phases[8], sc.phases[9]);
+    EXPECT(sc.phases[8] == gvqPhaseCompressed && sc.phases[9] == gvqPhaseCompressed, "phases %d %d",
+           sc.phases[8], sc.phases[9]);
     EXPECT(sc.phases[10] == gvqPhaseSample, "after the vote: phase %d", sc.phases[10]);
-    EXPECT(sc.st[0].earlyExits == 1 && sc.st[0].lastLoss > 0.01, "exits %lld loss %g", sc.st[0].earlyExits, sc.st[0].lastLoss);
+    EXPECT(sc.st[0].earlyExits == 1 && sc.st[0].lastLoss > 0.01, "exits %lld loss %g",
+           sc.st[0].earlyExits, sc.st[0].lastLoss);
     free_outs(&sc, 3);
 
     /* voteThreshold >= 1 never exits early, even when the local loss (centred residual over the
@@ -168,9 +189,12 @@ static void test_early_exit_and_nan(void) {
     sc.offset = 2.0;
     sc.quiet_from = 9;
     gvq_test_run(3, NULL, rank_sched, &sc);
-    EXPECT(sc.phases[8] == gvqPhaseCompressed && sc.phases[11] == gvqPhaseCompressed, "vote off: phases %d %d", sc.phases[8], sc.phases[11]);
-    EXPECT(sc.st[0].lastLoss > 1.0, "vote off: the case should have a local loss above 1, got %g", sc.st[0].lastLoss);
-    EXPECT(sc.st[0].earlyExits == 0, "vote off: %lld early exits (last loss %g)", sc.st[0].earlyExits, sc.st[0].lastLoss);
+    EXPECT(sc.phases[8] == gvqPhaseCompressed && sc.phases[11] == gvqPhaseCompressed,
+           "vote off: phases %d %d", sc.phases[8], sc.phases[11]);
+    EXPECT(sc.st[0].lastLoss > 1.0, "vote off: the case should have a local loss above 1, got %g",
+           sc.st[0].lastLoss);
+    EXPECT(sc.st[0].earlyExits == 0, "vote off: %lld early exits (last loss %g)",
+           sc.st[0].earlyExits, sc.st[0].lastLoss);
     free_outs(&sc, 3);
 
     memset(&sc, 0, sizeof sc);
@@ -181,8 +205,10 @@ static void test_early_exit_and_nan(void) {
     sc.nan_iter = 3; /* a NaN in the samples: the fit is refused, sampling starts over */
     sc.noise_from = -1;
     gvq_test_run(2, NULL, rank_sched, &sc);
-    EXPECT(sc.st[0].fitsRefused == 1 && sc.st[1].fitsRefused == 1, "refused %lld %lld", sc.st[0].fitsRefused, sc.st[1].fitsRefused);
-    EXPECT(sc.phases[6] == gvqPhaseSample && sc.phases[12] == gvqPhaseCompressed, "phases %d %d", sc.phases[6], sc.phases[12]);
+    EXPECT(sc.st[0].fitsRefused == 1 && sc.st[1].fitsRefused == 1, "refused %lld %lld",
+           sc.st[0].fitsRefused, sc.st[1].fitsRefused);
+    EXPECT(sc.phases[6] == gvqPhaseSample && sc.phases[12] == gvqPhaseCompressed, "phases %d %d",
+           sc.phases[6], sc.phases[12]);
     EXPECT(sc.st[0].fits == 1, "fits after the retry %lld", sc.st[0].fits);
     free_outs(&sc, 2);
 }
@@ -204,15 +230,19 @@ static void test_sample_slices(void) {
         sc.nan_iter = -1;
         sc.noise_from = -1;
         gvq_test_run(2, NULL, rank_sched, &sc);
-        EXPECT(sc.phases[8] == gvqPhaseCompressed, "sampleSlices %d: phase %d", ss[k], sc.phases[8]);
+        EXPECT(sc.phases[8] == gvqPhaseCompressed, "sampleSlices %d: phase %d", ss[k],
+               sc.phases[8]);
         if (ss[k] == 1)
-            EXPECT(sc.st[0].dims == 1 && sc.err[8] > 0.1, "sampleSlices 1: d %d error %g (expected d 1 and a large error)",
-                   sc.st[0].dims, sc.err[8]);
+            EXPECT(sc.st[0].dims == 1 && sc.err[8] > 0.1,
+                   "sampleSlices 1: d %d error %g (expected d 1 and a large error)", sc.st[0].dims,
+                   sc.err[8]);
         else
             EXPECT(sc.st[0].dims == RANK && sc.err[8] < 1e-4 && sc.err[9] < 1e-4,
-                   "sampleSlices %d: d %d errors %g %g (expected d %d, exact)", ss[k], sc.st[0].dims, sc.err[8], sc.err[9], RANK);
+                   "sampleSlices %d: d %d errors %g %g (expected d %d, exact)", ss[k],
+                   sc.st[0].dims, sc.err[8], sc.err[9], RANK);
         for (int r = 1; r < 2; r++)
-            EXPECT(memcmp(sc.out[r], sc.out[0], sc.count * 4) == 0, "sampleSlices %d: rank %d differs", ss[k], r);
+            EXPECT(memcmp(sc.out[r], sc.out[0], sc.count * 4) == 0,
+                   "sampleSlices %d: rank %d differs", ss[k], r);
         free_outs(&sc, 2);
     }
     first_slice_rank1 = 0;
@@ -242,9 +272,11 @@ static void test_save_load(void) {
     b.noise_from = -1;
     b.load_path = path;
     gvq_test_run(1, NULL, rank_sched, &b);
-    EXPECT(memcmp(a.out[0], b.out[0], a.count * 4) == 0, "resumed run differs from the uninterrupted one");
-    EXPECT(a.st[0].phase == b.st[0].phase && a.st[0].iteration == b.st[0].iteration, "state %d/%lld vs %d/%lld",
-           a.st[0].phase, a.st[0].iteration, b.st[0].phase, b.st[0].iteration);
+    EXPECT(memcmp(a.out[0], b.out[0], a.count * 4) == 0,
+           "resumed run differs from the uninterrupted one");
+    EXPECT(a.st[0].phase == b.st[0].phase && a.st[0].iteration == b.st[0].iteration,
+           "state %d/%lld vs %d/%lld", a.st[0].phase, a.st[0].iteration, b.st[0].phase,
+           b.st[0].iteration);
     remove(path);
     free_outs(&a, 1);
     free_outs(&b, 1);
@@ -273,7 +305,8 @@ static void rank_conv(gvqComm_t comm, int rank, int nranks, void *arg) {
         for (size_t i = 0; i < M; i++) /* defined in collocated order, stored in tensor order */
             col[i] = (float)conv_val(t, rank, i);
         gvq_uncollocate(col, x, K, D, H, W);
-        EXPECT_RES(gvqAllReduceCompressed(x, y, M, gvqFloat32, gvqAvg, comp, comm, NULL), gvqSuccess);
+        EXPECT_RES(gvqAllReduceCompressed(x, y, M, gvqFloat32, gvqAvg, comp, comm, NULL),
+                   gvqSuccess);
         double e2 = 0, n2 = 0;
         for (size_t i = 0; i < M; i++) {
             double want = 0;
@@ -296,7 +329,8 @@ static void rank_conv(gvqComm_t comm, int rank, int nranks, void *arg) {
     }
     gvqCompressorStats_t st;
     gvqCompressorGetStats(comp, &st);
-    EXPECT(st.phase == gvqPhaseCompressed && st.dims == 2, "conv: phase %d d %d", st.phase, st.dims);
+    EXPECT(st.phase == gvqPhaseCompressed && st.dims == 2, "conv: phase %d d %d", st.phase,
+           st.dims);
     gvqCompressorDestroy(comp);
 }
 
@@ -310,7 +344,8 @@ static void rank_qsgd(gvqComm_t comm, int rank, int nranks, void *arg) {
     size_t M = 3000;
     EXPECT_RES(gvqCompressorCreate(comm, M, &cfg, &comp), gvqSuccess);
     float *x = malloc(M * 4), *y = malloc(M * 4);
-    for (size_t i = 0; i < M; i++) x[i] = grad(rank, 1, i);
+    for (size_t i = 0; i < M; i++)
+        x[i] = grad(rank, 1, i);
     EXPECT_RES(gvqAllReduceCompressed(x, y, M, gvqFloat32, gvqSum, comp, comm, NULL), gvqSuccess);
     double e2 = 0, n2 = 0;
     for (size_t i = 0; i < M; i++) {
@@ -320,7 +355,8 @@ static void rank_qsgd(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT(sqrt(e2 / n2) < 0.05, "QSGD compressor error %g", sqrt(e2 / n2));
     gvqCompressorStats_t st;
     gvqCompressorGetStats(comp, &st);
-    EXPECT(fabs(st.ratio - 12000.0 / (23 * 132 + 4 + 56)) < 1e-9 && st.phase == gvqPhasePlain, "QSGD ratio %g phase %d", st.ratio, st.phase);
+    EXPECT(fabs(st.ratio - 12000.0 / (23 * 132 + 4 + 56)) < 1e-9 && st.phase == gvqPhasePlain,
+           "QSGD ratio %g phase %d", st.ratio, st.phase);
     free(x), free(y);
     gvqCompressorDestroy(comp);
 }
@@ -332,8 +368,10 @@ static void rank_refusals(gvqComm_t comm, int rank, int nranks, void *arg) {
         gvqCompressorConfig_t cfg;
         size_t count;
     } bad[12];
-    for (int i = 0; i < 12; i++) bad[i].cfg = base_cfg(), bad[i].count = 64;
-    bad[0].field = "sliceSize", bad[0].cfg.filters = 4, bad[0].cfg.width = 16, bad[0].cfg.sliceSize = 6;
+    for (int i = 0; i < 12; i++)
+        bad[i].cfg = base_cfg(), bad[i].count = 64;
+    bad[0].field = "sliceSize", bad[0].cfg.filters = 4, bad[0].cfg.width = 16,
+    bad[0].cfg.sliceSize = 6;
     bad[1].field = "shape", bad[1].cfg.filters = 4, bad[1].cfg.width = 5;
     bad[2].field = "lossThreshold", bad[2].cfg.lossThreshold = 1.5f;
     bad[3].field = "codec", bad[3].cfg.codec = 9;
@@ -348,19 +386,25 @@ static void rank_refusals(gvqComm_t comm, int rank, int nranks, void *arg) {
     for (int i = 0; i < 12; i++) {
         gvqCompressor_t c = NULL;
         EXPECT_RES(gvqCompressorCreate(comm, bad[i].count, &bad[i].cfg, &c), gvqInvalidArgument);
-        EXPECT(strstr(gvqGetLastError(comm), bad[i].field) != NULL || (i == 8 && strstr(gvqGetLastError(comm), "INITIALIZER")),
+        EXPECT(strstr(gvqGetLastError(comm), bad[i].field) != NULL ||
+                   (i == 8 && strstr(gvqGetLastError(comm), "INITIALIZER")),
                "refusal %d does not name '%s': %s", i, bad[i].field, gvqGetLastError(comm));
     }
     gvqCompressor_t c;
     gvqCompressorConfig_t cfg = base_cfg();
     EXPECT_RES(gvqCompressorCreate(comm, 64, &cfg, &c), gvqSuccess);
     float x[64] = {0};
-    EXPECT_RES(gvqAllReduceCompressed(x, x, 63, gvqFloat32, gvqSum, c, comm, NULL), gvqInvalidArgument);
-    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat64, gvqSum, c, comm, NULL), gvqInvalidArgument);
-    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat32, gvqMax, c, comm, NULL), gvqInvalidArgument);
-    EXPECT_RES(gvqAllReduceCompressed(NULL, x, 64, gvqFloat32, gvqSum, c, comm, NULL), gvqInvalidArgument);
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 63, gvqFloat32, gvqSum, c, comm, NULL),
+               gvqInvalidArgument);
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat64, gvqSum, c, comm, NULL),
+               gvqInvalidArgument);
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat32, gvqMax, c, comm, NULL),
+               gvqInvalidArgument);
+    EXPECT_RES(gvqAllReduceCompressed(NULL, x, 64, gvqFloat32, gvqSum, c, comm, NULL),
+               gvqInvalidArgument);
     EXPECT_RES(gvqGroupStart(), gvqSuccess);
-    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat32, gvqSum, c, comm, NULL), gvqInvalidUsage);
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat32, gvqSum, c, comm, NULL),
+               gvqInvalidUsage);
     EXPECT_RES(gvqGroupEnd(), gvqSuccess);
     char small[8];
     size_t n = sizeof small;
@@ -376,7 +420,9 @@ int main(void) {
     test_early_exit_and_nan();
     test_sample_slices();
     test_save_load();
-    for (int n = 1; n <= 3; n++) gvq_test_run(n, NULL, rank_conv, NULL);
-    for (int n = 1; n <= 4; n++) gvq_test_run(n, NULL, rank_qsgd, NULL);
+    for (int n = 1; n <= 3; n++)
+        gvq_test_run(n, NULL, rank_conv, NULL);
+    for (int n = 1; n <= 4; n++)
+        gvq_test_run(n, NULL, rank_qsgd, NULL);
     return gvq_test_finish("test_compressor");
 }

@@ -26,7 +26,8 @@ static float grad(int r, int t, size_t i, size_t L, int noise_from) {
         v += a * (j == 0 ? cos(ph) : j == 1 ? sin(ph) : cos(2 * ph));
     }
     if (noise_from >= 0 && t >= noise_from) {
-        uint64_t h = (uint64_t)i * 0x9E3779B97F4A7C15ull ^ (uint64_t)(t * 131 + r) * 0xBF58476D1CE4E5B9ull;
+        uint64_t h =
+            (uint64_t)i * 0x9E3779B97F4A7C15ull ^ (uint64_t)(t * 131 + r) * 0xBF58476D1CE4E5B9ull;
         h ^= h >> 29;
         v += 0.8 * ((double)(h % 2001) / 1000.0 - 1.0);
     }
@@ -39,7 +40,7 @@ typedef struct {
     gvqCompressorConfig_t cfg;
     int iters, noise_from, in_place, mixed;
     gvqRedOp_t op;
-    int expect_device; /* 1: the device codecs must run; 0: whole-buffer staging */
+    int expect_device;            /* 1: the device codecs must run; 0: whole-buffer staging */
     int saw_compressed, saw_exit; /* out: rank 0 */
     fifo_world_t *fw; /* not NULL: rings on device memory run over this NCCL-like transport */
 } dcase_t;
@@ -57,7 +58,8 @@ static void rank_case(gvqComm_t comm, int rank, int nranks, void *arg) {
     for (int i = 0; i + 1 < nranks; i++)
         EXPECT_RES(gvqCompressorCreate(comm, 1, NULL, &pad[i]), gvqSuccess);
     EXPECT_RES(gvqCompressorCreate(comm, k->count, &k->cfg, &cd), gvqSuccess);
-    for (int i = 0; i + 1 < nranks; i++) EXPECT_RES(gvqCompressorDestroy(pad[i]), gvqSuccess);
+    for (int i = 0; i + 1 < nranks; i++)
+        EXPECT_RES(gvqCompressorDestroy(pad[i]), gvqSuccess);
     size_t n = k->count;
     float *x = malloc(sizeof(float) * n), *yh = malloc(sizeof(float) * n);
     float *hy = malloc(sizeof(float) * n);
@@ -65,12 +67,14 @@ static void rank_case(gvqComm_t comm, int rank, int nranks, void *arg) {
     float *dx = hostonly ? malloc(sizeof(float) * n) : sim_alloc(sizeof(float) * n);
     float *dy = hostonly ? malloc(sizeof(float) * n) : sim_alloc(sizeof(float) * n);
     for (int t = 0; t < k->iters; t++) {
-        for (size_t i = 0; i < n; i++) x[i] = grad(rank, t, i, k->L, k->noise_from);
+        for (size_t i = 0; i < n; i++)
+            x[i] = grad(rank, t, i, k->L, k->noise_from);
         gvqCompressorStats_t sh, sd;
         EXPECT_RES(gvqAllReduceCompressed(x, yh, n, gvqFloat32, k->op, ch, comm, NULL), gvqSuccess);
         memcpy(dx, x, sizeof(float) * n);
         float *out = k->in_place ? dx : k->mixed ? hy : dy;
-        EXPECT_RES(gvqAllReduceCompressed(dx, out, n, gvqFloat32, k->op, cd, comm, NULL), gvqSuccess);
+        EXPECT_RES(gvqAllReduceCompressed(dx, out, n, gvqFloat32, k->op, cd, comm, NULL),
+                   gvqSuccess);
         size_t bad_h = 0, bad_d = 0, ndiff = 0;
         for (size_t i = 0; i < n; i++) {
             bad_h += !isfinite(yh[i]);
@@ -79,9 +83,10 @@ static void rank_case(gvqComm_t comm, int rank, int nranks, void *arg) {
             if (getenv("DP_TRACE") && memcmp(&yh[i], &out[i], sizeof(float)) != 0 && ndiff < 4)
                 fprintf(stderr, "  r%d t%d [%zu] host %.9g dev %.9g\n", rank, t, i, yh[i], out[i]);
         }
-        EXPECT(ndiff == 0, "%s rank %d call %d: the device output differs from the host path's "
-               "in %zu of %zu values (non-finite: host %zu, device %zu)", k->name, rank, t, ndiff,
-               n, bad_h, bad_d);
+        EXPECT(ndiff == 0,
+               "%s rank %d call %d: the device output differs from the host path's "
+               "in %zu of %zu values (non-finite: host %zu, device %zu)",
+               k->name, rank, t, ndiff, n, bad_h, bad_d);
         EXPECT_RES(gvqCompressorGetStats(ch, &sh), gvqSuccess);
         EXPECT_RES(gvqCompressorGetStats(cd, &sd), gvqSuccess);
         EXPECT(sh.phase == sd.phase && sh.dims == sd.dims && sh.fits == sd.fits &&
@@ -90,11 +95,14 @@ static void rank_case(gvqComm_t comm, int rank, int nranks, void *arg) {
                     * the host: equal up to the order of additions */
                    fabs(sh.lastLoss - sd.lastLoss) <= 1e-12 * fabs(sh.lastLoss),
                "%s rank %d call %d: stats differ: phase %d/%d d %d/%d fits %d/%d exits %d/%d "
-               "wire %llu/%llu loss %g/%g", k->name, rank, t, sh.phase, sd.phase, sh.dims, sd.dims,
-               (int)sh.fits, (int)sd.fits, (int)sh.earlyExits, (int)sd.earlyExits,
-               sh.wireBytes, sd.wireBytes, sh.lastLoss, sd.lastLoss);
+               "wire %llu/%llu loss %g/%g",
+               k->name, rank, t, sh.phase, sd.phase, sh.dims, sd.dims, (int)sh.fits, (int)sd.fits,
+               (int)sh.earlyExits, (int)sd.earlyExits, sh.wireBytes, sd.wireBytes, sh.lastLoss,
+               sd.lastLoss);
         if (getenv("DP_TRACE"))
-            fprintf(stderr, "%s r%d t%d host ph %d d %d loss %.6f exits %d | dev ph %d d %d loss %.6f exits %d\n",
+            fprintf(stderr,
+                    "%s r%d t%d host ph %d d %d loss %.6f exits %d | dev ph %d d %d loss %.6f "
+                    "exits %d\n",
                     k->name, rank, t, sh.phase, sh.dims, sh.lastLoss, (int)sh.earlyExits, sd.phase,
                     sd.dims, sd.lastLoss, (int)sd.earlyExits);
         if (rank == 0) {
@@ -105,8 +113,10 @@ static void rank_case(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT_RES(gvqCompressorDestroy(ch), gvqSuccess);
     EXPECT_RES(gvqCompressorDestroy(cd), gvqSuccess);
     free(x), free(yh), free(hy);
-    if (hostonly) free(dx), free(dy);
-    else sim_free(dx), sim_free(dy);
+    if (hostonly)
+        free(dx), free(dy);
+    else
+        sim_free(dx), sim_free(dy);
 }
 
 static gvqCompressorConfig_t base_cfg(int L) {
@@ -127,19 +137,32 @@ int main(void) {
     memset(cases, 0, sizeof cases);
     /* flat GradiVeQ, a tail shorter than L, groups of 5 slices, the paper's vote; noise from
      * call 8 makes the vote exit and refit */
-    cases[0] = (dcase_t){"gradiveq", 16 * 23 + 5, 16, base_cfg(16), 18, 8, 0, 0, gvqSum, 1, 0, 0, NULL};
+    cases[0] =
+        (dcase_t){"gradiveq", 16 * 23 + 5, 16, base_cfg(16), 18, 8, 0, 0, gvqSum, 1, 0, 0, NULL};
     cases[0].cfg.reuse = 5;
     /* conv-shaped (collocated on the device), fp16 wire, QSGD while sampling, avg, in place */
-    cases[1] = (dcase_t){"conv fp16 qsgd-sampling avg in-place", 8 * 4 * 3 * 3, 16, base_cfg(16),
-                         14, -1, 1, 0, gvqAvg, 1, 0, 0, NULL};
-    cases[1].cfg.filters = 8, cases[1].cfg.depth = 4, cases[1].cfg.height = 3, cases[1].cfg.width = 3;
+    cases[1] = (dcase_t){"conv fp16 qsgd-sampling avg in-place",
+                         8 * 4 * 3 * 3,
+                         16,
+                         base_cfg(16),
+                         14,
+                         -1,
+                         1,
+                         0,
+                         gvqAvg,
+                         1,
+                         0,
+                         0,
+                         NULL};
+    cases[1].cfg.filters = 8, cases[1].cfg.depth = 4, cases[1].cfg.height = 3,
+    cases[1].cfg.width = 3;
     cases[1].cfg.wireType = gvqFloat16;
     cases[1].cfg.sampleCodec = gvqCodecQsgd;
     cases[1].cfg.qsgdBucket = 32;
     cases[1].cfg.reuse = 6;
     /* vote off, every slice sampled */
-    cases[2] = (dcase_t){"gradiveq vote-off ss=all", 16 * 40, 16, base_cfg(16), 12, -1, 0, 0,
-                         gvqSum, 1, 0, 0, NULL};
+    cases[2] = (dcase_t){
+        "gradiveq vote-off ss=all", 16 * 40, 16, base_cfg(16), 12, -1, 0, 0, gvqSum, 1, 0, 0, NULL};
     cases[2].cfg.voteThreshold = 1.0f;
     cases[2].cfg.sampleSlices = 0;
     /* QSGD alone, a short last bucket, avg */
@@ -151,58 +174,64 @@ int main(void) {
     cases[4] = (dcase_t){"none", 777, 16, base_cfg(16), 3, -1, 0, 0, gvqSum, 1, 0, 0, NULL};
     cases[4].cfg.codec = gvqCodecNone;
     /* error feedback: whole-buffer staging, host codecs */
-    cases[5] = (dcase_t){"error feedback (staged)", 16 * 20, 16, base_cfg(16), 10, -1, 0, 0,
-                         gvqSum, 0, 0, 0, NULL};
+    cases[5] = (dcase_t){
+        "error feedback (staged)", 16 * 20, 16, base_cfg(16), 10, -1, 0, 0, gvqSum, 0, 0, 0, NULL};
     cases[5].cfg.errorFeedback = 1;
     /* device send, host recv: whole-buffer staging */
-    cases[6] = (dcase_t){"mixed buffers (staged)", 16 * 20, 16, base_cfg(16), 10, -1, 0, 1,
-                         gvqSum, 0, 0, 0, NULL};
+    cases[6] = (dcase_t){
+        "mixed buffers (staged)", 16 * 20, 16, base_cfg(16), 10, -1, 0, 1, gvqSum, 0, 0, 0, NULL};
     for (int nr = 1; nr <= 4; nr++) {
         for (int i = 0; i < NCASES; i++) {
             dcase_t *k = &cases[i];
             if (getenv("DP_CASE") && atoi(getenv("DP_CASE")) != i) continue;
             if (getenv("DP_RANKS") && atoi(getenv("DP_RANKS")) != nr) continue;
-          for (int via = 0; via < 2; via++) {
-            k->saw_compressed = k->saw_exit = 0;
-            k->fw = via ? fifo_world_create(nr, 1) : NULL;
-            long before = __atomic_load_n(&sim_codec_calls, __ATOMIC_RELAXED);
-            long pinned_before = __atomic_load_n(&sim_pinned_allocs, __ATOMIC_RELAXED);
-            gvq_test_run(nr, NULL, rank_case, k);
-            long calls = __atomic_load_n(&sim_codec_calls, __ATOMIC_RELAXED) - before;
-            long pinned = __atomic_load_n(&sim_pinned_allocs, __ATOMIC_RELAXED) - pinned_before;
-            /* staged rings keep their host wire in pinned memory; staged calls stage through it;
-             * the communicators give all of it back */
-            if (!via || !k->expect_device)
-                EXPECT(nr == 1 || pinned > 0, "%s at %d ranks: no pinned host memory used", k->name, nr);
-            EXPECT(__atomic_load_n(&sim_pinned_live, __ATOMIC_RELAXED) == 0,
-                   "%s at %d ranks: %ld pinned blocks not freed", k->name, nr,
-                   __atomic_load_n(&sim_pinned_live, __ATOMIC_RELAXED));
-            long moved = 0;
-            if (k->fw != NULL) {
-                moved = k->fw->transfers;
-                /* device-resident rings use it from 2 ranks; staged calls never do */
-                if (k->expect_device && nr > 1)
-                    EXPECT(moved > 0, "%s at %d ranks: the device transport moved nothing", k->name, nr);
+            for (int via = 0; via < 2; via++) {
+                k->saw_compressed = k->saw_exit = 0;
+                k->fw = via ? fifo_world_create(nr, 1) : NULL;
+                long before = __atomic_load_n(&sim_codec_calls, __ATOMIC_RELAXED);
+                long pinned_before = __atomic_load_n(&sim_pinned_allocs, __ATOMIC_RELAXED);
+                gvq_test_run(nr, NULL, rank_case, k);
+                long calls = __atomic_load_n(&sim_codec_calls, __ATOMIC_RELAXED) - before;
+                long pinned = __atomic_load_n(&sim_pinned_allocs, __ATOMIC_RELAXED) - pinned_before;
+                /* staged rings keep their host wire in pinned memory; staged calls stage through
+                 * it; the communicators give all of it back */
+                if (!via || !k->expect_device)
+                    EXPECT(nr == 1 || pinned > 0, "%s at %d ranks: no pinned host memory used",
+                           k->name, nr);
+                EXPECT(__atomic_load_n(&sim_pinned_live, __ATOMIC_RELAXED) == 0,
+                       "%s at %d ranks: %ld pinned blocks not freed", k->name, nr,
+                       __atomic_load_n(&sim_pinned_live, __ATOMIC_RELAXED));
+                long moved = 0;
+                if (k->fw != NULL) {
+                    moved = k->fw->transfers;
+                    /* device-resident rings use it from 2 ranks; staged calls never do */
+                    if (k->expect_device && nr > 1)
+                        EXPECT(moved > 0, "%s at %d ranks: the device transport moved nothing",
+                               k->name, nr);
+                    if (!k->expect_device)
+                        EXPECT(moved == 0, "%s at %d ranks: staged calls used the device transport",
+                               k->name, nr);
+                    fifo_world_destroy(k->fw);
+                    k->fw = NULL;
+                }
+                int codecs = k->cfg.codec != gvqCodecNone; /* identity runs through reduce/copy */
+                if (k->expect_device && codecs)
+                    EXPECT(calls > 0, "%s at %d ranks: the device codecs were never called",
+                           k->name, nr);
                 if (!k->expect_device)
-                    EXPECT(moved == 0, "%s at %d ranks: staged calls used the device transport", k->name, nr);
-                fifo_world_destroy(k->fw);
-                k->fw = NULL;
+                    EXPECT(calls == 0,
+                           "%s at %d ranks: %ld device codec calls, expected the host "
+                           "codecs on staged buffers",
+                           k->name, nr, calls);
+                if (k->cfg.codec == GVQ_CONFIG_UNDEF_INT || k->cfg.codec == gvqCodecGradiveq)
+                    EXPECT(k->saw_compressed, "%s at %d ranks: never reached the compressed phase",
+                           k->name, nr);
+                if (i == 0)
+                    EXPECT(k->saw_exit, "%s at %d ranks: the vote never exited early", k->name, nr);
+                printf("%-40s %d ranks, %s: %ld device codec calls%s\n", k->name, nr,
+                       via ? "device wire over a FIFO transport" : "wire staged over the host one",
+                       calls, k->saw_exit ? ", early exit + refit" : "");
             }
-            int codecs = k->cfg.codec != gvqCodecNone; /* identity runs through reduce/copy */
-            if (k->expect_device && codecs)
-                EXPECT(calls > 0, "%s at %d ranks: the device codecs were never called", k->name, nr);
-            if (!k->expect_device)
-                EXPECT(calls == 0, "%s at %d ranks: %ld device codec calls, expected the host "
-                       "codecs on staged buffers", k->name, nr, calls);
-            if (k->cfg.codec == GVQ_CONFIG_UNDEF_INT || k->cfg.codec == gvqCodecGradiveq)
-                EXPECT(k->saw_compressed, "%s at %d ranks: never reached the compressed phase",
-                       k->name, nr);
-            if (i == 0)
-                EXPECT(k->saw_exit, "%s at %d ranks: the vote never exited early", k->name, nr);
-            printf("%-40s %d ranks, %s: %ld device codec calls%s\n", k->name, nr,
-                   via ? "device wire over a FIFO transport" : "wire staged over the host one",
-                   calls, k->saw_exit ? ", early exit + refit" : "");
-          }
         }
     }
     EXPECT(sim_violations == 0, "%d breaches of the device contract", sim_violations);

@@ -22,7 +22,9 @@ typedef struct {
     int carried[16];
 } fcase_t;
 
-static int32_t vote_of_rank(void *arg) { return *(int *)arg + 1; }
+static int32_t vote_of_rank(void *arg) {
+    return *(int *)arg + 1;
+}
 
 static void *fifo_rank(void *p) {
     void **a = p;
@@ -38,7 +40,8 @@ static void *fifo_rank(void *p) {
                           .scratch = &scratch,
                           .scratch_bytes = &scratch_bytes};
     float *x = malloc(sizeof(float) * k->count), *y = malloc(sizeof(float) * k->count);
-    for (size_t i = 0; i < k->count; i++) x[i] = (float)((i * 7 + (size_t)r * 13) % 101); /* exact sums */
+    for (size_t i = 0; i < k->count; i++)
+        x[i] = (float)((i * 7 + (size_t)r * 13) % 101); /* exact sums */
     gvq_codec_t codec;
     gvq_gradiveq_t g;
     float *U = NULL, *Z = NULL;
@@ -49,7 +52,8 @@ static void *fifo_rank(void *p) {
         U = calloc(L * L * groups, sizeof(float));
         Z = calloc(L * groups, sizeof(float));
         for (size_t q = 0; q < groups; q++)
-            for (size_t i = 0; i < L; i++) U[q * L * L + i * L + i] = 1.0f;
+            for (size_t i = 0; i < L; i++)
+                U[q * L * L + i * L + i] = 1.0f;
         memset(&g, 0, sizeof g);
         g.count = k->count, g.L = L, g.d = L, g.C = 1, g.nranks = k->nranks, g.U = U, g.Z = Z;
         gvq_gradiveq_prepare(&g, &gvq_host_device);
@@ -57,8 +61,8 @@ static void *fifo_rank(void *p) {
     } else {
         gvq_codec_identity_init(&codec, &gvq_host_device, gvqFloat32, gvqSum);
     }
-    k->res[r] = gvq_ring_allreduce_tally(&ctx, &codec, x, y, k->count, gvqSum,
-                                         k->use_gq ? &tally : NULL);
+    k->res[r] =
+        gvq_ring_allreduce_tally(&ctx, &codec, x, y, k->count, gvqSum, k->use_gq ? &tally : NULL);
     k->tally[r] = tally.sum;
     k->carried[r] = tally.carried;
     k->out[r] = y;
@@ -76,7 +80,8 @@ static void run_case(fcase_t *k) {
         args[r][0] = k, args[r][1] = (void *)(intptr_t)r;
         pthread_create(&tid[r], NULL, fifo_rank, args[r]);
     }
-    for (int r = 0; r < k->nranks; r++) pthread_join(tid[r], NULL);
+    for (int r = 0; r < k->nranks; r++)
+        pthread_join(tid[r], NULL);
     fifo_world_destroy(k->w);
 }
 
@@ -100,15 +105,17 @@ int main(void) {
                         size_t bad = 0;
                         for (size_t i = 0; k.res[r] == gvqSuccess && i < k.count; i++) {
                             double want = 0;
-                            for (int q = 0; q < n; q++) want += (double)((i * 7 + (size_t)q * 13) % 101);
+                            for (int q = 0; q < n; q++)
+                                want += (double)((i * 7 + (size_t)q * 13) % 101);
                             bad += k.out[r][i] != (float)want;
                         }
-                        EXPECT(bad == 0, "n=%d count=%zu chunk=%zu gq=%d rank %d: %zu wrong sums", n,
-                               k.count, k.chunk_bytes, gq, r, bad);
+                        EXPECT(bad == 0, "n=%d count=%zu chunk=%zu gq=%d rank %d: %zu wrong sums",
+                               n, k.count, k.chunk_bytes, gq, r, bad);
                         /* carried when every segment has a chunk; else the rank's own value */
                         int32_t want = k.carried[r] ? n * (n + 1) / 2 : r + 1;
                         if (gq && k.res[r] == gvqSuccess)
-                            EXPECT(k.tally[r] == want && k.carried[r] == ((k.count + 7) / 8 >= (size_t)n),
+                            EXPECT(k.tally[r] == want &&
+                                       k.carried[r] == ((k.count + 7) / 8 >= (size_t)n),
                                    "n=%d count=%zu: tally %d (carried %d), want %d", n, k.count,
                                    k.tally[r], k.carried[r], want);
                         free(k.out[r]);
@@ -125,9 +132,12 @@ int main(void) {
         timed_out += k.res[r] == gvqTimeout;
         free(k.out[r]);
     }
-    EXPECT(timed_out == 3, "pre-posting ring on a FIFO stream: %d of 3 ranks timed out, expected "
-           "all (the simulated stream no longer models the hazard)", timed_out);
+    EXPECT(timed_out == 3,
+           "pre-posting ring on a FIFO stream: %d of 3 ranks timed out, expected "
+           "all (the simulated stream no longer models the hazard)",
+           timed_out);
     printf("fifo ring: %d shapes at 2-5 ranks exact; pre-posting ring on the stream: %d/3 ranks "
-           "timed out as expected\n", cases, timed_out);
+           "timed out as expected\n",
+           cases, timed_out);
     return gvq_test_finish("test_fifo_ring");
 }

@@ -40,7 +40,8 @@ static void test_merge(void) {
         EXPECT_RES(gvq_sparse_merge(&gvq_host_device, gvqFloat32, dim, idx, val, n, oi, ov, &m),
                    gvqSuccess);
         size_t want = 0;
-        for (size_t r = 0; r < rows; r++) want += hit[r];
+        for (size_t r = 0; r < rows; r++)
+            want += hit[r];
         EXPECT(m == want, "merge: %zu unique rows, expected %zu", m, want);
         EXPECT(gvq_sparse_find_unsorted(oi, m) == m, "merge output not strictly ascending");
         for (size_t i = 0; i < m && i < want; i++)
@@ -77,11 +78,13 @@ static void check_map(uint64_t rows, uint64_t P, int N, int mode) {
     gvq_part_t m;
     EXPECT_RES(gvq_part_init(&m, rows, P, N, mode), gvqSuccess);
     uint64_t total = 0;
-    for (int r = 0; r < N; r++) total += m.rank_rows[r];
+    for (int r = 0; r < N; r++)
+        total += m.rank_rows[r];
     EXPECT(total == rows, "rows %llu P %llu N %d mode %d: ranks hold %llu rows",
            (unsigned long long)rows, (unsigned long long)P, N, mode, (unsigned long long)total);
     uint8_t **seen = calloc((size_t)N, sizeof *seen);
-    for (int r = 0; r < N; r++) seen[r] = calloc(m.rank_rows[r] + 1, 1);
+    for (int r = 0; r < N; r++)
+        seen[r] = calloc(m.rank_rows[r] + 1, 1);
     uint64_t *per_shard = calloc(P, sizeof *per_shard);
     for (uint64_t row = 0; row < rows; row++) {
         int rk = -1;
@@ -111,7 +114,8 @@ static void check_map(uint64_t rows, uint64_t P, int N, int mode) {
         EXPECT(per_shard[s] == rows / P || per_shard[s] == rows / P + 1,
                "shard %llu holds %llu rows of %llu / %llu", (unsigned long long)s,
                (unsigned long long)per_shard[s], (unsigned long long)rows, (unsigned long long)P);
-    for (int r = 0; r < N; r++) free(seen[r]);
+    for (int r = 0; r < N; r++)
+        free(seen[r]);
     free(seen);
     free(per_shard);
     gvq_part_fini(&m);
@@ -123,14 +127,17 @@ static void test_partition(void) {
     for (size_t a = 0; a < sizeof rows / sizeof rows[0]; a++)
         for (size_t b = 0; b < sizeof Ps / sizeof Ps[0]; b++)
             for (int N = 1; N <= 5; N += 2)
-                for (int mode = 0; mode < 2; mode++) check_map(rows[a], Ps[b], N, mode);
+                for (int mode = 0; mode < 2; mode++)
+                    check_map(rows[a], Ps[b], N, mode);
     /* hashed spreads neighbouring (hot) rows: rows 0..P-1 do not all land on one shard */
     gvq_part_t m;
     EXPECT_RES(gvq_part_init(&m, 100000, 8, 4, GVQ_PART_HASHED), gvqSuccess);
     int shards[8] = {0};
-    for (uint64_t row = 0; row < 64; row++) shards[gvq_part_shard(&m, row)]++;
+    for (uint64_t row = 0; row < 64; row++)
+        shards[gvq_part_shard(&m, row)]++;
     int used = 0;
-    for (int s = 0; s < 8; s++) used += shards[s] > 0;
+    for (int s = 0; s < 8; s++)
+        used += shards[s] > 0;
     EXPECT(used >= 6, "hashed: the first 64 rows use %d of 8 shards", used);
     gvq_part_fini(&m);
     EXPECT_RES(gvq_part_init(&m, 0, 1, 1, 0), gvqInvalidArgument);
@@ -157,7 +164,8 @@ static void test_rules(void) {
             if (rule == GVQ_RULE_SGD) ws -= 0.1 * gj;
             if (rule == GVQ_RULE_MOMENTUM) ss = 0.9 * ss + gj, ws -= 0.1 * ss;
             if (rule == GVQ_RULE_ADAGRAD) ss += gj * gj, ws -= 0.1 * gj / (sqrt(ss) + 1e-7);
-            EXPECT(fabs(wd[j] - ws) < 1e-12, "rule %d col %d: w %g, expected %g", rule, j, wd[j], ws);
+            EXPECT(fabs(wd[j] - ws) < 1e-12, "rule %d col %d: w %g, expected %g", rule, j, wd[j],
+                   ws);
             EXPECT(fabs(wf[j] - ws) < 1e-5, "rule %d col %d (float): w %g, expected %g", rule, j,
                    wf[j], ws);
             if (rule != GVQ_RULE_SGD)
@@ -169,11 +177,14 @@ static void test_rules(void) {
 
 /* ---- least squares and the tuner's search -------------------------------------------------- */
 
-static double cost(double th0, double th1, double th2, double P) { return th0 + th1 / P + th2 * P; }
+static double cost(double th0, double th1, double th2, double P) {
+    return th0 + th1 / P + th2 * P;
+}
 
 static void test_lsq(void) {
     double P[6] = {1, 2, 4, 8, 16, 32}, t[6], th[3];
-    for (int i = 0; i < 6; i++) t[i] = cost(0.5, 3.0, 0.01, P[i]);
+    for (int i = 0; i < 6; i++)
+        t[i] = cost(0.5, 3.0, 0.01, P[i]);
     EXPECT(gvq_lsq_fit3(P, t, 6, th) == 0, "fit on 6 exact samples failed");
     EXPECT(fabs(th[0] - 0.5) < 1e-9 && fabs(th[1] - 3.0) < 1e-9 && fabs(th[2] - 0.01) < 1e-9,
            "fit: %g %g %g, expected 0.5 3 0.01", th[0], th[1], th[2]);
@@ -184,12 +195,14 @@ static void test_lsq(void) {
     EXPECT(gvq_lsq_fit3(P2, t2, 4, th) != 0, "fit on 2 distinct P must fail");
     /* noisy data: the least-squares solution satisfies the normal equations */
     double Pn[7] = {1, 2, 3, 5, 8, 13, 21}, tn[7];
-    for (int i = 0; i < 7; i++) tn[i] = cost(1.0, 2.0, 0.05, Pn[i]) + ((i % 2) ? 0.01 : -0.01);
+    for (int i = 0; i < 7; i++)
+        tn[i] = cost(1.0, 2.0, 0.05, Pn[i]) + ((i % 2) ? 0.01 : -0.01);
     EXPECT(gvq_lsq_fit3(Pn, tn, 7, th) == 0, "noisy fit failed");
     double grad[3] = {0, 0, 0};
     for (int i = 0; i < 7; i++) {
         double x[3] = {1, 1 / Pn[i], Pn[i]}, e = th[0] + th[1] * x[1] + th[2] * x[2] - tn[i];
-        for (int a = 0; a < 3; a++) grad[a] += x[a] * e;
+        for (int a = 0; a < 3; a++)
+            grad[a] += x[a] * e;
     }
     EXPECT(fabs(grad[0]) < 1e-9 && fabs(grad[1]) < 1e-9 && fabs(grad[2]) < 1e-8,
            "residual not orthogonal to the columns: %g %g %g", grad[0], grad[1], grad[2]);
@@ -199,11 +212,13 @@ static int run_search(int start, int maxp, double th0, double th1, double th2, i
                       int *nsamples, int *sampled) {
     gvq_ptune_t s;
     gvq_ptune_init(&s, start, maxp, 1);
-    for (int P; (P = gvq_ptune_next(&s)) != 0;) gvq_ptune_record(&s, cost(th0, th1, th2, P));
+    for (int P; (P = gvq_ptune_next(&s)) != 0;)
+        gvq_ptune_record(&s, cost(th0, th1, th2, P));
     double theta[3], pred;
     int best = gvq_ptune_choose(&s, fit_ok, theta, &pred);
     *nsamples = s.n;
-    for (int i = 0; i < s.n; i++) sampled[i] = s.Ps[i];
+    for (int i = 0; i < s.n; i++)
+        sampled[i] = s.Ps[i];
     return best;
 }
 
@@ -225,7 +240,8 @@ static void test_search(void) {
            "search from 8 sampled %d: %d %d %d %d %d", n, sp[0], sp[1], sp[2], sp[3], sp[4]);
     /* capped by maxp: never samples beyond it */
     best = run_search(2, 8, 0.0, 100.0, 0.0001, &fit_ok, &n, sp);
-    for (int i = 0; i < n; i++) EXPECT(sp[i] <= 8, "sampled %d beyond maxp 8", sp[i]);
+    for (int i = 0; i < n; i++)
+        EXPECT(sp[i] <= 8, "sampled %d beyond maxp 8", sp[i]);
     EXPECT(best == 8, "capped search chose %d, expected 8", best);
     /* one sample only (start = maxp = 1): no fit, the sample */
     best = run_search(1, 1, 1.0, 1.0, 1.0, &fit_ok, &n, sp);
@@ -252,10 +268,11 @@ static void test_search(void) {
     /* a measured curve with a bump the model cannot see (the shape of a run on the emulated
      * cluster): flat from 4 up, 12 the fastest; the search samples 4 8 16 2, the fit points at 8
      * (sampled), so the refinement tries midway between 8 and 16 and finds 12 */
-    static const double bumpy[17] = {0,  78.6, 48.4, 35.4, 29.6, 32.3, 32.5, 30.5, 28.7,
+    static const double bumpy[17] = {0,    78.6, 48.4, 35.4, 29.6, 32.3, 32.5, 30.5, 28.7,
                                      32.2, 31.3, 27.8, 27.0, 27.8, 28.4, 28.3, 29.2};
     gvq_ptune_init(&s, 4, 16, 4);
-    for (int P; (P = gvq_ptune_next(&s)) != 0;) gvq_ptune_record(&s, bumpy[P]);
+    for (int P; (P = gvq_ptune_next(&s)) != 0;)
+        gvq_ptune_record(&s, bumpy[P]);
     int gb = gvq_ptune_choose(&s, &fit_ok, th, &pred);
     EXPECT(gb == 12, "bumpy curve: chose %d after %d samples, expected 12", gb, s.n);
     EXPECT(s.n <= 4 + GVQ_PTUNE_REFINE, "bumpy curve: %d samples", s.n);
@@ -275,7 +292,8 @@ static size_t case_rows(const ps_case_t *c, int rank, int step, int64_t *idx, fl
     for (size_t i = 0; i < n; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         idx[i] = (int64_t)(x % c->rows);
-        for (size_t j = 0; j < c->dim; j++) g[i * c->dim + j] = (float)((int)((x >> (j + 3)) % 9) - 4);
+        for (size_t j = 0; j < c->dim; j++)
+            g[i * c->dim + j] = (float)((int)((x >> (j + 3)) % 9) - 4);
     }
     return n;
 }
@@ -296,10 +314,12 @@ static void ps_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
     float *w = malloc(rows * dim * 4), *st = calloc(rows * dim, 4), *gsum = malloc(rows * dim * 4);
     int *touched = malloc(rows * sizeof *touched);
     int64_t all[rows];
-    for (size_t r = 0; r < rows; r++) all[r] = (int64_t)r;
+    for (size_t r = 0; r < rows; r++)
+        all[r] = (int64_t)r;
     EXPECT_RES(gvqPsPull(ps, all, w, rows), gvqSuccess); /* the uniform init, whatever it is */
     if (c->rule == GVQ_RULE_ADAGRAD)
-        for (size_t k = 0; k < rows * dim; k++) st[k] = 0.1f;
+        for (size_t k = 0; k < rows * dim; k++)
+            st[k] = 0.1f;
     int64_t idx[16];
     float g[16 * 8];
     for (int step = 0; step < c->steps; step++) {
@@ -309,7 +329,8 @@ static void ps_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
             size_t n = case_rows(c, r, step, idx, g);
             for (size_t i = 0; i < n; i++) {
                 touched[idx[i]] = 1;
-                for (size_t j = 0; j < dim; j++) gsum[idx[i] * dim + j] += g[i * dim + j];
+                for (size_t j = 0; j < dim; j++)
+                    gsum[idx[i] * dim + j] += g[i * dim + j];
             }
         }
         gvq_rule_t rule = {c->rule, 0.125, 0.9, 1e-7, 1.0};
@@ -331,10 +352,11 @@ static void ps_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
 }
 
 static void test_ps_inproc(void) {
-    static const ps_case_t cases[] = {{10, 3, 1, 0, 5}, {10, 3, 4, 1, 5}, {10, 2, 13, 2, 6},
-                                      {37, 8, 3, 2, 4}, {5, 1, 2, 1, 3}};
+    static const ps_case_t cases[] = {
+        {10, 3, 1, 0, 5}, {10, 3, 4, 1, 5}, {10, 2, 13, 2, 6}, {37, 8, 3, 2, 4}, {5, 1, 2, 1, 3}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-        for (int N = 1; N <= 4; N++) gvq_test_run(N, NULL, ps_rank, (void *)&cases[k]);
+        for (int N = 1; N <= 4; N++)
+            gvq_test_run(N, NULL, ps_rank, (void *)&cases[k]);
 }
 
 /* ---- a malicious peer ------------------------------------------------------------------------ */
@@ -384,9 +406,9 @@ static void evil_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
         int64_t hdr[3] = {GVQ_SX_MAGIC ^ kind, 0, 1};
         int64_t blk[1 + 2] = {25, 0, 0}; /* one row: index, then dim floats (as 8 bytes) */
         size_t blen = e->mode == 5 ? 8 : 8 + dim * 4;
-        if (e->mode == 0) hdr[2] = 11;       /* rank 0 holds 10 rows */
-        if (e->mode == 2) blk[0] = 12;       /* held by rank 1 */
-        if (e->mode == 3) hdr[2] = 2;        /* the block carries one row only */
+        if (e->mode == 0) hdr[2] = 11; /* rank 0 holds 10 rows */
+        if (e->mode == 2) blk[0] = 12; /* held by rank 1 */
+        if (e->mode == 3) hdr[2] = 2;  /* the block carries one row only */
         if (e->mode == 4) hdr[0] = 12345;
         if (e->mode == 5) blk[0] = -4;
         gvq_req_t req[2];
@@ -405,7 +427,8 @@ static void evil_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
             gvq_xport_wait(t, &rr, "evil");
             int64_t st;
             memcpy(&st, reply, 8);
-            EXPECT(st == 1, "a malformed pull request was answered with status %lld", (long long)st);
+            EXPECT(st == 1, "a malformed pull request was answered with status %lld",
+                   (long long)st);
         }
     }
     gvqPsDestroy(ps);

@@ -12,9 +12,12 @@
 static double ref_half(uint16_t h) {
     int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
     double v;
-    if (exp == 31) v = man ? NAN : INFINITY;
-    else if (exp == 0) v = ldexp(man, -24);
-    else v = ldexp(1024 + man, exp - 25);
+    if (exp == 31)
+        v = man ? NAN : INFINITY;
+    else if (exp == 0)
+        v = ldexp(man, -24);
+    else
+        v = ldexp(1024 + man, exp - 25);
     return sign ? -v : v;
 }
 
@@ -22,9 +25,12 @@ static double ref_bf16(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     int sign = bits >> 31, exp = (bits >> 23) & 255, man = bits & 0x7fffff;
     double v;
-    if (exp == 255) v = man ? NAN : INFINITY;
-    else if (exp == 0) v = ldexp(man, -149);
-    else v = ldexp(0x800000 + man, exp - 150);
+    if (exp == 255)
+        v = man ? NAN : INFINITY;
+    else if (exp == 0)
+        v = ldexp(man, -149);
+    else
+        v = ldexp(0x800000 + man, exp - 150);
     return sign ? -v : v;
 }
 
@@ -51,13 +57,15 @@ int main(void) {
         const char *sa = gvqGetErrorString((gvqResult_t)a);
         EXPECT(sa != NULL && sa[0] != '\0', "result %d has no string", a);
         for (int b = 0; b < a; b++)
-            EXPECT(strcmp(sa, gvqGetErrorString((gvqResult_t)b)) != 0, "results %d and %d share '%s'", a, b, sa);
+            EXPECT(strcmp(sa, gvqGetErrorString((gvqResult_t)b)) != 0,
+                   "results %d and %d share '%s'", a, b, sa);
     }
     EXPECT(gvqGetErrorString((gvqResult_t)99) != NULL, "unknown code");
     int v = 0;
     EXPECT(gvqGetVersion(&v) == gvqSuccess && v == GVQ_VERSION, "version %d", v);
     EXPECT(gvqGetVersion(NULL) == gvqInvalidArgument, "NULL version accepted");
-    EXPECT(strstr(gvqGetLastError(NULL), "version") != NULL, "last error '%s'", gvqGetLastError(NULL));
+    EXPECT(strstr(gvqGetLastError(NULL), "version") != NULL, "last error '%s'",
+           gvqGetLastError(NULL));
 
     /* tunables come from the environment, a bad value falls back to the default */
     setenv("GVQ_CHUNK_BYTES", "4096", 1);
@@ -68,15 +76,21 @@ int main(void) {
     setenv("GVQ_GRADIVEQ_VOTE", "nan", 1);
     setenv("GVQ_GRADIVEQ_SAMPLE_SLICES", "-3", 1);
     setenv("GVQ_BOOTSTRAP_PORT", "-3", 1);
-    EXPECT(gvq_param(GVQ_PARAM_CHUNK_BYTES) == 4096, "chunk %lld", (long long)gvq_param(GVQ_PARAM_CHUNK_BYTES));
-    EXPECT(gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD) == 16, "spin %lld", (long long)gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD));
+    EXPECT(gvq_param(GVQ_PARAM_CHUNK_BYTES) == 4096, "chunk %lld",
+           (long long)gvq_param(GVQ_PARAM_CHUNK_BYTES));
+    EXPECT(gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD) == 16, "spin %lld",
+           (long long)gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD));
     EXPECT(gvq_param(GVQ_PARAM_TIMEOUT_MS) == 600000, "timeout default");
-    EXPECT(gvq_param(GVQ_PARAM_CODEC) == gvqCodecQsgd, "codec %lld", (long long)gvq_param(GVQ_PARAM_CODEC));
-    EXPECT(gvq_param_real(GVQ_PARAM_GRADIVEQ_EPS) == 0.125, "eps %g", gvq_param_real(GVQ_PARAM_GRADIVEQ_EPS));
-    EXPECT(gvq_param_real(GVQ_PARAM_GRADIVEQ_VOTE) == -1, "vote %g", gvq_param_real(GVQ_PARAM_GRADIVEQ_VOTE));
+    EXPECT(gvq_param(GVQ_PARAM_CODEC) == gvqCodecQsgd, "codec %lld",
+           (long long)gvq_param(GVQ_PARAM_CODEC));
+    EXPECT(gvq_param_real(GVQ_PARAM_GRADIVEQ_EPS) == 0.125, "eps %g",
+           gvq_param_real(GVQ_PARAM_GRADIVEQ_EPS));
+    EXPECT(gvq_param_real(GVQ_PARAM_GRADIVEQ_VOTE) == -1, "vote %g",
+           gvq_param_real(GVQ_PARAM_GRADIVEQ_VOTE));
     EXPECT(gvq_param(GVQ_PARAM_GRADIVEQ_SAMPLE_SLICES) == -3, "slices %lld",
            (long long)gvq_param(GVQ_PARAM_GRADIVEQ_SAMPLE_SLICES));
-    EXPECT(gvq_param(GVQ_PARAM_BOOTSTRAP_PORT) == 0, "port %lld", (long long)gvq_param(GVQ_PARAM_BOOTSTRAP_PORT));
+    EXPECT(gvq_param(GVQ_PARAM_BOOTSTRAP_PORT) == 0, "port %lld",
+           (long long)gvq_param(GVQ_PARAM_BOOTSTRAP_PORT));
 
     /* every half and bf16 code decodes to the reference value */
     for (int c = 0; c < 65536; c++) {
@@ -95,15 +109,19 @@ int main(void) {
         float x = (float)((s & 1) ? -mag : mag);
         uint16_t want = ref_round(x, ref_half, 1);
         if (fabs(x) >= 65520.0) want = (uint16_t)((x < 0 ? 0x8000 : 0) | 0x7c00);
-        EXPECT(gvq_float_to_half(x) == want, "half(%.9g) = 0x%04x, want 0x%04x", x, gvq_float_to_half(x), want);
-        float y = (float)((s & 2) ? -ldexp(mag, (int)((s >> 20) % 200) - 100) : ldexp(mag, (int)((s >> 20) % 200) - 100));
+        EXPECT(gvq_float_to_half(x) == want, "half(%.9g) = 0x%04x, want 0x%04x", x,
+               gvq_float_to_half(x), want);
+        float y = (float)((s & 2) ? -ldexp(mag, (int)((s >> 20) % 200) - 100)
+                                  : ldexp(mag, (int)((s >> 20) % 200) - 100));
         uint16_t wb = ref_round(y, ref_bf16, 0);
-        EXPECT(gvq_float_to_bf16(y) == wb, "bf16(%.9g) = 0x%04x, want 0x%04x", y, gvq_float_to_bf16(y), wb);
+        EXPECT(gvq_float_to_bf16(y) == wb, "bf16(%.9g) = 0x%04x, want 0x%04x", y,
+               gvq_float_to_bf16(y), wb);
     }
     for (int c = 0; c < 0x7bff; c += 7) { /* exact halfway points between neighbours */
         double mid = (ref_half((uint16_t)c) + ref_half((uint16_t)(c + 1))) / 2;
         uint16_t want = (c & 1) ? (uint16_t)(c + 1) : (uint16_t)c;
-        EXPECT(gvq_float_to_half((float)mid) == want, "tie %.9g -> 0x%04x want 0x%04x", mid, gvq_float_to_half((float)mid), want);
+        EXPECT(gvq_float_to_half((float)mid) == want, "tie %.9g -> 0x%04x want 0x%04x", mid,
+               gvq_float_to_half((float)mid), want);
     }
     EXPECT(isnan(gvq_half_to_float(gvq_float_to_half(NAN))), "half nan");
     EXPECT(isnan(gvq_bf16_to_float(gvq_float_to_bf16(NAN))), "bf16 nan");
