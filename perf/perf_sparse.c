@@ -94,45 +94,22 @@ static int bad_number(const char *arg, const char *end) {
     return errno != 0 || *end != '\0' || end == arg ? -1 : 0;
 }
 
-static int opt_int(const perf_opt_t *opt, const char *arg, void *field, char *msg, size_t len) {
-    (void)opt;
-    (void)msg;
-    (void)len;
-    char *end;
-    errno = 0;
-    *(int *)field = (int)strtol(arg, &end, 10);
-    return bad_number(arg, end);
-}
-
-static int opt_size(const perf_opt_t *opt, const char *arg, void *field, char *msg, size_t len) {
-    (void)opt;
-    (void)msg;
-    (void)len;
-    char *end;
-    errno = 0;
-    *(size_t *)field = (size_t)strtoull(arg, &end, 10);
-    return bad_number(arg, end);
-}
-
-static int opt_ull(const perf_opt_t *opt, const char *arg, void *field, char *msg, size_t len) {
-    (void)opt;
-    (void)msg;
-    (void)len;
-    char *end;
-    errno = 0;
-    *(unsigned long long *)field = strtoull(arg, &end, 10);
-    return bad_number(arg, end);
-}
-
-static int opt_double(const perf_opt_t *opt, const char *arg, void *field, char *msg, size_t len) {
-    (void)opt;
-    (void)msg;
-    (void)len;
-    char *end;
-    errno = 0;
-    *(double *)field = strtod(arg, &end);
-    return bad_number(arg, end);
-}
+/* opt_NAME: the argument as CONV reads it into a TYPE at field. */
+#define PLAIN_NUMBER_PARSER(name, type, conv)                                                     \
+    static int name(const perf_opt_t *opt, const char *arg, void *field, char *msg, size_t len) { \
+        (void)opt;                                                                                \
+        (void)msg;                                                                                \
+        (void)len;                                                                                \
+        char *end;                                                                                \
+        errno = 0;                                                                                \
+        *(type *)field = (type)conv;                                                              \
+        return bad_number(arg, end);                                                              \
+    }
+PLAIN_NUMBER_PARSER(opt_int, int, strtol(arg, &end, 10))
+PLAIN_NUMBER_PARSER(opt_size, size_t, strtoull(arg, &end, 10))
+PLAIN_NUMBER_PARSER(opt_ull, unsigned long long, strtoull(arg, &end, 10))
+PLAIN_NUMBER_PARSER(opt_double, double, strtod(arg, &end))
+#undef PLAIN_NUMBER_PARSER
 
 /* -C: the sparse modes of a comma-separated list; any other name is an error. */
 static int opt_modes(const perf_opt_t *opt, const char *arg, void *field, char *msg, size_t len) {

@@ -41,7 +41,7 @@ def symbols(obj):
         name, kind = parts[0], parts[1]
         if kind == "U":
             used.add(name)
-        elif kind in "TDBRVWC" or kind in "tdbr" and False:
+        elif kind in "TDBRVWC":  # global definitions (local t/d/b/r cannot be called)
             defined.add(name)
     return defined, used
 

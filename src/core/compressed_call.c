@@ -327,11 +327,7 @@ static gvqResult_t check_call(const void *sendbuff, void *recvbuff, size_t count
         GVQ_WARN("%s: recvbuff overlaps sendbuff but is not in place", fn);
         return gvqInvalidArgument;
     }
-    if (gvq_group_active()) {
-        GVQ_WARN("%s: not allowed inside gvqGroupStart/gvqGroupEnd", fn);
-        return gvqInvalidUsage;
-    }
-    return gvqSuccess;
+    return gvq_comm_check(comm, fn, 1); /* live, and not inside a group */
 }
 
 GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
