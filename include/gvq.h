@@ -267,7 +267,10 @@ typedef struct gvqCompressor *gvqCompressor_t;
 typedef enum {
     gvqCodecNone     = 0, /* plain ring */
     gvqCodecGradiveq = 1, /* PCA compression, summed in the compressed domain */
-    gvqCodecQsgd     = 2  /* stochastic quantization; decoded, added, re-encoded at each hop */
+    gvqCodecQsgd     = 2, /* stochastic quantization; decoded, added, re-encoded at each hop
+                             (integerBits > 0: integers summed at each hop instead) */
+    gvqCodecPowersgd = 3  /* rank-r approximation P Q^T of the tensor seen as a K x (count/K)
+                             matrix (Vogels et al. 2019); P and Q are plain sums on the ring */
 } gvqCodec_t;
 /* clang-format on */
 
@@ -315,6 +318,15 @@ typedef struct {
                             spread evenly over the group; 0: all of them. The fit then sees
                             T x sampleSlices samples of the group (memory: T x count floats with
                             0). [1: the first slice, as the paper] */
+    int integerBits;     /* 0: the ring adds floats. 8 or 16: integer-summed wire: GradiVeQ's
+                            coefficients and QSGD's levels are quantized with one scale per
+                            block that every rank uses (agreed before the ring), and the ring
+                            adds b-bit integers: exact, order-independent. Each rank's values
+                            are limited to +-floor((2^(b-1) - 1) / N) for N ranks, so the sum of
+                            N never overflows. [0] */
+    int powerRank;       /* r of gvqCodecPowersgd, at most min(rows, columns) [1] */
+    float efBound;       /* error feedback: the residual carried to the next call is clipped to
+                            at most efBound x the norm of this call's gradient [1.0] */
 } gvqCompressorConfig_t;
 
 #define GVQ_COMPRESSOR_CONFIG_INITIALIZER                                            \
@@ -326,7 +338,7 @@ typedef struct {
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,        \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,        \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f, \
-            GVQ_CONFIG_UNDEF_INT                                                     \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f  \
     }
 
 /* What a compressor is doing and has done. */

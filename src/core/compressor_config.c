@@ -5,7 +5,7 @@
  *
  *   header -> codec -> shape (K D H W) and slices (L, reuse C) -> thresholds (eps, vote)
  *          -> schedule (W T S, sampling codec, sampleSlices) -> QSGD -> wire, error feedback,
- *             maxDims, seed
+ *             maxDims, seed, integer sums, the clip -> PowerSGD's rank and matrix shape
  */
 #include "gvq_compressor.h"
 
@@ -124,7 +124,51 @@ static gvqResult_t resolve_wire(const gvqCompressorConfig_t *in, gvq_comp_cfg_t 
         return gvqInvalidArgument;
     }
     c->seed = undef(in->seed) ? 0 : in->seed;
+    c->int_bits = undef(in->integerBits) ? 0 : in->integerBits;
+    if (c->int_bits != 0 && c->int_bits != 8 && c->int_bits != 16) {
+        GVQ_WARN("%s: integerBits=%d must be 0, 8 or 16", fn, c->int_bits);
+        return gvqInvalidArgument;
+    }
+    if (c->int_bits != 0 && c->fp16) {
+        GVQ_WARN("%s: integerBits=%d and wireType gvqFloat16 exclude each other", fn, c->int_bits);
+        return gvqInvalidArgument;
+    }
+    c->ef_bound = in->efBound == -1.0f ? 1.0f : in->efBound;
+    if (!(c->ef_bound > 0 && c->ef_bound <= 1e6f)) { /* also refuses NaN */
+        GVQ_WARN("%s: efBound=%g must be in (0, 1e6]", fn, (double)in->efBound);
+        return gvqInvalidArgument;
+    }
     return gvqSuccess;
+}
+
+/* PowerSGD's rank: the tensor is a K x (count / K) matrix (filters as rows), or for a flat
+ * tensor ceil(count / R) x R with R = ceil(sqrt(count)), zero-padded. */
+static gvqResult_t resolve_powersgd(const gvqCompressorConfig_t *in, gvq_comp_cfg_t *c) {
+    c->prank = undef(in->powerRank) ? 1 : in->powerRank;
+    if (c->codec != gvqCodecPowersgd) return gvqSuccess;
+    size_t rows, cols;
+    gvq_powersgd_shape(c, &rows, &cols);
+    if (c->prank < 1 || (size_t)c->prank > GVQ_MIN(rows, cols)) {
+        GVQ_WARN("%s: powerRank=%d must be in [1, %zu] for a %zu x %zu matrix", fn, c->prank,
+                 GVQ_MIN(rows, cols), rows, cols);
+        return gvqInvalidArgument;
+    }
+    if (undef(in->errorFeedback)) c->error_feedback = 1; /* PowerSGD needs it (Vogels et al.) */
+    return gvqSuccess;
+}
+
+void gvq_powersgd_shape(const gvq_comp_cfg_t *c, size_t *rows, size_t *cols) {
+    size_t n = (size_t)c->count;
+    if (c->W != 0 && c->K > 1) {
+        *rows = (size_t)c->K;
+        *cols = n / (size_t)c->K;
+    } else {
+        size_t r = 1;
+        while (r * r < n)
+            r++;
+        *cols = r;
+        *rows = GVQ_DIV_UP(n, r);
+    }
 }
 
 gvqResult_t gvq_compressor_config_resolve(const gvqCompressorConfig_t *in, size_t count,
@@ -138,13 +182,16 @@ gvqResult_t gvq_compressor_config_resolve(const gvqCompressorConfig_t *in, size_
     memset(c, 0, sizeof *c);
     c->count = count;
     c->codec = undef(in->codec) ? gvqCodecGradiveq : in->codec;
-    if (c->codec != gvqCodecNone && c->codec != gvqCodecGradiveq && c->codec != gvqCodecQsgd) {
-        GVQ_WARN("%s: codec %d is not gvqCodecNone, gvqCodecGradiveq or gvqCodecQsgd", fn,
-                 c->codec);
+    if (c->codec != gvqCodecNone && c->codec != gvqCodecGradiveq && c->codec != gvqCodecQsgd &&
+        c->codec != gvqCodecPowersgd) {
+        GVQ_WARN("%s: codec %d is not gvqCodecNone, gvqCodecGradiveq, gvqCodecQsgd or "
+                 "gvqCodecPowersgd",
+                 fn, c->codec);
         return gvqInvalidArgument;
     }
     GVQCHECK(resolve_shape(in, count, c));
     GVQCHECK(resolve_schedule(in, c));
     GVQCHECK(resolve_qsgd(in, c));
-    return resolve_wire(in, c);
+    GVQCHECK(resolve_wire(in, c));
+    return resolve_powersgd(in, c);
 }

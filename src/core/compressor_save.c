@@ -12,7 +12,7 @@
 
 #include "gvq_compressor.h"
 
-#define SAVE_MAGIC 0x32524d4351564721ull /* "!GVQCMR2" */
+#define SAVE_MAGIC 0x33524d4351564721ull /* "!GVQCMR3" */
 
 typedef struct {
     uint64_t magic;

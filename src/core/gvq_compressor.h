@@ -27,11 +27,12 @@ typedef struct {
         error_feedback, dmax, seed;
     float vote;            /* early-exit threshold on the local loss */
     int32_t sample_slices; /* slices per reuse group kept per sampling call (1..C) */
-    int32_t zero;          /* keeps count 8-aligned without implicit padding, so that save/load can
-                              memcmp the struct; always 0 */
-    uint64_t count;
+    int32_t int_bits;      /* integer-summed wire: 0, 8 or 16 */
+    int32_t prank;         /* PowerSGD's rank r */
+    float ef_bound;        /* error feedback's clip, relative to the gradient's norm */
+    uint64_t count;        /* 8-aligned without implicit padding, so that save/load can memcmp */
 } gvq_comp_cfg_t;
-_Static_assert(sizeof(gvq_comp_cfg_t) == 22 * 4 + 8,
+_Static_assert(sizeof(gvq_comp_cfg_t) == 24 * 4 + 8,
                "gvq_comp_cfg_t must have no implicit padding");
 
 /* Where the schedule stands (saved with the state). */
@@ -75,6 +76,9 @@ struct gvqCompressor {
 /* compressor_config.c: resolve a public config (NULL: defaults) for a tensor of count floats. */
 gvqResult_t gvq_compressor_config_resolve(const gvqCompressorConfig_t *in, size_t count,
                                           gvq_comp_cfg_t *cfg);
+/* The matrix PowerSGD sees: K x (count / K) for a conv shape with K > 1, else
+ * ceil(count / R) x R with R = ceil(sqrt(count)) (the tail zero-padded). */
+void gvq_powersgd_shape(const gvq_comp_cfg_t *cfg, size_t *rows, size_t *cols);
 
 /* compressor.c */
 int gvq_compressor_live(gvqCompressor_t c);
