@@ -46,6 +46,11 @@ typedef struct gvq_codec {
     gvqDataType_t dtype;
     gvqRedOp_t op; /* the elementwise op (gvqAvg reduces as gvqSum; the divide comes last) */
     void *state;   /* the codec's own */
+    /* optional: called by the ring once per call with the whole local input before any chunk
+     * moves; collective over ctx (a codec that needs the ranks to agree on something first:
+     * the integer-summed wires' scales) */
+    gvqResult_t (*begin)(const struct gvq_codec *c, gvq_coll_ctx_t *ctx, const void *local,
+                         size_t count);
 } gvq_codec_t;
 
 /* The identity codec: the plain allreduce. */
@@ -98,6 +103,38 @@ void gvq_gradiveq_fini(gvq_gradiveq_t *g);
 void gvq_codec_gradiveq_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gradiveq_t *g);
 /* Bytes on the wire for `count` values starting on a slice boundary. */
 size_t gvq_gradiveq_wire_size(size_t L, size_t d, int wire_fp16, size_t count);
+
+/* ---- integer-summed wires (codec_intsum.c) ------------------------------------------------
+ * QSGD's values or GradiVeQ's coefficients quantized to b-bit integers against scales all ranks
+ * agree on when the ring begins (a max-allreduce of per-block maxima), summed as integers at
+ * every hop. Each rank's level is bounded by lv = floor((2^(b-1) - 1) / N) so the sum of N never
+ * overflows. Host memory only. */
+typedef struct {
+    int bits;             /* 8 or 16 */
+    int levels;           /* lv: each rank's |integer| <= lv */
+    size_t block;         /* QSGD: values per scale */
+    gvq_gradiveq_t *gq;   /* GradiVeQ's coefficients (NULL: the values themselves) */
+    gvq_codec_t gq_codec; /* its fp32 codec: the coefficients at begin, x = U c + Z at decode */
+    uint32_t seed, rank;
+    uint32_t call;  /* set per allreduce, part of the random counter */
+    const float *y; /* this rank's values in codec coordinates (set by begin) */
+    size_t ny;
+    float *ybuf;  /* GradiVeQ: the coefficients (full slices x d, then the tail) */
+    float *scale; /* nscales agreed scales */
+    size_t nscales;
+    float *tmp; /* decode scratch */
+    size_t tmp_len;
+} gvq_intsum_t;
+/* bits 8 or 16; max_levels > 0 caps lv (QSGD's own s); gq NULL: QSGD with `block` values per
+ * scale, else GradiVeQ (prepared) over a tensor of `count` values, one scale per coefficient
+ * index and reuse group plus one for the tail. Refuses (WARN) bits, or N too large for them. */
+gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t block,
+                            gvq_gradiveq_t *gq, const gvq_device_ops_t *dev, size_t count,
+                            int nranks, uint32_t seed, uint32_t rank);
+void gvq_intsum_fini(gvq_intsum_t *s);
+void gvq_codec_intsum_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_intsum_t *s);
+/* Bytes on the wire for the chunk [off, off+count) (off on the codec's granule). */
+size_t gvq_intsum_wire_size(const gvq_intsum_t *s, size_t off, size_t count);
 
 /* ---- device codecs (codec_device.c) --------------------------------------------------------
  * The same codecs run by a device's own codec operations (gvq_device_ops_t qsgd_* and gq_*):
@@ -204,5 +241,28 @@ gvqResult_t gvq_agree_i32(gvq_coll_ctx_t *ctx, int32_t *v, int n, gvqRedOp_t op)
  * alike (gvqInvalidArgument) with a WARN naming fn, the rank, the field and both values. */
 gvqResult_t gvq_agree_fields(gvq_coll_ctx_t *ctx, const char *fn, const int64_t *mine,
                              const char *const *names, int n, int64_t *all);
+
+/* ---- PowerSGD (powersgd.c) -----------------------------------------------------------------
+ * One power iteration of PowerSGD (Vogels et al. 2019) on an n x m matrix M stored row-major
+ * (M[i][j] at i*m + j), with P (n x r) and Q (m x r) column-major. The caller sums P and Q over
+ * the ranks between the steps. Host memory (dev->sgemm of the host device); no device kernels. */
+/* The first Q: standard normal values from Philox keyed by seed alone (the same on every rank). */
+void gvq_powersgd_init_q(float *Q, size_t m, size_t r, uint32_t seed);
+/* P = M Q. */
+gvqResult_t gvq_powersgd_project(const gvq_device_ops_t *dev, const float *M, size_t n, size_t m,
+                                 size_t r, const float *Q, float *P);
+/* Q = M^T P. */
+gvqResult_t gvq_powersgd_back(const gvq_device_ops_t *dev, const float *M, size_t n, size_t m,
+                              size_t r, const float *P, float *Q);
+/* out (row-major n x m) = alpha P Q^T + beta out. */
+gvqResult_t gvq_powersgd_expand(const gvq_device_ops_t *dev, size_t n, size_t m, size_t r,
+                                const float *P, const float *Q, float alpha, float beta,
+                                float *out);
+/* Orthonormalise P's columns in place (modified Gram-Schmidt, two sweeps, dot products in
+ * double; deterministic). A column left with less than 1e-4 of its norm by the projections (a
+ * zero or dependent column, or a non-finite one) is replaced by the unit vector e_i least covered
+ * by the columns before it, orthogonalised against them. Returns how many columns were replaced.
+ * Needs r <= n. */
+size_t gvq_powersgd_orthonormalize(float *P, size_t n, size_t r);
 
 #endif /* GVQ_ALGO_H_ */

@@ -36,6 +36,9 @@
  * (With 2 ranks an allgather receive lands in the wire slot of a send of the step before, which
  * the queue has finished by then.)
  *
+ * A codec with a begin hook (integer-summed wires: the ranks agree on shared scales) gets the
+ * whole local input once, before anything moves.
+ *
  * A tally (gvq_tally_t, OUT_WIRE only) adds 4 bytes behind the last chunk of every allgather
  * message: the value of the segment's owner, written when it finishes the segment (by then all
  * of its local encodes are done), forwarded unchanged with the chunk, added up by everyone.
@@ -325,6 +328,7 @@ gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *cod
     size_t esize = gvq_dtype_size(codec->dtype);
     int n = ctx->xport->nranks;
     if (tally != NULL) tally->carried = 0;
+    if (codec->begin != NULL && count > 0) GVQCHECK(codec->begin(codec, ctx, src, count));
     if (count == 0) {
         if (tally != NULL) tally->sum = tally->value(tally->arg);
         return gvqSuccess;

@@ -326,7 +326,9 @@ typedef struct {
                             N never overflows. [0] */
     int powerRank;       /* r of gvqCodecPowersgd, at most min(rows, columns) [1] */
     float efBound;       /* error feedback: the residual carried to the next call is clipped to
-                            at most efBound x the norm of this call's gradient [1.0] */
+                            at most efBound x the norm of this call's gradient (a fixed PCA
+                            basis never sends what lies outside it, so an unclipped residual
+                            would grow there without bound) [4.0] */
 } gvqCompressorConfig_t;
 
 #define GVQ_COMPRESSOR_CONFIG_INITIALIZER                                            \
@@ -405,6 +407,95 @@ GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t compressor, const void *bu
 /* The same, to and from a file. Errors: gvqSystemError (I/O), as above otherwise. */
 GVQ_API gvqResult_t gvqCompressorSaveFile(gvqCompressor_t compressor, const char *path);
 GVQ_API gvqResult_t gvqCompressorLoadFile(gvqCompressor_t compressor, const char *path);
+
+/* ---------------------------------------------------------------------------------------------
+ * Zero-code mode (docs/ZERO_CODE.md). With GVQ_CODEC set, every plain gvqAllReduce of
+ * gvqFloat32 with gvqSum or gvqAvg on host buffers runs through compressors that gvq makes for
+ * its (recvbuff, count) on the first such call and keeps on the communicator:
+ *   GVQ_CODEC unset or none       no compression: gvqAllReduce is exact (the drop-in default)
+ *   GVQ_CODEC=auto                with a layout (below): each layer the codec of its kind;
+ *                                 without one: QSGD 4-bit over the whole buffer
+ *   GVQ_CODEC=gradiveq|qsgd|powersgd  that codec for the whole buffer, or for every conv and fc
+ *                                 layer of a layout (GVQ_CODEC_CONV / GVQ_CODEC_FC override it
+ *                                 per kind)
+ * A layout describes a flat gradient buffer as layers. A zero-code call of exactly the layout's
+ * count is split: conv layers [K][D][H][W] run GradiVeQ with their conv shape, fc layers
+ * [out][in] run PowerSGD of rank GVQ_POWER_RANK on the out x in matrix, and the other layers,
+ * layers under GVQ_LAYOUT_MIN_COUNT elements and the gaps between layers are summed exactly by
+ * one plain allreduce of them together. The first call that uses a layout checks that every rank
+ * gave the same layout and the same per-layer codecs (refused with gvqInvalidArgument on every
+ * rank otherwise). The environment's GVQ_LAYOUT gives a layout as text (gvqCommSetLayoutString's
+ * syntax); a layout set by a call replaces it on that communicator.
+ * ------------------------------------------------------------------------------------------ */
+
+#define GVQ_LAYER_MAGIC 0x6776716cu /* 'gvql' */
+
+/* clang-format off */
+typedef enum {
+    gvqLayerOther = 0, /* biases, norms, anything small: summed exactly with the gaps */
+    gvqLayerConv  = 1, /* dims = {K, D, H, W}: K filters of D x H x W, element [k][d][h][w] */
+    gvqLayerFc    = 2  /* dims = {out, in, 0, 0}: a row-major out x in weight matrix */
+} gvqLayerKind_t;
+/* clang-format on */
+
+/* One layer of a flat buffer, versioned like the config structs: fill it with
+ * GVQ_LAYER_CONV(offset, K, D, H, W), GVQ_LAYER_FC(offset, out, in) or
+ * GVQ_LAYER_OTHER(offset, count). */
+typedef struct {
+    size_t size;          /* sizeof(gvqLayer_t) as the caller compiled it */
+    unsigned int magic;   /* GVQ_LAYER_MAGIC */
+    unsigned int version; /* GVQ_VERSION */
+    int kind;             /* gvqLayerKind_t */
+    size_t offset;        /* first element of the layer in the buffer */
+    size_t count;         /* elements; 0 for conv and fc: the product of dims */
+    int dims[4];          /* conv: K D H W >= 1; fc: out in >= 1 (dims[2], dims[3] 0 or 1) */
+} gvqLayer_t;
+
+#define GVQ_LAYER_OF(kind, offset, count, d0, d1, d2, d3)                              \
+    {                                                                                  \
+        sizeof(gvqLayer_t), GVQ_LAYER_MAGIC, GVQ_VERSION, (kind), (offset), (count), { \
+            (d0), (d1), (d2), (d3)                                                     \
+        }                                                                              \
+    }
+#define GVQ_LAYER_CONV(offset, k, d, h, w) GVQ_LAYER_OF(gvqLayerConv, offset, 0, k, d, h, w)
+#define GVQ_LAYER_FC(offset, out, in) GVQ_LAYER_OF(gvqLayerFc, offset, 0, out, in, 0, 0)
+#define GVQ_LAYER_OTHER(offset, count) GVQ_LAYER_OF(gvqLayerOther, offset, count, 0, 0, 0, 0)
+
+/* Describes the layers of the flat buffer of `count` floats that the program passes to
+ * gvqAllReduce: later zero-code calls of exactly `count` elements are split per layer as above
+ * (other counts are not). Layers may come in any order and leave gaps (summed exactly); they
+ * must not overlap and must lie inside [0, count). Replaces the communicator's previous layout
+ * (and GVQ_LAYOUT) and drops the compressors made for either; nlayers 0 (layers may be NULL)
+ * leaves the communicator without a layout (GVQ_LAYOUT included). Local and immediate: every rank
+ * must set the same layout before the first call that uses it, which checks that they did. Has no
+ * effect while GVQ_CODEC is unset. Errors: gvqInvalidArgument with a WARN naming the layer and the
+ * rule (NULL or destroyed comm, count 0 with layers, a layer not made by the GVQ_LAYER_* macros,
+ * unknown kind, dims < 1, a count that is not the product of dims, a layer outside the buffer, two
+ * layers overlapping; the previous layout then stays), gvqSystemError. */
+GVQ_API gvqResult_t gvqCommSetLayout(gvqComm_t comm, size_t count, const gvqLayer_t *layers,
+                                     int nlayers);
+
+/* gvqCommSetLayout from text, the syntax of GVQ_LAYOUT: comma-separated entries
+ *   conv:OFFSET:KxDxHxW   fc:OFFSET:OUTxIN   other:OFFSET:COUNT   count:COUNT
+ * (decimal integers; spaces around entries allowed). The buffer's count is the count entry's,
+ * else the end of the last layer. NULL or "" removes the layout. Errors: gvqInvalidArgument with
+ * a WARN naming every malformed entry (and gvqCommSetLayout's), gvqSystemError. */
+GVQ_API gvqResult_t gvqCommSetLayoutString(gvqComm_t comm, const char *layout);
+
+#define GVQ_STATS_TOTAL (-1)
+
+/* The statistics of the communicator's zero-code calls, on this rank. layer GVQ_STATS_TOTAL:
+ * all of them together: iteration = zero-code calls, wireBytes/rawBytes summed over every
+ * compressor and the plain allreduces (so ratio = rawBytes / wireBytes is what the wire saw),
+ * fits, fitsRefused, earlyExits and fitSeconds summed, lastLoss the largest, keptEnergy the
+ * smallest of the fitted parts, groups = compressors, codec the one codec of every compressor
+ * (gvqCodecNone: none compress, -1: several), phase -1, reason the first compressor's that is
+ * not compressing ("layer 3: ..."). layer i >= 0: layer i of the current layout, summed over
+ * the buffers that used it (a plain layer: codec gvqCodecNone, and its share by element count
+ * of the plain allreduce's bytes). Zeros before the first call. Local. Errors:
+ * gvqInvalidArgument (NULL or destroyed comm, NULL stats, layer outside the layout). */
+GVQ_API gvqResult_t gvqCommGetCompressionStats(gvqComm_t comm, int layer,
+                                               gvqCompressorStats_t *stats);
 
 /* =============================================================================================
  * Sparse variables (ALGORITHMS.md section 4, after Parallax, EuroSys 2019)

@@ -73,7 +73,9 @@ static const char usage_text[] =
     "  -S, --compressed-iters S  calls per compressed phase (default: library's, 400)\n"
     "      --gvq-warmup W      compressor warm-up calls before sampling (default 0)\n"
     "      --sample-codec none|qsgd  codec of warm-up and sampling calls (default none)\n"
-    "      --wire fp32|fp16    GradiVeQ coefficients on the wire (default fp32)\n"
+    "      --wire fp32|fp16|int8|int16  what the ring adds (default fp32): GradiVeQ's\n"
+    "                          coefficients as fp16; int8/int16: GradiVeQ's coefficients and\n"
+    "                          QSGD's levels as integers against agreed scales (integerBits)\n"
     "      --qbits B           QSGD bits: 2, 4 or 8 (default 4)\n"
     "      --qbucket N         QSGD values per bucket (default 512)\n"
     " gradient source (gradiveq, qsgd):\n"
@@ -292,8 +294,8 @@ enum {
 };
 
 static const perf_choice_t sample_codecs[] = {{"none", 0}, {"qsgd", 1}, {NULL, 0}};
-static const perf_choice_t wire_types[] = {
-    {"fp32", 0}, {"float", 0}, {"fp16", 1}, {"half", 1}, {NULL, 0}};
+static const perf_choice_t wire_types[] = {{"fp32", 0}, {"float", 0},  {"fp16", 1}, {"half", 1},
+                                           {"int8", 8}, {"int16", 16}, {NULL, 0}};
 
 #define ARG required_argument
 #define FIELD(f) offsetof(opts_t, f)
@@ -319,8 +321,8 @@ static const perf_opt_t options[] = {
      "--gvq-warmup (an integer >= 0)"},
     {"sample-codec", ARG, OPT_SAMPLE_CODEC, perf_opt_choice, FIELD(sample_qsgd), 0, 0,
      sample_codecs, "--sample-codec (none or qsgd)"},
-    {"wire", ARG, OPT_WIRE, perf_opt_choice, FIELD(wire_fp16), 0, 0, wire_types,
-     "--wire (fp32 or fp16)"},
+    {"wire", ARG, OPT_WIRE, perf_opt_choice, FIELD(wire), 0, 0, wire_types,
+     "--wire (fp32, fp16, int8 or int16)"},
     {"qbits", ARG, OPT_QBITS, opt_qbits, FIELD(qbits), 2, 8, NULL, "--qbits (2, 4 or 8)"},
     {"qbucket", ARG, OPT_QBUCKET, opt_int, FIELD(qbucket), 1, 1 << 24, NULL,
      "--qbucket (in [1, 2^24])"},

@@ -122,6 +122,7 @@ static gvqCompressor_t make_compressor(const opts_t *o, codec_t codec, size_t co
     cfg.qsgdBits = o->qbits;
     cfg.qsgdBucket = o->qbucket;
     cfg.seed = (int)(o->seed & 0x7fffffff);
+    cfg.integerBits = o->wire >= 8 ? o->wire : 0;
     if (codec == CODEC_GRADIVEQ) {
         cfg.sliceSize = o->L;
         cfg.maxDims = o->dmax;
@@ -130,7 +131,7 @@ static gvqCompressor_t make_compressor(const opts_t *o, codec_t codec, size_t co
         cfg.compressedIters = o->S;
         cfg.warmupIters = o->W;
         cfg.sampleCodec = o->sample_qsgd ? gvqCodecQsgd : gvqCodecNone;
-        cfg.wireType = o->wire_fp16 ? gvqFloat16 : gvqFloat32;
+        cfg.wireType = o->wire == 1 ? gvqFloat16 : gvqFloat32;
     }
     gvqCompressor_t c = NULL;
     GVQTEST(gvqCompressorCreate(perf_comm, count, &cfg, &c));
@@ -158,7 +159,7 @@ static void state_path(char *buf, size_t len, const opts_t *o, const gs_source_t
     uint64_t h = 1469598103934665603ull; /* FNV-1a of what the fit depends on */
     char key[800];
     snprintf(key, sizeof key, "%s|L%d D%d eps%g T%d S%d W%d sq%d w%d", desc, o->L, o->dmax, o->eps,
-             o->T, o->S, o->W, o->sample_qsgd, o->wire_fp16);
+             o->T, o->S, o->W, o->sample_qsgd, o->wire);
     for (const char *p = key; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ull;
     snprintf(buf, len, "%s/gvq-perf-gradiveq-%016llx-n%d-c%zu-r%d.state", o->state_dir,

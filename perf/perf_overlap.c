@@ -75,7 +75,7 @@ static cb_gradiveq_t *make_codec(const opts_t *o, const gs_source_t *src, const 
     for (size_t k = 0; k < T; k++)
         perf_source_fill(src, perf_rank, (long long)(k / nsl), (k % nsl) * L, L, samples + k * L);
     char why[160] = "";
-    cb_gradiveq_t *cb = cb_gradiveq_create(ov->count, L, (size_t)ov->d, perf_nranks, o->wire_fp16,
+    cb_gradiveq_t *cb = cb_gradiveq_create(ov->count, L, (size_t)ov->d, perf_nranks, o->wire == 1,
                                            samples, T, why, sizeof why);
     free(samples);
     if (perf_all_ok(cb != NULL)) return cb;

@@ -32,7 +32,11 @@ static void print_compressed_header(const opts_t *o, const gs_source_t *src) {
     printf("# compressed: gradiveq L=%d maxDims=%d eps=%g T=%d S=%s W=%d sample-codec %s "
            "wire %s; qsgd %d bits, bucket %d; codec chunk %zu B\n",
            o->L, o->dmax, o->eps, o->T, s_buf, o->W, o->sample_qsgd ? "qsgd" : "none",
-           o->wire_fp16 ? "fp16" : "fp32", o->qbits, o->qbucket, cb_chunk_bytes());
+           o->wire == 1    ? "fp16"
+           : o->wire == 8  ? "int8"
+           : o->wire == 16 ? "int16"
+                           : "fp32",
+           o->qbits, o->qbucket, cb_chunk_bytes());
     printf("# gradient source: %s\n", desc);
     printf("# gradiveq: ONLY calls made in the compressed phase are timed (warm-up, sampling\n"
            "#   and the fitting call run untimed, before the -w warmup calls); qsgd: every\n"

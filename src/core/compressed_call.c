@@ -13,57 +13,15 @@
  *                                                         host memory
  *
  * Buffers on a device the resident path does not take (error feedback, mixed buffers,
- * GVQ_DEVICE_CODECS=0) are staged whole through pinned host memory and run the host codecs.
+ * GVQ_DEVICE_CODECS=0, PowerSGD) are staged whole through pinned host memory and run the host
+ * codecs. Error feedback (error_feedback.c) turns x into x + residual before the ring and
+ * computes the next residual from this rank's ring input; PowerSGD (powersgd_call.c, no device
+ * kernels) takes the whole call.
  */
 #include <math.h>
 #include <stdlib.h>
 
 #include "gvq_compressor.h"
-
-/* ---- error feedback ------------------------------------------------------------------------- */
-
-/* The residual is what this rank's own contribution loses to compression, x - x_hat with
- * x_hat = U U^T (x - Z/N) + Z/N per full slice (the tail travels exactly). It is computed
- * before the ring from the local (collocated) input, and stored in the tensor's order. Exact
- * phases leave no residual. */
-static gvqResult_t slice_residual(gvqCompressor_t c, size_t j, const float *xs, float *coef,
-                                  float *v) {
-    const gvq_comp_cfg_t *cfg = &c->cfg;
-    const gvq_device_ops_t *dev = c->comm->dev;
-    size_t L = (size_t)cfg->L, d = (size_t)c->st.d, g = j / (size_t)cfg->C;
-    const float *U = c->U + g * L * d, *Z = c->Z + g * L;
-    float n = (float)c->comm->nranks;
-    for (size_t i = 0; i < L; i++)
-        v[i] = xs[j * L + i] - Z[i] / n;
-    GVQCHECK(dev->sgemm(1, 0, (int)d, 1, (int)L, 1.0f, U, (int)L, v, (int)L, 0.0f, coef, (int)d));
-    /* v = (I - U U^T)(x - Z/N) = x - x_hat */
-    return dev->sgemm(0, 0, (int)L, 1, (int)d, -1.0f, U, (int)L, coef, (int)d, 1.0f, v, (int)L);
-}
-
-static gvqResult_t update_residual(gvqCompressor_t c, const float *xs, int compressed) {
-    const gvq_comp_cfg_t *cfg = &c->cfg;
-    memset(c->residual, 0, sizeof(float) * cfg->count);
-    if (!compressed) return gvqSuccess;
-    size_t L = (size_t)cfg->L, K = (size_t)cfg->K, D = (size_t)cfg->D;
-    size_t H = (size_t)cfg->H, W = (size_t)cfg->W;
-    float *coef = malloc(sizeof(float) * (size_t)c->st.d), *v = malloc(sizeof(float) * L);
-    gvqResult_t res = coef && v ? gvqSuccess : gvqSystemError;
-    for (size_t j = 0; res == gvqSuccess && j < c->nfull; j++) {
-        res = slice_residual(c, j, xs, coef, v);
-        for (size_t i = 0; i < L; i++) {
-            size_t e = j * L + i;
-            if (c->collocate) { /* collocated index ((h*W + w)*D + d)*K + k -> [k][d][h][w] */
-                size_t k = e % K, dd = (e / K) % D, w = (e / (K * D)) % W, h = e / (K * D * W);
-                c->residual[((k * D + dd) * H + h) * W + w] = v[i];
-            } else {
-                c->residual[e] = v[i];
-            }
-        }
-    }
-    free(coef);
-    free(v);
-    return res;
-}
 
 /* ---- the vote -------------------------------------------------------------------------------- */
 
@@ -96,9 +54,29 @@ typedef struct {
     unsigned long long sent;
 } call_plan_t;
 
+/* The integer-summed wire of the phase's codec (host buffers): QSGD's made once, GradiVeQ's
+ * again after every fit. */
+static gvqResult_t intsum_codec(gvqCompressor_t c, int gradiveq, gvq_codec_t *out) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    gvq_intsum_t *s = gradiveq ? &c->is_gq : &c->is_qsgd;
+    int stale = gradiveq ? c->is_gq_version != c->fit_version : s->bits == 0;
+    if (stale) {
+        gvq_intsum_fini(s);
+        c->is_gq_version = gradiveq ? 0 : c->is_gq_version;
+        GVQCHECK(gvq_intsum_init(s, cfg->int_bits, gradiveq ? 0 : c->qs.levels,
+                                 (size_t)cfg->qbucket, gradiveq ? &c->gq : NULL, c->comm->dev,
+                                 cfg->count, c->comm->nranks, (uint32_t)cfg->seed,
+                                 (uint32_t)c->comm->rank));
+        if (gradiveq) c->is_gq_version = c->fit_version;
+    }
+    s->call = (uint32_t)c->st.iter;
+    gvq_codec_intsum_init(out, c->comm->dev, s);
+    return gvqSuccess;
+}
+
 /* The codec of the current phase, for dev's buffers (a device codec when on_dev). */
-static void choose_codec(gvqCompressor_t c, const gvq_device_ops_t *dev, int on_dev,
-                         call_plan_t *p) {
+static gvqResult_t choose_codec(gvqCompressor_t c, const gvq_device_ops_t *dev, int on_dev,
+                                call_plan_t *p) {
     const gvq_comp_cfg_t *cfg = &c->cfg;
     int phase = c->st.phase;
     gvq_codec_t *out = on_dev ? &p->inner : &p->codec;
@@ -111,6 +89,8 @@ static void choose_codec(gvqCompressor_t c, const gvq_device_ops_t *dev, int on_
         c->gq_dev.norms[0] = c->gq_dev.norms[1] = c->gq_dev.norms[2] = 0;
         if (on_dev)
             gvq_codec_gradiveq_dev_init(out, dev, &c->gq_dev);
+        else if (cfg->int_bits)
+            GVQCHECK(intsum_codec(c, 1, out));
         else
             gvq_codec_gradiveq_init(out, c->comm->dev, &c->gq);
     } else if (use_qsgd) {
@@ -119,12 +99,15 @@ static void choose_codec(gvqCompressor_t c, const gvq_device_ops_t *dev, int on_
             c->qsgd_dev = (gvq_dev_qsgd_t){c->qs.bits, c->qs.levels, c->qs.norm, c->qs.bucket,
                                            c->qs.seed, c->qs.rank,   c->qs.call};
             gvq_codec_qsgd_dev_init(out, dev, &c->qsgd_dev);
+        } else if (cfg->int_bits) {
+            GVQCHECK(intsum_codec(c, 0, out));
         } else {
             gvq_codec_qsgd_init(out, c->comm->dev, &c->qs);
         }
     } else {
         gvq_codec_identity_init(out, on_dev ? dev : c->comm->dev, gvqFloat32, gvqSum);
     }
+    return gvqSuccess;
 }
 
 /* Device rings run over the device transport (NCCL) when there is one, their wire in device
@@ -150,12 +133,13 @@ static void choose_ring(gvqCompressor_t c, const gvq_device_ops_t *dev, int on_d
     }
 }
 
-static void plan_call(gvqCompressor_t c, const gvq_device_ops_t *dev, call_plan_t *p) {
+static gvqResult_t plan_call(gvqCompressor_t c, const gvq_device_ops_t *dev, call_plan_t *p) {
     int on_dev = dev != &gvq_host_device;
     p->sent = 0;
     p->comm = gvq_comm_ctx(c->comm, &p->sent);
-    choose_codec(c, dev, on_dev, p);
+    GVQCHECK(choose_codec(c, dev, on_dev, p));
     choose_ring(c, dev, on_dev, p);
+    return gvqSuccess;
 }
 
 /* ---- one call ----------------------------------------------------------------------------------
@@ -167,12 +151,8 @@ static gvqResult_t prepare_input(gvqCompressor_t c, const gvq_device_ops_t *dev,
                                  float *recv, const float **src, float **dst) {
     const gvq_comp_cfg_t *cfg = &c->cfg;
     int on_dev = dev != &gvq_host_device;
-    const float *x = send;
-    if (cfg->error_feedback) { /* the gradient plus what earlier compression dropped */
-        for (size_t i = 0; i < cfg->count; i++)
-            c->ef_input[i] = send[i] + c->residual[i];
-        x = c->ef_input;
-    }
+    /* the gradient plus what earlier compression dropped (error_feedback.c) */
+    const float *x = cfg->error_feedback ? gvq_ef_input(c, send) : send;
     *src = x;
     *dst = recv;
     size_t K = (size_t)cfg->K, D = (size_t)cfg->D, H = (size_t)cfg->H, W = (size_t)cfg->W;
@@ -209,13 +189,18 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
     float *dst;
     GVQCHECK(prepare_input(c, dev, send, recv, &src, &dst));
     call_plan_t p;
-    plan_call(c, dev, &p);
-    if (cfg->error_feedback) GVQCHECK(update_residual(c, src, phase == gvqPhaseCompressed));
+    GVQCHECK(plan_call(c, dev, &p));
+    /* error feedback (error_feedback.c): the ring runs the codec watched for what it drops */
+    const gvq_codec_t *codec = &p.codec;
+    gvq_ef_call_t ef;
+    if (cfg->error_feedback) GVQCHECK(gvq_ef_begin(c, &ef, &p.codec, send, src, &codec));
     /* the early-exit vote rides inside the compressed ring's allgather when it can */
     int voting = phase == gvqPhaseCompressed && cfg->vote < 1.0f;
     gvq_tally_t tally = {local_vote, c, 0, 0};
-    GVQCHECK(gvq_ring_allreduce_tally(&p.ring, &p.codec, src, dst, cfg->count, gvqSum,
-                                      voting ? &tally : NULL));
+    gvqResult_t res = gvq_ring_allreduce_tally(&p.ring, codec, src, dst, cfg->count, gvqSum,
+                                               voting ? &tally : NULL);
+    if (cfg->error_feedback) gvq_ef_end(c, &ef, res == gvqSuccess);
+    GVQCHECK(res);
     unsigned long long sent = p.sent; /* the compressed ring's bytes, before any agreement */
     int32_t vote = voting ? tally.sum : 0;
     if (voting && !tally.carried) GVQCHECK(gvq_agree_i32(&p.comm, &vote, 1, gvqSum));
@@ -229,6 +214,7 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
 
 gvqResult_t gvq_compressed_allreduce_entered(gvqCompressor_t c, const void *send, void *recv,
                                              gvqRedOp_t op) {
+    if (c->cfg.codec == gvqCodecPowersgd) return gvq_powersgd_allreduce(c, send, recv, op);
     return run(c, &gvq_host_device, send, recv, op);
 }
 
@@ -345,7 +331,8 @@ GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff,
     if (dev == &gvq_host_device)
         res = gvq_compressed_allreduce_entered(compressor, sendbuff, recvbuff, op);
     else if (sdev == rdev && gvq_device_has_codecs(dev) && !compressor->cfg.error_feedback &&
-             gvq_param(GVQ_PARAM_DEVICE_CODECS))
+             compressor->cfg.codec != gvqCodecPowersgd && /* PowerSGD: host only, staged */
+             !compressor->cfg.int_bits && gvq_param(GVQ_PARAM_DEVICE_CODECS))
         res = run_device(compressor, dev, sendbuff, recvbuff, op, stream);
     else
         res = gvq_device_staged(dev, stream, fn, &comm->pinned, sendbuff, bytes, recvbuff, bytes,

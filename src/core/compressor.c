@@ -76,6 +76,29 @@ static gvqResult_t start_schedule(gvqCompressor_t c) {
     return gvqSuccess;
 }
 
+/* PowerSGD's matrix (n x m, zero-padded), P, the kept Q (random normal from the seed, the same
+ * on every rank) and the Q being summed. No collocation work buffer: PowerSGD sees the tensor as
+ * it is (filters as rows). */
+static gvqResult_t alloc_powersgd(gvqCompressor_t c) {
+    size_t n, m, r = (size_t)c->cfg.prank;
+    gvq_powersgd_shape(&c->cfg, &n, &m);
+    c->ps_n = n;
+    c->ps_m = m;
+    c->ps_M = calloc(n * m, sizeof(float));
+    c->ps_P = malloc(sizeof(float) * n * r);
+    c->ps_Q = malloc(sizeof(float) * m * r);
+    c->ps_Qsum = malloc(sizeof(float) * m * r);
+    if (c->ps_M == NULL || c->ps_P == NULL || c->ps_Q == NULL || c->ps_Qsum == NULL) {
+        GVQ_WARN("gvqCompressorCreate: cannot allocate PowerSGD's %zu x %zu matrix and rank-%zu "
+                 "factors",
+                 n, m, r);
+        return gvqSystemError;
+    }
+    gvq_powersgd_init_q(c->ps_Q, m, r, (uint32_t)c->cfg.seed);
+    c->st.stats.ratio = (double)(n * m) / (double)((n + m) * r);
+    return gvqSuccess;
+}
+
 /* QSGD's state and the collocation / error-feedback vectors. */
 static gvqResult_t alloc_buffers(gvqCompressor_t c) {
     const gvq_comp_cfg_t *cfg = &c->cfg;
@@ -93,6 +116,7 @@ static gvqResult_t alloc_buffers(gvqCompressor_t c) {
         c->residual = calloc(count, sizeof(float));
         if (c->ef_input == NULL || c->residual == NULL) return gvqSystemError;
     }
+    if (cfg->codec == gvqCodecPowersgd) GVQCHECK(alloc_powersgd(c));
     return gvqSuccess;
 }
 
@@ -104,7 +128,7 @@ static void lay_out(gvqCompressor_t c) {
     c->ngroups = GVQ_DIV_UP(c->nfull, C);
     cfg->C = (int32_t)C;
     if (cfg->sample_slices == 0 || (size_t)cfg->sample_slices > C) cfg->sample_slices = (int32_t)C;
-    c->collocate = cfg->K > 1 && cfg->D * cfg->H * cfg->W > 1;
+    c->collocate = cfg->codec != gvqCodecPowersgd && cfg->K > 1 && cfg->D * cfg->H * cfg->W > 1;
     c->st.stats.codec = cfg->codec;
     c->st.stats.sliceSize = cfg->L;
     c->st.stats.groups = (int)c->ngroups;
@@ -113,6 +137,8 @@ static void lay_out(gvqCompressor_t c) {
 static void compressor_free(gvqCompressor_t c) {
     c->magic = 0;
     if (c->have_qsgd) gvq_qsgd_fini(&c->qs);
+    gvq_intsum_fini(&c->is_qsgd);
+    gvq_intsum_fini(&c->is_gq);
     gvq_gradiveq_fini(&c->gq);
     gvq_compressor_device_free(c);
     free(c->samples);
@@ -121,6 +147,10 @@ static void compressor_free(gvqCompressor_t c) {
     free(c->work);
     free(c->ef_input);
     free(c->residual);
+    free(c->ps_M);
+    free(c->ps_P);
+    free(c->ps_Q);
+    free(c->ps_Qsum);
     free(c);
 }
 

@@ -133,7 +133,7 @@ static gvqResult_t resolve_wire(const gvqCompressorConfig_t *in, gvq_comp_cfg_t 
         GVQ_WARN("%s: integerBits=%d and wireType gvqFloat16 exclude each other", fn, c->int_bits);
         return gvqInvalidArgument;
     }
-    c->ef_bound = in->efBound == -1.0f ? 1.0f : in->efBound;
+    c->ef_bound = in->efBound == -1.0f ? 4.0f : in->efBound;
     if (!(c->ef_bound > 0 && c->ef_bound <= 1e6f)) { /* also refuses NaN */
         GVQ_WARN("%s: efBound=%g must be in (0, 1e6]", fn, (double)in->efBound);
         return gvqInvalidArgument;

@@ -31,10 +31,11 @@ gvqResult_t gvq_compressor_codec_setup(gvqCompressor_t c) {
     c->gq.Z = c->Z;
     GVQCHECK(gvq_gradiveq_prepare(&c->gq, c->comm->dev));
     c->fit_version++;
-    size_t coef_bytes = (size_t)c->st.d * (c->cfg.fp16 ? 2 : 4);
+    size_t vbytes = c->cfg.int_bits ? (size_t)c->cfg.int_bits / 8 : c->cfg.fp16 ? 2 : 4;
     size_t tail = c->cfg.count - c->nfull * (size_t)c->cfg.L;
-    c->st.stats.ratio =
-        (double)(c->cfg.count * sizeof(float)) / (double)(c->nfull * coef_bytes + tail * 4);
+    size_t tail_bytes = tail * (c->cfg.int_bits ? vbytes : 4); /* integer sums carry it too */
+    c->st.stats.ratio = (double)(c->cfg.count * sizeof(float)) /
+                        (double)(c->nfull * (size_t)c->st.d * vbytes + tail_bytes);
     return gvqSuccess;
 }
 

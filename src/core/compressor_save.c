@@ -5,6 +5,7 @@
  *   [ samples (GradiVeQ: groups x T x sampleSlices x L floats)     ]
  *   [ U (groups x L x d), Z (groups x L)          when d > 0       ]
  *   [ residual (count floats)                     with error feedback ]
+ *   [ Q (columns x powerRank floats)              PowerSGD: the warm start ]
  *
  * A load checks the magic, the size and that the config matches the compressor's exactly.
  */
@@ -33,9 +34,14 @@ static size_t basis_bytes(gvqCompressor_t c, size_t d) {
     return d > 0 ? sizeof(float) * (G * L * d + G * L) : 0;
 }
 
+/* PowerSGD's kept Q (m x r). */
+static size_t powersgd_bytes(gvqCompressor_t c) {
+    return c->cfg.codec == gvqCodecPowersgd ? sizeof(float) * c->ps_m * (size_t)c->cfg.prank : 0;
+}
+
 static size_t save_size(gvqCompressor_t c) {
     return sizeof(save_hdr_t) + samples_bytes(c) + basis_bytes(c, (size_t)c->st.d) +
-           (c->cfg.error_feedback ? sizeof(float) * c->cfg.count : 0);
+           (c->cfg.error_feedback ? sizeof(float) * c->cfg.count : 0) + powersgd_bytes(c);
 }
 
 GVQ_API gvqResult_t gvqCompressorSave(gvqCompressor_t c, void *buf, size_t *size) {
@@ -71,7 +77,11 @@ GVQ_API gvqResult_t gvqCompressorSave(gvqCompressor_t c, void *buf, size_t *size
         memcpy(p + ub, c->Z, basis_bytes(c, (size_t)c->st.d) - ub);
         p += basis_bytes(c, (size_t)c->st.d);
     }
-    if (c->cfg.error_feedback) memcpy(p, c->residual, sizeof(float) * c->cfg.count);
+    if (c->cfg.error_feedback) {
+        memcpy(p, c->residual, sizeof(float) * c->cfg.count);
+        p += sizeof(float) * c->cfg.count;
+    }
+    if (powersgd_bytes(c) > 0) memcpy(p, c->ps_Q, powersgd_bytes(c));
     *size = need;
     return gvqSuccess;
 }
@@ -118,7 +128,11 @@ GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t c, const void *buf, size_t
         free(c->U), free(c->Z);
         c->U = U, c->Z = Z;
     }
-    if (c->cfg.error_feedback) memcpy(c->residual, p, sizeof(float) * c->cfg.count);
+    if (c->cfg.error_feedback) {
+        memcpy(c->residual, p, sizeof(float) * c->cfg.count);
+        p += sizeof(float) * c->cfg.count;
+    }
+    if (powersgd_bytes(c) > 0) memcpy(c->ps_Q, p, powersgd_bytes(c));
     c->st = h.st;
     if (d > 0) GVQCHECK(gvq_compressor_codec_setup(c));
     return gvqSuccess;

@@ -8,6 +8,8 @@
  *   compressed_call.c    one compressed allreduce: input, codec and ring chosen as one plan,
  *                        the ring, output; device-resident and staged variants
  *   compressor_save.c    saved state
+ *   error_feedback.c     the per-call, bounded error-feedback residual (every codec)
+ *   powersgd_call.c      one PowerSGD allreduce (codec gvqCodecPowersgd)
  *   zero_code.c          GVQ_CODEC: compressors attached to plain allreduce calls
  */
 #ifndef GVQ_COMPRESSOR_H_
@@ -59,6 +61,9 @@ struct gvqCompressor {
     gvq_gradiveq_t gq;
     gvq_qsgd_t qs;
     int have_qsgd;
+    /* integer-summed wires (integerBits): QSGD's, and GradiVeQ's of fit is_gq_version */
+    gvq_intsum_t is_qsgd, is_gq;
+    uint64_t is_gq_version; /* 0: none */
     size_t
         codec_chunk_bytes; /* ring chunk while a compressing codec runs (GVQ_CODEC_CHUNK_BYTES) */
     uint64_t fit_version;  /* bumped by every gvq_compressor_codec_setup (a fit or a load) */
@@ -71,6 +76,10 @@ struct gvqCompressor {
     gvq_gq_dev_codec_t gq_dev;
     gvq_dev_qsgd_t qsgd_dev;
     gvq_staging_t stg;
+    /* PowerSGD (powersgd_call.c): the n x m matrix (row-major, zero-padded), P (n x r), the kept
+     * Q (m x r: the last summed Q / N, the warm start) and the Q being summed. */
+    size_t ps_n, ps_m;
+    float *ps_M, *ps_P, *ps_Q, *ps_Qsum;
 };
 
 /* compressor_config.c: resolve a public config (NULL: defaults) for a tensor of count floats. */
@@ -101,6 +110,34 @@ gvqResult_t gvq_compressor_codec_setup(gvqCompressor_t c);
 /* Fit every reuse group on its owner rank, agree on d, broadcast (U, Z) from the owners.
  * gvqSuccess with *ok = 0 when a fit was refused (non-finite samples) on any rank. */
 gvqResult_t gvq_compressor_fit(gvqCompressor_t c, gvq_coll_ctx_t *ctx, int *ok);
+
+/* error_feedback.c: the residual of this rank's compression, carried to the next call and
+ * bounded (the file's header says why). Host buffers; only with cfg.error_feedback. */
+/* The ring's input before collocation: g + residual in c->ef_input. */
+const float *gvq_ef_input(gvqCompressor_t c, const float *g);
+/* One call's residual: gvq_ef_begin before the ring (g: this call's gradient, src: the ring's
+ * input, in its layout), the ring running *ring_codec (codec itself, or codec watched so that
+ * every encode records what it dropped), gvq_ef_end after the ring (ok: the residual into the
+ * tensor's order, clipped against ||g||; not ok: the residual dropped). */
+typedef struct {
+    gvq_codec_t codec; /* the watching codec */
+    const gvq_codec_t *inner;
+    float *r; /* the residual in the ring's layout */
+    float *tmp;
+    size_t tmp_len;
+    double gnorm;
+} gvq_ef_call_t;
+gvqResult_t gvq_ef_begin(gvqCompressor_t c, gvq_ef_call_t *ef, const gvq_codec_t *codec,
+                         const float *g, const float *src, const gvq_codec_t **ring_codec);
+void gvq_ef_end(gvqCompressor_t c, gvq_ef_call_t *ef, int ok);
+/* Scale the residual down to efBound x gnorm when it is longer; a non-finite one is dropped. */
+void gvq_ef_clip(gvqCompressor_t c, double gnorm);
+/* ||v|| in double. */
+double gvq_ef_norm(const float *v, size_t n);
+
+/* powersgd_call.c: one PowerSGD allreduce on host buffers (entered, arguments checked). */
+gvqResult_t gvq_powersgd_allreduce(gvqCompressor_t c, const float *send, float *recv,
+                                   gvqRedOp_t op);
 
 /* compressed_call.c: one compressed allreduce on host buffers, for a caller that has entered
  * the communicator and checked the arguments. */

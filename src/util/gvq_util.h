@@ -99,15 +99,32 @@ const char *gvq_log_last_warn(void);
     X(DEVICE_CODECS, "GVQ_DEVICE_CODECS", UINT, 1, NULL,                                       \
       "compressed allreduce on device buffers runs the device's codecs, only the wire staged " \
       "through host memory (0: the whole buffers are staged and the host codecs run)")         \
-    X(CODEC, "GVQ_CODEC", CHOICE, 0, "none,gradiveq,qsgd",                                     \
-      "zero-code mode: plain float sum/avg gvqAllReduce calls run through a compressor of "    \
-      "this codec, one per (recvbuff, count) (index = gvqCodec_t)")                            \
+    X(CODEC, "GVQ_CODEC", CHOICE, 0, "none,gradiveq,qsgd,powersgd,auto",                       \
+      "zero-code mode: plain float sum/avg gvqAllReduce calls run through compressors made "   \
+      "per (recvbuff, count): this codec for the whole buffer or every conv/fc layer of a "    \
+      "layout; auto: per layer kind with a layout, QSGD 4-bit without (index = gvqCodec_t; "   \
+      "auto = 4)")                                                                             \
     X(GRADIVEQ_EPS, "GVQ_GRADIVEQ_EPS", REAL, -1, NULL,                                        \
       "zero-code mode: GradiVeQ's lossThreshold (-1: the config's default)")                   \
     X(GRADIVEQ_VOTE, "GVQ_GRADIVEQ_VOTE", REAL, -1, NULL,                                      \
-      "zero-code mode: GradiVeQ's voteThreshold (-1: the config's default)")                   \
+      "zero-code mode: GradiVeQ's voteThreshold (-1: 1, no early exit in zero-code mode)")     \
     X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL,   \
-      "zero-code mode: GradiVeQ's sampleSlices (unset: the config's default)")                 \
+      "zero-code mode: GradiVeQ's sampleSlices (unset: 64 spread over each reuse group)")      \
+    X(LAYOUT, "GVQ_LAYOUT", TEXT, 0, NULL,                                                     \
+      "zero-code mode: the layers of a flat buffer, "                                          \
+      "'conv:OFFSET:KxDxHxW,fc:OFFSET:OUTxIN,other:OFFSET:COUNT[,count:COUNT]' "               \
+      "(gvqCommSetLayoutString's syntax; a malformed entry fails the zero-code calls)")        \
+    X(LAYOUT_MIN_COUNT, "GVQ_LAYOUT_MIN_COUNT", UINT, 4096, NULL,                              \
+      "zero-code mode: layout layers with fewer elements join the plain allreduce")            \
+    X(POWER_RANK, "GVQ_POWER_RANK", UINT, 4, NULL,                                             \
+      "zero-code mode: PowerSGD's rank r (clamped to the matrix's smaller side)")              \
+    X(CODEC_CONV, "GVQ_CODEC_CONV", CHOICE, 0, "default,none,gradiveq,qsgd,powersgd",          \
+      "zero-code mode: codec of a layout's conv layers (default: GVQ_CODEC's rule)")           \
+    X(CODEC_FC, "GVQ_CODEC_FC", CHOICE, 0, "default,none,gradiveq,qsgd,powersgd",              \
+      "zero-code mode: codec of a layout's fc layers (default: GVQ_CODEC's rule)")             \
+    X(STATS_EVERY, "GVQ_STATS_EVERY", UINT, 100, NULL,                                         \
+      "zero-code mode: rank 0 logs the compression statistics at INFO every this many "        \
+      "zero-code calls (0: never)")                                                            \
     X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                       \
       "network interface whose IPv4 address the bootstrap root listens on (unset: the first "  \
       "non-loopback interface that is up)")

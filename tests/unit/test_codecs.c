@@ -500,6 +500,31 @@ static void test_qsgd_ring(void) {
     }
 }
 
+/* Integer-summed wires refuse what would overflow or cannot be: bits other than 8/16, and a
+ * communicator where each rank would get less than one level; lv follows the documented rule. */
+static void test_intsum_headroom(void) {
+    gvq_intsum_t s;
+    EXPECT_RES(gvq_intsum_init(&s, 12, 0, 64, NULL, &gvq_host_device, 256, 4, 0, 0),
+               gvqInvalidArgument);
+    EXPECT(strstr(gvqGetLastError(NULL), "bits=12") != NULL, "warn: %s", gvqGetLastError(NULL));
+    EXPECT_RES(gvq_intsum_init(&s, 8, 0, 64, NULL, &gvq_host_device, 256, 128, 0, 0),
+               gvqInvalidArgument);
+    EXPECT(strstr(gvqGetLastError(NULL), "128 ranks") != NULL, "warn: %s", gvqGetLastError(NULL));
+    struct {
+        int bits, cap, n, lv;
+    } cases[] = {{8, 0, 127, 1}, {8, 0, 4, 31}, {8, 7, 4, 7}, {16, 0, 4, 8191}, {16, 127, 5, 127}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        EXPECT_RES(gvq_intsum_init(&s, cases[k].bits, cases[k].cap, 64, NULL, &gvq_host_device, 256,
+                                   cases[k].n, 0, 0),
+                   gvqSuccess);
+        EXPECT(s.levels == cases[k].lv, "int%d, cap %d, %d ranks: lv %d, want %d", cases[k].bits,
+               cases[k].cap, cases[k].n, s.levels, cases[k].lv);
+        EXPECT(cases[k].n * s.levels <= (1 << (cases[k].bits - 1)) - 1, "N lv overflows");
+        EXPECT(s.nscales == 4, "256 values in blocks of 64: %zu scales", s.nscales);
+        gvq_intsum_fini(&s);
+    }
+}
+
 int main(void) {
     test_collocation();
     test_pca();
@@ -508,5 +533,6 @@ int main(void) {
     test_compressed_ring();
     test_qsgd_statistics();
     test_qsgd_ring();
+    test_intsum_headroom();
     return gvq_test_finish("test_codecs");
 }

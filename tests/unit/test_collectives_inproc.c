@@ -229,8 +229,14 @@ static gvqResult_t wide_decode(const gvq_codec_t *c, size_t off, size_t count, c
 
 static void rank_wide(gvqComm_t comm, int rank, int nranks, void *arg) {
     case_t *c = arg;
-    gvq_codec_t codec = {"wide",      0,         3,          wide_wire_bytes, wide_encode_combine,
-                         wide_decode, comm->dev, gvqFloat32, gvqSum,          NULL};
+    gvq_codec_t codec = {.name = "wide",
+                         .granule = 3,
+                         .wire_bytes = wide_wire_bytes,
+                         .encode_combine = wide_encode_combine,
+                         .decode = wide_decode,
+                         .dev = comm->dev,
+                         .dtype = gvqFloat32,
+                         .op = gvqSum};
     gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
     float *s = malloc(c->count * sizeof(float) + 4),
           *d = c->inplace ? s : malloc(c->count * sizeof(float) + 4);

@@ -1,0 +1,197 @@
+/*
+ * error_feedback.c -- what a rank's compression dropped, added back to its next gradient, per
+ * call and bounded:
+ *
+ *   call t:   x = g + e                       (gvq_ef_input)
+ *             x_hat = the part of x this rank's own contribution keeps through the codec
+ *             e = x - x_hat                   (gvq_ef_begin .. ring .. gvq_ef_end;
+ *                                              PowerSGD: powersgd_call.c)
+ *             if ||e|| > efBound ||g||:  e *= efBound ||g|| / ||e||    (gvq_ef_clip)
+ *
+ * x_hat per codec:
+ *   identity (exact calls)   x: e = 0
+ *   GradiVeQ (compressed)    per full slice U U^T (x - Z/N) + Z/N, the tail exact (computed
+ *                            before the ring from the local input; an integer-summed wire's
+ *                            rounding of the coefficients is not counted)
+ *   QSGD (main or sampling   the ring's own encodes, watched (gvq_ef_begin wraps the codec): a
+ *   codec)                   rank encodes each element once per ring, its own value alone (the
+ *                            segment it sends first) or added to the decoded partial sum coming
+ *                            from the left; e = (decode(in) + x) - decode(out), what that encode
+ *                            dropped, with the very random bits the ring drew. Along a segment
+ *                            these errors telescope: sum over ranks of e = sum of x - y, exactly
+ *                            the error of the sum, so carrying them keeps the summed result's
+ *                            error bounded over calls. (Taking x - decode(encode(x)) of the local
+ *                            values alone would count, on every hop segment, an error that was
+ *                            never made and miss the one that was: a second random walk as large
+ *                            as the one EF removes, and no gain.) Costs two decodes per encode.
+ *                            An integer-summed wire adds integers exactly, so there e is just
+ *                            this rank's own rounding.
+ *   PowerSGD                 P_hat (Q/N)^T, as PyTorch's powerSGD_hook (powersgd_call.c)
+ *
+ * Why per call and why the clip. EF-SGD (Karimireddy et al. 2019) and memory SGD (Stich et al.
+ * 2018) carry the full residual e_{t+1} = x_t - C(x_t) and prove convergence when C is a
+ * delta-contraction, ||C(x) - x||^2 <= (1 - delta) ||x||^2: then the memory stays bounded by a
+ * multiple of the gradients. Top-k, scaled sign and QSGD scaled by 1/(1 + variance) are
+ * contractions; PowerSGD's warm-started power iteration behaves like one in practice and keeps
+ * the full residual (Vogels et al. 2019). GradiVeQ's fixed PCA projector is not: on the
+ * orthogonal complement of U it keeps nothing, so a residual there is never sent and grows
+ * linearly with the calls while U stays fixed (the earlier scheme carried it over a whole
+ * compressed phase and flushed it in one exact call: a spike that hurt training). Bounding the
+ * memory, ||e|| <= efBound ||g|| (as in EF variants with bounded or decayed memory), keeps what
+ * EF gives a contractive codec -- the residual of one call comes back in the next -- while the
+ * part a codec never transmits cannot pile up beyond one gradient's worth. A non-finite residual
+ * (from a NaN or Inf gradient) is dropped so that it cannot poison later calls.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gvq_compressor.h"
+
+double gvq_ef_norm(const float *v, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)v[i] * (double)v[i];
+    return sqrt(s);
+}
+
+const float *gvq_ef_input(gvqCompressor_t c, const float *g) {
+    for (size_t i = 0; i < c->cfg.count; i++)
+        c->ef_input[i] = g[i] + c->residual[i];
+    return c->ef_input;
+}
+
+void gvq_ef_clip(gvqCompressor_t c, double gnorm) {
+    size_t n = c->cfg.count;
+    double e = gvq_ef_norm(c->residual, n), cap = (double)c->cfg.ef_bound * gnorm;
+    if (!isfinite(e) || !isfinite(cap)) {
+        memset(c->residual, 0, sizeof(float) * n);
+        return;
+    }
+    if (e <= cap) return;
+    float s = (float)(cap / e);
+    for (size_t i = 0; i < n; i++)
+        c->residual[i] *= s;
+}
+
+/* ---- GradiVeQ: the projection residual of every full slice ------------------------------------
+ */
+
+/* v = (I - U U^T)(x_j - Z/N) = x_j - x_hat_j for full slice j of the collocated input. */
+static gvqResult_t slice_residual(gvqCompressor_t c, size_t j, const float *xs, float *coef,
+                                  float *v) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    const gvq_device_ops_t *dev = c->comm->dev;
+    size_t L = (size_t)cfg->L, d = (size_t)c->st.d, g = j / (size_t)cfg->C;
+    const float *U = c->U + g * L * d, *Z = c->Z + g * L;
+    float n = (float)c->comm->nranks;
+    for (size_t i = 0; i < L; i++)
+        v[i] = xs[j * L + i] - Z[i] / n;
+    GVQCHECK(dev->sgemm(1, 0, (int)d, 1, (int)L, 1.0f, U, (int)L, v, (int)L, 0.0f, coef, (int)d));
+    return dev->sgemm(0, 0, (int)L, 1, (int)d, -1.0f, U, (int)L, coef, (int)d, 1.0f, v, (int)L);
+}
+
+static gvqResult_t gradiveq_residual(gvqCompressor_t c, const float *xs, float *r) {
+    size_t L = (size_t)c->cfg.L, full = c->nfull * L;
+    memset(r + full, 0, sizeof(float) * (c->cfg.count - full)); /* the tail travels exactly */
+    float *coef = malloc(sizeof(float) * (size_t)c->st.d);
+    gvqResult_t res = coef != NULL ? gvqSuccess : gvqSystemError;
+    for (size_t j = 0; res == gvqSuccess && j < c->nfull; j++)
+        res = slice_residual(c, j, xs, coef, r + j * L);
+    free(coef);
+    return res;
+}
+
+/* ---- a quantizing codec: the error of every encode this rank performs ------------------------ */
+
+static gvqResult_t ef_tmp(gvq_ef_call_t *ef, size_t count) {
+    if (ef->tmp_len >= count) return gvqSuccess;
+    float *t = realloc(ef->tmp, sizeof(float) * count);
+    if (t == NULL) return gvqSystemError;
+    ef->tmp = t;
+    ef->tmp_len = count;
+    return gvqSuccess;
+}
+
+/* The inner encode, then r = (decode(in) + local) - decode(out) over the chunk: what this
+ * encode dropped. */
+static gvqResult_t ef_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
+                                     const void *local, const void *in, void *out) {
+    gvq_ef_call_t *ef = c->state;
+    const gvq_codec_t *inner = ef->inner;
+    const float *x = local;
+    float *r = ef->r + off;
+    GVQCHECK(inner->encode_combine(inner, off, count, local, in, out));
+    GVQCHECK(ef_tmp(ef, count));
+    if (in != NULL) {
+        GVQCHECK(inner->decode(inner, off, count, in, r));
+        for (size_t i = 0; i < count; i++)
+            r[i] += x[i];
+    } else {
+        memcpy(r, x, sizeof(float) * count);
+    }
+    GVQCHECK(inner->decode(inner, off, count, out, ef->tmp));
+    for (size_t i = 0; i < count; i++)
+        r[i] -= ef->tmp[i];
+    return gvqSuccess;
+}
+
+static size_t ef_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
+    const gvq_ef_call_t *ef = c->state;
+    return ef->inner->wire_bytes(ef->inner, off, count);
+}
+
+static gvqResult_t ef_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
+                             void *dst) {
+    const gvq_ef_call_t *ef = c->state;
+    return ef->inner->decode(ef->inner, off, count, wire, dst);
+}
+
+static gvqResult_t ef_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                            size_t count) {
+    const gvq_ef_call_t *ef = c->state;
+    return ef->inner->begin(ef->inner, ctx, local, count);
+}
+
+/* ef->codec: the inner codec, watched. */
+static void ef_watch(gvq_ef_call_t *ef, const gvq_codec_t *inner) {
+    ef->codec = *inner;
+    ef->codec.name = "error-feedback";
+    ef->codec.wire_bytes = ef_wire_bytes;
+    ef->codec.encode_combine = ef_encode_combine;
+    ef->codec.decode = ef_decode;
+    ef->codec.begin = inner->begin != NULL ? ef_begin : NULL;
+    ef->codec.state = ef;
+    ef->inner = inner;
+}
+
+/* ---- one call ---------------------------------------------------------------------------------
+ */
+
+gvqResult_t gvq_ef_begin(gvqCompressor_t c, gvq_ef_call_t *ef, const gvq_codec_t *codec,
+                         const float *g, const float *src, const gvq_codec_t **ring_codec) {
+    memset(ef, 0, sizeof *ef);
+    ef->gnorm = gvq_ef_norm(g, c->cfg.count);
+    /* the residual in the ring's layout: collocated into ef_input (free once collocated) */
+    ef->r = c->collocate ? c->ef_input : c->residual;
+    *ring_codec = codec;
+    if (codec->wire_is_values) {
+        memset(ef->r, 0, sizeof(float) * c->cfg.count);
+        return gvqSuccess;
+    }
+    if (c->st.phase == gvqPhaseCompressed) return gradiveq_residual(c, src, ef->r);
+    ef_watch(ef, codec);
+    *ring_codec = &ef->codec;
+    return gvqSuccess;
+}
+
+void gvq_ef_end(gvqCompressor_t c, gvq_ef_call_t *ef, int ok) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    if (!ok) /* a failed ring left a partial residual: carry none */
+        memset(c->residual, 0, sizeof(float) * cfg->count);
+    else if (c->collocate)
+        gvq_uncollocate(ef->r, c->residual, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H,
+                        (size_t)cfg->W);
+    gvq_ef_clip(c, ef->gnorm);
+    free(ef->tmp);
+    ef->tmp = NULL;
+}

@@ -1,0 +1,364 @@
+/*
+ * test_intsum.c -- integer-summed wires (integerBits) under mpirun, through
+ * gvqAllReduceCompressed.
+ *
+ * Every rank's input is a pure function of (rank, call, index), so each rank regenerates all
+ * ranks' inputs and computes, itself, the exact sum and the quantization bound the docs state:
+ * a value of block b (a QSGD bucket) ends within N scale_b / lv of the exact sum, with scale_b
+ * the largest |x| of the block over all ranks and lv = min(2^(qsgdBits-1) - 1,
+ * floor((2^(b-1) - 1) / N)). Nothing is compared with gvq's own output except that all ranks'
+ * outputs must be bitwise identical.
+ *
+ * Parts:
+ *   1 qsgd      4-bit QSGD over 8-bit sums and 8-bit QSGD over 16-bit sums: identical outputs,
+ *               every value within its bound, the closed-form ratio (1 or 2 bytes a value)
+ *   2 headroom  8-bit QSGD over 8-bit sums (lv = floor(127 / N): the accumulator is full):
+ *               every rank sends +-scale in every value, so every rank's integer is +-lv and the
+ *               sum N lv; the output must be N x (no wrap-around)
+ *   3 nan       a NaN in one bucket of one rank: that bucket is NaN on every rank, the others
+ *               stay within their bound, nothing hangs
+ *   4 gradiveq  GradiVeQ with 8- and 16-bit coefficient sums against the fp32-coefficient
+ *               compressor fed the same inputs: the same schedule and d, identical outputs, and
+ *               per slice ||x_int - x_fp32|| <= sqrt(d) N 2G / lv (G: the largest slice norm of
+ *               any rank's input so far, which bounds every coefficient; U is orthonormal); the
+ *               int8 wire at least 3x smaller than the fp32 one
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gvq.h"
+#include "mpitest.h"
+
+#define WATCHDOG_S 100
+
+static const char *g_part = "start";
+
+static void watchdog(int sig) {
+    (void)sig;
+    char msg[160];
+    int n = snprintf(msg, sizeof msg, "FAIL [rank %d] watchdog: no progress for %d s in '%s'\n",
+                     mt.rank, WATCHDOG_S, g_part);
+    if (n > 0) {
+        ssize_t w = write(1, msg, (size_t)n);
+        (void)w;
+    }
+    _exit(3);
+}
+
+static void part(const char *name) {
+    g_part = name;
+    alarm(WATCHDOG_S);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mt.rank == 0) {
+        printf("-- %s (%.1f s)\n", name, MPI_Wtime() - mt.t0);
+        fflush(stdout);
+    }
+}
+
+static gvqComm_t new_comm(void) {
+    gvqUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (mt.rank == 0) MT_OK(gvqGetUniqueId(&id));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    gvqComm_t comm = NULL;
+    MT_OK(gvqCommInitRank(&comm, mt.nranks, id, mt.rank));
+    if (comm == NULL) MPI_Abort(MPI_COMM_WORLD, 1);
+    return comm;
+}
+
+static uint64_t mix(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Uniform in [-1, 1) from (rank, call, index, salt). */
+static float unif(int rank, int call, size_t i, uint64_t salt) {
+    uint64_t h = mix(mix(mix(salt * 1000003u + (uint64_t)rank) + (uint64_t)call) + i);
+    return (float)((double)(h >> 11) / 4503599627370496.0 - 1.0);
+}
+
+static void check_identical(const void *buf, size_t bytes, const char *what) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char *b = buf;
+    for (size_t i = 0; i < bytes; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)mt.nranks);
+    MPI_Allgather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    for (int r = 1; r < mt.nranks; r++)
+        MT_CHECK(all[r] == all[0], "%s: output of rank %d differs from rank 0's", what, r);
+    free(all);
+}
+
+/* ---- QSGD over integer sums ------------------------------------------------------------------ */
+
+/* Rank r's input: uniform values whose bucket b is scaled by 2^(b mod 5 - 2), so the buckets'
+ * scales differ. */
+static void qsgd_input(int rank, int call, float *x, size_t n, size_t bucket) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = unif(rank, call, i, 7) * ldexpf(1.0f, (int)((i / bucket) % 5) - 2);
+}
+
+static int levels(int qbits, int ibits, int N) {
+    int lv = ((1 << (ibits - 1)) - 1) / N, s = (1 << (qbits - 1)) - 1;
+    return lv < s ? lv : s;
+}
+
+/* Checks out against the exact sum of all ranks' inputs (inputs of all ranks in xs), value by
+ * value, with the documented bound; buckets flagged in nan_bucket must be NaN. */
+static void check_bound(const float *out, const float *xs, size_t n, size_t bucket, int lv,
+                        const char *what, long nan_bucket) {
+    int N = mt.nranks, bad = 0;
+    for (size_t b0 = 0; b0 < n; b0 += bucket) {
+        size_t len = n - b0 < bucket ? n - b0 : bucket;
+        if ((long)(b0 / bucket) == nan_bucket) {
+            for (size_t i = 0; i < len; i++)
+                if (out[b0 + i] == out[b0 + i] && bad++ < 3)
+                    MT_FAIL("%s: value %zu of the NaN bucket is %g, not NaN", what, b0 + i,
+                            out[b0 + i]);
+            continue;
+        }
+        double scale = 0;
+        for (int r = 0; r < N; r++)
+            for (size_t i = 0; i < len; i++)
+                scale = fmax(scale, fabs(xs[(size_t)r * n + b0 + i]));
+        double bound = N * scale / lv * (1 + 1e-5) + 1e-30;
+        for (size_t i = 0; i < len; i++) {
+            double exact = 0;
+            for (int r = 0; r < N; r++)
+                exact += xs[(size_t)r * n + b0 + i];
+            double e = fabs(out[b0 + i] - exact);
+            if (!(e <= bound) && bad++ < 3)
+                MT_FAIL("%s: value %zu is %.9g, exact %.9g: error %.3g above N scale / lv = %.3g",
+                        what, b0 + i, out[b0 + i], exact, e, bound);
+        }
+    }
+    mt.checks++;
+}
+
+static gvqCompressor_t qsgd_int(gvqComm_t comm, size_t n, int qbits, int ibits, size_t bucket) {
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecQsgd;
+    cfg.qsgdBits = qbits;
+    cfg.qsgdBucket = (int)bucket;
+    cfg.integerBits = ibits;
+    cfg.seed = 5;
+    gvqCompressor_t c = NULL;
+    MT_OK(gvqCompressorCreate(comm, n, &cfg, &c));
+    return c;
+}
+
+static void part_qsgd(gvqComm_t comm) {
+    part("1 qsgd: 4-bit over int8, 8-bit over int16: identical, bounded, ratio");
+    int N = mt.nranks;
+    const size_t n = 3000, bucket = 512;
+    float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+    float *xs = malloc(sizeof(float) * n * (size_t)N);
+    int cases[2][2] = {{4, 8}, {8, 16}};
+    for (int k = 0; k < 2; k++) {
+        int qb = cases[k][0], ib = cases[k][1], lv = levels(qb, ib, N);
+        gvqCompressor_t c = qsgd_int(comm, n, qb, ib, bucket);
+        for (int call = 0; call < 3; call++) {
+            for (int r = 0; r < N; r++)
+                qsgd_input(r, 10 * k + call, xs + (size_t)r * n, n, bucket);
+            memcpy(x, xs + (size_t)mt.rank * n, sizeof(float) * n);
+            MT_OK(gvqAllReduceCompressed(x, y, n, gvqFloat32, gvqSum, c, comm, NULL));
+            char what[80];
+            snprintf(what, sizeof what, "qsgd %d-bit over int%d, call %d", qb, ib, call);
+            check_identical(y, sizeof(float) * n, what);
+            check_bound(y, xs, n, bucket, lv, what, -1);
+        }
+        gvqCompressorStats_t st;
+        MT_OK(gvqCompressorGetStats(c, &st));
+        double ratio = (double)(n * 4) / (double)((n * (size_t)(ib / 8) + 3) / 4 * 4);
+        MT_CHECK(fabs(st.ratio - ratio) <= 1e-9 * ratio, "qsgd over int%d: ratio %.6g, want %.6g",
+                 ib, st.ratio, ratio);
+        if (mt.rank == 0)
+            printf("   qsgd %d-bit over int%d: lv %d, ratio %.3f\n", qb, ib, lv, st.ratio);
+        MT_OK(gvqCompressorDestroy(c));
+    }
+    free(x);
+    free(y);
+    free(xs);
+}
+
+static void part_headroom(gvqComm_t comm) {
+    part("2 headroom: a full 8-bit accumulator does not wrap");
+    int N = mt.nranks, lv = levels(8, 8, N);
+    const size_t n = 1000, bucket = 100;
+    float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) /* every value is its bucket's max: integer +-lv exactly */
+        x[i] = ((i / 7) % 2 ? -1.0f : 1.0f) * ldexpf(1.0f, (int)(i / bucket) - 3);
+    gvqCompressor_t c = qsgd_int(comm, n, 8, 8, bucket);
+    MT_OK(gvqAllReduceCompressed(x, y, n, gvqFloat32, gvqSum, c, comm, NULL));
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double want = (double)N * x[i];
+        if (!(fabs(y[i] - want) <= 1e-6 * fabs(want)) && bad++ < 3)
+            MT_FAIL("headroom: value %zu is %g, want %g = %d x %g (N lv = %d of 127)", i, y[i],
+                    want, N, x[i], N * lv);
+    }
+    mt.checks++;
+    MT_CHECK(N * lv <= 127, "headroom: N lv = %d exceeds 127", N * lv);
+    MT_OK(gvqCompressorDestroy(c));
+    free(x);
+    free(y);
+}
+
+static void part_nan(gvqComm_t comm) {
+    part("3 nan: one rank's NaN makes its bucket NaN everywhere");
+    int N = mt.nranks;
+    const size_t n = 2048, bucket = 256;
+    const long nan_bucket = 3;
+    float *xs = malloc(sizeof(float) * n * (size_t)N), *y = malloc(sizeof(float) * n);
+    for (int r = 0; r < N; r++)
+        qsgd_input(r, 99, xs + (size_t)r * n, n, bucket);
+    xs[(size_t)(N - 1) * n + (size_t)nan_bucket * bucket + 17] = NAN;
+    gvqCompressor_t c = qsgd_int(comm, n, 4, 8, bucket);
+    MT_OK(
+        gvqAllReduceCompressed(xs + (size_t)mt.rank * n, y, n, gvqFloat32, gvqSum, c, comm, NULL));
+    check_identical(y, sizeof(float) * n, "nan");
+    check_bound(y, xs, n, bucket, levels(4, 8, N), "nan", nan_bucket);
+    MT_OK(gvqCompressorDestroy(c));
+    free(xs);
+    free(y);
+}
+
+/* ---- GradiVeQ over integer sums ----------------------------------------------------------- */
+
+#define GQ_L 32
+#define GQ_R 4
+#define GQ_SLICES 40
+#define GQ_TAIL 7
+
+/* Rank r's input at a call: every full slice in span(B_0..B_3), fixed unit-free directions,
+ * with per-rank, per-call coefficients; a random tail. */
+static void gq_input(int rank, int call, float *x) {
+    for (size_t s = 0; s < GQ_SLICES; s++)
+        for (size_t i = 0; i < GQ_L; i++) {
+            double v = 0;
+            for (int j = 0; j < GQ_R; j++)
+                v += (1.0 + 0.3 * unif(rank, call, s * GQ_R + (size_t)j, 11)) *
+                     unif(0, 0, (size_t)j * GQ_L + i, 13);
+            x[s * GQ_L + i] = (float)v;
+        }
+    for (size_t i = 0; i < GQ_TAIL; i++)
+        x[GQ_SLICES * GQ_L + i] = unif(rank, call, i, 17);
+}
+
+static double slice_norm(const float *x, size_t s) {
+    double a = 0;
+    for (size_t i = 0; i < GQ_L; i++)
+        a += (double)x[s * GQ_L + i] * x[s * GQ_L + i];
+    return sqrt(a);
+}
+
+static void part_gradiveq(gvqComm_t comm) {
+    part("4 gradiveq: int8 and int16 coefficient sums against fp32 coefficients");
+    int N = mt.nranks;
+    const size_t n = GQ_SLICES * GQ_L + GQ_TAIL;
+    float *x = malloc(sizeof(float) * n), *yi = malloc(sizeof(float) * n);
+    float *yf = malloc(sizeof(float) * n), *xr = malloc(sizeof(float) * n);
+    int bits[2] = {8, 16};
+    for (int k = 0; k < 2; k++) {
+        gvqCompressor_t c[2];
+        for (int v = 0; v < 2; v++) {
+            gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+            cfg.codec = gvqCodecGradiveq;
+            cfg.sliceSize = GQ_L;
+            cfg.warmupIters = 0;
+            cfg.sampleIters = 6;
+            cfg.compressedIters = 5;
+            cfg.sampleSlices = 0;
+            cfg.voteThreshold = 2.0f;
+            cfg.lossThreshold = 1e-3f;
+            cfg.integerBits = v ? bits[k] : 0;
+            MT_OK(gvqCompressorCreate(comm, n, &cfg, &c[v]));
+        }
+        int lv = ((1 << (bits[k] - 1)) - 1) / N;
+        double G = 0, tail_scale = 0;
+        unsigned long long wire[2] = {0, 0};
+        for (int call = 0; call < 11; call++) {
+            for (int r = 0; r < N; r++) {
+                gq_input(r, call, xr);
+                for (size_t s = 0; s < GQ_SLICES; s++)
+                    G = fmax(G, slice_norm(xr, s));
+                if (r == mt.rank) memcpy(x, xr, sizeof(float) * n);
+            }
+            gvqCompressorStats_t st[2];
+            unsigned long long before[2];
+            for (int v = 0; v < 2; v++) {
+                MT_OK(gvqCompressorGetStats(c[v], &st[v]));
+                before[v] = st[v].wireBytes;
+            }
+            int compressed = st[0].phase == gvqPhaseCompressed;
+            MT_OK(gvqAllReduceCompressed(x, yf, n, gvqFloat32, gvqSum, c[0], comm, NULL));
+            MT_OK(gvqAllReduceCompressed(x, yi, n, gvqFloat32, gvqSum, c[1], comm, NULL));
+            for (int v = 0; v < 2; v++)
+                MT_OK(gvqCompressorGetStats(c[v], &st[v]));
+            char what[80];
+            snprintf(what, sizeof what, "gradiveq over int%d, call %d", bits[k], call);
+            check_identical(yi, sizeof(float) * n, what);
+            MT_CHECK(st[0].phase == st[1].phase && st[0].dims == st[1].dims,
+                     "%s: phase %d / %d, d %d / %d differ between fp32 and int", what, st[0].phase,
+                     st[1].phase, st[0].dims, st[1].dims);
+            if (!compressed) {
+                MT_CHECK(memcmp(yf, yi, sizeof(float) * n) == 0,
+                         "%s: exact phase differs between fp32 and int compressors", what);
+                continue;
+            }
+            wire[0] += st[0].wireBytes - before[0];
+            wire[1] += st[1].wireBytes - before[1];
+            double bound = sqrt((double)st[1].dims) * N * 2 * G / lv * (1 + 1e-4);
+            for (size_t s = 0; s < GQ_SLICES; s++) {
+                double e = 0;
+                for (size_t i = 0; i < GQ_L; i++)
+                    e += pow((double)yi[s * GQ_L + i] - yf[s * GQ_L + i], 2);
+                MT_CHECK(sqrt(e) <= bound, "%s: slice %zu differs by %.4g, bound %.4g", what, s,
+                         sqrt(e), bound);
+            }
+            tail_scale = 0;
+            for (int r = 0; r < N; r++) {
+                gq_input(r, call, xr);
+                for (size_t i = 0; i < GQ_TAIL; i++)
+                    tail_scale = fmax(tail_scale, fabs(xr[GQ_SLICES * GQ_L + i]));
+            }
+            for (size_t i = GQ_SLICES * GQ_L; i < n; i++)
+                MT_CHECK(fabs(yi[i] - yf[i]) <= N * tail_scale / lv * (1 + 1e-4) + 1e-6,
+                         "%s: tail value %zu: %g vs %g", what, i, yi[i], yf[i]);
+        }
+        MT_CHECK(N == 1 || (wire[1] > 0 &&
+                            (bits[k] == 16 ? 1.5 : 3.0) * (double)wire[1] <= (double)wire[0]),
+                 "gradiveq over int%d: compressed-phase wire %llu bytes vs fp32 %llu", bits[k],
+                 wire[1], wire[0]);
+        if (mt.rank == 0)
+            printf("   gradiveq over int%d: compressed-phase bytes %llu (fp32 coefficients %llu)\n",
+                   bits[k], wire[1], wire[0]);
+        for (int v = 0; v < 2; v++)
+            MT_OK(gvqCompressorDestroy(c[v]));
+    }
+    free(x);
+    free(yi);
+    free(yf);
+    free(xr);
+}
+
+int main(int argc, char **argv) {
+    mt_init(&argc, &argv);
+    signal(SIGALRM, watchdog);
+    gvqComm_t comm = new_comm();
+    part_qsgd(comm);
+    part_headroom(comm);
+    part_nan(comm);
+    part_gradiveq(comm);
+    MT_OK(gvqCommDestroy(comm));
+    alarm(0);
+    return mt_finish("intsum");
+}
