@@ -1,9 +1,11 @@
 /*
- * gvq_train.c -- gvq-train: a data-parallel CNN trainer on Fashion-MNIST in plain C and BLAS,
- * aggregating gradients through gvq. Run it under mpirun (gvq-train -h):
+ * gvq_train.c -- gvq-train: a data-parallel trainer of a small CNN or a Fixup ResNet on
+ * Fashion-MNIST in plain C and BLAS, aggregating gradients through gvq. Run it under mpirun
+ * (gvq-train -h):
  *
  *   mpirun -np 4 --oversubscribe gvq-train --epochs 2 --codec gradiveq --log gvq.csv
  *   mpirun -np 4 --oversubscribe gvq-train --epochs 2 --codec none --log plain.csv
+ *   mpirun -np 4 --oversubscribe gvq-train --model resnet --train-subset 16000 --epochs 3
  *   GVQ_CODEC=gradiveq mpirun -np 4 --oversubscribe -x GVQ_CODEC gvq-train --zero-code
  *   bash perf/train/plot.sh train.png gvq.csv plain.csv
  *
@@ -28,23 +30,32 @@ static void usage(FILE *f) {
         "                        from the Debian package dataset-fashion-mnist)\n"
         "  --train-subset N      use the first N training images (default all 60000)\n"
         "  --test-subset N       use the first N test images (default all 10000)\n"
-        "  --channels A,B,...    output channels of the conv layers, each conv -> relu -> 2x2\n"
-        "                        max pool (default 16,32,64)\n"
+        "  --model M             cnn or resnet (default cnn):\n"
+        "                          cnn: each conv -> relu -> 2x2 max pool, [fc -> relu], fc\n"
+        "                          resnet: ResNet-(6n+2) for 28x28 images without batch norm\n"
+        "                          (Fixup init): stem conv stride 2 -> relu, 3 stages of n basic\n"
+        "                          blocks (the first of stages 2 and 3 with stride 2; option-A\n"
+        "                          shortcuts), global average pool, fc\n"
+        "  --blocks N            resnet: blocks per stage (default 1: ResNet-8; 3: ResNet-20)\n"
+        "  --channels A,B,...    cnn: output channels of the conv layers (default 16,32,64);\n"
+        "                        resnet: the 3 stages' widths (default 16,32,64)\n"
         "  --kernel K            conv kernel size, odd (default 3)\n"
-        "  --hidden H            a hidden fc layer of H units before the output (default 0: none)\n"
+        "  --hidden H            cnn: a hidden fc layer of H units before the output (default\n"
+        "                        0: none)\n"
         "training:\n"
-        "  --batch B             global batch, a multiple of the ranks (default 64)\n"
+        "  --batch B             global batch, a multiple of the ranks (default: cnn 64, resnet\n"
+        "                        32 per rank)\n"
         "  --epochs E            epochs (default 2), or --iters N steps\n"
         "  --lr X --momentum X --wd X   SGD with momentum (default 0.05, 0.9, 0)\n"
         "  --cosine              decay the learning rate from lr to 0 along a half cosine over\n"
         "                        the run (default: constant)\n"
         "  --seed S              weights and shuffling (default 1; the same on every rank)\n"
         "aggregation through gvq:\n"
-        "  --codec C             conv weight gradients: none (gvqAllReduce), gradiveq (a "
-        "compressor\n"
-        "                        per layer with its [K][D][k][k] shape) or qsgd (default "
-        "gradiveq)\n"
-        "  --rest-codec C        biases and fc: none or qsgd (default none)\n"
+        "  --codec C             conv weight gradients: none (gvqAllReduce), gradiveq, qsgd or\n"
+        "                        powersgd: a compressor per conv layer (those in residual\n"
+        "                        blocks too) with its [K][D][k][k] shape (default gradiveq)\n"
+        "  --rest-codec C        biases and fc: none, qsgd, or powersgd (the last fc's weights\n"
+        "                        as a classes x inputs matrix, the rest plain) (default none)\n"
         "  --zero-code           one plain gvqAllReduce of the whole flat gradient; set GVQ_CODEC\n"
         "                        to compress it without code changes\n"
         "  --slice L             GradiVeQ slice size, rounded up to a multiple of each layer's K\n"
@@ -59,7 +70,11 @@ static void usage(FILE *f) {
         "  --qsgd-bits B --qsgd-bucket N   QSGD settings\n"
         "  --wire fp16|fp32      GradiVeQ coefficients on the wire\n"
         "  --ef                  error feedback\n"
+        "  --ef-bound X          clip the error-feedback residual to X x the gradient's norm\n"
         "  --max-dims D          cap on GradiVeQ's d\n"
+        "  --power-rank R        PowerSGD's rank r\n"
+        "  --int-bits B          0, 8 or 16: integer-summed wire for GradiVeQ and QSGD (0: "
+        "floats)\n"
         "output:\n"
         "  --print-every N       progress line (and CSV row) every N steps (default 50)\n"
         "  --eval-every N        test accuracy every N steps (default 200; also at the end)\n"
@@ -70,7 +85,8 @@ static void usage(FILE *f) {
         "                        compute_s,comm_s,conv_ratio,phase (perf/train/plot.sh draws it)\n"
         "  --dump-grads FILE     record rank 0's local gradient of one conv layer per step in\n"
         "                        gvq-perf --replay's GVQGRAD1 format\n"
-        "  --dump-layer I        which conv layer, 1-based (default 2)\n"
+        "  --dump-layer I        which conv layer, 1-based in network order (default 2; the\n"
+        "                        resnet's are the stem, then conv1, conv2 of each block)\n"
         "  --dump-iters K        record the first K steps only (default all)\n",
         "/usr/share/datasets/fashion-mnist");
 }
@@ -98,13 +114,16 @@ static int parse_double(const char *s, double lo, double hi, double *v) {
     return 0;
 }
 
-static int parse_codec(const char *s, int allow_gradiveq, int *v) {
+/* Accepts none, qsgd, and the codecs named by the allow_* flags. */
+static int parse_codec(const char *s, int allow_gradiveq, int allow_powersgd, int *v) {
     if (strcmp(s, "none") == 0)
         *v = TRAIN_CODEC_NONE;
     else if (strcmp(s, "qsgd") == 0)
         *v = TRAIN_CODEC_QSGD;
     else if (allow_gradiveq && strcmp(s, "gradiveq") == 0)
         *v = TRAIN_CODEC_GRADIVEQ;
+    else if (allow_powersgd && strcmp(s, "powersgd") == 0)
+        *v = TRAIN_CODEC_POWERSGD;
     else
         return -1;
     return 0;
@@ -168,7 +187,12 @@ enum {
     OPT_DUMP_LAYER,
     OPT_DUMP_ITERS,
     OPT_COSINE,
-    OPT_SAMPLE_SLICES
+    OPT_SAMPLE_SLICES,
+    OPT_MODEL,
+    OPT_BLOCKS,
+    OPT_POWER_RANK,
+    OPT_INT_BITS,
+    OPT_EF_BOUND
 };
 
 /* Returns 0, 1 for --help, or -1 after naming the bad option on stderr. */
@@ -214,7 +238,13 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"dump-grads", required_argument, NULL, OPT_DUMP},
         {"dump-layer", required_argument, NULL, OPT_DUMP_LAYER},
         {"dump-iters", required_argument, NULL, OPT_DUMP_ITERS},
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"blocks", required_argument, NULL, OPT_BLOCKS},
+        {"power-rank", required_argument, NULL, OPT_POWER_RANK},
+        {"int-bits", required_argument, NULL, OPT_INT_BITS},
+        {"ef-bound", required_argument, NULL, OPT_EF_BOUND},
         {NULL, 0, NULL, 0}};
+    int batch_given = 0;
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
@@ -245,6 +275,29 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_BATCH:
             if (parse_int(optarg, 1, 1 << 20, &o->batch)) what = "--batch (>= 1)";
+            batch_given = 1;
+            break;
+        case OPT_MODEL:
+            if (strcmp(optarg, "cnn") == 0)
+                o->arch.model = NET_CNN;
+            else if (strcmp(optarg, "resnet") == 0)
+                o->arch.model = NET_RESNET;
+            else
+                what = "--model (cnn or resnet)";
+            break;
+        case OPT_BLOCKS:
+            if (parse_int(optarg, 1, 64, &o->arch.blocks)) what = "--blocks (1..64)";
+            break;
+        case OPT_POWER_RANK:
+            if (parse_int(optarg, 1, 1 << 20, &o->power_rank)) what = "--power-rank (>= 1)";
+            break;
+        case OPT_INT_BITS:
+            if (parse_int(optarg, 0, 16, &o->integer_bits) ||
+                (o->integer_bits != 0 && o->integer_bits != 8 && o->integer_bits != 16))
+                what = "--int-bits (0, 8 or 16)";
+            break;
+        case OPT_EF_BOUND:
+            if (parse_double(optarg, 0.0, 1e9, &o->ef_bound)) what = "--ef-bound (>= 0)";
             break;
         case OPT_EPOCHS:
             if (parse_int(optarg, 1, 100000, &o->epochs)) what = "--epochs (>= 1)";
@@ -274,10 +327,12 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
                 o->seed = (unsigned long long)seed;
             break;
         case OPT_CODEC:
-            if (parse_codec(optarg, 1, &o->codec)) what = "--codec (none, gradiveq or qsgd)";
+            if (parse_codec(optarg, 1, 1, &o->codec))
+                what = "--codec (none, gradiveq, qsgd or powersgd)";
             break;
         case OPT_REST_CODEC:
-            if (parse_codec(optarg, 0, &o->rest_codec)) what = "--rest-codec (none or qsgd)";
+            if (parse_codec(optarg, 0, 1, &o->rest_codec))
+                what = "--rest-codec (none, qsgd or powersgd)";
             break;
         case OPT_ZERO_CODE:
             o->zero_code = 1;
@@ -304,7 +359,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             if (parse_int(optarg, 1, 1 << 30, &o->compressed)) what = "--compressed (>= 1)";
             break;
         case OPT_SAMPLE_CODEC:
-            if (parse_codec(optarg, 0, &o->sample_codec)) what = "--sample-codec (none or qsgd)";
+            if (parse_codec(optarg, 0, 0, &o->sample_codec)) what = "--sample-codec (none or qsgd)";
             break;
         case OPT_QSGD_BITS:
             if (parse_int(optarg, 2, 8, &o->qsgd_bits)) what = "--qsgd-bits (2, 4 or 8)";
@@ -345,7 +400,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             o->dump_path = optarg;
             break;
         case OPT_DUMP_LAYER:
-            if (parse_int(optarg, 1, 8, &o->dump_layer)) what = "--dump-layer (1..8)";
+            if (parse_int(optarg, 1, 1 << 20, &o->dump_layer)) what = "--dump-layer (>= 1)";
             break;
         case OPT_DUMP_ITERS:
             if (parse_long(optarg, 0, 1L << 40, &o->dump_iters)) what = "--dump-iters (>= 0)";
@@ -363,12 +418,23 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         fprintf(stderr, "gvq-train: unexpected argument '%s' (see -h)\n", argv[optind]);
         return -1;
     }
+    if (o->arch.model == NET_RESNET && !batch_given) o->batch = 0; /* 32 per rank */
+    if (o->arch.model == NET_RESNET && (o->arch.nconv != 3 || o->arch.hidden != 0)) {
+        fprintf(stderr, "gvq-train: --model resnet takes 3 --channels (the stages' widths) and no "
+                        "--hidden layer\n");
+        return -1;
+    }
+    if (o->arch.model == NET_CNN && o->arch.blocks != 1) {
+        fprintf(stderr, "gvq-train: --blocks applies to --model resnet\n");
+        return -1;
+    }
     if (o->eval_every > 0 && o->eval_every % o->print_every != 0) {
         fprintf(stderr, "gvq-train: --eval-every (%d) must be a multiple of --print-every (%d)\n",
                 o->eval_every, o->print_every);
         return -1;
     }
-    if (o->zero_code && (o->codec == TRAIN_CODEC_QSGD || o->rest_codec != TRAIN_CODEC_NONE)) {
+    if (o->zero_code && (o->codec == TRAIN_CODEC_QSGD || o->codec == TRAIN_CODEC_POWERSGD ||
+                         o->rest_codec != TRAIN_CODEC_NONE)) {
         fprintf(stderr, "gvq-train: --zero-code uses plain gvqAllReduce only; choose the codec "
                         "with GVQ_CODEC instead of --codec/--rest-codec\n");
         return -1;

@@ -7,8 +7,11 @@
  *     |-- rank n takes images [n B/N, (n+1) B/N) of it
  *   forward, softmax cross-entropy, backward            -> local mean gradient g_n  (compute)
  *   conv layer i weights:  gvqAllReduceCompressed(g_n[i], gvqAvg, compressor i)   (comm)
- *                          (codec none: gvqAllReduce)
- *   the rest (biases, fc): gvqAllReduce(gvqAvg)  (or a QSGD compressor)
+ *                          (codec none: gvqAllReduce; i runs over net.conv, the convs inside
+ *                          residual blocks included)
+ *   the rest (biases, fc): gvqAllReduce(gvqAvg)  (or a QSGD compressor; or, with PowerSGD,
+ *                          the last fc's weights through a compressor and the values before
+ *                          and after them plain)
  *       -- or, zero-code mode: one gvqAllReduce over the whole flat gradient --
  *   v = mu v + g + wd w ;  w -= lr v                     (identical on every rank, because
  *                                                         gvq's results are bitwise identical)
@@ -30,8 +33,6 @@
 #include "gvq.h"
 #include "gvq_mpi.h"
 #include "mnist.h"
-
-#define MAX_CONV 8
 
 /* A failed gvq or MPI call ends the whole job: a rank that stopped calling collectives would
  * leave the others waiting for it until gvq's timeout. */
@@ -73,6 +74,8 @@ void train_opts_default(train_opts_t *o) {
     o->arch.ksize = 3;
     o->arch.hidden = 0;
     o->arch.classes = 10;
+    o->arch.model = NET_CNN;
+    o->arch.blocks = 1;
     o->batch = 64;
     o->epochs = 2;
     o->lr = 0.05;
@@ -85,6 +88,8 @@ void train_opts_default(train_opts_t *o) {
     o->sample_codec = o->qsgd_bits = o->qsgd_bucket = o->max_dims = TRAIN_UNSET;
     o->eps = -1.0;
     o->vote = -1.0;
+    o->power_rank = o->integer_bits = TRAIN_UNSET;
+    o->ef_bound = -1.0;
     o->print_every = 50;
     o->eval_every = 200;
     o->dump_layer = 2;
@@ -183,7 +188,29 @@ static int weights_agree(const net_t *net, MPI_Comm comm) {
 }
 
 static const char *codec_name(int c) {
-    return c == TRAIN_CODEC_GRADIVEQ ? "gradiveq" : c == TRAIN_CODEC_QSGD ? "qsgd" : "none";
+    switch (c) {
+    case TRAIN_CODEC_GRADIVEQ:
+        return "gradiveq";
+    case TRAIN_CODEC_QSGD:
+        return "qsgd";
+    case TRAIN_CODEC_POWERSGD:
+        return "powersgd";
+    default:
+        return "none";
+    }
+}
+
+static int gvq_codec(int c) {
+    switch (c) {
+    case TRAIN_CODEC_GRADIVEQ:
+        return gvqCodecGradiveq;
+    case TRAIN_CODEC_QSGD:
+        return gvqCodecQsgd;
+    case TRAIN_CODEC_POWERSGD:
+        return gvqCodecPowersgd;
+    default:
+        return gvqCodecNone;
+    }
 }
 
 static char phase_letter(int phase) {
@@ -199,12 +226,17 @@ static char phase_letter(int phase) {
     }
 }
 
-/* A compressor config for a tensor: conv layers carry their [K][D][k][k] shape. */
+/* A compressor config for a tensor: conv layers carry their [K][D][k][k] shape, an fc layer
+ * (PowerSGD on the rest) its [O][I][1][1]. */
 static void compressor_config(const train_opts_t *o, int codec, const layer_t *l,
                               gvqCompressorConfig_t *cfg) {
     gvqCompressorConfig_t c = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-    c.codec = codec == TRAIN_CODEC_GRADIVEQ ? gvqCodecGradiveq : gvqCodecQsgd;
-    if (l != NULL) {
+    c.codec = gvq_codec(codec);
+    if (l != NULL && l->kind == LAYER_FC) {
+        c.filters = l->out_c;
+        c.depth = (int)layer_in_size(l);
+        c.height = c.width = 1;
+    } else if (l != NULL) {
         c.filters = l->out_c;
         c.depth = l->in_c;
         c.height = l->ksize;
@@ -231,6 +263,9 @@ static void compressor_config(const train_opts_t *o, int codec, const layer_t *l
     if (o->wire_fp16) c.wireType = gvqFloat16;
     c.errorFeedback = o->error_feedback ? 1 : 0;
     if (o->max_dims != TRAIN_UNSET) c.maxDims = o->max_dims;
+    if (o->power_rank != TRAIN_UNSET) c.powerRank = o->power_rank;
+    if (o->integer_bits != TRAIN_UNSET) c.integerBits = o->integer_bits;
+    if (o->ef_bound >= 0.0) c.efBound = (float)o->ef_bound;
     c.seed = (int)(o->seed & 0x7fffffff);
     *cfg = c;
 }
@@ -245,15 +280,16 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     memset(res, 0, sizeof *res);
     res->time_to_stop = -1.0;
 
-    if (o->batch < nranks || o->batch % nranks != 0) {
+    const int batch = o->batch > 0 ? o->batch : 32 * nranks;
+    if (batch < nranks || batch % nranks != 0) {
         if (rank == 0)
             fprintf(stderr,
                     "gvq-train: the global batch (%d) must be a multiple of the number of "
                     "ranks (%d)\n",
-                    o->batch, nranks);
+                    batch, nranks);
         return -1;
     }
-    const int local = o->batch / nranks;
+    const int local = batch / nranks;
 
     /* data: every rank loads it; one failure stops all */
     char err[4096] = "";
@@ -268,15 +304,15 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         mnist_free(&test);
         return -1;
     }
-    if (train.n < o->batch) {
+    if (train.n < batch) {
         if (rank == 0)
             fprintf(stderr, "gvq-train: %d training images, fewer than one global batch (%d)\n",
-                    train.n, o->batch);
+                    train.n, batch);
         mnist_free(&train);
         mnist_free(&test);
         return -1;
     }
-    const long steps_per_epoch = train.n / o->batch;
+    const long steps_per_epoch = train.n / batch;
     const long iters = o->iters > 0 ? o->iters : (long)o->epochs * steps_per_epoch;
 
     /* model */
@@ -304,24 +340,46 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     /* gvq: a communicator, one compressor per conv layer, one for the rest when it is QSGD */
     gvqComm_t gcomm;
     TRAIN_GVQ(gvqCommInitMPI(&gcomm, comm, NULL), NULL);
-    int nconv = 0;
-    layer_t *conv[MAX_CONV];
-    gvqCompressor_t comp[MAX_CONV] = {0};
-    for (int i = 0; i < net.nlayers; i++)
-        if (net.layers[i].kind == LAYER_CONV) conv[nconv++] = &net.layers[i];
+    const int nconv = net.nconv;
+    layer_t **conv = net.conv;
+    gvqCompressor_t *comp = calloc((size_t)nconv, sizeof(gvqCompressor_t));
+    char *phases = malloc(2 * (size_t)nconv + 16);
+    if (comp == NULL || phases == NULL) {
+        fprintf(stderr, "gvq-train: rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     if (!o->zero_code && o->codec != TRAIN_CODEC_NONE)
         for (int i = 0; i < nconv; i++) {
             gvqCompressorConfig_t cfg;
             compressor_config(o, o->codec, conv[i], &cfg);
             TRAIN_GVQ(gvqCompressorCreate(gcomm, conv[i]->nw, &cfg, &comp[i]), gcomm);
         }
+    /* the rest in up to three parts: QSGD compresses it whole; PowerSGD the last fc's weights
+     * (a classes x inputs matrix), the values before and after them go plain */
     float *rest = net.grads + net.conv_params;
     const size_t nrest = net.nparams - net.conv_params;
+    struct {
+        float *g;
+        size_t n;
+        gvqCompressor_t comp;
+    } part[3] = {{rest, nrest, NULL}, {NULL, 0, NULL}, {NULL, 0, NULL}};
     gvqCompressor_t rest_comp = NULL;
     if (!o->zero_code && o->rest_codec == TRAIN_CODEC_QSGD) {
         gvqCompressorConfig_t cfg;
         compressor_config(o, TRAIN_CODEC_QSGD, NULL, &cfg);
         TRAIN_GVQ(gvqCompressorCreate(gcomm, nrest, &cfg, &rest_comp), gcomm);
+        part[0].comp = rest_comp;
+    } else if (!o->zero_code && o->rest_codec == TRAIN_CODEC_POWERSGD) {
+        layer_t *fc = &net.layers[net.nlayers - 1];
+        gvqCompressorConfig_t cfg;
+        compressor_config(o, TRAIN_CODEC_POWERSGD, fc, &cfg);
+        TRAIN_GVQ(gvqCompressorCreate(gcomm, fc->nw, &cfg, &rest_comp), gcomm);
+        part[0].n = (size_t)(fc->dw - rest);
+        part[1].g = fc->dw;
+        part[1].n = fc->nw;
+        part[1].comp = rest_comp;
+        part[2].g = fc->dw + fc->nw;
+        part[2].n = nrest - part[0].n - fc->nw;
     }
 
     /* gradient recording */
@@ -349,14 +407,19 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         fprintf(out,
                 "# gvq-train: %d ranks, global batch %d (%d per rank), %ld steps (%ld per "
                 "epoch), lr %g%s momentum %g wd %g seed %llu\n",
-                nranks, o->batch, local, iters, steps_per_epoch, o->lr,
+                nranks, batch, local, iters, steps_per_epoch, o->lr,
                 o->cosine ? " (cosine decay)" : "", o->momentum, o->weight_decay, o->seed);
         fprintf(out, "# data: %s (%d train, %d test images of %dx%d)\n", o->data_dir, train.n,
                 test.n, train.rows, train.cols);
-        fprintf(out, "# model: %zu parameters, %zu in conv weights:", net.nparams, net.conv_params);
+        if (o->arch.model == NET_RESNET)
+            fprintf(out, "# model: resnet-%d (Fixup, %d blocks per stage), ",
+                    6 * o->arch.blocks + 2, o->arch.blocks);
+        else
+            fprintf(out, "# model: cnn, ");
+        fprintf(out, "%zu parameters, %zu in conv weights:", net.nparams, net.conv_params);
         for (int i = 0; i < nconv; i++)
-            fprintf(out, " conv%d [K=%d][D=%d][%d][%d]", i + 1, conv[i]->out_c, conv[i]->in_c,
-                    conv[i]->ksize, conv[i]->ksize);
+            fprintf(out, " conv%d [K=%d][D=%d][%d][%d]%s", i + 1, conv[i]->out_c, conv[i]->in_c,
+                    conv[i]->ksize, conv[i]->ksize, conv[i]->stride > 1 ? "/2" : "");
         fprintf(out, ", fc %d -> %s%d\n",
                 (int)layer_in_size(&net.layers[net.nlayers - (o->arch.hidden > 0 ? 3 : 1)]),
                 o->arch.hidden > 0 ? "hidden -> " : "", o->arch.classes);
@@ -369,6 +432,8 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         } else {
             fprintf(out, "# aggregation: conv weights %s, the rest (%zu floats) %s",
                     codec_name(o->codec), nrest, codec_name(o->rest_codec));
+            if (o->rest_codec == TRAIN_CODEC_POWERSGD)
+                fprintf(out, " (the fc's %zu weights; %zu plain)", part[1].n, nrest - part[1].n);
             for (int i = 0; i < nconv && comp[i] != NULL; i++) {
                 gvqCompressorStats_t st;
                 TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
@@ -407,13 +472,13 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     long step;
     for (step = 0; step < iters; step++) {
         double t0 = now_s();
-        if (pos + o->batch > train.n) {
+        if (pos + batch > train.n) {
             shuffle(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
             epoch++;
             pos = 0;
         }
         mnist_batch(&train, perm + pos + (long)rank * local, local, images, labels);
-        pos += o->batch;
+        pos += batch;
         net_forward(&net, images, local);
         long correct = 0;
         double loss = net_loss(&net, labels, local, &correct);
@@ -443,12 +508,17 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                                            gvqAvg, gcomm, NULL),
                               gcomm);
             }
-            if (rest_comp != NULL)
-                TRAIN_GVQ(gvqAllReduceCompressed(rest, rest, nrest, gvqFloat32, gvqAvg, rest_comp,
-                                                 gcomm, NULL),
-                          gcomm);
-            else
-                TRAIN_GVQ(gvqAllReduce(rest, rest, nrest, gvqFloat32, gvqAvg, gcomm, NULL), gcomm);
+            for (int p = 0; p < 3; p++) {
+                if (part[p].n == 0) continue;
+                if (part[p].comp != NULL)
+                    TRAIN_GVQ(gvqAllReduceCompressed(part[p].g, part[p].g, part[p].n, gvqFloat32,
+                                                     gvqAvg, part[p].comp, gcomm, NULL),
+                              gcomm);
+                else
+                    TRAIN_GVQ(gvqAllReduce(part[p].g, part[p].g, part[p].n, gvqFloat32, gvqAvg,
+                                           gcomm, NULL),
+                              gcomm);
+            }
         }
         double t2 = now_s();
 
@@ -459,7 +529,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         const float lr = (float)lr_step, mu = (float)o->momentum, wd = (float)o->weight_decay;
         for (size_t j = 0; j < net.nparams; j++) {
             velocity[j] = mu * velocity[j] + net.grads[j] + wd * net.params[j];
-            net.params[j] -= lr * velocity[j];
+            net.params[j] -= (net.lr_scale != NULL ? lr * net.lr_scale[j] : lr) * velocity[j];
         }
         double t3 = now_s();
         win_compute += (t1 - t0) + (t3 - t2);
@@ -502,14 +572,14 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         if (evaluated) test_acc = evaluate(&net, &test, rank, nranks, comm, images, labels, idx);
 
         unsigned long long raw = 0, wire = 0;
-        char phases[2 * MAX_CONV + 1] = "";
+        phases[0] = '\0';
         for (int i = 0; i < nconv && comp[i] != NULL; i++) {
             gvqCompressorStats_t st;
             TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
             raw += st.rawBytes;
             wire += st.wireBytes;
             size_t len = strlen(phases);
-            snprintf(phases + len, sizeof phases - len, "%s%c", i ? "," : "",
+            snprintf(phases + len, 2 * (size_t)nconv + 16 - len, "%s%c", i ? "," : "",
                      phase_letter(st.phase));
         }
         double ratio =
@@ -517,10 +587,10 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         prev_raw = raw;
         prev_wire = wire;
         if (comp[0] == NULL)
-            snprintf(phases, sizeof phases, "%s", o->zero_code ? "zero-code" : "-");
+            snprintf(phases, 2 * (size_t)nconv + 16, "%s", o->zero_code ? "zero-code" : "-");
 
         if (rank == 0) {
-            double ips = (double)o->batch * (double)nsteps_win / win_train_s;
+            double ips = (double)batch * (double)nsteps_win / win_train_s;
             char acc[32] = "   -  ";
             if (test_acc >= 0.0) snprintf(acc, sizeof acc, "%5.2f%%", test_acc);
             if (!o->quiet) {
@@ -573,6 +643,9 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             gvqCompressorStats_t st;
             TRAIN_GVQ(gvqCompressorGetStats(rest_comp, &st), gcomm);
             rest_wire = (double)st.wireBytes;
+            if (o->rest_codec == TRAIN_CODEC_POWERSGD) /* the parts that went plain */
+                rest_wire +=
+                    raw_rest_per_call * (double)step * (double)(nrest - part[1].n) / (double)nrest;
         } else {
             rest_wire = raw_rest_per_call * (double)step;
         }
@@ -581,10 +654,11 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     }
     if (rank == 0 && !o->quiet) {
         fprintf(out,
-                "# done: %ld steps in %.1f s of training (%.0f img/s), test accuracy %.2f%%, "
-                "compute %.1f s comm %.1f s per rank (comm %.0f%%)\n",
-                res->iters, train_s, (double)o->batch * (double)res->iters / train_s, test_acc,
-                res->compute_s, res->comm_s, 100.0 * res->comm_s / (res->compute_s + res->comm_s));
+                "# done: %ld steps in %.1f s of training (%.1f ms/step, %.0f img/s), test accuracy "
+                "%.2f%%, compute %.1f s comm %.1f s per rank (comm %.0f%%)\n",
+                res->iters, train_s, 1e3 * train_s / (double)(res->iters > 0 ? res->iters : 1),
+                (double)batch * (double)res->iters / train_s, test_acc, res->compute_s, res->comm_s,
+                100.0 * res->comm_s / (res->compute_s + res->comm_s));
         if (!o->zero_code)
             fprintf(out,
                     "# wire: conv layers %.2fx smaller than a plain fp32 ring over the run, "
@@ -622,6 +696,8 @@ done:
         if (comp[i] != NULL) TRAIN_GVQ(gvqCompressorDestroy(comp[i]), gcomm);
     if (rest_comp != NULL) TRAIN_GVQ(gvqCompressorDestroy(rest_comp), gcomm);
     TRAIN_GVQ(gvqCommDestroy(gcomm), NULL);
+    free(comp);
+    free(phases);
     free(velocity);
     free(images);
     free(labels);

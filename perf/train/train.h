@@ -1,11 +1,14 @@
 /*
- * train.h -- one data-parallel training run of gvq-train's CNN over gvq (see train.c).
+ * train.h -- one data-parallel training run of gvq-train's network (the cnn or the Fixup resnet
+ * of net.h) over gvq (see train.c).
  *
  * Every rank of `comm` calls train_run with the same options. Each takes its shard of every
  * global batch, computes gradients, and aggregates them through gvq: every conv layer's weight
- * gradient through its own compressor built with the layer's shape (or plain gvqAllReduce with
- * codec none), everything else in one more call; or, in zero-code mode, the whole gradient as one
- * flat buffer through plain gvqAllReduce (so GVQ_CODEC decides the codec).
+ * gradient (those inside residual blocks too, net_t.conv) through its own compressor built with
+ * the layer's shape (or plain gvqAllReduce with codec none), everything else in one more call
+ * (three with --rest-codec powersgd: the last fc's weights get a compressor of their own); or, in
+ * zero-code mode, the whole gradient as one flat buffer through plain gvqAllReduce (so GVQ_CODEC
+ * decides the codec).
  */
 #ifndef GVQ_TRAIN_TRAIN_H_
 #define GVQ_TRAIN_TRAIN_H_
@@ -15,7 +18,12 @@
 
 #include "net.h"
 
-typedef enum { TRAIN_CODEC_NONE = 0, TRAIN_CODEC_GRADIVEQ = 1, TRAIN_CODEC_QSGD = 2 } train_codec_t;
+typedef enum {
+    TRAIN_CODEC_NONE = 0,
+    TRAIN_CODEC_GRADIVEQ = 1,
+    TRAIN_CODEC_QSGD = 2,
+    TRAIN_CODEC_POWERSGD = 3
+} train_codec_t;
 
 #define TRAIN_UNSET (-1) /* a gvq knob left to the library's default */
 
@@ -25,7 +33,7 @@ typedef struct {
     int train_subset, test_subset; /* 0: all */
     /* model and optimizer */
     net_arch_t arch;
-    int batch;  /* global batch, a multiple of the number of ranks */
+    int batch;  /* global batch, a multiple of the number of ranks (0: 32 per rank) */
     int epochs; /* used when iters is 0 */
     long iters; /* total steps (0: epochs x steps per epoch) */
     double lr, momentum, weight_decay;
@@ -33,13 +41,18 @@ typedef struct {
     unsigned long long seed;
     /* aggregation */
     int codec;      /* train_codec_t of the conv layers */
-    int rest_codec; /* TRAIN_CODEC_NONE or TRAIN_CODEC_QSGD for everything else */
+    int rest_codec; /* everything else: TRAIN_CODEC_NONE, TRAIN_CODEC_QSGD, or
+                       TRAIN_CODEC_POWERSGD (the last fc's weights as a classes x inputs
+                       matrix through PowerSGD, the other values plain) */
     int zero_code;  /* 1: one flat gvqAllReduce of the whole gradient */
     int slice, reuse, warmup, sample, compressed, sample_codec, qsgd_bits, qsgd_bucket;
     int wire_fp16, error_feedback, max_dims;
     int sample_slices; /* TRAIN_UNSET: the library default */
     double eps;
-    double vote; /* GradiVeQ early-exit threshold (0: the library's, = eps) */
+    double vote;      /* GradiVeQ early-exit threshold (0: the library's, = eps) */
+    int power_rank;   /* PowerSGD's r (TRAIN_UNSET: the library's) */
+    int integer_bits; /* integer-summed wire, 0, 8 or 16 (TRAIN_UNSET: the library's) */
+    double ef_bound;  /* error-feedback residual clip (< 0: the library's) */
     /* what the user sees */
     int print_every; /* progress line every N steps (and a CSV row) */
     int eval_every;  /* test accuracy every N steps (a multiple of print_every; 0: at the end) */
@@ -47,14 +60,15 @@ typedef struct {
     double stop_at;  /* stop once test accuracy reaches this (0: never) */
     const char *log_path;
     const char *dump_path;
-    int dump_layer;  /* conv layer (1-based) whose gradients --dump-grads records */
+    int dump_layer; /* conv layer (1-based, over net_t.conv) whose gradients --dump-grads records */
     long dump_iters; /* iterations to record (0: all) */
     int quiet;       /* no progress lines (tests) */
     FILE *out;       /* progress lines (rank 0) */
 } train_opts_t;
 
-/* Fills defaults: a 3-conv net (16, 32, 64 channels, 3x3), batch 64, 2 epochs, lr 0.05, momentum
- * 0.9, codec GradiVeQ with the library's schedule defaults, progress every 50 steps. */
+/* Fills defaults: the cnn with 3 convs (16, 32, 64 channels, 3x3; for the resnet the same widths
+ * are its stages', 1 block per stage), global batch 64, 2 epochs, lr 0.05, momentum 0.9, codec
+ * GradiVeQ with the library's schedule defaults, progress every 50 steps. */
 void train_opts_default(train_opts_t *o);
 
 typedef struct {
