@@ -73,6 +73,8 @@ static const char usage_text[] =
     "  -S, --compressed-iters S  calls per compressed phase (default: library's, 400)\n"
     "      --gvq-warmup W      compressor warm-up calls before sampling (default 0)\n"
     "      --sample-codec none|qsgd  codec of warm-up and sampling calls (default none)\n"
+    "      --vote-threshold V  GradiVeQ's early exit on the local loss (default eps; >= 1: never)\n"
+    "      --sample-slices N   slices of each reuse group sampled per call (default 1; 0: all)\n"
     "      --wire fp32|fp16|int8|int16  what the ring adds (default fp32): GradiVeQ's\n"
     "                          coefficients as fp16; int8/int16: GradiVeQ's coefficients and\n"
     "                          QSGD's levels as integers against agreed scales (integerBits)\n"
@@ -290,7 +292,9 @@ enum {
     OPT_FIT_BENCH,
     OPT_FIT_REPS,
     OPT_VARIATION,
-    OPT_STATE_DIR
+    OPT_STATE_DIR,
+    OPT_VOTE,
+    OPT_SAMPLE_SLICES
 };
 
 static const perf_choice_t sample_codecs[] = {{"none", 0}, {"qsgd", 1}, {NULL, 0}};
@@ -333,6 +337,10 @@ static const perf_opt_t options[] = {
     {"variation", ARG, OPT_VARIATION, opt_double, FIELD(variation), 0, 100, NULL,
      "--variation (in [0, 100])"},
     {"state-dir", ARG, OPT_STATE_DIR, perf_opt_string, FIELD(state_dir), 0, 0, NULL, NULL},
+    {"vote-threshold", ARG, OPT_VOTE, opt_double, FIELD(vote), 0, 1e6, NULL,
+     "--vote-threshold (> 0; >= 1: never exit early)"},
+    {"sample-slices", ARG, OPT_SAMPLE_SLICES, opt_int, FIELD(sample_slices), 0, 1 << 20, NULL,
+     "--sample-slices (>= 0; 0: every slice)"},
     {"replay", ARG, OPT_REPLAY, perf_opt_string, FIELD(replay), 0, 0, NULL, NULL},
     {"write-replay", ARG, OPT_WRITE_REPLAY, perf_opt_string, FIELD(write_replay), 0, 0, NULL, NULL},
     {"replay-iters", ARG, OPT_REPLAY_ITERS, opt_int, FIELD(replay_iters), 1, 1 << 20, NULL,
@@ -362,6 +370,8 @@ static void set_defaults(opts_t *o) {
     o->T = 20;
     o->S = GVQ_CONFIG_UNDEF_INT;
     o->W = 0;
+    o->vote = -1; /* the library default: eps */
+    o->sample_slices = GVQ_CONFIG_UNDEF_INT;
     o->qbits = 4;
     o->qbucket = 512;
     o->seed = 1;

@@ -44,8 +44,9 @@ typedef struct {
     /* compressed codecs (gvqCompressorConfig_t); S and W: GVQ_CONFIG_UNDEF_INT = library default */
     int L, dmax, T, S, W;
     double eps;
-    int qbits, qbucket, sample_qsgd;
-    int wire; /* --wire: 0 fp32, 1 fp16 (GradiVeQ), 8 or 16: integer-summed (both codecs) */
+    int qbits, qbucket, sample_qsgd, sample_slices;
+    double vote; /* -1: library default */
+    int wire;    /* --wire: 0 fp32, 1 fp16 (GradiVeQ), 8 or 16: integer-summed (both codecs) */
     /* gradient source */
     unsigned long long seed;
     int grad_rank;

@@ -132,6 +132,8 @@ static gvqCompressor_t make_compressor(const opts_t *o, codec_t codec, size_t co
         cfg.warmupIters = o->W;
         cfg.sampleCodec = o->sample_qsgd ? gvqCodecQsgd : gvqCodecNone;
         cfg.wireType = o->wire == 1 ? gvqFloat16 : gvqFloat32;
+        cfg.voteThreshold = (float)o->vote;
+        cfg.sampleSlices = o->sample_slices;
     }
     gvqCompressor_t c = NULL;
     GVQTEST(gvqCompressorCreate(perf_comm, count, &cfg, &c));
@@ -158,8 +160,8 @@ static void state_path(char *buf, size_t len, const opts_t *o, const gs_source_t
     gs_describe(src, desc, sizeof desc);
     uint64_t h = 1469598103934665603ull; /* FNV-1a of what the fit depends on */
     char key[800];
-    snprintf(key, sizeof key, "%s|L%d D%d eps%g T%d S%d W%d sq%d w%d", desc, o->L, o->dmax, o->eps,
-             o->T, o->S, o->W, o->sample_qsgd, o->wire);
+    snprintf(key, sizeof key, "%s|L%d D%d eps%g T%d S%d W%d sq%d w%d v%g ss%d", desc, o->L, o->dmax,
+             o->eps, o->T, o->S, o->W, o->sample_qsgd, o->wire, o->vote, o->sample_slices);
     for (const char *p = key; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ull;
     snprintf(buf, len, "%s/gvq-perf-gradiveq-%016llx-n%d-c%zu-r%d.state", o->state_dir,

@@ -21,7 +21,8 @@
  *               compressor fed the same inputs: the same schedule and d, identical outputs, and
  *               per slice ||x_int - x_fp32|| <= sqrt(d) N 2G / lv (G: the largest slice norm of
  *               any rank's input so far, which bounds every coefficient; U is orthonormal); the
- *               int8 wire at least 3x smaller than the fp32 one
+ *               int8 wire at least 3x smaller than the fp32 one; GradiVeQ with QSGD sampling and
+ *               integer sums refused (an open defect)
  */
 #include <inttypes.h>
 #include <math.h>
@@ -267,6 +268,16 @@ static void part_gradiveq(gvqComm_t comm) {
     float *x = malloc(sizeof(float) * n), *yi = malloc(sizeof(float) * n);
     float *yf = malloc(sizeof(float) * n), *xr = malloc(sizeof(float) * n);
     int bits[2] = {8, 16};
+    { /* the pair that is refused for now (an open defect, see gvq.h) */
+        gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+        cfg.codec = gvqCodecGradiveq;
+        cfg.sampleCodec = gvqCodecQsgd;
+        cfg.integerBits = 8;
+        gvqCompressor_t none = NULL;
+        MT_EXPECT_RES(gvqCompressorCreate(comm, n, &cfg, &none), gvqInvalidArgument);
+        MT_CHECK(none == NULL && strstr(gvqGetLastError(NULL), "not supported yet") != NULL,
+                 "gradiveq + qsgd sampling + integerBits: %s", gvqGetLastError(NULL));
+    }
     for (int k = 0; k < 2; k++) {
         gvqCompressor_t c[2];
         for (int v = 0; v < 2; v++) {
