@@ -62,7 +62,7 @@ static gvqResult_t intsum_codec(gvqCompressor_t c, int gradiveq, gvq_codec_t *ou
     int stale = gradiveq ? c->is_gq_version != c->fit_version : s->bits == 0;
     if (stale) {
         gvq_intsum_fini(s);
-        c->is_gq_version = gradiveq ? 0 : c->is_gq_version;
+        if (gradiveq) c->is_gq_version = 0; /* stays stale if the init below fails */
         GVQCHECK(gvq_intsum_init(s, cfg->int_bits, gradiveq ? 0 : c->qs.levels,
                                  (size_t)cfg->qbucket, gradiveq ? &c->gq : NULL, c->comm->dev,
                                  cfg->count, c->comm->nranks, (uint32_t)cfg->seed,

@@ -10,11 +10,14 @@
 #define GVQ_MPITEST_H_
 
 #include <mpi.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gvq.h"
 
@@ -91,6 +94,61 @@ static inline void mt_init(int *argc, char ***argv) {
     mt.t0 = MPI_Wtime();
     if (provided < MPI_THREAD_MULTIPLE && mt.rank == 0)
         printf("note: MPI provides thread level %d < MPI_THREAD_MULTIPLE\n", provided);
+}
+
+/* ---- parts, the watchdog, the communicator, identical outputs -------------------------------- */
+
+static const char *mt_part_name = "start";
+
+static void mt_watchdog(int sig) {
+    (void)sig;
+    char msg[200];
+    int n = snprintf(msg, sizeof msg, "FAIL [rank %d] watchdog: no progress in part '%s' (hang?)\n",
+                     mt.rank, mt_part_name);
+    if (n > 0) (void)!write(1, msg, (size_t)n);
+    _exit(3);
+}
+
+/* Starts a named part: (re)arms a watchdog of `seconds` that turns a hang into a FAIL line
+ * naming the part (0 disarms it); rank 0 prints the name and the time since mt_init. Local: no
+ * barrier, so a part may run on some ranks only. */
+static inline void mt_part(const char *name, unsigned seconds) {
+    mt_part_name = name;
+    signal(SIGALRM, mt_watchdog);
+    alarm(seconds);
+    if (mt.rank == 0) {
+        printf("-- %s (%.1f s)\n", name, MPI_Wtime() - mt.t0);
+        fflush(stdout);
+    }
+}
+
+/* A communicator over MPI_COMM_WORLD by the NCCL bootstrap (gvqGetUniqueId on rank 0,
+ * MPI_Bcast, gvqCommInitRank); aborts the job when there is none. */
+static inline gvqComm_t mt_new_comm(void) {
+    gvqUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (mt.rank == 0) MT_OK(gvqGetUniqueId(&id));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    gvqComm_t comm = NULL;
+    MT_OK(gvqCommInitRank(&comm, mt.nranks, id, mt.rank));
+    if (comm == NULL) MPI_Abort(MPI_COMM_WORLD, 1);
+    return comm;
+}
+
+static inline uint64_t mt_fnv1a(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* 1 when every rank's buffer is bitwise identical (FNV-1a hashes: min == max). Collective. */
+static inline int mt_identical(const void *buf, size_t bytes) {
+    uint64_t h = mt_fnv1a(buf, bytes), lo, hi;
+    MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    return lo == hi;
 }
 
 /* Sum the failures of all ranks, print the summary on rank 0, finalize MPI; the exit code. */

@@ -24,32 +24,6 @@
 /* ---- helpers ----------------------------------------------------------------------------------
  */
 
-static gvqComm_t new_comm(void) {
-    gvqUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (mt.rank == 0) MT_OK(gvqGetUniqueId(&id));
-    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    gvqComm_t comm = NULL;
-    MT_OK(gvqCommInitRank(&comm, mt.nranks, id, mt.rank));
-    if (comm == NULL) MPI_Abort(MPI_COMM_WORLD, 1);
-    return comm;
-}
-
-static uint64_t fnv1a(const void *p, size_t n) {
-    const unsigned char *b = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
-static void check_identical(const void *buf, size_t bytes, const char *what, int call) {
-    uint64_t h = fnv1a(buf, bytes), lo, hi;
-    MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-    MT_CHECK(lo == hi, "%s call %d: outputs differ between ranks", what, call);
-}
-
 /* A uniform value in [-1, 1) from (a, b, c, d): splitmix64 of the packed key. */
 static double hrand(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
     uint64_t z = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
@@ -145,7 +119,7 @@ static void ref_orth(double *P, size_t n, size_t r) {
 static void part_reference(const char *title, size_t count, int K, int D, int H, int W, int r,
                            float ef_bound, int calls) {
     if (mt.rank == 0) printf("-- %s\n", title);
-    gvqComm_t comm = new_comm();
+    gvqComm_t comm = mt_new_comm();
     int N = mt.nranks;
     size_t n, m;
     shape_of(count, K, &n, &m);
@@ -165,7 +139,7 @@ static void part_reference(const char *title, size_t count, int K, int D, int H,
         for (size_t i = 0; i < count; i++)
             g[i] = grad_val(mt.rank, t, i, m);
         MT_OK(gvqAllReduceCompressed(g, y, count, gvqFloat32, gvqSum, c, comm, NULL));
-        check_identical(y, 4 * count, title, t);
+        MT_CHECK(mt_identical(y, 4 * count), "%s call %d: outputs differ between ranks", title, t);
         /* the reference: M_j = g_j + e_j, P = sum M_j Q, P_hat, Q' = sum M_j^T P_hat */
         memset(M, 0, sizeof(double) * nm * (size_t)N);
         for (int j = 0; j < N; j++)
@@ -290,7 +264,7 @@ static void make_lowrank(double *S, size_t K, size_t m, const double *sigma, int
 
 static void part_lowrank(void) {
     if (mt.rank == 0) printf("-- 2 low rank: exact for rank 2, converging for rank 3\n");
-    gvqComm_t comm = new_comm();
+    gvqComm_t comm = mt_new_comm();
     const size_t K = 20, m = 30, count = K * m;
     int N = mt.nranks;
     double w = (double)(mt.rank + 1) / (N * (N + 1) / 2.0);
@@ -311,7 +285,8 @@ static void part_lowrank(void) {
         for (int t = 0; t < 10; t++) {
             MT_OK(gvqAllReduceCompressed(g, y, count, gvqFloat32, gvqSum, cs, comm, NULL));
             MT_OK(gvqAllReduceCompressed(g, ya, count, gvqFloat32, gvqAvg, ca, comm, NULL));
-            check_identical(y, 4 * count, "low rank", t);
+            MT_CHECK(mt_identical(y, 4 * count), "low rank call %d: outputs differ between ranks",
+                     t);
             int avg_ok = 1;
             for (size_t i = 0; i < count; i++)
                 avg_ok &= ya[i] == y[i] / (float)N;
@@ -391,7 +366,7 @@ static void ef_compare(gvqComm_t comm, const char *what, const gvqCompressorConf
 
 static void part_ef(void) {
     if (mt.rank == 0) printf("-- 3 error feedback: bounded, and helping\n");
-    gvqComm_t comm = new_comm();
+    gvqComm_t comm = mt_new_comm();
     const size_t count = 1200; /* 30 x 40 */
     if (mt.nranks > 1) {       /* one rank: QSGD and GradiVeQ's sums are local */
         gvqCompressorConfig_t q = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
@@ -425,7 +400,7 @@ static void part_ef(void) {
 
 static void part_saveload(void) {
     if (mt.rank == 0) printf("-- 4 save/load continues bitwise\n");
-    gvqComm_t comm = new_comm();
+    gvqComm_t comm = mt_new_comm();
     const size_t count = 1000, m = 32;
     gvqCompressorConfig_t cfg = psgd_cfg(2, 0, 0, 0, 0);
     gvqCompressor_t a = NULL, b = NULL;
@@ -467,7 +442,7 @@ static void part_saveload(void) {
 
 static void part_nan(void) {
     if (mt.rank == 0) printf("-- 5 NaN and Inf refused on every rank\n");
-    gvqComm_t comm = new_comm();
+    gvqComm_t comm = mt_new_comm();
     const size_t count = 1000, m = 32;
     gvqCompressorConfig_t cfg = psgd_cfg(2, 0, 0, 0, 0);
     gvqCompressor_t a = NULL, b = NULL;

@@ -37,41 +37,6 @@
 
 #define WATCHDOG_S 100
 
-static const char *g_part = "start";
-
-static void watchdog(int sig) {
-    (void)sig;
-    char msg[160];
-    int n = snprintf(msg, sizeof msg, "FAIL [rank %d] watchdog: no progress for %d s in '%s'\n",
-                     mt.rank, WATCHDOG_S, g_part);
-    if (n > 0) {
-        ssize_t w = write(1, msg, (size_t)n);
-        (void)w;
-    }
-    _exit(3);
-}
-
-static void part(const char *name) {
-    g_part = name;
-    alarm(WATCHDOG_S);
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (mt.rank == 0) {
-        printf("-- %s (%.1f s)\n", name, MPI_Wtime() - mt.t0);
-        fflush(stdout);
-    }
-}
-
-static gvqComm_t new_comm(void) {
-    gvqUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (mt.rank == 0) MT_OK(gvqGetUniqueId(&id));
-    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    gvqComm_t comm = NULL;
-    MT_OK(gvqCommInitRank(&comm, mt.nranks, id, mt.rank));
-    if (comm == NULL) MPI_Abort(MPI_COMM_WORLD, 1);
-    return comm;
-}
-
 static uint64_t mix(uint64_t x) {
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ull;
@@ -84,18 +49,6 @@ static uint64_t mix(uint64_t x) {
 static float unif(int rank, int call, size_t i, uint64_t salt) {
     uint64_t h = mix(mix(mix(salt * 1000003u + (uint64_t)rank) + (uint64_t)call) + i);
     return (float)((double)(h >> 11) / 4503599627370496.0 - 1.0);
-}
-
-static void check_identical(const void *buf, size_t bytes, const char *what) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    const unsigned char *b = buf;
-    for (size_t i = 0; i < bytes; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)mt.nranks);
-    MPI_Allgather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
-    for (int r = 1; r < mt.nranks; r++)
-        MT_CHECK(all[r] == all[0], "%s: output of rank %d differs from rank 0's", what, r);
-    free(all);
 }
 
 /* ---- QSGD over integer sums ------------------------------------------------------------------ */
@@ -157,7 +110,7 @@ static gvqCompressor_t qsgd_int(gvqComm_t comm, size_t n, int qbits, int ibits, 
 }
 
 static void part_qsgd(gvqComm_t comm) {
-    part("1 qsgd: 4-bit over int8, 8-bit over int16: identical, bounded, ratio");
+    mt_part("1 qsgd: 4-bit over int8, 8-bit over int16: identical, bounded, ratio", WATCHDOG_S);
     int N = mt.nranks;
     const size_t n = 3000, bucket = 512;
     float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
@@ -173,7 +126,7 @@ static void part_qsgd(gvqComm_t comm) {
             MT_OK(gvqAllReduceCompressed(x, y, n, gvqFloat32, gvqSum, c, comm, NULL));
             char what[80];
             snprintf(what, sizeof what, "qsgd %d-bit over int%d, call %d", qb, ib, call);
-            check_identical(y, sizeof(float) * n, what);
+            MT_CHECK(mt_identical(y, sizeof(float) * n), "%s: outputs differ between ranks", what);
             check_bound(y, xs, n, bucket, lv, what, -1);
         }
         gvqCompressorStats_t st;
@@ -191,7 +144,7 @@ static void part_qsgd(gvqComm_t comm) {
 }
 
 static void part_headroom(gvqComm_t comm) {
-    part("2 headroom: a full 8-bit accumulator does not wrap");
+    mt_part("2 headroom: a full 8-bit accumulator does not wrap", WATCHDOG_S);
     int N = mt.nranks, lv = levels(8, 8, N);
     const size_t n = 1000, bucket = 100;
     float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
@@ -214,7 +167,7 @@ static void part_headroom(gvqComm_t comm) {
 }
 
 static void part_nan(gvqComm_t comm) {
-    part("3 nan: one rank's NaN makes its bucket NaN everywhere");
+    mt_part("3 nan: one rank's NaN makes its bucket NaN everywhere", WATCHDOG_S);
     int N = mt.nranks;
     const size_t n = 2048, bucket = 256;
     const long nan_bucket = 3;
@@ -225,7 +178,7 @@ static void part_nan(gvqComm_t comm) {
     gvqCompressor_t c = qsgd_int(comm, n, 4, 8, bucket);
     MT_OK(
         gvqAllReduceCompressed(xs + (size_t)mt.rank * n, y, n, gvqFloat32, gvqSum, c, comm, NULL));
-    check_identical(y, sizeof(float) * n, "nan");
+    MT_CHECK(mt_identical(y, sizeof(float) * n), "nan: outputs differ between ranks");
     check_bound(y, xs, n, bucket, levels(4, 8, N), "nan", nan_bucket);
     MT_OK(gvqCompressorDestroy(c));
     free(xs);
@@ -262,7 +215,7 @@ static double slice_norm(const float *x, size_t s) {
 }
 
 static void part_gradiveq(gvqComm_t comm) {
-    part("4 gradiveq: int8 and int16 coefficient sums against fp32 coefficients");
+    mt_part("4 gradiveq: int8 and int16 coefficient sums against fp32 coefficients", WATCHDOG_S);
     int N = mt.nranks;
     const size_t n = GQ_SLICES * GQ_L + GQ_TAIL;
     float *x = malloc(sizeof(float) * n), *yi = malloc(sizeof(float) * n);
@@ -316,7 +269,7 @@ static void part_gradiveq(gvqComm_t comm) {
                 MT_OK(gvqCompressorGetStats(c[v], &st[v]));
             char what[80];
             snprintf(what, sizeof what, "gradiveq over int%d, call %d", bits[k], call);
-            check_identical(yi, sizeof(float) * n, what);
+            MT_CHECK(mt_identical(yi, sizeof(float) * n), "%s: outputs differ between ranks", what);
             MT_CHECK(st[0].phase == st[1].phase && st[0].dims == st[1].dims,
                      "%s: phase %d / %d, d %d / %d differ between fp32 and int", what, st[0].phase,
                      st[1].phase, st[0].dims, st[1].dims);
@@ -363,8 +316,7 @@ static void part_gradiveq(gvqComm_t comm) {
 
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
-    signal(SIGALRM, watchdog);
-    gvqComm_t comm = new_comm();
+    gvqComm_t comm = mt_new_comm();
     part_qsgd(comm);
     part_headroom(comm);
     part_nan(comm);

@@ -65,32 +65,6 @@
 #define L_CONV 2
 #define L_FCSMALL 3
 
-static const char *g_part = "start";
-static void watchdog(int sig) {
-    (void)sig;
-    char msg[160];
-    int n = snprintf(msg, sizeof msg, "FAIL [rank %d] watchdog: no progress in part '%s'\n",
-                     mt.rank, g_part);
-    if (n > 0) (void)!write(1, msg, (size_t)n);
-    _exit(3);
-}
-static void part(const char *name) {
-    g_part = name;
-    alarm(100);
-    if (mt.rank == 0) printf("-- %s\n", name), fflush(stdout);
-}
-
-static gvqComm_t new_comm(void) {
-    gvqUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (mt.rank == 0) MT_OK(gvqGetUniqueId(&id));
-    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    gvqComm_t comm = NULL;
-    MT_OK(gvqCommInitRank(&comm, mt.nranks, id, mt.rank));
-    if (comm == NULL) MPI_Abort(MPI_COMM_WORLD, 1);
-    return comm;
-}
-
 /* A small integer in [-m, m] from (salt, rank, call, i). */
 static int ri(uint32_t salt, int r, int t, size_t i, int m) {
     uint64_t x = ((uint64_t)salt << 48) ^ ((uint64_t)(uint32_t)r << 32) ^ ((uint64_t)t << 20) ^ i;
@@ -159,22 +133,6 @@ static int in_plain(size_t i) {
     return !(i < CONV_OFF + CONV_N) && !(i >= FC_OFF && i < FC_OFF + FC_N);
 }
 
-static uint64_t fnv(const void *p, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
-    return h;
-}
-
-static void check_identical(const float *buf, size_t n, const char *what, int t) {
-    uint64_t h = fnv(buf, sizeof(float) * n), h0 = h;
-    MPI_Bcast(&h0, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-    int same = h == h0, all = 0;
-    MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
-    MT_CHECK(all, "%s call %d: results differ between ranks (this rank %s rank 0)", what, t,
-             same ? "matches" : "differs from");
-}
-
 static gvqResult_t set_test_layout(gvqComm_t comm) {
     gvqLayer_t layers[4] = {GVQ_LAYER_OTHER(13220, 96), GVQ_LAYER_FC(FC_OFF, FC_OUT, FC_IN),
                             GVQ_LAYER_CONV(CONV_OFF, CONV_K, 16, 3, 3),
@@ -190,7 +148,7 @@ static unsigned long long raw(size_t m) {
 static int powersgd_ok = 1;
 
 static void run_layout(gvqComm_t comm) {
-    part("layout: conv/fc/small fc/other/gaps through gvqAllReduce, GVQ_CODEC=auto");
+    mt_part("layout: conv/fc/small fc/other/gaps through gvqAllReduce, GVQ_CODEC=auto", 100);
     int N = mt.nranks;
     float *send = malloc(sizeof(float) * COUNT), *recv = malloc(sizeof(float) * COUNT);
     float *tmp = malloc(sizeof(float) * COUNT);
@@ -201,7 +159,8 @@ static void run_layout(gvqComm_t comm) {
         double scale = avg ? 1.0 / N : 1.0;
         fill(mt.rank, t, probe, send);
         MT_OK(gvqAllReduce(send, recv, COUNT, gvqFloat32, avg ? gvqAvg : gvqSum, comm, NULL));
-        check_identical(recv, COUNT, "layout", t);
+        MT_CHECK(mt_identical(recv, sizeof(float) * (COUNT)),
+                 "layout call %d: results differ between ranks", t);
         reference(t, probe, ref, tmp);
         size_t bad = COUNT;
         for (size_t i = 0; i < COUNT && bad == COUNT; i++) {
@@ -239,7 +198,7 @@ static void run_layout(gvqComm_t comm) {
     if (mt.rank == 0)
         printf("   conv compressed error max %.2e, fc error max %.2e\n", worst_conv, worst_fc);
 
-    part("layout: statistics");
+    mt_part("layout: statistics", 100);
     gvqCompressorStats_t tot, s;
     MT_OK(gvqCommGetCompressionStats(comm, GVQ_STATS_TOTAL, &tot));
     MT_CHECK(tot.iteration == CALLS, "total calls %lld, want %d", tot.iteration, CALLS);
@@ -275,7 +234,7 @@ static void run_layout(gvqComm_t comm) {
     MT_EXPECT_RES(gvqCommGetCompressionStats(comm, 4, &s), gvqInvalidArgument);
     MT_EXPECT_RES(gvqCommGetCompressionStats(comm, GVQ_STATS_TOTAL, NULL), gvqInvalidArgument);
 
-    part("layout: GVQ_CODEC=auto on another count is QSGD");
+    mt_part("layout: GVQ_CODEC=auto on another count is QSGD", 100);
     size_t n2 = 5000;
     float *b2 = malloc(sizeof(float) * n2);
     double *r2 = calloc(n2, sizeof(double));
@@ -285,7 +244,7 @@ static void run_layout(gvqComm_t comm) {
     for (size_t i = 0; i < n2; i++)
         b2[i] = (float)(sin(0.01 * (double)i * (mt.rank + 1)) + 0.1 * mt.rank);
     MT_OK(gvqAllReduce(b2, b2, n2, gvqFloat32, gvqSum, comm, NULL));
-    check_identical(b2, n2, "qsgd buffer", 0);
+    MT_CHECK(mt_identical(b2, sizeof(float) * (n2)), "qsgd buffer: results differ between ranks");
     double e2 = rel_err(b2, r2, 0, n2, 1.0);
     MT_CHECK(e2 < 0.3, "QSGD 4-bit buffer error %.3g", e2);
     MT_OK(gvqCommGetCompressionStats(comm, GVQ_STATS_TOTAL, &tot));
@@ -305,7 +264,7 @@ static void expect_refused(gvqResult_t res, const char *needle, const char *what
 }
 
 static void run_bad_layouts(gvqComm_t comm) {
-    part("bad layouts are refused");
+    mt_part("bad layouts are refused", 100);
     gvqLayer_t ov[2] = {GVQ_LAYER_FC(0, 10, 10), GVQ_LAYER_OTHER(99, 5)};
     expect_refused(gvqCommSetLayout(comm, 1000, ov, 2), "overlaps", "overlap");
     gvqLayer_t out[1] = {GVQ_LAYER_CONV(990, 2, 1, 2, 3)};
@@ -352,8 +311,8 @@ static void run_bad_layouts(gvqComm_t comm) {
 
 /* Ranks that describe the buffer differently are refused on every rank. */
 static void run_mismatch(void) {
-    part("ranks with different layouts are refused on every rank");
-    gvqComm_t comm = new_comm();
+    mt_part("ranks with different layouts are refused on every rank", 100);
+    gvqComm_t comm = mt_new_comm();
     float *buf = malloc(sizeof(float) * COUNT);
     for (size_t i = 0; i < COUNT; i++)
         buf[i] = 1.0f;
@@ -384,11 +343,11 @@ static void run_mismatch(void) {
 /* GVQ_LAYOUT is malformed: zero-code calls are refused naming the entry, others still run, and
  * a layout set by a call replaces it. */
 static void run_env_bad(void) {
-    part("env-bad: a malformed GVQ_LAYOUT refuses zero-code calls");
+    mt_part("env-bad: a malformed GVQ_LAYOUT refuses zero-code calls", 100);
     const char *e = getenv("GVQ_LAYOUT");
     MT_CHECK(e != NULL && strstr(e, "10y5") != NULL, "needs GVQ_LAYOUT with 'fc:0:10y5', got '%s'",
              e ? e : "");
-    gvqComm_t comm = new_comm();
+    gvqComm_t comm = mt_new_comm();
     float f[COUNT];
     int32_t i32[64];
     for (int i = 0; i < 64; i++)
@@ -416,14 +375,13 @@ int main(int argc, char **argv) {
     setenv("GVQ_DEBUG", "INFO", 1);
     setenv("GVQ_DEBUG_FILE", "/tmp/gvq_zc_layout.%p.log", 1);
     mt_init(&argc, &argv);
-    signal(SIGALRM, watchdog);
     const char *codec = getenv("GVQ_CODEC");
     MT_CHECK(codec != NULL && strcmp(codec, "auto") == 0, "needs GVQ_CODEC=auto, got '%s'",
              codec ? codec : "");
     if (strcmp(mode, "env-bad") == 0) {
         run_env_bad();
     } else {
-        gvqComm_t comm = new_comm();
+        gvqComm_t comm = mt_new_comm();
         if (strcmp(mode, "env") == 0) {
             const char *e = getenv("GVQ_LAYOUT");
             MT_CHECK(e != NULL && strcmp(e, LAYOUT_TEXT) == 0, "needs GVQ_LAYOUT='%s'",
@@ -436,7 +394,7 @@ int main(int argc, char **argv) {
         MT_OK(gvqCommDestroy(comm));
         if (strcmp(mode, "env") != 0) run_mismatch();
         if (mt.rank == 0) {
-            part("the GVQ_STATS_EVERY INFO line");
+            mt_part("the GVQ_STATS_EVERY INFO line", 100);
             FILE *f = fopen(logpath, "r");
             char line[1024];
             int found = 0;
