@@ -69,7 +69,8 @@ static void usage(FILE *f) {
         "                        call (default: the library's, 1; 0: all)\n"
         "  --qsgd-bits B --qsgd-bucket N   QSGD settings\n"
         "  --wire fp16|fp32      GradiVeQ coefficients on the wire\n"
-        "  --ef                  error feedback\n"
+        "  --ef, --no-ef         error feedback on or off (default: the library's, on for\n"
+        "                        PowerSGD only)\n"
         "  --ef-bound X          clip the error-feedback residual to X x the gradient's norm\n"
         "  --max-dims D          cap on GradiVeQ's d\n"
         "  --power-rank R        PowerSGD's rank r\n"
@@ -177,6 +178,7 @@ enum {
     OPT_QSGD_BUCKET,
     OPT_WIRE,
     OPT_EF,
+    OPT_NO_EF,
     OPT_MAX_DIMS,
     OPT_PRINT_EVERY,
     OPT_EVAL_EVERY,
@@ -229,6 +231,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"qsgd-bucket", required_argument, NULL, OPT_QSGD_BUCKET},
         {"wire", required_argument, NULL, OPT_WIRE},
         {"ef", no_argument, NULL, OPT_EF},
+        {"no-ef", no_argument, NULL, OPT_NO_EF},
         {"max-dims", required_argument, NULL, OPT_MAX_DIMS},
         {"print-every", required_argument, NULL, OPT_PRINT_EVERY},
         {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
@@ -377,6 +380,9 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_EF:
             o->error_feedback = 1;
+            break;
+        case OPT_NO_EF:
+            o->error_feedback = 0;
             break;
         case OPT_MAX_DIMS:
             if (parse_int(optarg, 1, 1 << 20, &o->max_dims)) what = "--max-dims (>= 1)";

@@ -88,7 +88,7 @@ void train_opts_default(train_opts_t *o) {
     o->sample_codec = o->qsgd_bits = o->qsgd_bucket = o->max_dims = TRAIN_UNSET;
     o->eps = -1.0;
     o->vote = -1.0;
-    o->power_rank = o->integer_bits = TRAIN_UNSET;
+    o->power_rank = o->integer_bits = o->error_feedback = TRAIN_UNSET;
     o->ef_bound = -1.0;
     o->print_every = 50;
     o->eval_every = 200;
@@ -261,7 +261,7 @@ static void compressor_config(const train_opts_t *o, int codec, const layer_t *l
     if (o->qsgd_bits != TRAIN_UNSET) c.qsgdBits = o->qsgd_bits;
     if (o->qsgd_bucket != TRAIN_UNSET) c.qsgdBucket = o->qsgd_bucket;
     if (o->wire_fp16) c.wireType = gvqFloat16;
-    c.errorFeedback = o->error_feedback ? 1 : 0;
+    if (o->error_feedback != TRAIN_UNSET) c.errorFeedback = o->error_feedback;
     if (o->max_dims != TRAIN_UNSET) c.maxDims = o->max_dims;
     if (o->power_rank != TRAIN_UNSET) c.powerRank = o->power_rank;
     if (o->integer_bits != TRAIN_UNSET) c.integerBits = o->integer_bits;
