@@ -364,6 +364,9 @@ typedef struct {
     unsigned long long rawBytes;  /* what a plain fp32 ring would send per rank for the same calls:
                                      2(n-1)/n of the tensor per call, a per-rank average */
     char reason[160];             /* why the tensor is not compressed right now, or "" */
+    long long nonFiniteCalls;     /* calls whose gradient held NaN or Inf on some rank: each got
+                                     the uncompressed sum, stayed out of the schedule, the fit
+                                     and the error-feedback residual (logged once) */
 } gvqCompressorStats_t;
 
 /* Creates a compressor for a tensor of `count` floats. Collective in the sense that every rank

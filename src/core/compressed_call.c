@@ -162,6 +162,14 @@ static gvqResult_t prepare_input(gvqCompressor_t c, const gvq_device_ops_t *dev,
     } else if (c->collocate) {
         gvq_collocate(x, c->work, K, D, H, W);
         *src = *dst = c->work;
+    } else if (send == recv && !on_dev) {
+        /* in place: the ring writes the work vector, so that the gradient is still there if a
+         * non-finite result sends the call round again uncompressed (finish_output copies) */
+        if (c->work == NULL && (c->work = malloc(sizeof(float) * cfg->count)) == NULL) {
+            GVQ_WARN("compressor of tensor %d: cannot allocate its work vector", c->tensor_index);
+            return gvqSystemError;
+        }
+        *dst = c->work;
     }
     return gvqSuccess;
 }
@@ -176,6 +184,39 @@ static gvqResult_t finish_output(gvqCompressor_t c, const gvq_device_ops_t *dev,
         GVQCHECK(dev->collocate(c->dwork, recv, K, D, H, W, 1));
     else if (c->collocate)
         gvq_uncollocate(c->work, recv, K, D, H, W);
+    else if (dst != recv)
+        memcpy(recv, dst, sizeof(float) * cfg->count);
+    return gvqSuccess;
+}
+
+/* ---- a non-finite result ------------------------------------------------------------------------
+ * The ring's output is the same on every rank, so whether it holds a NaN or an Inf is a decision
+ * every rank takes alike without an agreement. Such a call is given what an uncompressed
+ * allreduce gives (the sum of the gradients as they came, the NaN where it was fed), counted,
+ * logged once per compressor, and kept out of the phase schedule, the fit's samples and the
+ * error-feedback residual (the residual is dropped: it was being rewritten by the ring). */
+
+static int all_finite(const float *v, size_t n) {
+    float acc = 0;
+    for (size_t i = 0; i < n; i++)
+        acc += v[i] * 0.0f; /* stays 0 unless some v[i] is NaN or +-Inf */
+    return acc == 0.0f;
+}
+
+gvqResult_t gvq_compressed_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *send,
+                                     float *recv, gvqRedOp_t op) {
+    const gvq_device_ops_t *dev = c->comm->dev;
+    if (c->st.stats.nonFiniteCalls++ == 0)
+        GVQ_WARN("gvqAllReduceCompressed: tensor %d: the gradient holds NaN or Inf on some rank "
+                 "(call %lld); sent again uncompressed, kept out of the residual and the fit "
+                 "(logged once; stats.nonFiniteCalls counts them)",
+                 c->tensor_index, (long long)c->st.iter);
+    if (c->cfg.error_feedback) memset(c->residual, 0, sizeof(float) * c->cfg.count);
+    gvq_codec_t plain;
+    gvq_codec_identity_init(&plain, dev, gvqFloat32, gvqSum);
+    ctx->chunk_bytes = c->comm->chunk_bytes; /* the plain ring's chunks */
+    GVQCHECK(gvq_ring_allreduce(ctx, &plain, send, recv, c->cfg.count, gvqSum));
+    if (op == gvqAvg) GVQCHECK(dev->divide(recv, c->cfg.count, gvqFloat32, c->comm->nranks));
     return gvqSuccess;
 }
 
@@ -199,8 +240,10 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
     gvq_tally_t tally = {local_vote, c, 0, 0};
     gvqResult_t res = gvq_ring_allreduce_tally(&p.ring, codec, src, dst, cfg->count, gvqSum,
                                                voting ? &tally : NULL);
-    if (cfg->error_feedback) gvq_ef_end(c, &ef, res == gvqSuccess);
+    int finite = res != gvqSuccess || dev != &gvq_host_device || all_finite(dst, cfg->count);
+    if (cfg->error_feedback) gvq_ef_end(c, &ef, res == gvqSuccess && finite);
     GVQCHECK(res);
+    if (!finite) return gvq_compressed_nonfinite(c, &p.comm, send, recv, op);
     unsigned long long sent = p.sent; /* the compressed ring's bytes, before any agreement */
     int32_t vote = voting ? tally.sum : 0;
     if (voting && !tally.carried) GVQCHECK(gvq_agree_i32(&p.comm, &vote, 1, gvqSum));

@@ -19,26 +19,23 @@
  * No filter collocation: the tensor [K][D][H][W] is read as the K x DHW matrix it is, a flat one
  * as ceil(count / R) x R (gvq_powersgd_shape). Host buffers only: device buffers reach this file
  * staged through host memory (gvqAllReduceCompressed); there are no device kernels for
- * PowerSGD. A gradient holding NaN or Inf on any rank is refused on every rank alike before the
- * first ring, leaving Q, the residual, the counters and recvbuff untouched.
+ * PowerSGD. A gradient holding NaN or Inf on any rank (agreed before the first ring) is sent
+ * uncompressed on every rank alike (gvq_compressed_nonfinite: the plain sum, counted and logged
+ * once; Q and the schedule untouched, the residual dropped).
  */
 #include <math.h>
 #include <stdlib.h>
 
 #include "gvq_compressor.h"
 
-/* gvqInvalidArgument on every rank when any rank's input holds NaN or Inf. */
-static gvqResult_t refuse_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *x) {
+/* Whether any rank's input holds NaN or Inf (agreed: every rank learns the same). */
+static gvqResult_t any_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *x,
+                                 int32_t *bad) {
     int32_t mine = 0;
     for (size_t i = 0; i < c->cfg.count && !mine; i++)
         mine = !isfinite(x[i]);
-    int32_t bad = mine;
-    GVQCHECK(gvq_agree_i32(ctx, &bad, 1, gvqSum));
-    if (bad == 0) return gvqSuccess;
-    GVQ_WARN("gvqAllReduceCompressed: tensor %d (PowerSGD): the gradient holds NaN or Inf on %d "
-             "rank(s)%s; refused on every rank, the compressor's state is unchanged",
-             c->tensor_index, (int)bad, mine ? ", this one among them" : "");
-    return gvqInvalidArgument;
+    *bad = mine;
+    return gvq_agree_i32(ctx, bad, 1, gvqSum);
 }
 
 /* The two rings: P summed, orthonormalised, Q_n = M^T P_hat (kept in ps_Q) summed into
@@ -85,7 +82,9 @@ gvqResult_t gvq_powersgd_allreduce(gvqCompressor_t c, const float *send, float *
     gvq_coll_ctx_t ctx = gvq_comm_ctx(c->comm, &sent);
     double gnorm = cfg->error_feedback ? gvq_ef_norm(send, count) : 0;
     const float *x = cfg->error_feedback ? gvq_ef_input(c, send) : send;
-    GVQCHECK(refuse_nonfinite(c, &ctx, x));
+    int32_t bad = 0;
+    GVQCHECK(any_nonfinite(c, &ctx, x, &bad));
+    if (bad) return gvq_compressed_nonfinite(c, &ctx, send, recv, op);
     unsigned long long agreed = sent; /* wireBytes counts the two rings */
     memcpy(c->ps_M, x, sizeof(float) * count);
     memset(c->ps_M + count, 0, sizeof(float) * (nm - count)); /* the padding */
