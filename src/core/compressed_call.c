@@ -192,32 +192,14 @@ static gvqResult_t finish_output(gvqCompressor_t c, const gvq_device_ops_t *dev,
 /* ---- a non-finite result ------------------------------------------------------------------------
  * The ring's output is the same on every rank, so whether it holds a NaN or an Inf is a decision
  * every rank takes alike without an agreement. Such a call is given what an uncompressed
- * allreduce gives (the sum of the gradients as they came, the NaN where it was fed), counted,
- * logged once per compressor, and kept out of the phase schedule, the fit's samples and the
- * error-feedback residual (the residual is dropped: it was being rewritten by the ring). */
+ * allreduce gives (gvq_compressed_nonfinite, error_feedback.c), and kept out of the phase
+ * schedule and the fit's samples. */
 
 static int all_finite(const float *v, size_t n) {
     float acc = 0;
     for (size_t i = 0; i < n; i++)
         acc += v[i] * 0.0f; /* stays 0 unless some v[i] is NaN or +-Inf */
     return acc == 0.0f;
-}
-
-gvqResult_t gvq_compressed_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *send,
-                                     float *recv, gvqRedOp_t op) {
-    const gvq_device_ops_t *dev = c->comm->dev;
-    if (c->st.stats.nonFiniteCalls++ == 0)
-        GVQ_WARN("gvqAllReduceCompressed: tensor %d: the gradient holds NaN or Inf on some rank "
-                 "(call %lld); sent again uncompressed, kept out of the residual and the fit "
-                 "(logged once; stats.nonFiniteCalls counts them)",
-                 c->tensor_index, (long long)c->st.iter);
-    if (c->cfg.error_feedback) memset(c->residual, 0, sizeof(float) * c->cfg.count);
-    gvq_codec_t plain;
-    gvq_codec_identity_init(&plain, dev, gvqFloat32, gvqSum);
-    ctx->chunk_bytes = c->comm->chunk_bytes; /* the plain ring's chunks */
-    GVQCHECK(gvq_ring_allreduce(ctx, &plain, send, recv, c->cfg.count, gvqSum));
-    if (op == gvqAvg) GVQCHECK(dev->divide(recv, c->cfg.count, gvqFloat32, c->comm->nranks));
-    return gvqSuccess;
 }
 
 /* One call. dev holds send and recv: the host device, or (run_device) a device with its own
@@ -351,8 +333,8 @@ static gvqResult_t check_call(const void *sendbuff, void *recvbuff, size_t count
         GVQ_WARN("%s: %s is NULL", fn, sendbuff == NULL ? "sendbuff" : "recvbuff");
         return gvqInvalidArgument;
     }
-    if (sendbuff != recvbuff && (const char *)sendbuff < (const char *)recvbuff + count * 4 &&
-        (const char *)recvbuff < (const char *)sendbuff + count * 4) {
+    uintptr_t sb = (uintptr_t)sendbuff, rb = (uintptr_t)recvbuff; /* distances: cannot wrap */
+    if (sendbuff != recvbuff && (sb < rb ? rb - sb : sb - rb) / 4 < count) {
         GVQ_WARN("%s: recvbuff overlaps sendbuff but is not in place", fn);
         return gvqInvalidArgument;
     }

@@ -195,3 +195,24 @@ void gvq_ef_end(gvqCompressor_t c, gvq_ef_call_t *ef, int ok) {
     free(ef->tmp);
     ef->tmp = NULL;
 }
+
+/* ---- a call whose gradient is not finite --------------------------------------------------------
+ * What an uncompressed allreduce gives (the sum of the gradients as they came, the NaN where it
+ * was fed), counted and logged once per compressor; the residual is dropped (the ring was
+ * rewriting it), so that the NaN never reaches a later call. */
+gvqResult_t gvq_compressed_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *send,
+                                     float *recv, gvqRedOp_t op) {
+    const gvq_device_ops_t *dev = c->comm->dev;
+    if (c->st.stats.nonFiniteCalls++ == 0)
+        GVQ_WARN("gvqAllReduceCompressed: tensor %d: the gradient holds NaN or Inf on some rank "
+                 "(call %lld); sent again uncompressed, kept out of the residual and the fit "
+                 "(logged once; stats.nonFiniteCalls counts them)",
+                 c->tensor_index, (long long)c->st.iter);
+    if (c->cfg.error_feedback) memset(c->residual, 0, sizeof(float) * c->cfg.count);
+    gvq_codec_t plain;
+    gvq_codec_identity_init(&plain, dev, gvqFloat32, gvqSum);
+    ctx->chunk_bytes = c->comm->chunk_bytes; /* the plain ring's chunks */
+    GVQCHECK(gvq_ring_allreduce(ctx, &plain, send, recv, c->cfg.count, gvqSum));
+    if (op == gvqAvg) GVQCHECK(dev->divide(recv, c->cfg.count, gvqFloat32, c->comm->nranks));
+    return gvqSuccess;
+}

@@ -139,7 +139,7 @@ double gvq_ef_norm(const float *v, size_t n);
 gvqResult_t gvq_powersgd_allreduce(gvqCompressor_t c, const float *send, float *recv,
                                    gvqRedOp_t op);
 
-/* compressed_call.c: a call whose gradient holds NaN or Inf on some rank (every rank takes
+/* error_feedback.c: a call whose gradient holds NaN or Inf on some rank (every rank takes
  * this path alike): the uncompressed sum of send into recv, counted and logged once, the
  * residual dropped, the schedule not advanced. */
 gvqResult_t gvq_compressed_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *send,
