@@ -142,9 +142,15 @@ GVQ_API const char *gvqGetLastError(gvqComm_t comm);
  * ------------------------------------------------------------------------------------------ */
 
 /* Creates a bootstrap id. Call it on one rank (the root) and pass the bytes to every rank that
- * will call gvqCommInitRank with it, e.g. with MPI_Bcast. The calling process listens on a TCP
- * port (interface from GVQ_SOCKET_IFNAME, else the first non-loopback IPv4 interface) until all
- * ranks have joined or the timeout passes. Each id serves one gvqCommInitRank round.
+ * will call gvqCommInitRank with it, e.g. with MPI_Bcast. The id holds a random 128-bit secret,
+ * so keep it among the job's processes like a password: root and ranks prove they hold it by
+ * challenge-response and it never travels on the network; a connection without it is dropped
+ * with a WARN and never counts as a rank. The calling process listens on a TCP port (interface
+ * from GVQ_SOCKET_IFNAME, else the first non-loopback IPv4 interface) on a thread of its own
+ * until all ranks have joined or the timeout passes, then releases thread and socket. An id
+ * nobody uses is released GVQ_TIMEOUT_MS after this call (the first gvqCommInitRank with it must
+ * come within that time); the first rank to join sets the timeout from then on. Each id serves
+ * one gvqCommInitRank round.
  * Errors: gvqInvalidArgument (NULL), gvqSystemError (no socket could be opened). */
 GVQ_API gvqResult_t gvqGetUniqueId(gvqUniqueId *uniqueId);
 

@@ -1,15 +1,37 @@
 /*
- * bootstrap.c -- how the ranks of a new communicator find each other, the NCCL way.
+ * bootstrap.c -- how the ranks of a new communicator find each other, the NCCL way, with a
+ * root that lets in only those who hold the id's secret.
  *
- *   gvqGetUniqueId (root process)          gvqCommInitRank (every rank, root process too)
- *   listen on a TCP port, start a thread   connect to the address in the id, send hello
- *   thread: collect nranks hellos    <---  {nonce, nranks, rank, world rank, ...}
- *           check them, answer all   --->  table of every rank's world rank, or an error
+ *   gvqGetUniqueId (root process)            gvqCommInitRank (every rank, root process too)
+ *   random tag + 128-bit secret, listen,     connect to the address in the id
+ *   start the root thread
+ *   thread, per connection:  challenge  --->  check tag
+ *                            <---  hello     {nranks, rank, timeout, info, nonce}
+ *                                            MAC(secret, challenge || hello)
+ *            check MAC, claim the rank
+ *   when all ranks joined:   reply      --->  {status, table} MAC(secret, challenge || nonce ||
+ *                                            reply || table digest): the rank checks the root
  *
- * The id (128 bytes) holds a magic, a random nonce and the root's IPv4 address and port. The
- * interface is GVQ_SOCKET_IFNAME if set, else the first non-loopback IPv4 interface that is up,
- * else loopback. The root thread gives up GVQ_TIMEOUT_MS after the first hello when ranks are
- * missing and tells the ranks that came (they return gvqTimeout naming how many joined).
+ * The secret never travels: a client that saw the address, or every byte on the wire, can
+ * neither claim a rank (it cannot answer a fresh challenge) nor feed ranks a forged table (it
+ * cannot answer their nonce). Message layouts and parsers: bootstrap_wire.c.
+ *
+ * The root thread serves every connection at once from one poll loop. A connection that has not
+ * authenticated within HELLO_MS is dropped, and at most MAX_PENDING wait to authenticate (a new
+ * one pushes out the oldest), so silent or trickling clients delay no one. Strangers (wrong
+ * size, magic, tag or MAC) are dropped with a WARN and never count as a rank. A rank claimed
+ * twice, or ranks that disagree on nranks, fail the round: every rank that joined, and every
+ * rank that arrives until the deadline, is told so. A rank that leaves before the round is
+ * complete gives its claim back.
+ *
+ * Deadlines: an id nobody uses expires GVQ_TIMEOUT_MS after gvqGetUniqueId; the first
+ * authenticated hello moves the deadline to its own timeout from then. At the deadline the
+ * ranks that joined are told how many came (gvqTimeout). The thread closes its listening socket
+ * as soon as the communicator is formed, fails or expires, and exits once the answers are out
+ * (ANSWER_MS at most). A rank gives up at its own timeout whatever the root does.
+ *
+ * Interface: GVQ_SOCKET_IFNAME if set, else the first non-loopback IPv4 interface that is up,
+ * else loopback.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -21,152 +43,408 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "gvq_comm.h"
+#include "gvq_bootstrap.h"
 
-#define BOOT_MAGIC 0x3174306f6f627167ull /* "gqboot1" */
+#define MS 1000000ull                    /* ns */
+#define HELLO_MS 10000                   /* a connection must authenticate this soon */
+#define ANSWER_MS 5000                   /* a rank must take its answer this soon */
+#define FAIL_LINGER_MS 30000             /* a failed round keeps answering at most this long */
+#define MAX_PENDING 64                   /* connections waiting to authenticate */
+#define MAX_STRANGER_WARNS 16            /* WARN lines per id for dropped strangers */
+#define ROOT_STACK_BYTES (512u * 1024u)  /* the root thread needs little */
+#define CONNECT_LIMIT_NS (60000ull * MS) /* how long to retry reaching the root without timeout */
+#define RANK_GRACE_NS (1000ull * MS)     /* a rank waits this past its timeout for the answer */
 
-typedef struct {
-    uint64_t magic;
-    uint64_t nonce;
-    struct sockaddr_in addr;
-} boot_id_t;
-
-typedef struct {
-    uint64_t magic;
-    uint64_t nonce;
-    int32_t nranks;
-    int32_t rank;
-    int64_t timeout_ms;
-    gvq_peer_info_t info;
-} boot_hello_t;
-
-enum { BOOT_OK = 0, BOOT_NRANKS_MISMATCH, BOOT_DUP_RANK, BOOT_TIMEOUT, BOOT_TOO_MANY };
-
-typedef struct {
-    int32_t status;
-    int32_t nranks;
-    int32_t detail;
-    int32_t pad;
-} boot_reply_t;
-
-_Static_assert(sizeof(boot_id_t) <= GVQ_UNIQUE_ID_BYTES, "bootstrap id too large");
-
-int gvq_bootstrap_id_valid(const gvqUniqueId *id) {
-    boot_id_t b;
-    memcpy(&b, id->internal, sizeof b);
-    return b.magic == BOOT_MAGIC && b.addr.sin_family == AF_INET && b.addr.sin_port != 0;
-}
-
-static int io_full(int fd, void *buf, size_t len, int writing, int timeout_ms) {
-    char *p = buf;
-    while (len > 0) {
-        struct pollfd pfd = {fd, (short)(writing ? POLLOUT : POLLIN), 0};
-        int pr = poll(&pfd, 1, timeout_ms);
-        if (pr == 0) return -ETIMEDOUT;
-        if (pr < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        ssize_t k = writing ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
-        if (k == 0) return -ECONNRESET;
+static int fill_random(void *p, size_t n) {
+    uint8_t *b = p;
+    while (n > 0) {
+        ssize_t k = getrandom(b, n, 0);
         if (k < 0) {
-            if (errno == EINTR || errno == EAGAIN) continue;
-            return -errno;
+            if (errno == EINTR) continue;
+            return -1;
         }
-        p += k;
-        len -= (size_t)k;
+        b += k;
+        n -= (size_t)k;
     }
     return 0;
 }
 
-/* ---- root side -------------------------------------------------------------------------- */
-
-typedef struct {
-    int listen_fd;
-    uint64_t nonce;
-} root_args_t;
-
-static void root_reply_all(int *fds, int nfds, boot_reply_t *rep, const gvq_peer_info_t *table) {
-    for (int i = 0; i < nfds; i++) {
-        if (fds[i] < 0) continue;
-        if (io_full(fds[i], rep, sizeof *rep, 1, 5000) == 0 && rep->status == BOOT_OK)
-            io_full(fds[i], (void *)table, sizeof(gvq_peer_info_t) * (size_t)rep->nranks, 1, 5000);
-        close(fds[i]);
-    }
+static void addr_text(const struct sockaddr_in *a, char *out, size_t n) {
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+    snprintf(out, n, "%s:%d", ip, ntohs(a->sin_port));
 }
 
-static void *root_thread(void *arg) {
-    root_args_t a = *(root_args_t *)arg;
-    free(arg);
-    int nranks = -1, joined = 0, nfds = 0, cap = 0;
-    int *fds = NULL;
-    gvq_peer_info_t *table = NULL;
-    char *seen = NULL;
-    uint64_t deadline = 0;
-    boot_reply_t rep = {BOOT_OK, 0, 0, 0};
-    for (;;) {
-        struct pollfd pfd = {a.listen_fd, POLLIN, 0};
-        int pr = poll(&pfd, 1, 100);
-        if (deadline != 0 && gvq_now_ns() > deadline) {
-            rep.status = BOOT_TIMEOUT;
-            rep.detail = joined;
-            break;
+int gvq_bootstrap_id_valid(const gvqUniqueId *id) {
+    gvq_boot_id_t b;
+    return gvq_boot_id_decode(id, &b);
+}
+
+/* ---- root side -------------------------------------------------------------------------- */
+
+enum { C_PENDING, C_JOINED, C_ANSWER };
+
+typedef struct {
+    int fd, state, rank;
+    uint64_t since, deadline; /* accepted at; dropped at (0: never) */
+    char peer[32];
+    uint8_t challenge[GVQ_BOOT_NONCE_BYTES], nonce[GVQ_BOOT_NONCE_BYTES];
+    uint8_t in[GVQ_BOOT_HELLO_BYTES];
+    size_t got;
+    /* the answer: head, the shared table (GVQ_BOOT_OK only), mac */
+    uint8_t head[GVQ_BOOT_REPLY_HEAD_BYTES], mac[GVQ_BOOT_MAC_BYTES];
+    size_t table_bytes, sent;
+} conn_t;
+
+typedef struct {
+    gvq_boot_id_t id;
+    char where[32];
+    int listen_fd;
+    conn_t *c;
+    int nc, cap, npending;
+    int nranks, joined; /* nranks: 0 until the first authenticated hello */
+    char *claimed;
+    gvq_peer_info_t *info;
+    uint8_t *table; /* encoded, once formed */
+    uint64_t deadline;
+    gvq_boot_reply_t fail; /* status != GVQ_BOOT_OK once the round failed */
+    int closed;            /* listener closed: only answers left */
+    long dropped;
+} root_t;
+
+static void root_drop(root_t *r, int i, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Close connection i, with a WARN saying why unless fmt is NULL. Strangers (connections that
+ * never authenticated) are counted, and only the first MAX_STRANGER_WARNS logged. */
+static void root_drop(root_t *r, int i, const char *fmt, ...) {
+    conn_t *c = &r->c[i];
+    int stranger = c->state == C_PENDING;
+    if (fmt != NULL && (!stranger || r->dropped++ < MAX_STRANGER_WARNS)) {
+        char why[200];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, sizeof why, fmt, ap);
+        va_end(ap);
+        GVQ_WARN("bootstrap root %s: dropped the connection from %s: %s%s", r->where, c->peer, why,
+                 stranger && r->dropped == MAX_STRANGER_WARNS
+                     ? " (further drops are counted, not logged)"
+                     : "");
+    }
+    if (c->state == C_PENDING) r->npending--;
+    if (c->state == C_JOINED) {
+        r->claimed[c->rank] = 0;
+        r->joined--;
+    }
+    close(c->fd);
+    r->c[i] = r->c[--r->nc];
+}
+
+static void root_close_listener(root_t *r) {
+    if (r->closed) return;
+    close(r->listen_fd);
+    r->listen_fd = -1;
+    r->closed = 1;
+    for (int i = r->nc - 1; i >= 0; i--)
+        if (r->c[i].state == C_PENDING) root_drop(r, i, NULL);
+}
+
+/* Queue connection c's answer: status (with the table for GVQ_BOOT_OK). */
+static void root_answer(root_t *r, conn_t *c, int32_t status, int32_t detail) {
+    gvq_boot_reply_t rep = {status, r->nranks, detail, c->rank};
+    gvq_boot_reply_head_encode(c->head, &rep);
+    c->table_bytes = status == GVQ_BOOT_OK ? (size_t)r->nranks * GVQ_BOOT_PEER_BYTES : 0;
+    uint64_t digest = gvq_boot_table_digest(&r->id, r->table, c->table_bytes);
+    uint64_t mac = gvq_boot_reply_mac(&r->id, c->challenge, c->nonce, c->head, digest);
+    for (int i = 0; i < GVQ_BOOT_MAC_BYTES; i++)
+        c->mac[i] = (uint8_t)(mac >> (8 * i));
+    if (c->state == C_JOINED) { /* its claim is settled by this answer */
+        r->claimed[c->rank] = 0;
+        r->joined--;
+    }
+    c->state = C_ANSWER;
+    c->sent = 0;
+    c->deadline = gvq_now_ns() + ANSWER_MS * MS;
+}
+
+static void root_answer_all(root_t *r, int32_t status, int32_t detail) {
+    for (int i = 0; i < r->nc; i++)
+        if (r->c[i].state == C_JOINED) root_answer(r, &r->c[i], status, detail);
+}
+
+/* The round failed: tell everyone who joined and, until the deadline, everyone who comes. */
+static void root_fail(root_t *r, conn_t *c, int32_t status, int32_t detail) {
+    r->fail = (gvq_boot_reply_t){status, r->nranks, detail, 0};
+    root_answer_all(r, status, detail);
+    root_answer(r, c, status, detail);
+    uint64_t linger = gvq_now_ns() + FAIL_LINGER_MS * MS;
+    if (r->deadline == 0 || r->deadline > linger) r->deadline = linger;
+}
+
+/* Send what the socket takes of connection c's answer: 1 all sent, 0 more to send, -1 error. */
+static int root_send(root_t *r, conn_t *c) {
+    size_t total = GVQ_BOOT_REPLY_HEAD_BYTES + c->table_bytes + GVQ_BOOT_MAC_BYTES;
+    while (c->sent < total) {
+        const uint8_t *p;
+        size_t n;
+        if (c->sent < GVQ_BOOT_REPLY_HEAD_BYTES) {
+            p = c->head + c->sent;
+            n = GVQ_BOOT_REPLY_HEAD_BYTES - c->sent;
+        } else if (c->sent < GVQ_BOOT_REPLY_HEAD_BYTES + c->table_bytes) {
+            p = r->table + (c->sent - GVQ_BOOT_REPLY_HEAD_BYTES);
+            n = GVQ_BOOT_REPLY_HEAD_BYTES + c->table_bytes - c->sent;
+        } else {
+            p = c->mac + (c->sent - GVQ_BOOT_REPLY_HEAD_BYTES - c->table_bytes);
+            n = total - c->sent;
         }
-        if (pr <= 0) continue;
-        int fd = accept(a.listen_fd, NULL, NULL);
-        if (fd < 0) continue;
-        boot_hello_t h;
-        if (io_full(fd, &h, sizeof h, 0, 5000) != 0 || h.magic != BOOT_MAGIC ||
-            h.nonce != a.nonce) {
-            close(fd); /* a stray connection, not one of ours */
-            continue;
+        ssize_t k = send(c->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
         }
-        if (nfds == cap) {
-            cap = cap ? 2 * cap : 16;
-            int *nf = realloc(fds, sizeof(int) * (size_t)cap);
-            if (nf == NULL) {
+        c->sent += (size_t)k;
+    }
+    return 1;
+}
+
+/* A complete, authenticated hello on connection c. */
+static void root_hello(root_t *r, conn_t *c, const gvq_boot_hello_t *h) {
+    c->rank = h->rank;
+    memcpy(c->nonce, h->nonce, sizeof c->nonce);
+    r->npending--;
+    c->state = C_ANSWER; /* until decided below; never C_PENDING again */
+    if (r->fail.status != GVQ_BOOT_OK) {
+        root_answer(r, c, r->fail.status, r->fail.detail);
+        return;
+    }
+    if (r->nranks == 0) {
+        r->nranks = h->nranks;
+        r->claimed = calloc((size_t)h->nranks, 1);
+        r->info = calloc((size_t)h->nranks, sizeof *r->info);
+        r->deadline = h->timeout_ms > 0 ? gvq_now_ns() + (uint64_t)h->timeout_ms * MS : 0;
+        if (r->claimed == NULL || r->info == NULL) {
+            GVQ_WARN("bootstrap root %s: no memory for %d ranks", r->where, h->nranks);
+            root_fail(r, c, GVQ_BOOT_NO_MEMORY, 0);
+            return;
+        }
+    }
+    if (h->nranks != r->nranks) {
+        GVQ_WARN("bootstrap root %s: rank %d (%s) says nranks=%d, the first rank said %d", r->where,
+                 h->rank, c->peer, h->nranks, r->nranks);
+        root_fail(r, c, GVQ_BOOT_NRANKS_MISMATCH, h->nranks);
+        return;
+    }
+    if (r->claimed[h->rank]) {
+        GVQ_WARN("bootstrap root %s: rank %d claimed a second time (by %s, pid %d); failing the "
+                 "round on every rank",
+                 r->where, h->rank, c->peer, h->info.pid);
+        root_fail(r, c, GVQ_BOOT_DUP_RANK, h->rank);
+        return;
+    }
+    c->state = C_JOINED;
+    c->deadline = 0;
+    r->claimed[h->rank] = 1;
+    r->info[h->rank] = h->info;
+    if (++r->joined < r->nranks) return;
+    r->table = malloc((size_t)r->nranks * GVQ_BOOT_PEER_BYTES);
+    if (r->table == NULL) {
+        GVQ_WARN("bootstrap root %s: no memory for the table of %d ranks", r->where, r->nranks);
+        r->fail = (gvq_boot_reply_t){GVQ_BOOT_NO_MEMORY, r->nranks, 0, 0};
+        root_answer_all(r, GVQ_BOOT_NO_MEMORY, 0);
+    } else {
+        gvq_boot_table_encode(r->table, r->info, r->nranks);
+        root_answer_all(r, GVQ_BOOT_OK, 0);
+        GVQ_INFO("bootstrap root %s: all %d ranks joined", r->where, r->nranks);
+    }
+    root_close_listener(r); /* formed: nobody else may join */
+}
+
+/* Bytes arrived on a connection that has not authenticated yet. */
+static void root_read_pending(root_t *r, int i) {
+    conn_t *c = &r->c[i];
+    ssize_t k = recv(c->fd, c->in + c->got, sizeof c->in - c->got, MSG_DONTWAIT);
+    if (k < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            root_drop(r, i, "recv: %s", strerror(errno));
+        return;
+    }
+    if (k == 0) {
+        root_drop(r, i, "closed after %zu of the %d bytes of a hello", c->got,
+                  GVQ_BOOT_HELLO_BYTES);
+        return;
+    }
+    c->got += (size_t)k;
+    gvq_boot_hello_t h;
+    if (c->got < GVQ_BOOT_HELLO_BYTES) {
+        /* refuse a wrong magic as soon as it is visible, without waiting for the rest */
+        if (c->got >= 8 && memcmp(c->in, "gvqHELO1", 8) != 0)
+            root_drop(r, i, "%s", gvq_boot_msg_text(GVQ_BOOT_MSG_MAGIC));
+        return;
+    }
+    gvq_boot_msg_t m = gvq_boot_hello_parse(c->in, c->got, &r->id, c->challenge, &h);
+    if (m != GVQ_BOOT_MSG_OK) {
+        root_drop(r, i, "its hello is refused: %s; not counted as a rank", gvq_boot_msg_text(m));
+        return;
+    }
+    root_hello(r, c, &h);
+}
+
+/* Something on an authenticated connection waiting for its answer: the rank left (or talks out
+ * of turn); its claim is given back. */
+static void root_read_joined(root_t *r, int i) {
+    char b;
+    ssize_t k = recv(r->c[i].fd, &b, 1, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    int rank = r->c[i].rank;
+    root_drop(r, i, "rank %d %s before all ranks joined; its claim is released", rank,
+              k == 0  ? "left"
+              : k < 0 ? "failed"
+                      : "sent bytes out of turn");
+}
+
+static void root_accept(root_t *r) {
+    for (int n = 0; n < 2 * MAX_PENDING; n++) {
+        struct sockaddr_in sa;
+        socklen_t len = sizeof sa;
+        int fd = accept4(r->listen_fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;               /* EAGAIN, or a connection that failed: nothing to do */
+        if (r->npending == MAX_PENDING) { /* push out the oldest stranger */
+            int oldest = -1;
+            for (int i = 0; i < r->nc; i++)
+                if (r->c[i].state == C_PENDING &&
+                    (oldest < 0 || r->c[i].since < r->c[oldest].since))
+                    oldest = i;
+            root_drop(r, oldest, "%d connections are waiting to authenticate; dropped the oldest",
+                      MAX_PENDING);
+        }
+        if (r->nc == r->cap) {
+            int cap = r->cap ? 2 * r->cap : 2 * MAX_PENDING;
+            conn_t *nc = realloc(r->c, sizeof *nc * (size_t)cap);
+            if (nc == NULL) {
                 close(fd);
                 continue;
             }
-            fds = nf;
+            r->c = nc;
+            r->cap = cap;
         }
-        fds[nfds++] = fd;
-        if (nranks < 0) {
-            nranks = h.nranks;
-            table = calloc((size_t)nranks, sizeof *table);
-            seen = calloc((size_t)nranks, 1);
-            if (table == NULL || seen == NULL) {
-                rep.status = BOOT_TOO_MANY;
+        conn_t *c = &r->c[r->nc];
+        memset(c, 0, sizeof *c);
+        c->fd = fd;
+        c->state = C_PENDING;
+        c->rank = -1;
+        c->since = gvq_now_ns();
+        c->deadline = c->since + HELLO_MS * MS;
+        addr_text(&sa, c->peer, sizeof c->peer);
+        r->nc++;
+        r->npending++;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        uint8_t msg[GVQ_BOOT_CHALLENGE_BYTES];
+        if (fill_random(c->challenge, sizeof c->challenge) != 0) {
+            root_drop(r, r->nc - 1, "no random bytes for its challenge: %s", strerror(errno));
+            continue;
+        }
+        gvq_boot_challenge_encode(msg, &r->id, c->challenge);
+        /* a fresh socket's buffer always takes 32 bytes; a short send is a dead peer */
+        if (send(fd, msg, sizeof msg, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof msg)
+            root_drop(r, r->nc - 1, "could not send the challenge");
+    }
+}
+
+/* The deadlines that passed: connections, then the round's. */
+static void root_expire(root_t *r, uint64_t now) {
+    for (int i = r->nc - 1; i >= 0; i--) {
+        conn_t *c = &r->c[i];
+        if (c->deadline == 0 || now < c->deadline) continue;
+        if (c->state == C_PENDING)
+            root_drop(r, i, "no authenticated hello within %d ms (%zu bytes came)", HELLO_MS,
+                      c->got);
+        else
+            root_drop(r, i, "rank %d did not take its answer within %d ms", c->rank, ANSWER_MS);
+    }
+    if (r->closed || r->deadline == 0 || now < r->deadline) return;
+    if (r->fail.status == GVQ_BOOT_OK && r->joined > 0) {
+        GVQ_WARN("bootstrap root %s: only %d of %d ranks joined before the timeout", r->where,
+                 r->joined, r->nranks);
+        root_answer_all(r, GVQ_BOOT_TIMEOUT, r->joined);
+    } else if (r->nranks == 0) {
+        GVQ_INFO("bootstrap root %s: the id was not used before its timeout; released", r->where);
+    }
+    root_close_listener(r);
+}
+
+static void root_free(root_t *r) {
+    for (int i = 0; i < r->nc; i++)
+        close(r->c[i].fd);
+    if (r->listen_fd >= 0) close(r->listen_fd);
+    if (r->dropped > MAX_STRANGER_WARNS)
+        GVQ_WARN("bootstrap root %s: dropped %ld connections in all", r->where, r->dropped);
+    free(r->c);
+    free(r->claimed);
+    free(r->info);
+    free(r->table);
+    free(r);
+}
+
+static void *root_thread(void *arg) {
+    root_t *r = arg;
+    struct pollfd *pfd = NULL;
+    int pcap = 0;
+    for (;;) {
+        uint64_t now = gvq_now_ns();
+        root_expire(r, now);
+        if (r->closed && r->nc == 0) break;
+        if (pcap < r->nc + 1) {
+            pcap = 2 * (r->nc + 1);
+            struct pollfd *np = realloc(pfd, sizeof *np * (size_t)pcap);
+            if (np == NULL) {
+                GVQ_WARN("bootstrap root %s: out of memory; giving up", r->where);
                 break;
             }
-            uint64_t tmo = h.timeout_ms > 0 ? (uint64_t)h.timeout_ms : 0;
-            deadline = tmo ? gvq_now_ns() + tmo * 1000000ull : 0;
+            pfd = np;
         }
-        rep.nranks = nranks;
-        if (h.nranks != nranks) {
-            rep.status = BOOT_NRANKS_MISMATCH;
-            rep.detail = h.nranks;
-            break;
+        uint64_t next = r->closed ? 0 : r->deadline;
+        for (int i = 0; i < r->nc; i++) {
+            conn_t *c = &r->c[i];
+            pfd[i] = (struct pollfd){c->fd, (short)(c->state == C_ANSWER ? POLLOUT : POLLIN), 0};
+            if (c->deadline != 0 && (next == 0 || c->deadline < next)) next = c->deadline;
         }
-        if (h.rank < 0 || h.rank >= nranks || seen[h.rank]) {
-            rep.status = BOOT_DUP_RANK;
-            rep.detail = h.rank;
-            break;
+        int np = r->nc;
+        if (!r->closed) pfd[np++] = (struct pollfd){r->listen_fd, POLLIN, 0};
+        int wait_ms = next == 0     ? -1
+                      : next <= now ? 0
+                                    : (int)GVQ_MIN((next - now + MS - 1) / MS, 60000ull);
+        int pr = poll(pfd, (nfds_t)np, wait_ms);
+        if (pr <= 0) continue;
+        int nc = r->nc; /* connections accepted below are served on the next turn */
+        int listening = !r->closed && (pfd[nc].revents & POLLIN);
+        for (int i = nc - 1; i >= 0; i--) {
+            if (pfd[i].revents == 0) continue;
+            conn_t *c = &r->c[i];
+            if (c->state == C_PENDING) {
+                root_read_pending(r, i);
+            } else if (c->state == C_JOINED) {
+                root_read_joined(r, i);
+            } else {
+                int s = root_send(r, c);
+                if (s != 0) {
+                    if (s < 0)
+                        root_drop(r, i, "could not answer rank %d: %s", c->rank, strerror(errno));
+                    else
+                        root_drop(r, i, NULL);
+                }
+            }
         }
-        seen[h.rank] = 1;
-        table[h.rank] = h.info;
-        if (++joined == nranks) break;
+        if (listening && !r->closed) root_accept(r);
     }
-    root_reply_all(fds, nfds, &rep, table);
-    close(a.listen_fd);
-    free(fds);
-    free(table);
-    free(seen);
+    free(pfd);
+    root_free(r);
     return NULL;
 }
 
@@ -202,148 +480,285 @@ static int pick_address(struct in_addr *out) {
     return rc;
 }
 
+static gvqResult_t start_root(root_t *r) {
+    pthread_attr_t attr;
+    pthread_t th;
+    int rc = pthread_attr_init(&attr);
+    if (rc == 0) {
+        pthread_attr_setstacksize(&attr, ROOT_STACK_BYTES);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        rc = pthread_create(&th, &attr, root_thread, r);
+        pthread_attr_destroy(&attr);
+    }
+    if (rc != 0) {
+        GVQ_WARN("gvqGetUniqueId: cannot start the bootstrap thread: %s", strerror(rc));
+        return gvqSystemError;
+    }
+    return gvqSuccess;
+}
+
 GVQ_API gvqResult_t gvqGetUniqueId(gvqUniqueId *uniqueId) {
     if (uniqueId == NULL) {
         GVQ_WARN("gvqGetUniqueId: uniqueId is NULL");
         return gvqInvalidArgument;
     }
-    boot_id_t b;
-    memset(&b, 0, sizeof b);
-    b.magic = BOOT_MAGIC;
-    if (getrandom(&b.nonce, sizeof b.nonce, 0) != (ssize_t)sizeof b.nonce)
-        b.nonce = gvq_now_ns() ^ ((uint64_t)getpid() << 32);
-    b.addr.sin_family = AF_INET;
-    if (pick_address(&b.addr.sin_addr) != 0) {
-        GVQ_WARN("gvqGetUniqueId: no usable IPv4 interface (set GVQ_SOCKET_IFNAME)");
+    root_t *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        GVQ_WARN("gvqGetUniqueId: out of memory");
         return gvqSystemError;
     }
-    b.addr.sin_port = htons((uint16_t)gvq_param(GVQ_PARAM_BOOTSTRAP_PORT));
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    r->listen_fd = -1;
+    gvq_boot_id_t *b = &r->id;
+    b->magic = GVQ_BOOT_ID_MAGIC;
+    if (fill_random(&b->tag, sizeof b->tag) != 0 || fill_random(b->secret, sizeof b->secret) != 0) {
+        GVQ_WARN("gvqGetUniqueId: getrandom failed: %s", strerror(errno));
+        free(r);
+        return gvqSystemError;
+    }
+    b->addr.sin_family = AF_INET;
+    if (pick_address(&b->addr.sin_addr) != 0) {
+        GVQ_WARN("gvqGetUniqueId: no usable IPv4 interface (set GVQ_SOCKET_IFNAME)");
+        free(r);
+        return gvqSystemError;
+    }
+    b->addr.sin_port = htons((uint16_t)gvq_param(GVQ_PARAM_BOOTSTRAP_PORT));
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         GVQ_WARN("gvqGetUniqueId: socket() failed: %s", strerror(errno));
+        free(r);
         return gvqSystemError;
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    socklen_t len = sizeof b.addr;
-    if (bind(fd, (struct sockaddr *)&b.addr, sizeof b.addr) != 0 || listen(fd, 1024) != 0 ||
-        getsockname(fd, (struct sockaddr *)&b.addr, &len) != 0) {
-        char ip[INET_ADDRSTRLEN];
-        inet_ntop(AF_INET, &b.addr.sin_addr, ip, sizeof ip);
-        GVQ_WARN("gvqGetUniqueId: cannot listen on %s:%d: %s", ip, ntohs(b.addr.sin_port),
-                 strerror(errno));
+    socklen_t len = sizeof b->addr;
+    if (bind(fd, (struct sockaddr *)&b->addr, sizeof b->addr) != 0 || listen(fd, 1024) != 0 ||
+        getsockname(fd, (struct sockaddr *)&b->addr, &len) != 0) {
+        addr_text(&b->addr, r->where, sizeof r->where);
+        GVQ_WARN("gvqGetUniqueId: cannot listen on %s: %s", r->where, strerror(errno));
         close(fd);
+        free(r);
         return gvqSystemError;
     }
-    root_args_t *a = malloc(sizeof *a);
-    pthread_t th;
-    if (a == NULL) {
+    r->listen_fd = fd;
+    addr_text(&b->addr, r->where, sizeof r->where);
+    uint64_t life_ms = (uint64_t)gvq_param(GVQ_PARAM_TIMEOUT_MS);
+    r->deadline = life_ms ? gvq_now_ns() + life_ms * MS : 0;
+    gvqUniqueId out;
+    gvq_boot_id_encode(&out, b);
+    GVQ_INFO("bootstrap root listening on %s", r->where);
+    if (start_root(r) != gvqSuccess) { /* r still ours */
         close(fd);
+        free(r);
         return gvqSystemError;
     }
-    a->listen_fd = fd;
-    a->nonce = b.nonce;
-    if (pthread_create(&th, NULL, root_thread, a) != 0) {
-        GVQ_WARN("gvqGetUniqueId: cannot start the bootstrap thread");
-        free(a);
-        close(fd);
-        return gvqSystemError;
-    }
-    pthread_detach(th);
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &b.addr.sin_addr, ip, sizeof ip);
-    GVQ_INFO("bootstrap root listening on %s:%d", ip, ntohs(b.addr.sin_port));
-    memset(uniqueId, 0, sizeof *uniqueId);
-    memcpy(uniqueId->internal, &b, sizeof b);
+    *uniqueId = out; /* r belongs to the thread now */
     return gvqSuccess;
 }
 
 /* ---- rank side -------------------------------------------------------------------------- */
 
-gvqResult_t gvq_bootstrap_exchange(const gvqUniqueId *id, int nranks, int rank,
-                                   const gvq_peer_info_t *mine, uint64_t timeout_ns,
-                                   gvq_peer_info_t *all, uint64_t *nonce) {
-    boot_id_t b;
-    memcpy(&b, id->internal, sizeof b);
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &b.addr.sin_addr, ip, sizeof ip);
-    uint64_t start = gvq_now_ns();
-    /* connecting may race a root that is still coming up: retry for a while */
-    uint64_t connect_limit = timeout_ns ? timeout_ns : 60000000000ull;
-    int fd = -1;
+/* Move len bytes, giving up at deadline (ns, 0: never). 0, or -errno (-ETIMEDOUT, -ECONNRESET). */
+static int io_until(int fd, void *buf, size_t len, int writing, uint64_t deadline) {
+    char *p = buf;
+    while (len > 0) {
+        int wait_ms = -1;
+        if (deadline != 0) {
+            uint64_t now = gvq_now_ns();
+            if (now >= deadline) return -ETIMEDOUT;
+            wait_ms = (int)GVQ_MIN((deadline - now + MS - 1) / MS, (uint64_t)INT32_MAX);
+        }
+        struct pollfd pfd = {fd, (short)(writing ? POLLOUT : POLLIN), 0};
+        int pr = poll(&pfd, 1, wait_ms);
+        if (pr == 0) continue;
+        if (pr < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        ssize_t k = writing ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT)
+                            : recv(fd, p, len, MSG_DONTWAIT);
+        if (k == 0) return -ECONNRESET;
+        if (k < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            return -errno;
+        }
+        p += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+/* A connected socket to the root, retrying until limit (ns): the root may still be coming up. */
+static gvqResult_t rank_connect(const gvq_boot_id_t *b, const char *where, int rank, uint64_t limit,
+                                int *out) {
     for (;;) {
-        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int err = 0;
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) {
             GVQ_WARN("bootstrap: socket() failed: %s", strerror(errno));
             return gvqSystemError;
         }
-        if (connect(fd, (struct sockaddr *)&b.addr, sizeof b.addr) == 0) break;
-        int err = errno;
+        int rc = connect(fd, (const struct sockaddr *)&b->addr, sizeof b->addr);
+        if (rc != 0 && errno == EINPROGRESS) {
+            uint64_t now = gvq_now_ns();
+            int wait_ms = now >= limit ? 0 : (int)GVQ_MIN((limit - now) / MS + 1, 10000ull);
+            struct pollfd pfd = {fd, POLLOUT, 0};
+            socklen_t len = sizeof err;
+            if (poll(&pfd, 1, wait_ms) == 1 &&
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0)
+                rc = 0;
+            else if (err == 0)
+                err = ETIMEDOUT;
+        } else if (rc != 0) {
+            err = errno;
+        }
+        if (rc == 0) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            *out = fd;
+            return gvqSuccess;
+        }
         close(fd);
-        fd = -1;
-        if (gvq_now_ns() - start > connect_limit) {
-            GVQ_WARN("bootstrap: rank %d cannot reach the root at %s:%d: %s", rank, ip,
-                     ntohs(b.addr.sin_port), strerror(err));
-            return gvqRemoteError;
+        if (gvq_now_ns() >= limit) {
+            GVQ_WARN("bootstrap: rank %d cannot reach the root at %s: %s", rank, where,
+                     strerror(err));
+            return err == ETIMEDOUT ? gvqTimeout : gvqRemoteError;
         }
         usleep(20000);
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    boot_hello_t h;
+}
+
+static gvqResult_t rank_status(const gvq_boot_reply_t *rep, int rank) {
+    switch (rep->status) {
+    case GVQ_BOOT_OK:
+        return gvqSuccess;
+    case GVQ_BOOT_NRANKS_MISMATCH:
+        GVQ_WARN("bootstrap: ranks disagree on nranks (%d and %d)", rep->nranks, rep->detail);
+        return gvqInvalidUsage;
+    case GVQ_BOOT_DUP_RANK:
+        GVQ_WARN("bootstrap: rank %d was claimed twice (rank %d of %d here)", rep->detail, rank,
+                 rep->nranks);
+        return gvqInvalidUsage;
+    case GVQ_BOOT_TIMEOUT:
+        GVQ_WARN("bootstrap: only %d of %d ranks joined within the timeout (GVQ_TIMEOUT_MS)",
+                 rep->detail, rep->nranks);
+        return gvqTimeout;
+    default:
+        GVQ_WARN("bootstrap: the root failed (status %d: out of memory)", rep->status);
+        return gvqSystemError;
+    }
+}
+
+/* One attempt: challenge, hello, answer. *retry is set when the root dropped us before it read
+ * our hello (pushed out by strangers), so connecting again may succeed. */
+static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
+                              const gvq_boot_hello_t *h, uint64_t deadline, gvq_peer_info_t *all,
+                              int *retry) {
+    uint8_t chal[GVQ_BOOT_CHALLENGE_BYTES], challenge[GVQ_BOOT_NONCE_BYTES];
+    uint8_t hello[GVQ_BOOT_HELLO_BYTES];
+    uint64_t step = deadline ? deadline : gvq_now_ns() + CONNECT_LIMIT_NS;
+    int rc = io_until(fd, chal, sizeof chal, 0, step);
+    gvq_boot_msg_t m =
+        rc == 0 ? gvq_boot_challenge_parse(chal, sizeof chal, b, challenge) : GVQ_BOOT_MSG_OK;
+    if (rc == 0 && m == GVQ_BOOT_MSG_OK) {
+        gvq_boot_hello_encode(hello, b, challenge, h);
+        rc = io_until(fd, hello, sizeof hello, 1, step);
+    }
+    if (rc != 0) {
+        *retry = rc == -ECONNRESET || rc == -EPIPE;
+        if (!*retry)
+            GVQ_WARN("bootstrap: rank %d lost the root at %s before its hello: %s", h->rank, where,
+                     strerror(-rc));
+        return rc == -ETIMEDOUT ? gvqTimeout : gvqRemoteError;
+    }
+    if (m != GVQ_BOOT_MSG_OK) {
+        GVQ_WARN("bootstrap: rank %d: the peer at %s is not this id's root: its challenge %s",
+                 h->rank, where, gvq_boot_msg_text(m));
+        return gvqRemoteError;
+    }
+    /* the answer: its head says whether a table follows; the size comes from our nranks */
+    uint64_t wait = deadline ? deadline + RANK_GRACE_NS : 0;
+    size_t max = gvq_boot_reply_bytes(GVQ_BOOT_OK, h->nranks);
+    uint8_t *rep = malloc(max);
+    if (rep == NULL) {
+        GVQ_WARN("bootstrap: out of memory for the table of %d ranks", h->nranks);
+        return gvqSystemError;
+    }
+    gvqResult_t res = gvqSuccess;
+    size_t len = GVQ_BOOT_REPLY_HEAD_BYTES;
+    rc = io_until(fd, rep, len, 0, wait);
+    if (rc == 0) {
+        uint32_t status = (uint32_t)rep[8] | (uint32_t)rep[9] << 8 | (uint32_t)rep[10] << 16 |
+                          (uint32_t)rep[11] << 24;
+        size_t total =
+            status == GVQ_BOOT_OK ? max : gvq_boot_reply_bytes(GVQ_BOOT_STATUS_COUNT, h->nranks);
+        rc = io_until(fd, rep + len, total - len, 0, wait);
+        len = total;
+    }
+    if (rc != 0) {
+        *retry = rc == -ECONNRESET && len == GVQ_BOOT_REPLY_HEAD_BYTES;
+        if (rc == -ETIMEDOUT)
+            GVQ_WARN("bootstrap: rank %d: no answer from the root at %s within the timeout",
+                     h->rank, where);
+        else if (!*retry)
+            GVQ_WARN("bootstrap: rank %d lost the root at %s: %s", h->rank, where, strerror(-rc));
+        res = rc == -ETIMEDOUT ? gvqTimeout : gvqRemoteError;
+        goto out_free;
+    }
+    gvq_boot_reply_t r;
+    m = gvq_boot_reply_parse(rep, len, b, challenge, h->nonce, h->nranks, h->rank, &r, all);
+    if (m != GVQ_BOOT_MSG_OK) {
+        GVQ_WARN("bootstrap: rank %d: the answer from %s %s; not trusted", h->rank, where,
+                 gvq_boot_msg_text(m));
+        res = gvqRemoteError;
+        goto out_free;
+    }
+    res = rank_status(&r, h->rank);
+out_free:
+    free(rep);
+    return res;
+}
+
+gvqResult_t gvq_bootstrap_exchange(const gvqUniqueId *id, int nranks, int rank,
+                                   const gvq_peer_info_t *mine, uint64_t timeout_ns,
+                                   gvq_peer_info_t *all, uint64_t *nonce) {
+    gvq_boot_id_t b;
+    if (!gvq_boot_id_decode(id, &b)) {
+        GVQ_WARN("bootstrap: the id was not made by gvqGetUniqueId");
+        return gvqInvalidArgument;
+    }
+    if (nranks > GVQ_BOOT_MAX_RANKS) {
+        GVQ_WARN("bootstrap: nranks=%d is more than the %d the bootstrap serves", nranks,
+                 GVQ_BOOT_MAX_RANKS);
+        return gvqInvalidArgument;
+    }
+    char where[32];
+    addr_text(&b.addr, where, sizeof where);
+    gvq_boot_hello_t h;
     memset(&h, 0, sizeof h);
-    h.magic = BOOT_MAGIC;
-    h.nonce = b.nonce;
     h.nranks = nranks;
     h.rank = rank;
-    h.timeout_ms = (int64_t)(timeout_ns / 1000000ull);
+    h.timeout_ms = (int64_t)(timeout_ns / MS);
     h.info = *mine;
-    gvqResult_t res = gvqSuccess;
-    boot_reply_t rep;
-    /* the root answers within its own timeout; allow it some slack beyond ours */
-    int wait_ms =
-        timeout_ns ? (int)GVQ_MIN(timeout_ns / 1000000ull + 10000ull, (uint64_t)INT32_MAX) : -1;
-    int rc = io_full(fd, &h, sizeof h, 1, 10000);
-    if (rc == 0) rc = io_full(fd, &rep, sizeof rep, 0, wait_ms);
-    if (rc != 0) {
-        GVQ_WARN("bootstrap: rank %d lost the root at %s:%d: %s", rank, ip, ntohs(b.addr.sin_port),
-                 strerror(-rc));
-        res = rc == -ETIMEDOUT ? gvqTimeout : gvqRemoteError;
-        goto out_close;
+    if (fill_random(h.nonce, sizeof h.nonce) != 0) {
+        GVQ_WARN("bootstrap: getrandom failed: %s", strerror(errno));
+        return gvqSystemError;
     }
-    switch (rep.status) {
-    case BOOT_OK:
-        if (rep.nranks != nranks) {
-            res = gvqInternalError;
-            break;
+    uint64_t start = gvq_now_ns();
+    uint64_t deadline = timeout_ns ? start + timeout_ns : 0;
+    uint64_t connect_limit = deadline ? deadline : start + CONNECT_LIMIT_NS;
+    for (;;) {
+        int fd = -1, retry = 0;
+        GVQCHECK(rank_connect(&b, where, rank, connect_limit, &fd));
+        gvqResult_t res = rank_round(fd, &b, where, &h, deadline, all, &retry);
+        close(fd);
+        if (res == gvqSuccess && nonce != NULL) *nonce = b.tag;
+        if (!retry) return res;
+        if (gvq_now_ns() >= connect_limit) {
+            GVQ_WARN("bootstrap: rank %d: the root at %s kept closing the connection", rank, where);
+            return gvqRemoteError;
         }
-        rc = io_full(fd, all, sizeof(gvq_peer_info_t) * (size_t)nranks, 0, 10000);
-        if (rc != 0) {
-            GVQ_WARN("bootstrap: rank %d lost the root while reading the table: %s", rank,
-                     strerror(-rc));
-            res = gvqRemoteError;
-        }
-        break;
-    case BOOT_NRANKS_MISMATCH:
-        GVQ_WARN("bootstrap: ranks disagree on nranks (%d and %d)", rep.nranks, rep.detail);
-        res = gvqInvalidUsage;
-        break;
-    case BOOT_DUP_RANK:
-        GVQ_WARN("bootstrap: rank %d was claimed twice (or is outside [0, %d))", rep.detail,
-                 rep.nranks);
-        res = gvqInvalidUsage;
-        break;
-    case BOOT_TIMEOUT:
-        GVQ_WARN("bootstrap: only %d of %d ranks joined within the timeout (GVQ_TIMEOUT_MS)",
-                 rep.detail, rep.nranks);
-        res = gvqTimeout;
-        break;
-    default:
-        GVQ_WARN("bootstrap: the root failed (status %d)", rep.status);
-        res = gvqInternalError;
+        GVQ_INFO("bootstrap: rank %d: the root at %s closed the connection early; retrying", rank,
+                 where);
+        usleep(20000);
     }
-    if (nonce != NULL) *nonce = b.nonce;
-out_close:
-    close(fd);
-    return res;
 }

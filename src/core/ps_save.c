@@ -2,26 +2,30 @@
  * ps_save.c -- gvqPsSave / gvqPsLoad and their file forms: one rank's shards with the shape
  * they belong to.
  *
- *   | header: 12 x uint64                                   | values   | rule state   | pending |
+ *   | header: 13 x uint64                                   | values   | rule state   | pending |
  *   | magic bytes rows dim dtype partitions partitioning     | nlocal   | nlocal rows  | npending|
- *   | rule nranks rank nlocal npending                       | rows     | (not for SGD)| entries |
+ *   | rule nranks rank nlocal npending checksum              | rows     | (not for SGD)| entries |
  *
  *   pending entry: | slot (uint64) | its gradient sum (row_bytes) |, in the order first pushed
  *
- * A load checks everything (magic, size, shape, config, rank, every pending slot inside the
- * shard and named once) before it changes anything. The file forms go through
- * gvq_blob_save_file / gvq_blob_load_file.
+ * The checksum is the CRC-32C of the whole state (gvq_blob_seal). A load trusts nothing: it
+ * checks everything (magic, size, checksum, shape, config, rank, every pending slot inside the
+ * shard and named once, Adagrad's accumulators not negative) before it changes anything. The
+ * file forms go through gvq_blob_save_file / gvq_blob_load_file.
  */
 #include <stdlib.h>
 
 #include "gvq_ps.h"
 
-#define PS_SAVE_MAGIC 0x3153505152564721ull /* "!GVRQPS1" */
+#define PS_SAVE_MAGIC 0x3253505152564721ull /* "!GVRQPS2" */
 
 typedef struct {
     uint64_t magic, bytes;
     uint64_t rows, dim, dtype, partitions, partitioning, rule, nranks, rank, nlocal, npending;
+    uint64_t checksum; /* gvq_blob_seal's */
 } ps_save_hdr_t;
+
+#define CHECKSUM_AT offsetof(ps_save_hdr_t, checksum)
 
 #define PENDING_SLOT_BYTES sizeof(uint64_t)
 
@@ -85,16 +89,27 @@ GVQ_API gvqResult_t gvqPsSave(gvqPs_t ps, void *buf, size_t *size) {
         put(&p, &slot, PENDING_SLOT_BYTES);
         put(&p, gvq_ps_row(ps, ps->grad_sum, slot), ps->row_bytes);
     }
+    gvq_blob_seal(buf, need, CHECKSUM_AT);
     *size = need;
     return gvqSuccess;
 }
 
-/* The saved header against this server: a saved state, of this size, shape, config and rank. */
-static gvqResult_t check_header(const char *fn, gvqPs_t ps, const ps_save_hdr_t *h, size_t size) {
-    if (h->magic != PS_SAVE_MAGIC || h->bytes != size) {
-        GVQ_WARN("%s: not a saved parameter-server state (magic or size %zu wrong)", fn, size);
+/* The saved header against this server: a saved state, of this size and checksum, shape,
+ * config and rank. */
+static gvqResult_t check_header(const char *fn, gvqPs_t ps, const ps_save_hdr_t *h, const void *buf,
+                                size_t size) {
+    if (h->magic != PS_SAVE_MAGIC) {
+        GVQ_WARN("%s: magic 0x%016llx is not a saved parameter-server state of this version "
+                 "(0x%016llx)",
+                 fn, (unsigned long long)h->magic, (unsigned long long)PS_SAVE_MAGIC);
         return gvqInvalidArgument;
     }
+    if (h->bytes != size) {
+        GVQ_WARN("%s: the header's size %llu is not the %zu bytes given (truncated or extended)",
+                 fn, (unsigned long long)h->bytes, size);
+        return gvqInvalidArgument;
+    }
+    GVQCHECK(gvq_blob_verify(fn, buf, size, CHECKSUM_AT));
     if (h->rows != ps->rows || h->dim != ps->dim || h->dtype != (uint64_t)ps->dtype ||
         h->partitions != (uint64_t)ps->cfg.partitions ||
         h->partitioning != (uint64_t)ps->cfg.partitioning || h->rule != (uint64_t)ps->cfg.rule ||
@@ -135,6 +150,29 @@ static gvqResult_t check_pending(const char *fn, gvqPs_t ps, const char *entries
     return res;
 }
 
+/* Adagrad's accumulators (sums of squares from a non-negative start) are not negative: a
+ * negative one would make sqrt(a) NaN at the next apply. */
+static gvqResult_t check_rule_state(const char *fn, gvqPs_t ps, const char *state) {
+    if (ps->cfg.rule != gvqPsAdagrad) return gvqSuccess;
+    size_t n = ps->nlocal * ps->dim;
+    for (size_t i = 0; i < n; i++) {
+        double a;
+        if (ps->dtype == gvqFloat32) {
+            float f;
+            memcpy(&f, state + i * sizeof f, sizeof f);
+            a = f;
+        } else {
+            memcpy(&a, state + i * sizeof a, sizeof a);
+        }
+        if (a < 0) {
+            GVQ_WARN("%s: Adagrad accumulator %zu (slot %zu) is %g: negative", fn, i, i / ps->dim,
+                     a);
+            return gvqInvalidArgument;
+        }
+    }
+    return gvqSuccess;
+}
+
 /* Copy n bytes from *p and move *p past them. */
 static void take(const char **p, void *dst, size_t n) {
     memcpy(dst, *p, n);
@@ -170,8 +208,10 @@ GVQ_API gvqResult_t gvqPsLoad(gvqPs_t ps, const void *buf, size_t size) {
         return gvqInvalidArgument;
     }
     memcpy(&h, buf, sizeof h);
-    GVQCHECK(check_header(fn, ps, &h, size));
+    GVQCHECK(check_header(fn, ps, &h, buf, size));
     const char *rows = (const char *)buf + sizeof h;
+    if (ps->rule_state != NULL)
+        GVQCHECK(check_rule_state(fn, ps, rows + ps->nlocal * ps->row_bytes));
     GVQCHECK(check_pending(fn, ps, rows + rows_bytes(ps), (size_t)h.npending));
     restore(ps, rows, (size_t)h.npending);
     return gvqSuccess;

@@ -1,7 +1,10 @@
 /*
  * blob.c -- what every saveable handle shares (gvq_util.h): the check of a versioned config
- * struct's header, and a saved state written to or read from a file through the handle's own
- * save/load calls.
+ * struct's header, the checksum that seals a saved state, and a saved state written to or read
+ * from a file through the handle's own save/load calls.
+ *
+ *   | header ... | checksum (8 bytes at `at`) | ... header | payload ...                   |
+ *                  = CRC-32C of every byte of the state, these 8 read as zero
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +23,36 @@ gvqResult_t gvq_config_header_check(const char *fn, const char *what, size_t siz
         GVQ_WARN("%s: %s->size %zu / version %u do not match this library (size %zu..%zu, "
                  "version <= %d; initialize it with %s)",
                  fn, what, size, version, min_size, max_size, GVQ_VERSION, initializer);
+        return gvqInvalidArgument;
+    }
+    return gvqSuccess;
+}
+
+/* The CRC-32C of buf with the 8 bytes at `at` read as zero (at + 8 <= size). */
+static uint64_t blob_checksum(const void *buf, size_t size, size_t at) {
+    static const unsigned char zero[8];
+    const unsigned char *p = buf;
+    uint32_t crc = gvq_crc32c(0, p, at);
+    crc = gvq_crc32c(crc, zero, sizeof zero);
+    return gvq_crc32c(crc, p + at + 8, size - at - 8);
+}
+
+void gvq_blob_seal(void *buf, size_t size, size_t at) {
+    uint64_t sum = blob_checksum(buf, size, at);
+    memcpy((char *)buf + at, &sum, sizeof sum);
+}
+
+gvqResult_t gvq_blob_verify(const char *fn, const void *buf, size_t size, size_t at) {
+    if (size < at || size - at < 8) {
+        GVQ_WARN("%s: %zu bytes is too short to hold the saved state's checksum", fn, size);
+        return gvqInvalidArgument;
+    }
+    uint64_t stored, want = blob_checksum(buf, size, at);
+    memcpy(&stored, (const char *)buf + at, sizeof stored);
+    if (stored != want) {
+        GVQ_WARN("%s: checksum mismatch (stored 0x%llx, computed 0x%llx over %zu bytes): the "
+                 "saved state is corrupted",
+                 fn, (unsigned long long)stored, (unsigned long long)want, size);
         return gvqInvalidArgument;
     }
     return gvqSuccess;

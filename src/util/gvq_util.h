@@ -169,6 +169,16 @@ typedef gvqResult_t (*gvq_load_fn_t)(void *obj, const void *buf, size_t size);
 gvqResult_t gvq_blob_save_file(const char *fn, const char *path, gvq_save_fn_t save, void *obj);
 gvqResult_t gvq_blob_load_file(const char *fn, const char *path, gvq_load_fn_t load, void *obj);
 
+/* CRC-32C of n bytes, continuing crc (0 to start: gvq_crc32c(gvq_crc32c(0, a, na), b, nb) is
+ * the CRC of a then b) (src/util/crc.c). */
+uint32_t gvq_crc32c(uint32_t crc, const void *data, size_t n);
+/* A saved state's checksum: the 8 bytes at offset `at` (inside its header) hold the CRC-32C of
+ * all `size` bytes with those 8 read as zero. gvq_blob_seal writes them; gvq_blob_verify refuses
+ * a state they do not match (or too short to hold them) with gvqInvalidArgument and a WARN naming
+ * fn. */
+void gvq_blob_seal(void *buf, size_t size, size_t at);
+gvqResult_t gvq_blob_verify(const char *fn, const void *buf, size_t size, size_t at);
+
 /* ---- this process's host (src/util/host.c) ---------------------------------------------------
  * A key equal for processes on the same host: its host name and its network namespace (ranks in
  * the namespaces of perf/emulate-cluster.sh count as hosts of their own, as on the network). */

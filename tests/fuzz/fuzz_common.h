@@ -1,0 +1,68 @@
+/*
+ * fuzz_common.h -- what the libFuzzer targets of tests/fuzz/ share (header only; each target is
+ * one fuzz_<name>.c, built by tests/fuzz/CMakeLists.txt and run by scripts/fuzz.sh):
+ *
+ *   fuzz_quiet()        logs off (a refusal's WARN per input would drown the fuzzer's output)
+ *   fuzz_comm()         one 1-rank in-process communicator per process, made on first use
+ *   fuzz_seed_dir()     GVQ_FUZZ_WRITE_SEEDS: the folder a target writes its seed corpus into
+ *                       (scripts/fuzz.sh --seeds), or NULL when fuzzing
+ *   fuzz_write_seed()   one seed file: a selector byte, then the bytes
+ *
+ * The saved-state targets read their input as | selector | state bytes |: the selector's low
+ * bits pick a handle, its bit 7 asks for the state's checksum to be recomputed before the load,
+ * so the fuzzer reaches the field checks behind the checksum as a forged file would.
+ */
+#ifndef GVQ_FUZZ_COMMON_H_
+#define GVQ_FUZZ_COMMON_H_
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gvq_comm.h"
+
+#define FUZZ_RESEAL 0x80u
+
+static inline void fuzz_quiet(void) {
+    setenv("GVQ_DEBUG", "NONE", 1);
+}
+
+static inline gvqComm_t fuzz_comm(void) {
+    static gvqComm_t comm;
+    if (comm == NULL && gvq_comm_init_inproc(1, NULL, &comm) != gvqSuccess) {
+        fprintf(stderr, "fuzz: cannot create an in-process communicator\n");
+        abort();
+    }
+    return comm;
+}
+
+/* Abort (a finding) when a call on a handle that must work fails. */
+#define FUZZ_OK(call)                                                                          \
+    do {                                                                                       \
+        gvqResult_t fuzz_res_ = (call);                                                        \
+        if (fuzz_res_ != gvqSuccess) {                                                         \
+            fprintf(stderr, "fuzz: %s failed: %s (%s)\n", #call, gvqGetErrorString(fuzz_res_), \
+                    gvqGetLastError(NULL));                                                    \
+            abort();                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static inline const char *fuzz_seed_dir(void) {
+    const char *dir = getenv("GVQ_FUZZ_WRITE_SEEDS");
+    return dir != NULL && dir[0] != '\0' ? dir : NULL;
+}
+
+static inline void fuzz_write_seed(const char *dir, const char *name, uint8_t selector,
+                                   const void *bytes, size_t n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fwrite(&selector, 1, 1, f) != 1 || fwrite(bytes, 1, n, f) != n) {
+        fprintf(stderr, "fuzz: cannot write the seed %s\n", path);
+        abort();
+    }
+    fclose(f);
+}
+
+#endif /* GVQ_FUZZ_COMMON_H_ */

@@ -1,0 +1,109 @@
+/*
+ * fuzz_ps_state.c -- libFuzzer target: gvqPsLoad on any bytes.
+ *
+ *   input: | selector | saved state ... |      (fuzz_common.h)
+ *   selector % 2 picks a parameter server made once per process, with pending gradient sums:
+ *     0 Adagrad, gvqFloat32, 10 x 3, one shard
+ *     1 momentum, gvqFloat64, 9 x 2, three shards (contiguous)
+ *
+ * A refused load must leave the shards as they were; an accepted one must leave the server
+ * working: apply, push, apply, pull and save succeed. Then the server's own state is loaded
+ * back, so every input starts from the same state. Seeds: the two real states, as saved and
+ * with the reseal bit (GVQ_FUZZ_WRITE_SEEDS).
+ */
+#include <math.h>
+
+#include "fuzz_common.h"
+
+#define NSUBJ 2
+#define CHECKSUM_AT (12 * 8) /* ps_save.c: the header's 13th word */
+
+typedef struct {
+    const char *name;
+    int rule, dtype, partitions;
+    size_t rows, dim;
+} subject_cfg_t;
+
+static const subject_cfg_t subjects[NSUBJ] = {
+    {"adagrad", gvqPsAdagrad, gvqFloat32, 1, 10, 3},
+    {"momentum", gvqPsMomentum, gvqFloat64, 3, 9, 2},
+};
+
+static gvqPs_t ps[NSUBJ];
+static char *orig[NSUBJ];
+static size_t orig_n[NSUBJ];
+
+static void push(int k, const int64_t *idx, size_t n, int t) {
+    double g[64];
+    float gf[64];
+    for (size_t i = 0; i < n * subjects[k].dim; i++)
+        g[i] = sin(0.9 * (double)i + t), gf[i] = (float)g[i];
+    FUZZ_OK(gvqPsPush(ps[k], idx,
+                      subjects[k].dtype == gvqFloat32 ? (const void *)gf : (const void *)g, n));
+}
+
+static void make_subject(int k) {
+    const subject_cfg_t *s = &subjects[k];
+    gvqPsConfig_t cfg = GVQ_PS_CONFIG_INITIALIZER;
+    cfg.rule = s->rule;
+    cfg.partitions = s->partitions;
+    cfg.partitioning = gvqPsContiguous;
+    cfg.init = gvqPsInitUniform;
+    cfg.seed = 7;
+    FUZZ_OK(gvqPsCreate(fuzz_comm(), s->rows, s->dim, s->dtype, &cfg, &ps[k]));
+    int64_t a[3] = {1, 4, 7}, b[2] = {2, 4};
+    push(k, a, 3, 0);
+    FUZZ_OK(gvqPsApply(ps[k]));
+    push(k, b, 2, 1); /* pending sums travel with the state */
+    FUZZ_OK(gvqPsSave(ps[k], NULL, &orig_n[k]));
+    orig[k] = malloc(orig_n[k]);
+    FUZZ_OK(gvqPsSave(ps[k], orig[k], &orig_n[k]));
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    fuzz_quiet();
+    for (int k = 0; k < NSUBJ; k++)
+        make_subject(k);
+    const char *dir = fuzz_seed_dir();
+    if (dir != NULL) {
+        for (int k = 0; k < NSUBJ; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s.state", subjects[k].name);
+            fuzz_write_seed(dir, name, (uint8_t)k, orig[k], orig_n[k]);
+            snprintf(name, sizeof name, "%s_resealed.state", subjects[k].name);
+            fuzz_write_seed(dir, name, (uint8_t)(k | FUZZ_RESEAL), orig[k], orig_n[k]);
+        }
+        exit(0);
+    }
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    int k = (data[0] & 0x7F) % NSUBJ;
+    size_t n = size - 1;
+    uint8_t *buf = malloc(n > 0 ? n : 1); /* exactly n bytes: ASan sees any over-read */
+    memcpy(buf, data + 1, n);
+    if ((data[0] & FUZZ_RESEAL) && n >= CHECKSUM_AT + 8) gvq_blob_seal(buf, n, CHECKSUM_AT);
+    gvqResult_t res = gvqPsLoad(ps[k], buf, n);
+    free(buf);
+    if (res == gvqSuccess) { /* accepted: it must work */
+        const subject_cfg_t *s = &subjects[k];
+        int64_t all[16], a[2] = {0, 3};
+        for (size_t i = 0; i < s->rows; i++)
+            all[i] = (int64_t)i;
+        double vals[16 * 3];
+        FUZZ_OK(gvqPsApply(ps[k]));
+        push(k, a, 2, 2);
+        FUZZ_OK(gvqPsApply(ps[k]));
+        FUZZ_OK(gvqPsPull(ps[k], all, vals, s->rows));
+        size_t m = 0;
+        FUZZ_OK(gvqPsSave(ps[k], NULL, &m));
+    } else if (res != gvqInvalidArgument) {
+        fprintf(stderr, "fuzz: gvqPsLoad returned %s\n", gvqGetErrorString(res));
+        abort();
+    }
+    FUZZ_OK(gvqPsLoad(ps[k], orig[k], orig_n[k]));
+    return 0;
+}
