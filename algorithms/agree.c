@@ -10,6 +10,7 @@
  * the WARN names the first rank and field that differ from this rank's.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "gvq_algo.h"
 
@@ -44,4 +45,74 @@ gvqResult_t gvq_agree_fields(gvq_coll_ctx_t *ctx, const char *fn, const int64_t 
     }
     if (table != all) free(table);
     return res;
+}
+
+/* ---- extremes: every rank learns the smallest and the largest row of all ranks ----------------
+ *
+ * Dissemination (Hensgen, Finkel, Manber): in round k every rank sends what it has seen so far to
+ * rank r + 2^k and merges what rank r - 2^k has seen, so after ceil(log2 N) rounds every rank has
+ * merged every rank's row; min and max are idempotent, so rows seen twice do no harm.
+ *
+ *   N = 4, round 0:  0 -> 1 -> 2 -> 3 -> 0     round 1:  0 -> 2, 1 -> 3, 2 -> 0, 3 -> 1
+ *
+ * Rows compare lexicographically, ties by rank, so the extremes are one (row, rank) pair each,
+ * the same on every rank. Every message has the same size, so no round can read a later one. */
+
+enum { AGREE_TAG = 3, AGREE_MAX_FIELDS = 16 }; /* 1 and 2 are gvq_transport.h's */
+
+/* Whether (a, ra) comes before (b, rb). */
+static int row_less(const int64_t *a, int ra, const int64_t *b, int rb, int n) {
+    for (int f = 0; f < n; f++)
+        if (a[f] != b[f]) return a[f] < b[f];
+    return ra < rb;
+}
+
+/* A message: [lo rank, lo row (n), hi rank, hi row (n)]; merge `in` into `have`. */
+static void merge_extremes(int64_t *have, const int64_t *in, int n) {
+    if (row_less(in + 1, (int)in[0], have + 1, (int)have[0], n))
+        for (int f = 0; f <= n; f++)
+            have[f] = in[f];
+    const int64_t *ih = in + n + 1;
+    int64_t *hh = have + n + 1;
+    if (row_less(hh + 1, (int)hh[0], ih + 1, (int)ih[0], n))
+        for (int f = 0; f <= n; f++)
+            hh[f] = ih[f];
+}
+
+gvqResult_t gvq_agree_extremes(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
+                               int *lo_rank, int64_t *hi, int *hi_rank) {
+    gvq_transport_t *t = ctx->xport;
+    int N = t->nranks, r = t->rank;
+    if (n < 1 || n > AGREE_MAX_FIELDS) return gvqInternalError;
+    size_t len = 2 * ((size_t)n + 1), bytes = len * sizeof(int64_t);
+    int64_t have[2 * (AGREE_MAX_FIELDS + 1)];
+    /* the wire on the heap: after a failure the transport may still touch it (then it is left) */
+    int64_t *out = malloc(2 * bytes), *in = out + len;
+    if (out == NULL) return gvqSystemError;
+    have[0] = have[n + 1] = r;
+    for (int f = 0; f < n; f++)
+        have[1 + f] = have[n + 2 + f] = mine[f];
+    for (int d = 1; d < N; d *= 2) {
+        gvq_req_t req[2];
+        memset(req, 0, sizeof req);
+        for (size_t f = 0; f < len; f++)
+            out[f] = have[f];
+        gvqResult_t res = t->ops->irecv(t, (r - d + N) % N, AGREE_TAG, in, bytes, &req[0]);
+        if (res == gvqSuccess) res = t->ops->isend(t, (r + d) % N, AGREE_TAG, out, bytes, &req[1]);
+        if (res == gvqSuccess) res = gvq_xport_waitall(t, req, 2, "call agreement");
+        if (res != gvqSuccess) {
+            gvq_xport_cancelall(t, req, 2);
+            if (!t->cancel_keeps_buffers) free(out);
+            return res;
+        }
+        merge_extremes(have, in, n);
+    }
+    free(out);
+    *lo_rank = (int)have[0];
+    *hi_rank = (int)have[n + 1];
+    for (int f = 0; f < n; f++) {
+        lo[f] = have[1 + f];
+        hi[f] = have[n + 2 + f];
+    }
+    return gvqSuccess;
 }

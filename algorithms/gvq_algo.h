@@ -241,6 +241,11 @@ gvqResult_t gvq_agree_i32(gvq_coll_ctx_t *ctx, int32_t *v, int n, gvqRedOp_t op)
  * alike (gvqInvalidArgument) with a WARN naming fn, the rank, the field and both values. */
 gvqResult_t gvq_agree_fields(gvq_coll_ctx_t *ctx, const char *fn, const int64_t *mine,
                              const char *const *names, int n, int64_t *all);
+/* The smallest and the largest of the ranks' rows mine[0..n) (n <= 16; compared field by field,
+ * ties by rank) with the ranks that hold them, the same on every rank: ceil(log2 N) rounds of
+ * one small message each (dissemination). Equal extremes mean every rank passed the same row. */
+gvqResult_t gvq_agree_extremes(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
+                               int *lo_rank, int64_t *hi, int *hi_rank);
 
 /* ---- PowerSGD (powersgd.c) -----------------------------------------------------------------
  * One power iteration of PowerSGD (Vogels et al. 2019) on an n x m matrix M stored row-major

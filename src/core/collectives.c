@@ -22,9 +22,19 @@ static const char *op_fn[] = {"gvqAllReduce", "gvqBroadcast", "gvqReduce", "gvqR
 
 /* ---- argument checks --------------------------------------------------------------------- */
 
+/* Whether [a, a+alen) and [b, b+blen) share a byte; by distances, which cannot wrap. */
 static int ranges_overlap(const void *a, size_t alen, const void *b, size_t blen) {
     uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return alen && blen && x < y + blen && y < x + alen;
+    if (alen == 0 || blen == 0) return 0;
+    return x <= y ? y - x < alen : x - y < blen;
+}
+
+/* A buffer of len bytes at p must fit in the address space: below its top, and within the
+ * 2^56 bytes of the largest user address space of today's 64-bit CPUs (x86-64 with 5-level
+ * paging), so that a count near SIZE_MAX is refused, not run. */
+#define GVQ_MAX_BUFFER_BYTES ((uint64_t)1 << 56)
+static int buffer_wraps(const void *p, size_t len) {
+    return (uint64_t)len > GVQ_MAX_BUFFER_BYTES || (uintptr_t)p > UINTPTR_MAX - len;
 }
 
 /* Bytes this rank reads from sendbuff and writes to recvbuff. */
@@ -64,11 +74,7 @@ static void op_lengths(const gvq_op_t *o, size_t *slen, size_t *rlen) {
 
 static gvqResult_t check_op(const gvq_op_t *o) {
     const char *fn = op_fn[o->kind];
-    if (!gvq_comm_is_live(o->comm)) {
-        GVQ_WARN("%s: comm %p is %s", fn, (void *)o->comm,
-                 o->comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
-        return gvqInvalidArgument;
-    }
+    if (!gvq_comm_is_live(o->comm)) return gvq_comm_refuse_dead(o->comm, fn);
     int n = o->comm->nranks, r = o->comm->rank;
     if (!gvq_dtype_valid((int)o->dtype)) {
         GVQ_WARN("%s: invalid datatype %d", fn, (int)o->dtype);
@@ -107,6 +113,14 @@ static gvqResult_t check_op(const gvq_op_t *o) {
         GVQ_WARN("%s: recvbuff is NULL with count %zu", fn, o->count);
         return gvqInvalidArgument;
     }
+    int swraps = slen && buffer_wraps(o->sendbuff, slen);
+    if (swraps || (rlen && buffer_wraps(o->recvbuff, rlen))) {
+        GVQ_WARN("%s: count %zu of %s: %s (%zu bytes from %p) runs past the end of the address "
+                 "space",
+                 fn, o->count, gvq_dtype_name(o->dtype), swraps ? "sendbuff" : "recvbuff",
+                 swraps ? slen : rlen, swraps ? o->sendbuff : (const void *)o->recvbuff);
+        return gvqInvalidArgument;
+    }
     if (slen && rlen) {
         /* the in-place position NCCL defines for each call; any other overlap is refused */
         const char *inplace = (const char *)o->recvbuff;
@@ -119,6 +133,38 @@ static gvqResult_t check_op(const gvq_op_t *o) {
         }
     }
     return gvqSuccess;
+}
+
+/* ---- signatures ------------------------------------------------------------------------------
+ * Before a collective moves data, the ranks agree on its signature (signature.c): a call whose
+ * arguments differ between the ranks fails on every rank, naming both sides. A rank that refuses
+ * its own arguments still takes part (with its refusal), so the others fail at once. */
+
+static gvq_call_sig_t op_signature(const gvq_op_t *o, gvqResult_t refused) {
+    int reduces =
+        o->kind == GVQ_OP_ALLREDUCE || o->kind == GVQ_OP_REDUCE || o->kind == GVQ_OP_REDUCE_SCATTER;
+    int rooted = o->kind == GVQ_OP_BROADCAST || o->kind == GVQ_OP_REDUCE;
+    return (gvq_call_sig_t){.kind = (gvq_sig_kind_t)o->kind, /* the same order */
+                            .count = o->count,
+                            .dtype = (int)o->dtype,
+                            .op = reduces ? (int)o->op : -1,
+                            .root = rooted ? o->root : -1,
+                            .identity = 0,
+                            .refused = refused};
+}
+
+static int is_collective(const gvq_op_t *o) {
+    return o->kind != GVQ_OP_SEND && o->kind != GVQ_OP_RECV;
+}
+
+/* A collective this rank refused (res) takes part in the agreement when its communicator can
+ * carry it (live, not aborted, not broken), so that the other ranks' calls fail at once. */
+static void refuse_together(const gvq_op_t *o, gvqResult_t res) {
+    if (!is_collective(o) || !gvq_comm_is_live(o->comm)) return;
+    if (gvq_comm_enter(o->comm, op_fn[o->kind]) != gvqSuccess) return;
+    gvq_call_sig_t sig = op_signature(o, res);
+    (void)gvq_call_agree(o->comm, op_fn[o->kind], &sig);
+    gvq_comm_leave(o->comm);
 }
 
 /* ---- execution --------------------------------------------------------------------------- */
@@ -221,7 +267,9 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
             continue;
         }
         GVQCHECK(gvq_comm_enter(ops[i].comm, op_fn[ops[i].kind]));
-        res = run_collective_any(&ops[i]);
+        gvq_call_sig_t sig = op_signature(&ops[i], gvqSuccess);
+        res = gvq_call_agree(ops[i].comm, op_fn[ops[i].kind], &sig);
+        if (res == gvqSuccess) res = run_collective_any(&ops[i]);
         gvq_comm_leave(ops[i].comm);
         GVQCHECK(res);
     }
@@ -275,7 +323,10 @@ static gvqResult_t submit(const gvq_op_t *o) {
     gvq_group_t *g = gvq_group_self();
     gvqResult_t res = check_op(o);
     if (res != gvqSuccess) {
-        if (g->depth > 0) gvq_group_refuse(g, res);
+        if (g->depth > 0)
+            gvq_group_refuse(g, res);
+        else
+            refuse_together(o, res);
         return res;
     }
     return g->depth == 0 ? run_batch(o, 1) : gvq_group_push(g, o);
@@ -296,9 +347,15 @@ GVQ_API gvqResult_t gvqGroupEnd(void) {
     }
     if (--g->depth > 0) return gvqSuccess;
     gvqResult_t res = g->error;
-    if (res != gvqSuccess) /* repeat the refused call's facts: they are the reason */
+    if (res != gvqSuccess) { /* repeat the refused call's facts: they are the reason */
+        /* the other ranks stop at the group's first collective when this rank refuses it */
+        for (size_t i = 0; i < g->n; i++)
+            if (is_collective(&g->ops[i])) {
+                refuse_together(&g->ops[i], res);
+                break;
+            }
         GVQ_WARN("gvqGroupEnd: nothing of the group ran; a call was refused: %s", g->error_text);
-    else
+    } else
         res = run_batch(g->ops, g->n);
     gvq_group_clear(g); /* thread-local: nothing else would free it when the thread ends */
     return res;

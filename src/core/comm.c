@@ -17,19 +17,55 @@
 /* ---- registry of live communicators ------------------------------------------------------ */
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
+static uint64_t last_serial; /* under live's lock */
+
+/* The addresses of the most recently aborted communicators (under live's lock), so that a call
+ * on one is refused as misuse (gvqInvalidUsage, the README's promise) rather than as an unknown
+ * handle. An address leaves the list when a new communicator is made there. */
+enum { ABORTED_KEPT = 256 };
+static const void *aborted[ABORTED_KEPT];
+static unsigned naborted;
+
+static int aborted_find_locked(const void *h) {
+    for (unsigned i = 0; i < ABORTED_KEPT && h != NULL; i++)
+        if (aborted[i] == h) return (int)i;
+    return -1;
+}
 
 int gvq_comm_is_live(gvqComm_t comm) {
     return gvq_handles_live(&live, comm);
 }
 
+int gvq_comm_is_serial(gvqComm_t comm, uint64_t serial) {
+    gvq_handles_lock(&live);
+    int ok = gvq_handles_find_locked(&live, comm) >= 0 && comm->serial == serial;
+    gvq_handles_unlock(&live);
+    return ok;
+}
+
+int gvq_comm_was_aborted(gvqComm_t comm) {
+    gvq_handles_lock(&live);
+    int was = aborted_find_locked(comm) >= 0;
+    gvq_handles_unlock(&live);
+    return was;
+}
+
+/* The refusal of a comm that is not live: misuse when it was aborted, else a bad argument. */
+gvqResult_t gvq_comm_refuse_dead(gvqComm_t comm, const char *fn) {
+    if (gvq_comm_was_aborted(comm)) {
+        GVQ_WARN("%s: comm %p was aborted (gvqCommAbort); make a new communicator", fn,
+                 (void *)comm);
+        return gvqInvalidUsage;
+    }
+    GVQ_WARN("%s: comm %p is %s", fn, (void *)comm,
+             comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
+    return gvqInvalidArgument;
+}
+
 /* The entry check of calls that are not queued by groups (compressed allreduce, sparse, PS):
  * comm must be live, and with no_group the caller must not be inside gvqGroupStart/End. */
 gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group) {
-    if (!gvq_comm_is_live(comm)) {
-        GVQ_WARN("%s: comm %p is %s", fn, (void *)comm,
-                 comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
-        return gvqInvalidArgument;
-    }
+    if (!gvq_comm_is_live(comm)) return gvq_comm_refuse_dead(comm, fn);
     if (no_group && gvq_group_active()) {
         GVQ_WARN("%s: not allowed inside gvqGroupStart/gvqGroupEnd", fn);
         return gvqInvalidUsage;
@@ -40,11 +76,11 @@ gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group) {
 /* Enter a call on comm: it must be live, not aborted and not broken. */
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     gvqResult_t res = gvqSuccess;
+    if (!gvq_comm_is_live(comm)) return gvq_comm_refuse_dead(comm, fn);
     gvq_handles_lock(&live);
     if (gvq_handles_find_locked(&live, comm) < 0) {
-        GVQ_WARN("%s: comm %p is %s", fn, (void *)comm,
-                 comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
-        res = gvqInvalidArgument;
+        res = gvqInvalidArgument; /* destroyed by another thread just now */
+        GVQ_WARN("%s: comm %p is not a live communicator (destroyed?)", fn, (void *)comm);
     } else if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
         GVQ_WARN("%s: the communicator was aborted", fn);
         res = gvqInvalidUsage;
@@ -127,6 +163,11 @@ gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, c
     xport->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
     xport->abort_flag = &c->abort_flag;
     xport->broken = &c->broken;
+    gvq_handles_lock(&live);
+    c->serial = ++last_serial;
+    int was = aborted_find_locked(c); /* a new communicator at an aborted one's address */
+    if (was >= 0) aborted[was] = NULL;
+    gvq_handles_unlock(&live);
     if ((res = gvq_handles_add(&live, c)) != gvqSuccess) {
         xport->ops->destroy(xport);
         free(c);
@@ -165,6 +206,16 @@ gvqResult_t gvq_comm_attach(gvqComm_t c, const void *key, void *state, gvq_comm_
     *a = (struct gvq_comm_attachment){c->attached, key, state, detach};
     c->attached = a;
     return gvqSuccess;
+}
+
+void gvq_comm_detach(gvqComm_t c, const void *key) {
+    for (struct gvq_comm_attachment **p = &c->attached; *p != NULL; p = &(*p)->next)
+        if ((*p)->key == key) {
+            struct gvq_comm_attachment *a = *p;
+            *p = a->next;
+            free(a);
+            return;
+        }
 }
 
 void *gvq_comm_attached(gvqComm_t c, const void *key) {
@@ -293,8 +344,9 @@ GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUnique
         wranks[r] = all[r].world_rank;
     }
     gvq_transport_t *t = NULL;
-    GVQCHECKGOTO(gvq_mpi_transport_from_world(wranks, nranks, rank, (int)(nonce % 32768u), &t), res,
-                 out_free);
+    GVQCHECKGOTO(gvq_mpi_transport_from_world_timed(wranks, nranks, rank, (int)(nonce % 32768u),
+                                                    (uint64_t)timeout_ms * 1000000ull, &t),
+                 res, out_free);
     GVQCHECKGOTO(gvq_comm_create(t, config, "gvqCommInitRank", comm), res, out_free);
     uint64_t *keys = calloc((size_t)nranks, sizeof *keys);
     if (keys != NULL) { /* without them, gvq_comm_hosts exchanges the keys on first use */
@@ -380,7 +432,7 @@ static void comm_free(gvqComm_t c) {
 GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm) {
     if (!gvq_handles_remove(&live, comm)) {
         GVQ_WARN("gvqCommDestroy: comm %p is %s", (void *)comm,
-                 comm == NULL ? "NULL" : "not a live communicator (destroyed twice?)");
+                 comm == NULL ? "NULL" : "not a live communicator (destroyed or aborted already?)");
         return gvqInvalidArgument;
     }
     comm_free(comm);
@@ -393,11 +445,12 @@ GVQ_API gvqResult_t gvqCommAbort(gvqComm_t comm) {
     if (i >= 0) {
         __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
         gvq_handles_remove_locked(&live, i);
+        aborted[naborted++ % ABORTED_KEPT] = comm;
     }
     gvq_handles_unlock(&live);
     if (i < 0) {
         GVQ_WARN("gvqCommAbort: comm %p is %s", (void *)comm,
-                 comm == NULL ? "NULL" : "not a live communicator (destroyed?)");
+                 comm == NULL ? "NULL" : "not a live communicator (destroyed or aborted?)");
         return gvqInvalidArgument;
     }
     GVQ_INFO("gvqCommAbort: comm %p rank %d aborted", (void *)comm, comm->rank);
@@ -409,6 +462,7 @@ GVQ_API gvqResult_t gvqCommAbort(gvqComm_t comm) {
 /* ---- queries ----------------------------------------------------------------------------- */
 
 GVQ_API gvqResult_t gvqCommCount(const gvqComm_t comm, int *count) {
+    if (gvq_comm_was_aborted(comm)) return gvq_comm_refuse_dead(comm, "gvqCommCount");
     if (!gvq_comm_is_live(comm) || count == NULL) {
         GVQ_WARN("gvqCommCount: %s",
                  count == NULL ? "count is NULL" : "comm is not a live communicator");
@@ -419,6 +473,7 @@ GVQ_API gvqResult_t gvqCommCount(const gvqComm_t comm, int *count) {
 }
 
 GVQ_API gvqResult_t gvqCommUserRank(const gvqComm_t comm, int *rank) {
+    if (gvq_comm_was_aborted(comm)) return gvq_comm_refuse_dead(comm, "gvqCommUserRank");
     if (!gvq_comm_is_live(comm) || rank == NULL) {
         GVQ_WARN("gvqCommUserRank: %s",
                  rank == NULL ? "rank is NULL" : "comm is not a live communicator");
@@ -429,6 +484,7 @@ GVQ_API gvqResult_t gvqCommUserRank(const gvqComm_t comm, int *rank) {
 }
 
 GVQ_API gvqResult_t gvqCommGetAsyncError(gvqComm_t comm, gvqResult_t *asyncError) {
+    if (gvq_comm_was_aborted(comm)) return gvq_comm_refuse_dead(comm, "gvqCommGetAsyncError");
     if (!gvq_comm_is_live(comm) || asyncError == NULL) {
         GVQ_WARN("gvqCommGetAsyncError: %s",
                  asyncError == NULL ? "asyncError is NULL" : "comm is not a live communicator");

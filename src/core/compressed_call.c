@@ -338,7 +338,26 @@ static gvqResult_t check_call(const void *sendbuff, void *recvbuff, size_t count
         GVQ_WARN("%s: recvbuff overlaps sendbuff but is not in place", fn);
         return gvqInvalidArgument;
     }
-    return gvq_comm_check(comm, fn, 1); /* live, and not inside a group */
+    return gvqSuccess;
+}
+
+/* The call's signature (gvq_call_agree, signature.c): what every rank must pass alike, the
+ * compressor's config among it; refused: this rank's own refusal of its arguments. */
+static gvq_call_sig_t call_sig(size_t count, gvqRedOp_t op, gvqCompressor_t compressor,
+                               gvqResult_t refused) {
+    uint64_t identity = refused == gvqSuccess ? gvq_compressor_identity(compressor) : 0;
+    return (gvq_call_sig_t){GVQ_SIG_COMPRESSED, count, gvqFloat32, (int)op, -1, identity, refused};
+}
+
+/* A call this rank refused takes part in the agreement when the communicator can carry it, so
+ * that the other ranks fail at once instead of waiting out the timeout. */
+static void refuse_together(gvqComm_t comm, const char *fn, size_t count, gvqRedOp_t op,
+                            gvqResult_t res) {
+    if (!gvq_comm_is_live(comm) || gvq_group_active()) return;
+    if (gvq_comm_enter(comm, fn) != gvqSuccess) return;
+    gvq_call_sig_t sig = call_sig(count, op, NULL, res);
+    (void)gvq_call_agree(comm, fn, &sig);
+    gvq_comm_leave(comm);
 }
 
 GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
@@ -346,8 +365,19 @@ GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff,
                                            gvqCompressor_t compressor, gvqComm_t comm,
                                            gvqStream_t stream) {
     const char *fn = "gvqAllReduceCompressed";
-    GVQCHECK(check_call(sendbuff, recvbuff, count, datatype, op, compressor, comm));
+    gvqResult_t bad = check_call(sendbuff, recvbuff, count, datatype, op, compressor, comm);
+    if (bad != gvqSuccess) {
+        refuse_together(comm, fn, count, op, bad);
+        return bad;
+    }
+    GVQCHECK(gvq_comm_check(comm, fn, 1)); /* live, and not inside a group */
     GVQCHECK(gvq_comm_enter(comm, fn));
+    gvq_call_sig_t sig = call_sig(count, op, compressor, gvqSuccess);
+    gvqResult_t agreed = gvq_call_agree(comm, fn, &sig);
+    if (agreed != gvqSuccess) {
+        gvq_comm_leave(comm);
+        return agreed;
+    }
     const gvq_device_ops_t *sdev = gvq_device_of(sendbuff), *rdev = gvq_device_of(recvbuff);
     const gvq_device_ops_t *dev = sdev != &gvq_host_device ? sdev : rdev;
     staged_call_t sc = {compressor, op};

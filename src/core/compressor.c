@@ -21,8 +21,34 @@
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
 
+/* A compressor outlives neither its communicator's memory nor its meaning: when the
+ * communicator is destroyed or aborted, the attachment below orphans it (comm = NULL), and every
+ * call but gvqCompressorDestroy refuses it. */
 int gvq_compressor_live(gvqCompressor_t c) {
-    return gvq_handles_live(&live, c);
+    gvq_handles_lock(&live);
+    int found = gvq_handles_find_locked(&live, c) >= 0, orphaned = found && c->comm == NULL;
+    gvq_handles_unlock(&live);
+    if (orphaned)
+        GVQ_WARN("compressor %p: its communicator was destroyed or aborted; only "
+                 "gvqCompressorDestroy may still be called",
+                 (void *)c);
+    return found && !orphaned;
+}
+
+static void orphan(void *state) {
+    gvqCompressor_t c = state;
+    gvq_handles_lock(&live);
+    c->comm = NULL;
+    gvq_handles_unlock(&live);
+}
+
+uint64_t gvq_compressor_identity(gvqCompressor_t c) {
+    const unsigned char *b = (const unsigned char *)&c->cfg; /* no padding: see its assert */
+    uint64_t h = 0xcbf29ce484222325ull;                      /* FNV-1a */
+    for (size_t i = 0; i < sizeof c->cfg; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    h = (h ^ (uint64_t)(uint32_t)c->tensor_index) * 0x100000001b3ull;
+    return h != 0 ? h : 1;
 }
 
 void gvq_compressor_set_reason(gvqCompressor_t c, const char *why) {
@@ -161,10 +187,7 @@ GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
         GVQ_WARN("gvqCompressorCreate: compressor is NULL");
         return gvqInvalidArgument;
     }
-    if (!gvq_comm_is_live(comm)) {
-        GVQ_WARN("gvqCompressorCreate: comm %p is not a live communicator", (void *)comm);
-        return gvqInvalidArgument;
-    }
+    if (!gvq_comm_is_live(comm)) return gvq_comm_refuse_dead(comm, "gvqCompressorCreate");
     if (count == 0 || count > ((size_t)1 << 40)) {
         GVQ_WARN("gvqCompressorCreate: count %zu must be in [1, 2^40]", count);
         return gvqInvalidArgument;
@@ -181,7 +204,9 @@ GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
     lay_out(c);
     gvqResult_t res = start_schedule(c);
     if (res == gvqSuccess) res = alloc_buffers(c);
-    if (res == gvqSuccess) res = gvq_handles_add(&live, c);
+    if (res == gvqSuccess) res = gvq_comm_attach(comm, c, c, orphan);
+    if (res == gvqSuccess && (res = gvq_handles_add(&live, c)) != gvqSuccess)
+        gvq_comm_detach(comm, c);
     if (res != gvqSuccess) {
         compressor_free(c);
         return res;
@@ -198,6 +223,7 @@ GVQ_API gvqResult_t gvqCompressorDestroy(gvqCompressor_t c) {
         GVQ_WARN("gvqCompressorDestroy: %p is not a live compressor", (void *)c);
         return gvqInvalidArgument;
     }
+    if (c->comm != NULL) gvq_comm_detach(c->comm, c); /* NULL: the communicator went first */
     compressor_free(c);
     return gvqSuccess;
 }

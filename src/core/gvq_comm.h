@@ -25,6 +25,8 @@ struct gvqComm {
     int ntensors;      /* compressors created so far: spreads the fits over the ranks */
     struct gvq_comm_attachment *attached; /* state of layers above (gvq_comm_attach) */
     uint64_t *host_keys;                  /* every rank's gvq_host_key (NULL: not exchanged yet) */
+    uint64_t calls;  /* collective calls agreed on so far (signature.c): the next call's number */
+    uint64_t serial; /* unique among the communicators of this process (handles outlive comms) */
     /* CUDA buffers (comm_nccl.c): a NCCL communicator made on the first collective on CUDA
      * buffers (gvq_nccl_t, builds with GVQ_WITH_NCCL); nccl_state 0: not tried yet, 1: ready,
      * -1: unavailable, CUDA buffers are staged through host memory */
@@ -91,11 +93,57 @@ gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, c
 /* Check that comm is a live communicator, for argument checks (never dereferences a dangling
  * pointer). */
 int gvq_comm_is_live(gvqComm_t comm);
+/* Whether comm is live and still the communicator numbered serial (comm->serial when a handle
+ * was made on it): false once it was destroyed or aborted, even if a new communicator has
+ * since been allocated at the same address. */
+int gvq_comm_is_serial(gvqComm_t comm, uint64_t serial);
+/* Whether comm was aborted (and not reused since): its calls are refused with gvqInvalidUsage. */
+int gvq_comm_was_aborted(gvqComm_t comm);
+/* The refusal of a comm that is not live, with its WARN naming fn: gvqInvalidUsage when it was
+ * aborted (the README's promise), gvqInvalidArgument otherwise (NULL, destroyed, never made). */
+gvqResult_t gvq_comm_refuse_dead(gvqComm_t comm, const char *fn);
+/* Forget the attachment of key (its owner is gone first); no-op when there is none. */
+void gvq_comm_detach(gvqComm_t comm, const void *key);
 
 /* Enter a call on comm (it must be live, not aborted, not broken) and leave it. A communicator
  * is freed only when no call is inside. */
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn);
 void gvq_comm_leave(gvqComm_t comm);
+
+/* ---- call signatures (signature.c) ---------------------------------------------------------
+ * Every collective call agrees on its signature with the other ranks before any data moves
+ * (gvq_agree_extremes: ceil(log2 N) small messages), so that a call whose arguments differ
+ * between ranks fails on every rank with a WARN naming both sides, never pairs with another
+ * rank's different call and never leaves a message for the next call. */
+typedef enum {
+    GVQ_SIG_ALLREDUCE,
+    GVQ_SIG_BROADCAST,
+    GVQ_SIG_REDUCE,
+    GVQ_SIG_REDUCE_SCATTER,
+    GVQ_SIG_ALLGATHER,
+    GVQ_SIG_COMPRESSED /* gvqAllReduceCompressed; identity: gvq_compressor_identity */
+} gvq_sig_kind_t;
+
+typedef struct {
+    gvq_sig_kind_t kind;
+    size_t count;
+    int dtype;           /* -1: none */
+    int op;              /* -1: none (broadcast, allgather) */
+    int root;            /* -1: none (all but broadcast and reduce) */
+    uint64_t identity;   /* what else defines the call (a compressor's config); 0: nothing */
+    gvqResult_t refused; /* this rank's own refusal of its arguments, gvqSuccess if none */
+} gvq_call_sig_t;
+
+/* Agree on sig with every rank (the caller has entered comm; no-op on one rank). Returns
+ * gvqSuccess when every rank passed the same signature. Otherwise, on every rank, a WARN naming
+ * fn, the two ranks and both calls, and: sig->refused on a rank that refused its own call;
+ * gvqInvalidArgument when the ranks' arguments differ (the communicator stays usable, no data
+ * moved); gvqInvalidUsage when the ranks are out of step (different call numbers: one rank
+ * skipped a call), which also breaks the communicator. */
+gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig);
+/* A compressor's identity for its call signature: a hash of its config and creation order
+ * (compressor.c), the same on every rank for the same tensor's compressor. */
+uint64_t gvq_compressor_identity(gvqCompressor_t c);
 
 /* Whether the calling thread is inside gvqGroupStart/gvqGroupEnd (group.c). */
 int gvq_group_active(void);

@@ -22,8 +22,25 @@
 /* The live handles, so that a destroyed one is refused without reading freed memory. */
 static gvq_handles_t live_servers = GVQ_HANDLES_INITIALIZER;
 
+/* A server whose communicator was destroyed or aborted is orphaned (comm = NULL, by the
+ * attachment below): every call but gvqPsDestroy refuses it. */
 int gvq_ps_live(gvqPs_t ps) {
-    return gvq_handles_live(&live_servers, ps);
+    gvq_handles_lock(&live_servers);
+    int found = gvq_handles_find_locked(&live_servers, ps) >= 0,
+        orphaned = found && ps->comm == NULL;
+    gvq_handles_unlock(&live_servers);
+    if (orphaned)
+        GVQ_WARN("parameter server %p: its communicator was destroyed or aborted; only "
+                 "gvqPsDestroy may still be called",
+                 (void *)ps);
+    return found && !orphaned;
+}
+
+static void orphan(void *state) {
+    gvqPs_t ps = state;
+    gvq_handles_lock(&live_servers);
+    ps->comm = NULL;
+    gvq_handles_unlock(&live_servers);
 }
 
 /* ---- config ------------------------------------------------------------------------------- */
@@ -260,7 +277,11 @@ GVQ_API gvqResult_t gvqPsCreate(gvqComm_t comm, size_t rows, size_t dim, gvqData
     GVQCHECKGOTO(join_ranks(fn, ps), res, err_free_ps);
     init_stats(ps);
     ps->magic = GVQ_PS_MAGIC;
-    GVQCHECKGOTO(gvq_handles_add(&live_servers, ps), res, err_free_ps);
+    GVQCHECKGOTO(gvq_comm_attach(comm, ps, ps, orphan), res, err_free_ps);
+    if ((res = gvq_handles_add(&live_servers, ps)) != gvqSuccess) {
+        gvq_comm_detach(comm, ps);
+        goto err_free_ps;
+    }
     *out = ps;
     GVQ_INFO("%s: %zu x %zu %s, %d partitions (%s), rule %d; %zu rows here, %d host(s)", fn, rows,
              dim, gvq_dtype_name(datatype), cfg.partitions,
@@ -277,6 +298,7 @@ GVQ_API gvqResult_t gvqPsDestroy(gvqPs_t ps) {
         GVQ_WARN("gvqPsDestroy: ps is %s", ps == NULL ? "NULL" : "not a live parameter server");
         return gvqInvalidArgument;
     }
+    if (ps->comm != NULL) gvq_comm_detach(ps->comm, ps); /* NULL: the communicator went first */
     ps_free(ps);
     return gvqSuccess;
 }

@@ -84,8 +84,13 @@ gvqResult_t gvq_inproc_transport_create(void *world, int rank, gvq_transport_t *
 
 /* The MPI transport (mpi.c). */
 gvqResult_t gvq_mpi_ensure_init(int *world_rank, int *world_size);
+/* The communicator's MPI side, made with MPI_Comm_create_group by the members only; with
+ * MPI_THREAD_MULTIPLE bounded by timeout_ns (gvqTimeout past it). The untimed form uses
+ * GVQ_TIMEOUT_MS. */
 gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int rank, int tag,
                                          gvq_transport_t **t);
+gvqResult_t gvq_mpi_transport_from_world_timed(const int *world_ranks, int nranks, int rank,
+                                               int tag, uint64_t timeout_ns, gvq_transport_t **t);
 /* A transport on a duplicate of *(MPI_Comm *)mpi_comm (collective over that communicator). */
 gvqResult_t gvq_mpi_transport_dup(const void *mpi_comm, gvq_transport_t **t);
 

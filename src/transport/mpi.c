@@ -3,12 +3,40 @@
  * (a duplicate, or one made from the bootstrap's table with MPI_Comm_create_group, which only
  * the member ranks call). Errors return (MPI_ERRORS_RETURN) and become gvqRemoteError.
  *
- * If the program did not initialize MPI, gvq does (MPI_THREAD_MULTIPLE) and finalizes it at
- * exit.
+ * gvq does not trust MPI to bound a transfer or to give a buffer back after a failure (with
+ * Open MPI's shared-memory single copy, a message larger than its receive is copied past the
+ * receive's end, and a send or receive pending when a call gave up still reads or writes its
+ * buffer when the peer resumes). So the caller's memory is touched only while a call runs:
+ *
+ *   receive   irecv posts nothing. test finds the message (MPI_Improbe, receives of one peer
+ *             and tag matched in the order posted) and checks its size; only an exact size is
+ *             received into the caller's buffer (MPI_Imrecv), a wrong one is drained into a
+ *             buffer of its own and fails the receive with gvqRemoteError, naming both sizes.
+ *   send      the bytes are copied into a buffer of the transport (staged) and sent from there.
+ *   failure   cancel forgets a receive still waiting for its message (nothing was posted), and
+ *             quarantines what MPI still holds -- sends with their staged copies, drains, and a
+ *             receive matched but not finished within a grace period -- until the process ends.
+ *             The MPI communicator of a failed transport is never freed, so Open MPI cannot
+ *             hand its context id to a new communicator, whose receives would match the late
+ *             messages.
+ *
+ *     isend: copy -> stage ----MPI_Isend----> peer        (stage quarantined if pending at cancel)
+ *     irecv: (nothing) ... test: MPI_Improbe -> size ok?  -> MPI_Imrecv into the caller's buffer
+ *                                                 wrong? -> drain, gvqRemoteError
+ *
+ * If the program did not initialize MPI, gvq does, once (MPI_THREAD_MULTIPLE), and finalizes it
+ * at exit; after a communicator failed, that finalization is bounded by the communicator's
+ * timeout (a peer that never reaches MPI_Finalize would hold it forever), past which the process
+ * leaves with its exit status without finalizing.
  */
+#define _DEFAULT_SOURCE /* on_exit: the exit status for a bounded finalization */
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "gvq_transport.h"
 
@@ -24,26 +52,98 @@
         }                                                         \
     } while (0)
 
-enum { REQ_SEND = 1, REQ_RECV = 2, REQ_COLL = 3 };
+/* What one request is doing. */
+typedef enum {
+    OP_SEND,      /* MPI_Isend from buf, the staged copy */
+    OP_RECV_WAIT, /* waiting for its message: nothing posted in MPI, in the probe queue */
+    OP_RECV_DATA, /* matched, MPI_Imrecv into the caller's buffer */
+    OP_RECV_BAD,  /* matched a message of the wrong size (drained): fails when tested */
+    OP_DRAIN,     /* quarantined: MPI_Imrecv of a wrong-size message into buf, its own */
+    OP_COLL       /* the native allgatherv */
+} op_kind_t;
+
+/* The transport's state of one request (gvq_req_t.handle[0] points at it). */
+typedef struct mpi_op {
+    struct mpi_op *next; /* probe queue, free list or quarantine */
+    op_kind_t kind;
+    int peer, tag;
+    void *buf;   /* receive: the caller's buffer */
+    void *stage; /* send: the staged copy; drain: the message (cap bytes, owned by the op) */
+    size_t cap;
+    size_t bytes; /* expected (receive) or sent */
+    int got;      /* OP_RECV_BAD: the message's size */
+    MPI_Request r;
+} mpi_op_t;
 
 typedef struct {
     MPI_Comm comm;
-    int *coll_counts; /* 2 x nranks ints: counts, displacements of the native allgatherv, which */
-                      /* MPI reads until the request completes */
+    int *coll_counts;   /* 2 x nranks ints: counts, displacements of the native allgatherv, */
+                        /* which MPI reads until the request completes */
+    mpi_op_t *waiting;  /* receives waiting for their message, oldest first */
+    mpi_op_t *free_ops; /* recycled ops, with their staged copies */
+    int failed;         /* a request was given up: the communicator is quarantined */
 } mpi_impl_t;
 
-static int gvq_started_mpi;
+/* ---- process state: MPI start and end, the quarantine -------------------------------------- */
 
-static void mpi_finalize_at_exit(void) {
+static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
+static int gvq_started_mpi;    /* under mpi_lock */
+static mpi_op_t *quarantine;   /* under mpi_lock: what MPI may still touch, never freed */
+static int any_failed;         /* under mpi_lock: a gvq communicator gave up on transfers */
+static uint64_t exit_bound_ns; /* under mpi_lock: the longest timeout of those communicators */
+
+static void quarantine_add(gvq_transport_t *t, mpi_op_t *op) {
+    pthread_mutex_lock(&mpi_lock);
+    op->next = quarantine;
+    quarantine = op;
+    pthread_mutex_unlock(&mpi_lock);
+    ((mpi_impl_t *)t->impl)->failed = 1;
+}
+
+static void note_failure(gvq_transport_t *t) {
+    pthread_mutex_lock(&mpi_lock);
+    any_failed = 1;
+    if (t->timeout_ns > exit_bound_ns) exit_bound_ns = t->timeout_ns;
+    pthread_mutex_unlock(&mpi_lock);
+    ((mpi_impl_t *)t->impl)->failed = 1;
+}
+
+static void *exit_watchdog(void *arg) {
+    uint64_t ns = exit_bound_ns;
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+    GVQ_WARN("MPI_Finalize at exit did not return within %llu ms after a communicator failed "
+             "(a peer is gone or stuck); leaving without it",
+             (unsigned long long)(ns / 1000000ull));
+    _exit((int)(intptr_t)arg);
+}
+
+/* At exit, gvq finalizes the MPI it started. After a failure a peer may never come to
+ * MPI_Finalize (it synchronizes the job), so then the wait is bounded by the longest timeout of
+ * the failed communicators (none when that is 0: wait forever, as the user asked). */
+static void mpi_finalize_at_exit(int status, void *arg) {
+    (void)arg;
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin) MPI_Finalize();
+    if (fin) return;
+    if (any_failed && exit_bound_ns > 0) {
+        pthread_t th;
+        GVQ_INFO("finalizing MPI after a communicator failed (bounded: %llu ms)",
+                 (unsigned long long)(exit_bound_ns / 1000000ull));
+        if (pthread_create(&th, NULL, exit_watchdog, (void *)(intptr_t)status) == 0)
+            pthread_detach(th);
+    }
+    MPI_Finalize();
 }
 
 gvqResult_t gvq_mpi_ensure_init(int *world_rank, int *world_size) {
     int inited = 0, fin = 0;
+    /* once per process: two threads may get here at once before MPI is initialized */
+    pthread_mutex_lock(&mpi_lock);
     MPI_Finalized(&fin);
     if (fin) {
+        pthread_mutex_unlock(&mpi_lock);
         GVQ_WARN("MPI was already finalized; gvq needs it for its transport");
         return gvqInvalidUsage;
     }
@@ -51,110 +151,316 @@ gvqResult_t gvq_mpi_ensure_init(int *world_rank, int *world_size) {
     if (!inited) {
         int provided = 0;
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+            pthread_mutex_unlock(&mpi_lock);
             GVQ_WARN("MPI_Init_thread failed");
             return gvqSystemError;
         }
         gvq_started_mpi = 1;
-        atexit(mpi_finalize_at_exit);
+        on_exit(mpi_finalize_at_exit, NULL);
         GVQ_INFO("gvq initialized MPI (thread level %d)", provided);
-    } else {
+    } else if (!gvq_started_mpi) {
         int level = 0;
         MPI_Query_thread(&level);
         if (level < MPI_THREAD_SERIALIZED)
             GVQ_INFO("MPI thread level %d: call gvq from the thread that initialized MPI", level);
     }
+    pthread_mutex_unlock(&mpi_lock);
     MPICHECK(MPI_Comm_rank(MPI_COMM_WORLD, world_rank), "MPI init");
     MPICHECK(MPI_Comm_size(MPI_COMM_WORLD, world_size), "MPI init");
     return gvqSuccess;
 }
 
-/* Post one nonblocking send or receive of `bytes` raw bytes and fill req. */
-static gvqResult_t mpi_post(gvq_transport_t *t, int send, int peer, int tag, void *buf,
-                            size_t bytes, gvq_req_t *req) {
-    mpi_impl_t *m = t->impl;
-    MPI_Request r;
+/* ---- requests ------------------------------------------------------------------------------ */
+
+static mpi_op_t *op_get(mpi_impl_t *m) {
+    mpi_op_t *op = m->free_ops;
+    if (op != NULL) {
+        m->free_ops = op->next;
+    } else if ((op = calloc(1, sizeof *op)) == NULL) {
+        return NULL;
+    }
+    op->next = NULL;
+    op->r = MPI_REQUEST_NULL;
+    return op;
+}
+
+static void op_put(mpi_impl_t *m, mpi_op_t *op) {
+    op->buf = NULL;
+    op->next = m->free_ops;
+    m->free_ops = op;
+}
+
+static void op_free_all(mpi_op_t *op) {
+    while (op != NULL) {
+        mpi_op_t *next = op->next;
+        free(op->stage);
+        free(op);
+        op = next;
+    }
+}
+
+static mpi_op_t *req_op(const gvq_req_t *req) {
+    mpi_op_t *op;
+    memcpy(&op, req->handle, sizeof op);
+    return op;
+}
+
+static void req_fill(gvq_req_t *req, mpi_op_t *op, int peer, size_t bytes) {
+    memset(req->handle, 0, sizeof req->handle);
+    memcpy(req->handle, &op, sizeof op);
+    req->peer = peer;
+    req->bytes = bytes;
+    req->active = 1;
+}
+
+static gvqResult_t check_size(size_t bytes) {
     if (bytes > INT_MAX) {
         GVQ_WARN("mpi transport: a %zu-byte message exceeds one MPI message", bytes);
         return gvqInternalError;
     }
-    if (send)
-        MPICHECK(MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm, &r), "mpi send");
-    else
-        MPICHECK(MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm, &r), "mpi recv");
-    memcpy(req->handle, &r, sizeof r);
-    req->handle[1] = send ? REQ_SEND : REQ_RECV;
-    req->peer = peer;
-    req->bytes = bytes;
-    req->active = 1;
     return gvqSuccess;
 }
 
 static gvqResult_t mpi_isend(gvq_transport_t *t, int peer, int tag, const void *buf, size_t bytes,
                              gvq_req_t *req) {
-    return mpi_post(t, 1, peer, tag, (void *)buf, bytes, req);
+    mpi_impl_t *m = t->impl;
+    GVQCHECK(check_size(bytes));
+    mpi_op_t *op = op_get(m);
+    if (op == NULL) return gvqSystemError;
+    op->kind = OP_SEND;
+    if (op->cap < bytes) { /* the staged copy: the caller's buffer is free once the call returns */
+        void *grown = realloc(op->stage, bytes);
+        if (grown == NULL) {
+            op_put(m, op);
+            GVQ_WARN("mpi transport: cannot stage a %zu-byte send", bytes);
+            return gvqSystemError;
+        }
+        op->stage = grown;
+        op->cap = bytes;
+    }
+    if (bytes) memcpy(op->stage, buf, bytes);
+    int rc = MPI_Isend(op->stage, (int)bytes, MPI_BYTE, peer, tag, m->comm, &op->r);
+    if (rc != MPI_SUCCESS) {
+        op_put(m, op);
+        MPICHECK(rc, "mpi send");
+    }
+    req_fill(req, op, peer, bytes);
+    return gvqSuccess;
 }
 
 static gvqResult_t mpi_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
                              gvq_req_t *req) {
-    return mpi_post(t, 0, peer, tag, buf, bytes, req);
+    mpi_impl_t *m = t->impl;
+    GVQCHECK(check_size(bytes));
+    mpi_op_t *op = op_get(m);
+    if (op == NULL) return gvqSystemError;
+    op->kind = OP_RECV_WAIT;
+    op->peer = peer;
+    op->tag = tag;
+    op->buf = buf;
+    op->bytes = bytes;
+    mpi_op_t **pp = &m->waiting; /* MPI's order: receives match in the order posted */
+    while (*pp != NULL)
+        pp = &(*pp)->next;
+    *pp = op;
+    req_fill(req, op, peer, bytes);
+    return gvqSuccess;
 }
 
-_Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request does not fit a handle");
-
-static gvqResult_t mpi_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
-    (void)t;
-    MPI_Request r;
-    MPI_Status st;
-    int flag = 0;
-    memcpy(&r, req->handle, sizeof r);
-    int rc = MPI_Test(&r, &flag, &st);
-    memcpy(req->handle, &r, sizeof r);
-    if (rc != MPI_SUCCESS) {
-        req->active = 0;
-        *done = 1;
-        GVQ_WARN("mpi transport: %s with peer %d failed (MPI error %d)",
-                 req->handle[1] == REQ_SEND ? "send" : "receive", req->peer, rc);
-        return gvqRemoteError;
-    }
-    *done = flag;
-    if (!flag) return gvqSuccess;
-    req->active = 0;
-    if (req->handle[1] == REQ_RECV) {
-        int got = 0;
-        MPI_Get_count(&st, MPI_BYTE, &got);
-        if ((size_t)got != req->bytes) {
-            GVQ_WARN("mpi transport: message from rank %d has %d bytes, expected %zu "
-                     "(mismatched calls on the ranks?)",
-                     req->peer, got, req->bytes);
-            return gvqRemoteError;
+static void unlink_waiting(mpi_impl_t *m, mpi_op_t *op) {
+    for (mpi_op_t **pp = &m->waiting; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == op) {
+            *pp = op->next;
+            op->next = NULL;
+            return;
         }
+    }
+}
+
+/* Match the oldest waiting receive `op` to the next message of its peer and tag, if one has
+ * come: an exact size is received into the caller's buffer, another is drained. 1 when
+ * matched. */
+static gvqResult_t match_one(gvq_transport_t *t, mpi_op_t *op, int *matched) {
+    mpi_impl_t *m = t->impl;
+    MPI_Message msg;
+    MPI_Status st;
+    int flag = 0, got = 0;
+    *matched = 0;
+    MPICHECK(MPI_Improbe(op->peer, op->tag, m->comm, &flag, &msg, &st), "mpi receive");
+    if (!flag) return gvqSuccess;
+    *matched = 1;
+    unlink_waiting(m, op);
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (got >= 0 && (size_t)got == op->bytes) {
+        op->kind = OP_RECV_DATA;
+        MPICHECK(MPI_Imrecv(op->buf, got, MPI_BYTE, &msg, &op->r), "mpi receive");
+        return gvqSuccess;
+    }
+    /* the wrong size: take the message off the queue (so that no later receive pairs with it)
+     * into a buffer of its own, never into the caller's */
+    op->kind = OP_RECV_BAD;
+    op->got = got;
+    mpi_op_t *drain = calloc(1, sizeof *drain);
+    void *sink = malloc(got > 0 ? (size_t)got : 1);
+    if (drain == NULL || sink == NULL ||
+        MPI_Imrecv(sink, got, MPI_BYTE, &msg, &drain->r) != MPI_SUCCESS) {
+        free(drain); /* the message stays matched and unreceived: harmless, the comm is failing */
+        free(sink);
+        return gvqSuccess;
+    }
+    drain->kind = OP_DRAIN;
+    drain->stage = sink;
+    drain->cap = got > 0 ? (size_t)got : 1;
+    quarantine_add(t, drain);
+    return gvqSuccess;
+}
+
+/* Bring `op` (waiting) up to date: the receives posted before it for the same peer and tag
+ * take their messages first. */
+static gvqResult_t match_in_order(gvq_transport_t *t, mpi_op_t *op) {
+    mpi_op_t *e = ((mpi_impl_t *)t->impl)->waiting;
+    while (e != NULL) {
+        mpi_op_t *next = e->next; /* read first: matching unlinks e */
+        if (e == op || (e->peer == op->peer && e->tag == op->tag)) {
+            int matched = 0;
+            GVQCHECK(match_one(t, e, &matched));
+            if (!matched || e == op) break;
+        }
+        e = next;
     }
     return gvqSuccess;
 }
 
-static void mpi_cancel(gvq_transport_t *t, gvq_req_t *req) {
-    MPI_Request r;
-    memcpy(&r, req->handle, sizeof r);
-    if (req->handle[1] == REQ_COLL) {
-        /* a non-blocking collective cannot be cancelled or freed (MPI-3.1 3.7.3): abandon it
-         * with its count arrays; the communicator is broken by now */
-        ((mpi_impl_t *)t->impl)->coll_counts = NULL;
-    } else if (req->handle[1] == REQ_RECV) {
-        /* a cancelled receive completes at once; a matched one has finished writing */
-        MPI_Cancel(&r);
-        MPI_Wait(&r, MPI_STATUS_IGNORE);
-    } else if (r != MPI_REQUEST_NULL) {
-        MPI_Request_free(&r); /* the send may still complete in the background */
+/* While the caller waits on something else (a send), the waiting receives take the messages
+ * that came, oldest first per peer and tag: a receive is matched only when tested, and a
+ * rendezvous send of the peer's can finish only once it is (without this, a send waited on
+ * before its receive would hold both ranks). One probe per peer and tag. */
+static gvqResult_t progress_waiting(gvq_transport_t *t) {
+    enum { MAX_PAIRS = 8 };
+    int dry_peer[MAX_PAIRS], dry_tag[MAX_PAIRS], ndry = 0;
+    mpi_op_t *e = ((mpi_impl_t *)t->impl)->waiting;
+    while (e != NULL && ndry < MAX_PAIRS) {
+        mpi_op_t *next = e->next;
+        int dry = 0;
+        for (int i = 0; i < ndry && !dry; i++)
+            dry = dry_peer[i] == e->peer && dry_tag[i] == e->tag;
+        if (!dry) {
+            int matched = 0;
+            GVQCHECK(match_one(t, e, &matched));
+            if (!matched) {
+                dry_peer[ndry] = e->peer;
+                dry_tag[ndry++] = e->tag;
+            }
+        }
+        e = next;
     }
+    return gvqSuccess;
+}
+
+_Static_assert(sizeof(mpi_op_t *) <= sizeof(((gvq_req_t *)0)->handle), "an op fits a handle");
+
+static gvqResult_t mpi_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
+    mpi_impl_t *m = t->impl;
+    mpi_op_t *op = req_op(req);
+    *done = 0;
+    if (op->kind == OP_RECV_WAIT) {
+        GVQCHECK(match_in_order(t, op));
+        if (op->kind == OP_RECV_WAIT) return gvqSuccess;
+    }
+    if (op->kind == OP_RECV_BAD) {
+        GVQ_WARN("mpi transport: the message from peer %d has %d bytes, this rank's receive "
+                 "expects %zu (mismatched calls on the ranks?); it was discarded",
+                 op->peer, op->got, op->bytes);
+        req->active = 0;
+        *done = 1;
+        op_put(m, op);
+        return gvqRemoteError;
+    }
+    int flag = 0;
+    int rc = MPI_Test(&op->r, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        GVQ_WARN("mpi transport: %s with peer %d failed (MPI error %d)",
+                 op->kind == OP_SEND   ? "send"
+                 : op->kind == OP_COLL ? "allgatherv"
+                                       : "receive",
+                 req->peer, rc);
+        req->active = 0;
+        *done = 1;
+        note_failure(t);
+        quarantine_add(t, op); /* MPI may still hold it */
+        return gvqRemoteError;
+    }
+    if (!flag) return op->kind == OP_RECV_DATA ? gvqSuccess : progress_waiting(t);
     req->active = 0;
+    *done = 1;
+    op_put(m, op);
+    return gvqSuccess;
+}
+
+/* How long a receive that already matched its message may take to finish when its call gives
+ * up: with a single-copy transport it finishes without the sender. */
+#define MATCHED_GRACE_NS 200000000ull
+
+static void mpi_cancel(gvq_transport_t *t, gvq_req_t *req) {
+    mpi_impl_t *m = t->impl;
+    mpi_op_t *op = req_op(req);
+    req->active = 0;
+    note_failure(t);
+    switch (op->kind) {
+    case OP_RECV_WAIT: /* nothing was posted */
+        unlink_waiting(m, op);
+        op_put(m, op);
+        return;
+    case OP_RECV_BAD:
+        op_put(m, op);
+        return;
+    case OP_RECV_DATA: {
+        uint64_t t0 = gvq_now_ns();
+        int flag = 0;
+        while (MPI_Test(&op->r, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag &&
+               gvq_now_ns() - t0 < MATCHED_GRACE_NS)
+            sched_yield();
+        if (flag) {
+            op_put(m, op);
+            return;
+        }
+        GVQ_WARN("mpi transport: a %zu-byte receive from rank %d had matched its message but "
+                 "did not finish within %llu ms of the failure; MPI may still write it",
+                 op->bytes, op->peer, (unsigned long long)(MATCHED_GRACE_NS / 1000000ull));
+        quarantine_add(t, op);
+        return;
+    }
+    case OP_COLL:
+        /* a non-blocking collective cannot be cancelled or freed (MPI-3.1 3.7.3): abandon it
+         * with its count arrays */
+        m->coll_counts = NULL;
+        quarantine_add(t, op);
+        return;
+    case OP_SEND: {
+        int flag = 0;
+        if (MPI_Test(&op->r, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
+            op_put(m, op);
+            return;
+        }
+        quarantine_add(t, op); /* sends cannot be cancelled: it keeps its staged copy */
+        return;
+    }
+    case OP_DRAIN:
+        break;
+    }
 }
 
 static void mpi_destroy(gvq_transport_t *t) {
     mpi_impl_t *m = t->impl;
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin) MPI_Comm_free(&m->comm); /* local in Open MPI: never waits on peers */
-    free(m->coll_counts);
+    int failed = m->failed || (t->broken != NULL && *t->broken != gvqSuccess);
+    /* a failed communicator stays: freeing it would let MPI give its context id to a new
+     * communicator, whose receives would then match the late messages of this one */
+    if (!fin && !failed) MPI_Comm_free(&m->comm); /* local in Open MPI: never waits on peers */
+    op_free_all(m->waiting);
+    op_free_all(m->free_ops);
+    if (!failed) free(m->coll_counts);
     free(m);
     free(t);
 }
@@ -175,15 +481,16 @@ static gvqResult_t mpi_iallgatherv(gvq_transport_t *t, void *blocks, const size_
         m->coll_counts[p] = (int)blen[p];
         m->coll_counts[n + p] = (int)displ[p];
     }
-    MPI_Request r;
-    MPICHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, blocks, m->coll_counts,
-                             m->coll_counts + n, MPI_BYTE, m->comm, &r),
-             "mpi allgatherv");
-    memcpy(req->handle, &r, sizeof r);
-    req->handle[1] = REQ_COLL;
-    req->peer = -1;
-    req->bytes = 0;
-    req->active = 1;
+    mpi_op_t *op = op_get(m);
+    if (op == NULL) return gvqSystemError;
+    op->kind = OP_COLL;
+    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, blocks, m->coll_counts,
+                             m->coll_counts + n, MPI_BYTE, m->comm, &op->r);
+    if (rc != MPI_SUCCESS) {
+        op_put(m, op);
+        MPICHECK(rc, "mpi allgatherv");
+    }
+    req_fill(req, op, -1, 0);
     return gvqSuccess;
 }
 
@@ -218,8 +525,98 @@ static gvqResult_t mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {
     return gvqSuccess;
 }
 
-gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int rank, int tag,
-                                         gvq_transport_t **t) {
+/* MPI_Comm_create_group blocks until every member calls it, and MPI has no non-blocking form.
+ * With MPI_THREAD_MULTIPLE it runs on a thread of its own and the caller waits at most the
+ * timeout: a member that stopped between the bootstrap and here gives gvqTimeout, and the thread
+ * is left behind (if the member comes after all, it frees the communicator). Below that thread
+ * level it runs inline, unbounded. */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    MPI_Group group;
+    int tag, rc, done, abandoned;
+    MPI_Comm comm;
+} create_job_t;
+
+static void *create_group_thread(void *arg) {
+    create_job_t *j = arg;
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rc = MPI_Comm_create_group(MPI_COMM_WORLD, j->group, j->tag, &comm);
+    pthread_mutex_lock(&j->lock);
+    int abandoned = j->abandoned;
+    j->rc = rc;
+    j->comm = comm;
+    j->done = 1;
+    pthread_cond_signal(&j->cond);
+    pthread_mutex_unlock(&j->lock);
+    if (abandoned) { /* the caller gave up: the job is this thread's */
+        if (rc == MPI_SUCCESS && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+        MPI_Group_free(&j->group);
+        free(j);
+    }
+    return NULL;
+}
+
+static gvqResult_t create_group_bounded(MPI_Group group, int tag, uint64_t timeout_ns,
+                                        MPI_Comm *out) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE || timeout_ns == 0) {
+        int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, out);
+        MPI_Group_free(&group);
+        MPICHECK(rc, "gvqCommInitRank");
+        return gvqSuccess;
+    }
+    create_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        MPI_Group_free(&group);
+        return gvqSystemError;
+    }
+    pthread_mutex_init(&j->lock, NULL);
+    pthread_cond_init(&j->cond, NULL);
+    j->group = group;
+    j->tag = tag;
+    pthread_t th;
+    if (pthread_create(&th, NULL, create_group_thread, j) != 0) {
+        MPI_Group_free(&group);
+        free(j);
+        GVQ_WARN("gvqCommInitRank: cannot start the thread that creates the MPI communicator");
+        return gvqSystemError;
+    }
+    pthread_detach(th);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    uint64_t ns = (uint64_t)dl.tv_nsec + timeout_ns;
+    dl.tv_sec += (time_t)(ns / 1000000000ull);
+    dl.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_mutex_lock(&j->lock);
+    while (!j->done)
+        if (pthread_cond_timedwait(&j->cond, &j->lock, &dl) != 0) break;
+    if (!j->done) {
+        j->abandoned = 1;
+        pthread_mutex_unlock(&j->lock);
+        pthread_mutex_lock(&mpi_lock);
+        any_failed = 1; /* a thread stays inside MPI: bound the finalization at exit */
+        if (timeout_ns > exit_bound_ns) exit_bound_ns = timeout_ns;
+        pthread_mutex_unlock(&mpi_lock);
+        GVQ_WARN("gvqCommInitRank: MPI_Comm_create_group did not complete within %llu ms (a "
+                 "member stopped after the bootstrap?)",
+                 (unsigned long long)(timeout_ns / 1000000ull));
+        return gvqTimeout;
+    }
+    pthread_mutex_unlock(&j->lock);
+    int rc = j->rc;
+    *out = j->comm;
+    MPI_Group_free(&j->group);
+    pthread_mutex_destroy(&j->lock);
+    pthread_cond_destroy(&j->cond);
+    free(j);
+    MPICHECK(rc, "gvqCommInitRank");
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_mpi_transport_from_world_timed(const int *world_ranks, int nranks, int rank,
+                                               int tag, uint64_t timeout_ns, gvq_transport_t **t) {
     MPI_Group world, group;
     MPI_Comm comm = MPI_COMM_NULL;
     MPICHECK(MPI_Comm_group(MPI_COMM_WORLD, &world), "gvqCommInitRank");
@@ -227,9 +624,7 @@ gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int
     MPI_Group_free(&world);
     MPICHECK(rc, "gvqCommInitRank");
     /* collective over the members only, so a subset of the job can build a communicator */
-    rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
-    MPI_Group_free(&group);
-    MPICHECK(rc, "gvqCommInitRank");
+    GVQCHECK(create_group_bounded(group, tag, timeout_ns, &comm));
     GVQCHECK(mpi_wrap(comm, t));
     if ((*t)->rank != rank || (*t)->nranks != nranks) {
         GVQ_WARN("gvqCommInitRank: MPI placed rank %d of %d at %d of %d", rank, nranks, (*t)->rank,
@@ -238,6 +633,12 @@ gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int
         return gvqInternalError;
     }
     return gvqSuccess;
+}
+
+gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int rank, int tag,
+                                         gvq_transport_t **t) {
+    uint64_t ns = (uint64_t)gvq_param(GVQ_PARAM_TIMEOUT_MS) * 1000000ull;
+    return gvq_mpi_transport_from_world_timed(world_ranks, nranks, rank, tag, ns, t);
 }
 
 gvqResult_t gvq_mpi_transport_dup(const void *mpi_comm, gvq_transport_t **t) {

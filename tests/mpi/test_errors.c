@@ -304,7 +304,8 @@ static void destroyed_comm(void) {
     MT_OK(gvqCommInitMPI(&e, MPI_COMM_WORLD, NULL));
     if (e == NULL) return;
     MT_OK(gvqCommAbort(e));
-    REFUSED(gvqAllReduce(a, b, 4, gvqFloat32, gvqSum, e, NULL), gvqInvalidArgument, "comm");
+    /* calls on an aborted communicator are misuse (README), destroying it again a bad handle */
+    REFUSED(gvqAllReduce(a, b, 4, gvqFloat32, gvqSum, e, NULL), gvqInvalidUsage, "aborted");
     REFUSED(gvqCommDestroy(e), gvqInvalidArgument, "comm");
 }
 

@@ -200,9 +200,9 @@ static void scenario_abort(void) {
            gvqGetErrorString(j.res), j.elapsed, abort_s);
     float x = 1, y = 0;
     res = gvqAllReduce(&x, &y, 1, gvqFloat32, gvqSum, comm, NULL);
-    MT_CHECK(res == gvqInvalidArgument,
+    MT_CHECK(res == gvqInvalidUsage,
              "gvqAllReduce on the aborted (freed) comm: expected "
-             "gvqInvalidArgument, got %d (%s)",
+             "gvqInvalidUsage (README: calls after an abort are misuse), got %d (%s)",
              (int)res, gvqGetErrorString(res));
     res = gvqCommDestroy(comm);
     MT_CHECK(res == gvqInvalidArgument,

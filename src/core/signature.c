@@ -1,0 +1,101 @@
+/*
+ * signature.c -- call signatures: every collective agrees on what it is before its data moves.
+ *
+ * A call's signature is a row of integers, the same on every rank when the ranks made the same
+ * call:
+ *
+ *   [ call number | refused | kind | count | datatype | op | root | identity ]
+ *
+ * The call number counts the collectives agreed on this communicator; `refused` is the result
+ * with which this rank refused its own arguments (the rank still takes part, so that the others
+ * fail at once instead of waiting out the timeout); identity is what else defines the call (a
+ * compressed allreduce's compressor config). gvq_agree_extremes gives every rank the smallest
+ * and the largest row of all ranks in ceil(log2 N) small messages; equal means every rank made
+ * the same call. Otherwise both extremes are named in the WARN, which reads the same on every
+ * rank:
+ *
+ *   gvqAllReduce: rank 0 called gvqAllReduce(count 256, float, sum) but rank 1 called
+ *   gvqAllReduce(count 8192, float, sum) (collective call 3 on this communicator)
+ *
+ * The order of the fields decides which difference is reported: ranks out of step first (the
+ * communicator is then broken: every later call would pair with another rank's different one),
+ * then a rank's own refusal, then the arguments. No data moved, so after a refusal or different
+ * arguments the communicator stays usable.
+ */
+#include <stdio.h>
+
+#include "gvq_comm.h"
+
+enum { F_CALL, F_REFUSED, F_KIND, F_COUNT, F_DTYPE, F_OP, F_ROOT, F_IDENTITY, F_N };
+
+static const char *kind_fn[] = {"gvqAllReduce",     "gvqBroadcast", "gvqReduce",
+                                "gvqReduceScatter", "gvqAllGather", "gvqAllReduceCompressed"};
+
+static const char *kind_name(int64_t kind) {
+    return kind >= 0 && kind <= GVQ_SIG_COMPRESSED ? kind_fn[kind] : "an unknown call";
+}
+
+/* "gvqReduce(count 256, float, sum, root 0)": the arguments that define the call. */
+static void describe(const int64_t *row, char *buf, size_t len) {
+    int n = snprintf(buf, len, "%s(count %llu", kind_name(row[F_KIND]),
+                     (unsigned long long)row[F_COUNT]);
+    if (row[F_DTYPE] >= 0 && n > 0 && (size_t)n < len)
+        n +=
+            snprintf(buf + n, len - (size_t)n, ", %s", gvq_dtype_name((gvqDataType_t)row[F_DTYPE]));
+    if (row[F_OP] >= 0 && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, ", %s", gvq_op_name((gvqRedOp_t)row[F_OP]));
+    if (row[F_ROOT] >= 0 && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, ", root %lld", (long long)row[F_ROOT]);
+    if (row[F_IDENTITY] != 0 && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, ", compressor config %016llx",
+                      (unsigned long long)row[F_IDENTITY]);
+    if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, ")");
+}
+
+gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig) {
+    if (comm->nranks == 1) return sig->refused;
+    int64_t row[F_N] = {
+        [F_CALL] = (int64_t)comm->calls,
+        [F_REFUSED] = (int64_t)sig->refused,
+        [F_KIND] = (int64_t)sig->kind,
+        [F_COUNT] = (int64_t)sig->count,
+        [F_DTYPE] = sig->dtype,
+        [F_OP] = sig->op,
+        [F_ROOT] = sig->root,
+        [F_IDENTITY] = (int64_t)sig->identity,
+    };
+    int64_t lo[F_N], hi[F_N];
+    int lo_rank = 0, hi_rank = 0;
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
+    GVQCHECK(gvq_agree_extremes(&ctx, row, F_N, lo, &lo_rank, hi, &hi_rank));
+    comm->calls++;
+    int differ = 0;
+    for (int f = 0; f < F_N; f++)
+        differ |= lo[f] != hi[f];
+    if (!differ) return sig->refused;
+
+    char a[160], b[160];
+    describe(lo, a, sizeof a);
+    describe(hi, b, sizeof b);
+    if (lo[F_CALL] != hi[F_CALL]) {
+        GVQ_WARN("%s: the ranks are out of step: rank %d is at collective call %llu of this "
+                 "communicator, %s, but rank %d at call %llu, %s (a rank skipped or added a "
+                 "call); the communicator is broken",
+                 fn, lo_rank, (unsigned long long)lo[F_CALL], a, hi_rank,
+                 (unsigned long long)hi[F_CALL], b);
+        if (comm->broken == gvqSuccess) comm->broken = gvqInvalidUsage;
+        return gvqInvalidUsage;
+    }
+    if (sig->refused != gvqSuccess) return sig->refused; /* its WARN says why: keep it the last */
+    if (hi[F_REFUSED] != gvqSuccess) {
+        GVQ_WARN("%s: rank %d refused its own call %s (%s) while rank %d called %s; nothing ran on "
+                 "any rank (collective call %llu of this communicator)",
+                 fn, hi_rank, b, gvqGetErrorString((gvqResult_t)hi[F_REFUSED]), lo_rank, a,
+                 (unsigned long long)lo[F_CALL]);
+        return gvqRemoteError;
+    }
+    GVQ_WARN("%s: rank %d called %s but rank %d called %s; nothing ran on any rank (collective "
+             "call %llu of this communicator)",
+             fn, lo_rank, a, hi_rank, b, (unsigned long long)lo[F_CALL]);
+    return gvqInvalidArgument;
+}
