@@ -149,7 +149,9 @@ static gvq_call_sig_t op_signature(const gvq_op_t *o, gvqResult_t refused) {
                             .dtype = (int)o->dtype,
                             .op = reduces ? (int)o->op : -1,
                             .root = rooted ? o->root : -1,
-                            .identity = 0,
+                            .identity = o->kind == GVQ_OP_ALLREDUCE
+                                            ? gvq_zero_code_identity(o->dtype, o->op)
+                                            : 0, /* GVQ_CODEC alike on every rank */
                             .refused = refused};
 }
 

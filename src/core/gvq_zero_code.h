@@ -40,6 +40,12 @@ uint64_t gvq_layout_hash(const gvq_layout_t *layout);
 /* "conv", "fc" or "other" */
 const char *gvq_layer_kind_name(int kind);
 
+/* What a plain float sum/avg allreduce's signature carries of the zero-code settings
+ * (GVQ_CODEC and the knobs that shape its plans): 0 when GVQ_CODEC is unset or the call is not
+ * one zero-code mode takes, else a fingerprint whose low byte is GVQ_CODEC's codec. Ranks whose
+ * settings differ thus fail their first such call together (signature.c names the codecs). */
+uint64_t gvq_zero_code_identity(gvqDataType_t dtype, gvqRedOp_t op);
+
 /* *handled = 0 when the call does not qualify (then it runs as a plain allreduce). The caller
  * has entered the communicator. */
 gvqResult_t gvq_zero_code_allreduce(gvqComm_t comm, const void *send, void *recv, size_t count,

@@ -46,9 +46,14 @@ static void describe(const int64_t *row, char *buf, size_t len) {
         n += snprintf(buf + n, len - (size_t)n, ", %s", gvq_op_name((gvqRedOp_t)row[F_OP]));
     if (row[F_ROOT] >= 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", root %lld", (long long)row[F_ROOT]);
-    if (row[F_IDENTITY] != 0 && n > 0 && (size_t)n < len)
+    static const char *const codec[] = {"none", "gradiveq", "qsgd", "powersgd"};
+    uint64_t id = (uint64_t)row[F_IDENTITY];
+    if (id != 0 && row[F_KIND] == GVQ_SIG_ALLREDUCE && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, ", GVQ_CODEC=%s with zero-code settings %014llx",
+                      (id & 0xffu) < 4 ? codec[id & 0xffu] : "?", (unsigned long long)(id >> 8));
+    else if (id != 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", compressor config %016llx",
-                      (unsigned long long)row[F_IDENTITY]);
+                      (unsigned long long)id);
     if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, ")");
 }
 

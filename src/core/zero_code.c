@@ -486,6 +486,20 @@ static void report(gvqComm_t comm, const zc_state_t *st) {
 
 /* ---- entry points --------------------------------------------------------------------------- */
 
+uint64_t gvq_zero_code_identity(gvqDataType_t dtype, gvqRedOp_t op) {
+    int master = (int)gvq_param(GVQ_PARAM_CODEC);
+    if (master == gvqCodecNone || dtype != gvqFloat32 || (op != gvqSum && op != gvqAvg)) return 0;
+    const gvq_param_id_t knobs[] = {GVQ_PARAM_CODEC_CONV, GVQ_PARAM_CODEC_FC, GVQ_PARAM_POWER_RANK,
+                                    GVQ_PARAM_GRADIVEQ_SAMPLE_SLICES, GVQ_PARAM_LAYOUT_MIN_COUNT};
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the knobs' values */
+    for (size_t k = 0; k < sizeof knobs / sizeof knobs[0]; k++) {
+        uint64_t v = (uint64_t)gvq_param(knobs[k]);
+        for (int b = 0; b < 8; b++)
+            h = (h ^ ((v >> (8 * b)) & 0xffu)) * 1099511628211ull;
+    }
+    return h << 8 | (uint64_t)master; /* the low byte names GVQ_CODEC in the WARN */
+}
+
 gvqResult_t gvq_zero_code_allreduce(gvqComm_t comm, const void *send, void *recv, size_t count,
                                     gvqDataType_t dtype, gvqRedOp_t op, int *handled) {
     int master = (int)gvq_param(GVQ_PARAM_CODEC);
