@@ -256,6 +256,11 @@ static gvqResult_t keep_samples(gvqCompressor_t c, const gvq_device_ops_t *dev, 
     const gvq_comp_cfg_t *cfg = &c->cfg;
     size_t L = (size_t)cfg->L, T = (size_t)cfg->sample, S = (size_t)cfg->sample_slices;
     size_t C = (size_t)cfg->C, t = (size_t)c->st.nsamples;
+    if (t >= T) { /* the round is full (cannot happen after after_sample; a guard all the same) */
+        GVQ_WARN("compressor of tensor %d: sampling round already full (%zu samples)",
+                 c->tensor_index, t);
+        return gvqInternalError;
+    }
     for (size_t g = 0; g < c->ngroups; g++) {
         size_t cg = GVQ_MIN(C, c->nfull - g * C), ns = gvq_compressor_group_samples(c, g);
         for (size_t j = 0; j < ns; j++)
@@ -285,7 +290,12 @@ static gvqResult_t after_sample(gvqCompressor_t c, gvq_coll_ctx_t *ctx) {
     c->st.phase_iter++;
     if (c->st.nsamples < c->cfg.sample) return gvqSuccess;
     int ok = 0;
-    GVQCHECK(gvq_compressor_fit(c, ctx, &ok));
+    gvqResult_t res = gvq_compressor_fit(c, ctx, &ok);
+    if (res != gvqSuccess) { /* a failed fit (a timeout, no memory): sample again from scratch,
+                                never past the samples buffer */
+        enter_phase(c, gvqPhaseSample);
+        return res;
+    }
     if (ok) {
         s->fits++;
         s->reason[0] = '\0';
