@@ -4,11 +4,12 @@ set -euo pipefail
 
 GVQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GVQ_BUILD_DIR=${GVQ_BUILD_DIR:-$GVQ_ROOT/build}
-GVQ_PACKAGES="build-essential cmake python3 libopenmpi-dev openmpi-bin libopenblas-dev liblapacke-dev zlib1g-dev dataset-fashion-mnist"
+GVQ_PACKAGES="build-essential cmake pkg-config python3 libopenmpi-dev openmpi-bin libopenblas-dev liblapacke-dev zlib1g-dev dataset-fashion-mnist"
 
+# gvq_install_packages [PACKAGE...]: the named packages (default: $GVQ_PACKAGES)
 gvq_install_packages() {
-    local missing=""
-    for p in $GVQ_PACKAGES; do
+    local missing="" wanted="${*:-$GVQ_PACKAGES}"
+    for p in $wanted; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
     done
     if [ -n "$missing" ]; then
@@ -16,7 +17,7 @@ gvq_install_packages() {
         local sudo=""
         [ "$(id -u)" -eq 0 ] || sudo="sudo"
         $sudo apt-get update
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y $GVQ_PACKAGES
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y $wanted
     fi
 }
 

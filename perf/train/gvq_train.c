@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "train.h"
 
@@ -88,7 +90,10 @@ static void usage(FILE *f) {
         "                        gvq-perf --replay's GVQGRAD1 format\n"
         "  --dump-layer I        which conv layer, 1-based in network order (default 2; the\n"
         "                        resnet's are the stem, then conv1, conv2 of each block)\n"
-        "  --dump-iters K        record the first K steps only (default all)\n",
+        "  --dump-iters K        record the first K steps only (default all)\n"
+        "  --no-progress         no progress line: by default rank 0 keeps one on stderr with\n"
+        "                        the estimated time left, when stderr (under mpirun: mpirun's)\n"
+        "                        is a terminal and the run is longer than a few seconds\n",
         "/usr/share/datasets/fashion-mnist");
 }
 
@@ -194,7 +199,8 @@ enum {
     OPT_BLOCKS,
     OPT_POWER_RANK,
     OPT_INT_BITS,
-    OPT_EF_BOUND
+    OPT_EF_BOUND,
+    OPT_NO_PROGRESS
 };
 
 /* Returns 0, 1 for --help, or -1 after naming the bad option on stderr. */
@@ -246,6 +252,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"power-rank", required_argument, NULL, OPT_POWER_RANK},
         {"int-bits", required_argument, NULL, OPT_INT_BITS},
         {"ef-bound", required_argument, NULL, OPT_EF_BOUND},
+        {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
         {NULL, 0, NULL, 0}};
     int batch_given = 0;
     int c;
@@ -384,6 +391,9 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         case OPT_NO_EF:
             o->error_feedback = 0;
             break;
+        case OPT_NO_PROGRESS:
+            o->progress = 0;
+            break;
         case OPT_MAX_DIMS:
             if (parse_int(optarg, 1, 1 << 20, &o->max_dims)) what = "--max-dims (>= 1)";
             break;
@@ -448,12 +458,30 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
     return 0;
 }
 
+/* Whether what rank 0 writes to stderr ends on a terminal. Under mpirun a rank's stderr is a
+ * pipe to mpirun (and its stdout a pseudo-terminal whatever mpirun's own output is), so then
+ * mpirun's stderr decides: mpirun is the parent of the ranks it starts on its own host. */
+static int stderr_is_terminal(void) {
+    if (isatty(STDERR_FILENO)) return 1;
+    struct stat st;
+    if (getenv("OMPI_COMM_WORLD_RANK") == NULL || fstat(STDERR_FILENO, &st) != 0 ||
+        !S_ISFIFO(st.st_mode))
+        return 0;
+    char link[64], target[256];
+    snprintf(link, sizeof link, "/proc/%ld/fd/2", (long)getppid());
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0) return 0;
+    target[n] = '\0';
+    return strncmp(target, "/dev/pts/", 9) == 0 || strncmp(target, "/dev/tty", 8) == 0;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     train_opts_t o;
     train_opts_default(&o);
+    o.progress = rank == 0 && stderr_is_terminal();
     int p = parse_args(argc, argv, &o);
     if (p != 0) {
         if (rank == 0) usage(p > 0 ? stdout : stderr);

@@ -19,7 +19,8 @@
  * Every print_every steps the window's loss, accuracy and timings are summed over the ranks with
  * MPI, the test set is evaluated when due (split over the ranks), the conv compressors' stats
  * are read, and rank 0 prints a line and writes a CSV row. Weight checksums (FNV-1a of the
- * parameter bits) are compared across ranks every check_every steps.
+ * parameter bits) are compared across ranks every check_every steps. With o->progress, rank 0
+ * keeps a line with the estimated time left on stderr (progress_draw).
  */
 #include "train.h"
 
@@ -62,6 +63,50 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- the progress line: rank 0, on stderr, when o->progress (gvq_train.c decides) ----------
+ * "gvq-train: step 1234/2811 (44%), 1m02s elapsed, about 1m18s left", rewritten in place at most
+ * once a second from PROGRESS_AFTER_S on (short runs never show it), erased before every line
+ * on stdout and at the end. The time left assumes the remaining steps cost what the done ones
+ * did, evaluations included (with --stop-at it is an upper bound). */
+#define PROGRESS_AFTER_S 3.0
+
+typedef struct {
+    int on;
+    int shown; /* a line is on the terminal */
+    double start, last;
+} progress_t;
+
+static void fmt_duration(char *buf, size_t len, double s) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, len, "%lds", t);
+}
+
+static void progress_draw(progress_t *p, long done, long total) {
+    if (!p->on || done <= 0) return;
+    double now = now_s();
+    if (now - p->start < PROGRESS_AFTER_S || now - p->last < 1.0) return;
+    p->last = now;
+    char el[32], left[32];
+    fmt_duration(el, sizeof el, now - p->start);
+    fmt_duration(left, sizeof left, (now - p->start) * (double)(total - done) / (double)done);
+    fprintf(stderr, "\rgvq-train: step %ld/%ld (%.0f%%), %s elapsed, about %s left\033[K", done,
+            total, 100.0 * (double)done / (double)total, el, left);
+    fflush(stderr);
+    p->shown = 1;
+}
+
+static void progress_clear(progress_t *p) {
+    if (!p->shown) return;
+    fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+    p->shown = 0;
 }
 
 void train_opts_default(train_opts_t *o) {
@@ -460,6 +505,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     double win_loss = 0.0, win_compute = 0.0, win_comm = 0.0, tot_compute = 0.0, tot_comm = 0.0;
     long win_correct = 0, win_seen = 0, win_steps = 0;
     double train_s = 0.0, win_start = now_s();
+    progress_t progress = {rank == 0 && o->progress, 0, win_start, 0.0};
     double test_acc = -1.0, win_train_s = 0.0;
     unsigned long long prev_raw = 0, prev_wire = 0;
     const double raw_rest_per_call =
@@ -539,6 +585,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         win_seen += local;
         win_steps++;
         res->loss_hist[step] = loss;
+        progress_draw(&progress, step + 1, iters);
 
         int last = step + 1 == iters;
         int printing = (step + 1) % o->print_every == 0 || last;
@@ -546,6 +593,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             res->sync_checks++;
             if (!weights_agree(&net, comm)) {
                 res->sync_mismatches++;
+                progress_clear(&progress);
                 if (rank == 0)
                     fprintf(stderr, "gvq-train: step %ld: the ranks hold different weights\n",
                             step + 1);
@@ -594,6 +642,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             char acc[32] = "   -  ";
             if (test_acc >= 0.0) snprintf(acc, sizeof acc, "%5.2f%%", test_acc);
             if (!o->quiet) {
+                progress_clear(&progress);
                 fprintf(out,
                         "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s"
                         "  compute %6.2fs comm %6.2fs (%2.0f%%)  ratio %5.2f  phase %s\n",
@@ -621,6 +670,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     }
 
     /* totals */
+    progress_clear(&progress);
     res->iters = step;
     res->test_acc = test_acc;
     res->train_s = train_s;

@@ -63,6 +63,7 @@ typedef struct {
     int dump_layer; /* conv layer (1-based, over net_t.conv) whose gradients --dump-grads records */
     long dump_iters; /* iterations to record (0: all) */
     int quiet;       /* no progress lines (tests) */
+    int progress;    /* 1: rank 0 keeps a line with the time left on stderr (a terminal) */
     FILE *out;       /* progress lines (rank 0) */
 } train_opts_t;
 
