@@ -67,6 +67,19 @@ static inline void gvq_test_run(int nranks, const gvqConfig_t *cfg, gvq_rank_fn 
         gvqCommDestroy(comms[r]);
 }
 
+/* GVQ_TEST_SWEEP=small: the exhaustive sweeps (every dtype x op x count x rank count) keep a
+ * representative part -- float32, int32 and float16; sum and max; up to 4 ranks -- for the
+ * sanitizer builds, where a thread switch costs a hundred times more (ThreadSanitizer). */
+static inline int gvq_test_sweep_small(void) {
+    const char *s = getenv("GVQ_TEST_SWEEP");
+    return s != NULL && s[0] == 's';
+}
+static inline int gvq_test_sweep_skips(int nranks, int dtype, int op) {
+    if (!gvq_test_sweep_small()) return 0;
+    return nranks > 4 || !(dtype == gvqFloat32 || dtype == gvqInt32 || dtype == gvqFloat16) ||
+           !(op == gvqSum || op == gvqMax);
+}
+
 static inline int gvq_test_finish(const char *name) {
     if (gvq_test_failures) {
         fprintf(stderr, "%s: %d failure(s)\n", name, gvq_test_failures);

@@ -84,10 +84,9 @@ gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     } else if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
         GVQ_WARN("%s: the communicator was aborted", fn);
         res = gvqInvalidUsage;
-    } else if (comm->broken != gvqSuccess) {
+    } else if ((res = gvq_broken_get(&comm->broken)) != gvqSuccess) {
         GVQ_WARN("%s: the communicator is broken by an earlier error (%s); destroy or abort it", fn,
-                 gvqGetErrorString(comm->broken));
-        res = comm->broken;
+                 gvqGetErrorString(res));
     } else {
         __atomic_add_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL);
         gvq_log_set_rank(comm->rank);
@@ -163,6 +162,8 @@ gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, c
     xport->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
     xport->abort_flag = &c->abort_flag;
     xport->broken = &c->broken;
+    xport->own_mem = &c->scratch; /* comm_free keeps it when the communicator broke */
+    xport->own_mem_bytes = &c->scratch_bytes;
     gvq_handles_lock(&live);
     c->serial = ++last_serial;
     int was = aborted_find_locked(c); /* a new communicator at an aborted one's address */
@@ -405,16 +406,16 @@ static void comm_free(gvqComm_t c) {
     detach_all(c);
     /* a broken communicator may have sends from scratch still in the transport's hands; the
      * scratch is then left allocated rather than freed under them */
-    int keep = c->broken != gvqSuccess && c->xport->cancel_keeps_buffers;
+    int broken = gvq_broken_get(&c->broken) != gvqSuccess;
+    int keep = broken && c->xport->cancel_keeps_buffers;
     c->xport->ops->destroy(c->xport);
     if (c->dxport != NULL) c->dxport->ops->destroy(c->dxport); /* before the NCCL comm it uses */
     if (!keep) gvq_pinned_free(&c->pinned); /* a broken MPI transport may still read from it */
     if (!keep && c->pscratch != NULL) c->pinned_ops.free(c->pscratch);
-    if (c->dscratch != NULL &&
-        !(c->broken != gvqSuccess && c->dxport != NULL && c->dxport->cancel_keeps_buffers))
+    if (c->dscratch != NULL && !(broken && c->dxport != NULL && c->dxport->cancel_keeps_buffers))
         c->dxport_dev->free(c->dscratch);
 #ifdef GVQ_WITH_NCCL
-    gvq_nccl_destroy(c->nccl, c->broken != gvqSuccess);
+    gvq_nccl_destroy(c->nccl, broken);
 #endif
     if (!keep && c->scratch != NULL) c->dev->free(c->scratch);
     if (c->owned_world != NULL) {
@@ -454,7 +455,7 @@ GVQ_API gvqResult_t gvqCommAbort(gvqComm_t comm) {
         return gvqInvalidArgument;
     }
     GVQ_INFO("gvqCommAbort: comm %p rank %d aborted", (void *)comm, comm->rank);
-    if (comm->broken == gvqSuccess) comm->broken = gvqInvalidUsage;
+    gvq_broken_set(&comm->broken, gvqInvalidUsage); /* a call may be setting it too */
     comm_free(comm);
     return gvqSuccess;
 }
@@ -490,7 +491,7 @@ GVQ_API gvqResult_t gvqCommGetAsyncError(gvqComm_t comm, gvqResult_t *asyncError
                  asyncError == NULL ? "asyncError is NULL" : "comm is not a live communicator");
         return gvqInvalidArgument;
     }
-    *asyncError = comm->broken;
+    *asyncError = gvq_broken_get(&comm->broken);
     return gvqSuccess;
 }
 

@@ -52,15 +52,33 @@ typedef struct gvq_transport {
     int nranks;
     uint64_t timeout_ns;      /* 0: wait forever */
     int *abort_flag;          /* read atomically; set by gvqCommAbort */
-    gvqResult_t *broken;      /* the error that broke the communicator, gvqSuccess while healthy */
+    gvqResult_t *broken;      /* the error that broke the communicator, gvqSuccess while healthy;
+                               * atomic: gvq_broken_get / gvq_broken_set */
     int cancel_keeps_buffers; /* a cancelled send may still read its buffer later (MPI) */
     /* The transport runs its transfers in issue order on one queue: a transfer does not start
      * before every earlier one has finished (NCCL sends and receives on one stream). A receive
      * posted ahead of the sends its peer can only make after a receive behind it would block
      * the queue, so algorithms post each receive with the send of the same step (ring.c). */
     int fifo;
+    /* Library memory that outlives a failure (the communicator's scratch, kept when the
+     * communicator broke): *own_mem, *own_mem_bytes long (NULL: none). A transport that copies
+     * sends out of the caller's memory (MPI) sends from here without a copy. */
+    void *const *own_mem;
+    const size_t *own_mem_bytes;
     void *impl;
 } gvq_transport_t;
+
+/* The broken state (gvq_transport_t.broken, the communicator's) is shared between a call and
+ * gvqCommAbort or gvqCommGetAsyncError on other threads: read it and set it only through these
+ * (atomic; the first error wins). A NULL pointer reads as healthy. */
+static inline gvqResult_t gvq_broken_get(const gvqResult_t *broken) {
+    return broken != NULL ? __atomic_load_n(broken, __ATOMIC_ACQUIRE) : gvqSuccess;
+}
+static inline void gvq_broken_set(gvqResult_t *broken, gvqResult_t res) {
+    gvqResult_t healthy = gvqSuccess;
+    if (broken != NULL && res != gvqSuccess)
+        __atomic_compare_exchange_n(broken, &healthy, res, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
 
 /* Wait for `n` requests (inactive ones are skipped). On timeout or abort the unfinished
  * requests are cancelled, the communicator marked broken and the error returned with a WARN

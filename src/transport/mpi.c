@@ -12,7 +12,9 @@
  *             and tag matched in the order posted) and checks its size; only an exact size is
  *             received into the caller's buffer (MPI_Imrecv), a wrong one is drained into a
  *             buffer of its own and fails the receive with gvqRemoteError, naming both sizes.
- *   send      the bytes are copied into a buffer of the transport (staged) and sent from there.
+ *   send      the bytes are copied into a buffer of the transport (staged) and sent from there;
+ *             a send from the library memory the communicator gave (own_mem: its scratch, which
+ *             it keeps when it broke) goes without the copy.
  *   failure   cancel forgets a receive still waiting for its message (nothing was posted), and
  *             quarantines what MPI still holds -- sends with their staged copies, drains, and a
  *             receive matched but not finished within a grace period -- until the process ends.
@@ -72,6 +74,7 @@ typedef struct mpi_op {
     size_t cap;
     size_t bytes; /* expected (receive) or sent */
     int got;      /* OP_RECV_BAD: the message's size */
+    int direct;   /* OP_SEND from the transport's own_mem, not staged */
     MPI_Request r;
 } mpi_op_t;
 
@@ -108,15 +111,22 @@ static void note_failure(gvq_transport_t *t) {
     ((mpi_impl_t *)t->impl)->failed = 1;
 }
 
+/* The exit watchdog's orders: set before its thread starts, read only by it. */
+static struct {
+    uint64_t ns;
+    int status;
+} exit_orders;
+
 static void *exit_watchdog(void *arg) {
-    uint64_t ns = exit_bound_ns;
+    (void)arg;
+    uint64_t ns = exit_orders.ns;
     struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
     while (nanosleep(&ts, &ts) != 0) {
     }
     GVQ_WARN("MPI_Finalize at exit did not return within %llu ms after a communicator failed "
              "(a peer is gone or stuck); leaving without it",
              (unsigned long long)(ns / 1000000ull));
-    _exit((int)(intptr_t)arg);
+    _exit(exit_orders.status);
 }
 
 /* At exit, gvq finalizes the MPI it started. After a failure a peer may never come to
@@ -127,12 +137,16 @@ static void mpi_finalize_at_exit(int status, void *arg) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (fin) return;
-    if (any_failed && exit_bound_ns > 0) {
+    pthread_mutex_lock(&mpi_lock); /* another thread may still be failing a communicator */
+    uint64_t bound = any_failed ? exit_bound_ns : 0;
+    pthread_mutex_unlock(&mpi_lock);
+    if (bound > 0) {
         pthread_t th;
         GVQ_INFO("finalizing MPI after a communicator failed (bounded: %llu ms)",
-                 (unsigned long long)(exit_bound_ns / 1000000ull));
-        if (pthread_create(&th, NULL, exit_watchdog, (void *)(intptr_t)status) == 0)
-            pthread_detach(th);
+                 (unsigned long long)(bound / 1000000ull));
+        exit_orders.ns = bound;
+        exit_orders.status = status;
+        if (pthread_create(&th, NULL, exit_watchdog, NULL) == 0) pthread_detach(th);
     }
     MPI_Finalize();
 }
@@ -180,6 +194,7 @@ static mpi_op_t *op_get(mpi_impl_t *m) {
         return NULL;
     }
     op->next = NULL;
+    op->direct = 0;
     op->r = MPI_REQUEST_NULL;
     return op;
 }
@@ -221,6 +236,13 @@ static gvqResult_t check_size(size_t bytes) {
     return gvqSuccess;
 }
 
+/* Whether [buf, buf + bytes) lies in the library memory the transport was given. */
+static int is_own_mem(const gvq_transport_t *t, const void *buf, size_t bytes) {
+    if (t->own_mem == NULL || *t->own_mem == NULL || bytes == 0) return 0;
+    uintptr_t lo = (uintptr_t)*t->own_mem, p = (uintptr_t)buf;
+    return p >= lo && bytes <= *t->own_mem_bytes && p - lo <= *t->own_mem_bytes - bytes;
+}
+
 static gvqResult_t mpi_isend(gvq_transport_t *t, int peer, int tag, const void *buf, size_t bytes,
                              gvq_req_t *req) {
     mpi_impl_t *m = t->impl;
@@ -228,6 +250,16 @@ static gvqResult_t mpi_isend(gvq_transport_t *t, int peer, int tag, const void *
     mpi_op_t *op = op_get(m);
     if (op == NULL) return gvqSystemError;
     op->kind = OP_SEND;
+    op->direct = is_own_mem(t, buf, bytes);
+    if (op->direct) { /* library memory, kept after a failure: no copy */
+        int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm, &op->r);
+        if (rc != MPI_SUCCESS) {
+            op_put(m, op);
+            MPICHECK(rc, "mpi send");
+        }
+        req_fill(req, op, peer, bytes);
+        return gvqSuccess;
+    }
     if (op->cap < bytes) { /* the staged copy: the caller's buffer is free once the call returns */
         void *grown = realloc(op->stage, bytes);
         if (grown == NULL) {
@@ -442,7 +474,10 @@ static void mpi_cancel(gvq_transport_t *t, gvq_req_t *req) {
             op_put(m, op);
             return;
         }
-        quarantine_add(t, op); /* sends cannot be cancelled: it keeps its staged copy */
+        /* sends cannot be cancelled: a staged one keeps its copy; a direct one reads own_mem,
+         * which the communicator keeps once it is marked broken */
+        if (op->direct) gvq_broken_set(t->broken, gvqRemoteError);
+        quarantine_add(t, op);
         return;
     }
     case OP_DRAIN:
@@ -454,7 +489,7 @@ static void mpi_destroy(gvq_transport_t *t) {
     mpi_impl_t *m = t->impl;
     int fin = 0;
     MPI_Finalized(&fin);
-    int failed = m->failed || (t->broken != NULL && *t->broken != gvqSuccess);
+    int failed = m->failed || gvq_broken_get(t->broken) != gvqSuccess;
     /* a failed communicator stays: freeing it would let MPI give its context id to a new
      * communicator, whose receives would then match the late messages of this one */
     if (!fin && !failed) MPI_Comm_free(&m->comm); /* local in Open MPI: never waits on peers */

@@ -22,8 +22,8 @@ void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n) {
 }
 
 static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_req_t *reqs, int n, gvqResult_t res) {
+    gvq_broken_set(t->broken, res); /* first: a cancel may mark it broken too, less precisely */
     gvq_xport_cancelall(t, reqs, n);
-    if (t->broken != NULL && *t->broken == gvqSuccess) *t->broken = res;
     return res;
 }
 

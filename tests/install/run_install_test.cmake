@@ -6,7 +6,7 @@
 #   BUILD      the gvq build dir (build-tree)      SRC       the gvq sources (multiarch)
 #   WORK       scratch dir (emptied first; default: a temporary one)   CONSUMER  consumer sources
 #   CC         C compiler for the pkg-config consumer          MPIEXEC  to run the consumers
-#   WITH_CUDA  whether BUILD has CUDA (gvq.pc must then name the CUDA libraries)
+#   WITH_CUDA  whether BUILD has CUDA (gvq.pc must then name the CUDA libraries; build-tree)
 #   ARCH       multiarch triplet (CMAKE_LIBRARY_ARCHITECTURE; x86_64-linux-gnu when empty)
 cmake_minimum_required(VERSION 3.25)
 # WORK unset: a fresh folder under $TMPDIR (or /tmp), removed when everything passed and kept
@@ -53,6 +53,7 @@ elseif(MODE STREQUAL "multiarch")
   run("DESTDIR=${WORK}/root cmake --install" ${CMAKE_COMMAND} -E env DESTDIR=${WORK}/root
       ${CMAKE_COMMAND} --install ${WORK}/build)
   set(pcs ${prefix}/${libdir_rel}/pkgconfig/gvq.pc)
+  set(WITH_CUDA OFF) # this second build is the library without CUDA, whatever BUILD has
 else()
   message(FATAL_ERROR "MODE must be build-tree or multiarch, not '${MODE}'")
 endif()
