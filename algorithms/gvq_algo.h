@@ -230,6 +230,30 @@ gvqResult_t gvq_chain_broadcast(gvq_coll_ctx_t *ctx, const void *src, void *dst,
 gvqResult_t gvq_chain_reduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                              gvqDataType_t dtype, gvqRedOp_t op, int root);
 
+/* ---- small and medium sizes (recursive.c, tree.c) -------------------------------------------
+ * Latency-bound algorithms beside the ring, for any rank count (non-powers of two fold). Every
+ * rank of an allreduce gets bitwise the same result: one reduction order shared by all ranks.
+ * They post receives ahead of sends, so they are not for FIFO transports. src may equal dst
+ * (in place; for reduce-scatter and allgather NCCL's in-place layouts). gvqAvg divides last. */
+
+/* Recursive doubling allreduce: ceil(log2 N) (+2 with a fold) rounds of the whole vector. */
+gvqResult_t gvq_rd_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                             gvqDataType_t dtype, gvqRedOp_t op);
+/* Rabenseifner: recursive halving reduce-scatter, then recursive doubling allgather. */
+gvqResult_t gvq_rab_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                              gvqDataType_t dtype, gvqRedOp_t op);
+/* Reduce-scatter by recursive halving: src holds nranks*recvcount, dst gets block `rank`. */
+gvqResult_t gvq_rab_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *dst,
+                                   size_t recvcount, gvqDataType_t dtype, gvqRedOp_t op);
+/* Bruck's allgather: ceil(log2 N) rounds; rank r's block lands at dst + r*count elements. */
+gvqResult_t gvq_bruck_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                gvqDataType_t dtype);
+/* Binomial-tree broadcast from root and reduce to root (dst used on the root only). */
+gvqResult_t gvq_tree_broadcast(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t bytes,
+                               int root);
+gvqResult_t gvq_tree_reduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                            gvqDataType_t dtype, gvqRedOp_t op, int root);
+
 /* ---- agreement (agree.c): small collectives that keep every rank's decisions identical ---- */
 
 /* v[0..n) = op over the ranks of v (int32 through the plain ring; every rank calls it in the

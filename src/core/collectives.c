@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "gvq_comm_nccl.h"
+#include "gvq_select.h"
 #include "gvq_zero_code.h"
 
 static const char *op_fn[] = {"gvqAllReduce", "gvqBroadcast", "gvqReduce", "gvqReduceScatter",
@@ -171,28 +172,55 @@ static void refuse_together(const gvq_op_t *o, gvqResult_t res) {
 
 /* ---- execution --------------------------------------------------------------------------- */
 
+/* The algorithm for a plain collective (select.c): by its size as nccl-tests counts it (all
+ * blocks for reduce-scatter and allgather), rank count and datatype, or GVQ_ALGO. */
+static gvq_algo_t op_algo(const gvq_op_t *o, const gvq_coll_ctx_t *ctx) {
+    size_t bytes = o->count * gvq_dtype_size(o->dtype);
+    if (o->kind == GVQ_OP_REDUCE_SCATTER || o->kind == GVQ_OP_ALLGATHER)
+        bytes *= (size_t)o->comm->nranks;
+    return gvq_select_algo(o->kind, o->comm->nranks, bytes, o->dtype, ctx->xport->fifo);
+}
+
+static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_algo_t algo) {
+    if (algo == GVQ_ALGO_RD)
+        return gvq_rd_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
+    if (algo == GVQ_ALGO_RAB)
+        return gvq_rab_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
+    gvq_codec_t codec;
+    gvq_codec_identity_init(&codec, ctx->dev, o->dtype, o->op);
+    return gvq_ring_allreduce(ctx, &codec, o->sendbuff, o->recvbuff, o->count, o->op);
+}
+
 static gvqResult_t run_collective(const gvq_op_t *o, int allow_auto) {
     gvqComm_t c = o->comm;
     gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
     size_t esize = gvq_dtype_size(o->dtype);
+    int handled = 0; /* zero-code mode (GVQ_CODEC) */
+    if (o->kind == GVQ_OP_ALLREDUCE && allow_auto)
+        GVQCHECK(gvq_zero_code_allreduce(c, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op,
+                                         &handled));
+    if (handled) return gvqSuccess;
+    gvq_algo_t algo = op_algo(o, &ctx);
     switch (o->kind) {
-    case GVQ_OP_ALLREDUCE: {
-        int handled = 0; /* zero-code mode (GVQ_CODEC) */
-        if (allow_auto)
-            GVQCHECK(gvq_zero_code_allreduce(c, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op,
-                                             &handled));
-        if (handled) return gvqSuccess;
-        gvq_codec_t codec;
-        gvq_codec_identity_init(&codec, c->dev, o->dtype, o->op);
-        return gvq_ring_allreduce(&ctx, &codec, o->sendbuff, o->recvbuff, o->count, o->op);
-    }
+    case GVQ_OP_ALLREDUCE:
+        return run_allreduce(o, &ctx, algo);
     case GVQ_OP_BROADCAST:
+        if (algo == GVQ_ALGO_TREE)
+            return gvq_tree_broadcast(&ctx, o->sendbuff, o->recvbuff, o->count * esize, o->root);
         return gvq_chain_broadcast(&ctx, o->sendbuff, o->recvbuff, o->count * esize, o->root);
     case GVQ_OP_REDUCE:
+        if (algo == GVQ_ALGO_TREE)
+            return gvq_tree_reduce(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op,
+                                   o->root);
         return gvq_chain_reduce(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op, o->root);
     case GVQ_OP_REDUCE_SCATTER:
+        if (algo == GVQ_ALGO_RAB)
+            return gvq_rab_reduce_scatter(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype,
+                                          o->op);
         return gvq_ring_reduce_scatter(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     case GVQ_OP_ALLGATHER:
+        if (algo == GVQ_ALGO_RD)
+            return gvq_bruck_allgather(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype);
         return gvq_ring_allgather(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype);
     default:
         return gvqInternalError;

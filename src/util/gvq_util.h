@@ -79,6 +79,12 @@ const char *gvq_log_last_warn(void);
       "a transfer that makes no progress for this many ms fails with gvqTimeout (0: never)")   \
     X(CHUNK_BYTES, "GVQ_CHUNK_BYTES", UINT, 1 << 20, NULL,                                     \
       "ring and chain pipeline chunk size in bytes")                                           \
+    X(ALGO, "GVQ_ALGO", TEXT, 0, NULL,                                                         \
+      "algorithm of the plain collectives, as NCCL_ALGO: ring, rd (recursive doubling; "       \
+      "allgather: Bruck), rab (Rabenseifner), tree (binomial broadcast/reduce) or auto (the "  \
+      "measured table, src/core/select.c), for all or per collective, e.g. "                   \
+      "'allreduce=rd,broadcast=tree' (allreduce, broadcast, reduce, reducescatter, "           \
+      "allgather)")                                                                            \
     X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", UINT, 1 << 18, NULL,                         \
       "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")      \
     X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                              \

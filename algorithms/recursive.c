@@ -1,0 +1,272 @@
+/*
+ * recursive.c -- the latency-bound algorithms for small and medium sizes: recursive doubling and
+ * Rabenseifner's recursive halving/doubling (allreduce, reduce-scatter), and Bruck's allgather.
+ *
+ * Fold (N not a power of two): p = the largest power of two <= N, rem = N - p. The first 2 rem
+ * ranks pair up: even rank 2i hands its vector to 2i+1, which combines the two (2i's values
+ * first) and stands for both as virtual rank i; rank r >= 2 rem is virtual rank r - rem. The p
+ * virtual ranks run the power-of-two algorithm; at the end 2i+1 hands the result back to 2i.
+ *
+ *     N = 6 (p 4, rem 2):   rank   0  1  2  3  4  5       0 -> 1 and 2 -> 3 before,
+ *                           virt   -  0  -  1  2  3       1 -> 0 and 3 -> 2 after
+ *
+ * Each virtual rank stands for a contiguous run of ranks, in rank order.
+ *
+ * Recursive doubling allreduce (log2 p rounds of the whole vector):
+ *
+ *     mask 1:  v0 <-> v1   v2 <-> v3     then v0, v1 hold {0 1}, v2, v3 hold {2 3}
+ *     mask 2:  v0 <-> v2   v1 <-> v3     then every rank holds {0 1 2 3} = (v0 v1)(v2 v3)
+ *
+ * Bitwise identical results: the partners of a round hold bitwise identical values for their
+ * groups (by induction), and both compute (lower group) op (higher group) in that operand order,
+ * so both perform exactly the same operations: every rank evaluates one shared binary tree. The
+ * fold's combine puts the even (lower) rank first likewise.
+ *
+ * Rabenseifner allreduce (medium sizes): the vector is cut into p blocks. Recursive halving
+ * reduce-scatters them: round mask p/2 .. 1 keeps the half of the window holding block v, sends
+ * the other half to v ^ mask and combines what comes back (lower rank's values first), so v
+ * ends with block v reduced over all ranks; recursive doubling then allgathers the blocks
+ * (mask 1 .. p/2, the windows double). 2 log2 p rounds, about 2 (p-1)/p of the vector sent per
+ * rank. Each element is reduced by one rank only and then copied: identical everywhere.
+ *
+ * Rabenseifner reduce-scatter: the halving alone, with virtual block i made of the users' blocks
+ * of the ranks i stands for (2i and 2i+1, or i + rem), so that after it 2i+1 hands 2i its block.
+ *
+ * Bruck allgather (any N, ceil(log2 N) rounds): tmp[i] holds the block of rank (r+i) mod N;
+ * round d = 1, 2, 4, .. sends tmp[0, min(d, N-d)) to rank r-d and receives tmp[d, ..) from r+d;
+ * at the end tmp is rotated into place.
+ *
+ * Messages of 0 bytes are not sent (both sides know the size). Every round waits for its send
+ * and receive before the next one, so no pair ever has two messages in flight. These need
+ * receives posted ahead of sends: the selection keeps the ring on FIFO transports.
+ */
+#include <stdlib.h>
+
+#include "gvq_algo.h"
+
+typedef struct {
+    gvq_transport_t *t;
+    const gvq_device_ops_t *dev;
+    int n, r, p, rem;
+    int v; /* virtual rank; -1 for the even rank of a fold pair */
+    size_t esize;
+    gvqDataType_t dtype;
+    gvqRedOp_t op; /* elementwise (gvqAvg reduces as gvqSum; the divide comes last) */
+} rec_t;
+
+static void rec_init(rec_t *g, const gvq_coll_ctx_t *ctx, gvqDataType_t dtype, gvqRedOp_t op) {
+    g->t = ctx->xport;
+    g->dev = ctx->dev;
+    g->n = g->t->nranks;
+    g->r = g->t->rank;
+    for (g->p = 1; g->p * 2 <= g->n; g->p *= 2)
+        ;
+    g->rem = g->n - g->p;
+    if (g->r < 2 * g->rem)
+        g->v = (g->r & 1) ? g->r / 2 : -1;
+    else
+        g->v = g->r - g->rem;
+    g->esize = gvq_dtype_size(dtype);
+    g->dtype = dtype;
+    g->op = op == gvqAvg ? gvqSum : op;
+}
+
+/* The rank that virtual rank v runs on. */
+static int real_rank(const rec_t *g, int v) {
+    return v < g->rem ? 2 * v + 1 : v + g->rem;
+}
+
+/* The first of the ranks virtual rank v stands for. */
+static int first_rank(const rec_t *g, int v) {
+    return v < g->rem ? 2 * v : v + g->rem;
+}
+
+/* Send sbytes of sbuf to `to` and receive rbytes into rbuf from `from` (either may be 0). */
+static gvqResult_t sendrecv(gvq_transport_t *t, int to, const void *sbuf, size_t sbytes, int from,
+                            void *rbuf, size_t rbytes, const char *what) {
+    gvq_req_t req[2];
+    memset(req, 0, sizeof req);
+    gvqResult_t res = gvqSuccess;
+    if (rbytes > 0) res = t->ops->irecv(t, from, GVQ_TAG_COLL, rbuf, rbytes, &req[0]);
+    if (res == gvqSuccess && sbytes > 0)
+        res = t->ops->isend(t, to, GVQ_TAG_COLL, sbuf, sbytes, &req[1]);
+    if (res == gvqSuccess) res = gvq_xport_waitall(t, req, 2, what);
+    if (res != gvqSuccess) gvq_xport_cancelall(t, req, 2);
+    return res;
+}
+
+/* mine = (lower rank's values) op (higher rank's values): the operand order every rank shares. */
+static gvqResult_t combine(const rec_t *g, void *mine, const void *in, size_t count,
+                           int in_is_lower) {
+    if (count == 0) return gvqSuccess;
+    if (in_is_lower) return g->dev->reduce(mine, in, mine, count, g->dtype, g->op);
+    return g->dev->reduce(mine, mine, in, count, g->dtype, g->op);
+}
+
+/* Before the virtual ranks run: the even rank of a pair hands buf to the odd one, which
+ * combines it into its own (tmp: count elements of room). */
+static gvqResult_t fold_in(const rec_t *g, void *buf, void *tmp, size_t count) {
+    size_t bytes = count * g->esize;
+    if (g->r >= 2 * g->rem) return gvqSuccess;
+    if (g->v < 0) return sendrecv(g->t, g->r + 1, buf, bytes, -1, NULL, 0, "fold send");
+    GVQCHECK(sendrecv(g->t, -1, NULL, 0, g->r - 1, tmp, bytes, "fold receive"));
+    return combine(g, buf, tmp, count, 1);
+}
+
+/* After: the odd rank of a pair hands the result back. */
+static gvqResult_t fold_out(const rec_t *g, void *buf, size_t bytes) {
+    if (g->r >= 2 * g->rem) return gvqSuccess;
+    if (g->v < 0) return sendrecv(g->t, -1, NULL, 0, g->r + 1, buf, bytes, "fold result receive");
+    return sendrecv(g->t, g->r - 1, buf, bytes, -1, NULL, 0, "fold result send");
+}
+
+/* Cut count elements into p blocks: off[0..p]. */
+static void even_blocks(size_t *off, int p, size_t count) {
+    size_t base = count / (size_t)p, extra = count % (size_t)p;
+    off[0] = 0;
+    for (int b = 0; b < p; b++)
+        off[b + 1] = off[b] + base + ((size_t)b < extra);
+}
+
+/* Recursive halving: afterwards block v of buf (blocks off[0..p]) holds the reduction over all
+ * ranks. tmp holds half of the vector at least. */
+static gvqResult_t halving(const rec_t *g, char *buf, char *tmp, const size_t *off) {
+    size_t es = g->esize;
+    int lo = 0, hi = g->p;
+    for (int mask = g->p / 2; mask >= 1; mask >>= 1) {
+        int mid = lo + mask, pv = g->v ^ mask, upper = (g->v & mask) != 0;
+        int klo = upper ? mid : lo, khi = upper ? hi : mid; /* the half kept */
+        int slo = upper ? lo : mid, shi = upper ? mid : hi; /* the half sent */
+        size_t kn = off[khi] - off[klo], sn = off[shi] - off[slo];
+        int peer = real_rank(g, pv);
+        GVQCHECK(sendrecv(g->t, peer, buf + off[slo] * es, sn * es, peer, tmp, kn * es,
+                          "recursive halving"));
+        GVQCHECK(combine(g, buf + off[klo] * es, tmp, kn, pv < g->v));
+        lo = klo;
+        hi = khi;
+    }
+    return gvqSuccess;
+}
+
+/* Recursive doubling allgather: before it v holds block v of buf, afterwards every block. */
+static gvqResult_t doubling(const rec_t *g, char *buf, const size_t *off) {
+    size_t es = g->esize;
+    for (int mask = 1; mask < g->p; mask <<= 1) {
+        int pv = g->v ^ mask, peer = real_rank(g, pv);
+        int mine = g->v & ~(mask - 1), theirs = pv & ~(mask - 1); /* the groups' first blocks */
+        GVQCHECK(sendrecv(g->t, peer, buf + off[mine] * es, (off[mine + mask] - off[mine]) * es,
+                          peer, buf + off[theirs] * es, (off[theirs + mask] - off[theirs]) * es,
+                          "recursive doubling allgather"));
+    }
+    return gvqSuccess;
+}
+
+/* Copy src into dst unless in place. */
+static gvqResult_t start_copy(const gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t bytes) {
+    return src == dst ? gvqSuccess : ctx->dev->copy(dst, src, bytes);
+}
+
+gvqResult_t gvq_rd_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                             gvqDataType_t dtype, gvqRedOp_t op) {
+    rec_t g;
+    rec_init(&g, ctx, dtype, op);
+    size_t bytes = count * g.esize;
+    if (count == 0) return gvqSuccess;
+    GVQCHECK(start_copy(ctx, src, dst, bytes));
+    if (g.n > 1) {
+        void *tmp = NULL;
+        GVQCHECK(gvq_coll_scratch(ctx, bytes, &tmp));
+        GVQCHECK(fold_in(&g, dst, tmp, count));
+        for (int mask = 1; g.v >= 0 && mask < g.p; mask <<= 1) {
+            int pv = g.v ^ mask, peer = real_rank(&g, pv);
+            GVQCHECK(sendrecv(g.t, peer, dst, bytes, peer, tmp, bytes, "recursive doubling"));
+            GVQCHECK(combine(&g, dst, tmp, count, pv < g.v));
+        }
+        GVQCHECK(fold_out(&g, dst, bytes));
+    }
+    if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, count, dtype, g.n));
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_rab_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                              gvqDataType_t dtype, gvqRedOp_t op) {
+    rec_t g;
+    rec_init(&g, ctx, dtype, op);
+    size_t bytes = count * g.esize;
+    if (count == 0) return gvqSuccess;
+    GVQCHECK(start_copy(ctx, src, dst, bytes));
+    if (g.n > 1) {
+        void *tmp = NULL;
+        GVQCHECK(gvq_coll_scratch(ctx, bytes, &tmp)); /* the fold receives the whole vector */
+        size_t *off = malloc(sizeof(size_t) * (size_t)(g.p + 1));
+        if (off == NULL) return gvqSystemError;
+        even_blocks(off, g.p, count);
+        gvqResult_t res = fold_in(&g, dst, tmp, count);
+        if (res == gvqSuccess && g.v >= 0) res = halving(&g, dst, tmp, off);
+        if (res == gvqSuccess && g.v >= 0) res = doubling(&g, dst, off);
+        if (res == gvqSuccess) res = fold_out(&g, dst, bytes);
+        free(off);
+        GVQCHECK(res);
+    }
+    if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, count, dtype, g.n));
+    return gvqSuccess;
+}
+
+/* The halving on a copy of the n blocks in work; the result block goes to dst. */
+static gvqResult_t rab_rs_run(const rec_t *g, char *work, char *tmp, void *dst, size_t rc) {
+    size_t es = g->esize, bbytes = rc * es;
+    GVQCHECK(fold_in(g, work, tmp, (size_t)g->n * rc));
+    if (g->v < 0) /* the even rank of a pair: its block comes from the odd one */
+        return sendrecv(g->t, -1, NULL, 0, g->r + 1, dst, bbytes, "fold result receive");
+    size_t *off = malloc(sizeof(size_t) * (size_t)(g->p + 1));
+    if (off == NULL) return gvqSystemError;
+    for (int b = 0; b < g->p; b++)
+        off[b] = (size_t)first_rank(g, b) * rc;
+    off[g->p] = (size_t)g->n * rc;
+    gvqResult_t res = halving(g, work, tmp, off);
+    free(off);
+    GVQCHECK(res);
+    if (g->r < 2 * g->rem)
+        GVQCHECK(sendrecv(g->t, g->r - 1, work + (size_t)(g->r - 1) * bbytes, bbytes, -1, NULL, 0,
+                          "fold result send"));
+    return g->dev->copy(dst, work + (size_t)g->r * bbytes, bbytes);
+}
+
+gvqResult_t gvq_rab_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *dst,
+                                   size_t recvcount, gvqDataType_t dtype, gvqRedOp_t op) {
+    rec_t g;
+    rec_init(&g, ctx, dtype, op);
+    size_t total = (size_t)g.n * recvcount * g.esize;
+    if (recvcount == 0) return gvqSuccess;
+    if (g.n == 1) {
+        GVQCHECK(start_copy(ctx, src, dst, total));
+    } else {
+        char *work = NULL; /* the whole vector, then the fold's or the halving's receives */
+        GVQCHECK(gvq_coll_scratch(ctx, 2 * total, (void **)&work));
+        GVQCHECK(ctx->dev->copy(work, src, total)); /* dst may lie inside src (in place) */
+        GVQCHECK(rab_rs_run(&g, work, work + total, dst, recvcount));
+    }
+    if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, recvcount, dtype, g.n));
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_bruck_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                gvqDataType_t dtype) {
+    gvq_transport_t *t = ctx->xport;
+    int n = t->nranks, r = t->rank;
+    size_t bytes = count * gvq_dtype_size(dtype);
+    char *out = dst, *tmp = NULL;
+    if (count == 0) return gvqSuccess;
+    if (n == 1) return start_copy(ctx, src, dst, bytes);
+    GVQCHECK(gvq_coll_scratch(ctx, (size_t)n * bytes, (void **)&tmp));
+    GVQCHECK(ctx->dev->copy(tmp, src, bytes)); /* src may be dst's block r (in place) */
+    for (int d = 1; d < n; d *= 2) {
+        size_t nb = (size_t)GVQ_MIN(d, n - d);
+        GVQCHECK(sendrecv(t, (r - d + n) % n, tmp, nb * bytes, (r + d) % n, tmp + (size_t)d * bytes,
+                          nb * bytes, "Bruck allgather"));
+    }
+    /* tmp[i] is rank (r+i) mod n's block */
+    GVQCHECK(ctx->dev->copy(out + (size_t)r * bytes, tmp, (size_t)(n - r) * bytes));
+    if (r > 0) GVQCHECK(ctx->dev->copy(out, tmp + (size_t)(n - r) * bytes, (size_t)r * bytes));
+    return gvqSuccess;
+}

@@ -1,0 +1,167 @@
+/*
+ * select.c -- which algorithm runs a plain collective: one table of crossovers, and GVQ_ALGO.
+ *
+ *   GVQ_ALGO unset or auto      the table below: the first row whose collective, rank range,
+ *                               datatype class and size bound match; the ring past every row
+ *   GVQ_ALGO=rd                 every collective that has rd runs it, the others the table
+ *   GVQ_ALGO=allreduce=rab,broadcast=tree    per collective (items separated by commas)
+ *
+ * Algorithms per collective (gvq_algo.h):
+ *
+ *   allreduce       ring, rd (recursive doubling), rab (Rabenseifner)
+ *   reducescatter   ring, rab (recursive halving)
+ *   allgather       ring, rd (Bruck)
+ *   broadcast       ring (the pipelined chain), tree (binomial)
+ *   reduce          ring (the pipelined chain), tree (binomial)
+ *
+ * A name a collective does not have, or a malformed item, is reported at WARN and that item
+ * ignored. The choice is reported at INFO the first time each (collective, algorithm) runs.
+ * The algorithms other than the ring post receives ahead of their sends, so a FIFO transport
+ * (NCCL's) always runs the ring.
+ *
+ * The allreduce bounds were measured on the development machine (2 cores shared with other
+ * jobs, load 10-17 at the time: the bounds are rough): gvq-perf -b 1K -e 4M -f 2 -n 50 -w 10
+ * with GVQ_ALGO forced per algorithm, 2 to 5 ranks, medians over 3 runs of the per-size time;
+ * a bound is the largest size at which the row's algorithm had the lowest median. Rows marked
+ * "not measured" follow from the step counts (rd/tree: ceil(log2 N) steps, ring/chain: N-1 or
+ * 2(N-1)) and wait for the per-collective gvq-perf.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gvq_select.h"
+
+#define KIB ((size_t)1 << 10)
+#define NCOLL 5 /* GVQ_OP_ALLREDUCE .. GVQ_OP_ALLGATHER */
+
+static const char *const algo_names[GVQ_ALGO_COUNT] = {"auto", "ring", "rd", "rab", "tree"};
+static const char *const coll_names[NCOLL] = {"allreduce", "broadcast", "reduce", "reducescatter",
+                                              "allgather"};
+#define B(a) (1u << (a))
+static const unsigned coll_algos[NCOLL] = {
+    [GVQ_OP_ALLREDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_RAB),
+    [GVQ_OP_BROADCAST] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE),
+    [GVQ_OP_REDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE),
+    [GVQ_OP_REDUCE_SCATTER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RAB),
+    [GVQ_OP_ALLGATHER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD),
+};
+
+/* Datatype classes: 16-bit floats reduce through float conversions, so their reductions cost
+ * more per byte and the crossovers of reducing collectives may sit elsewhere. */
+enum { DC_ANY, DC_HALF };
+
+typedef struct {
+    gvq_op_kind_t kind;
+    int min_ranks, max_ranks; /* inclusive */
+    int dclass;               /* DC_ANY: every datatype */
+    size_t max_bytes;         /* the row holds up to this size */
+    gvq_algo_t algo;
+} select_row_t;
+
+/* clang-format off */
+static const select_row_t table[] = {
+    /* kind                  ranks    dtypes  up to        algorithm      measured (see above) */
+    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, 2 * KIB,     GVQ_ALGO_RD},
+    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, 4 * KIB,     GVQ_ALGO_RING}, /* rd's one 4 KiB
+                                                                            * message: 0.24x */
+    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, 32 * KIB,    GVQ_ALGO_RD},   /* rd best to 32K */
+    {GVQ_OP_ALLREDUCE,       3, 3,    DC_ANY, 16 * KIB,    GVQ_ALGO_RD},   /* ring from 32K */
+    {GVQ_OP_ALLREDUCE,       4, 4,    DC_ANY, 16 * KIB,    GVQ_ALGO_RD},   /* undecidable < 16K */
+    {GVQ_OP_ALLREDUCE,       4, 4,    DC_ANY, 256 * KIB,   GVQ_ALGO_RING},
+    {GVQ_OP_ALLREDUCE,       4, 4,    DC_ANY, 4096 * KIB,  GVQ_ALGO_RAB},  /* rab best 512K..4M */
+    {GVQ_OP_ALLREDUCE,       5, 5,    DC_ANY, 64 * KIB,    GVQ_ALGO_RD},
+    {GVQ_OP_ALLREDUCE,       5, 5,    DC_ANY, 512 * KIB,   GVQ_ALGO_RAB},  /* rab best 128K..512K */
+    {GVQ_OP_ALLREDUCE,       6, 1024, DC_ANY, 16 * KIB,    GVQ_ALGO_RD},   /* not measured */
+    /* not measured yet (gvq-perf times allreduce only): bounds from the step counts */
+    {GVQ_OP_REDUCE_SCATTER,  2, 1024, DC_ANY, 64 * KIB,    GVQ_ALGO_RAB},
+    {GVQ_OP_ALLGATHER,       2, 1024, DC_ANY, 64 * KIB,    GVQ_ALGO_RD},
+    {GVQ_OP_BROADCAST,       3, 1024, DC_ANY, 64 * KIB,    GVQ_ALGO_TREE},
+    {GVQ_OP_REDUCE,          3, 1024, DC_ANY, 64 * KIB,    GVQ_ALGO_TREE},
+};
+/* clang-format on */
+
+static gvq_algo_t forced[NCOLL]; /* GVQ_ALGO; GVQ_ALGO_AUTO: the table */
+static int reported[NCOLL][GVQ_ALGO_COUNT];
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
+const char *gvq_algo_name(gvq_algo_t a) {
+    return a >= 0 && a < GVQ_ALGO_COUNT ? algo_names[a] : "?";
+}
+
+static int name_index(const char *const *names, int n, const char *s, size_t len) {
+    for (int i = 0; i < n; i++)
+        if (strlen(names[i]) == len && strncmp(names[i], s, len) == 0) return i;
+    return -1;
+}
+
+/* One item of the spec: "algo" (every collective that has it) or "collective=algo". */
+static void parse_item(const char *item, size_t len, const char *spec) {
+    const char *eq = memchr(item, '=', len);
+    const char *an = eq != NULL ? eq + 1 : item;
+    size_t alen = (size_t)(item + len - an);
+    int a = name_index(algo_names, GVQ_ALGO_COUNT, an, alen);
+    int k = eq != NULL ? name_index(coll_names, NCOLL, item, (size_t)(eq - item)) : -1;
+    if (a < 0 || (eq != NULL && k < 0)) {
+        GVQ_WARN("GVQ_ALGO='%s': '%.*s' is not an algorithm (auto, ring, rd, rab, tree) or "
+                 "collective=algorithm (allreduce, broadcast, reduce, reducescatter, allgather); "
+                 "ignored",
+                 spec, (int)len, item);
+        return;
+    }
+    if (eq == NULL) {
+        for (int c = 0; c < NCOLL; c++)
+            if (a == GVQ_ALGO_AUTO || (coll_algos[c] & B(a))) forced[c] = (gvq_algo_t)a;
+        return;
+    }
+    if (a != GVQ_ALGO_AUTO && !(coll_algos[k] & B(a))) {
+        GVQ_WARN("GVQ_ALGO='%s': %s has no algorithm %s; ignored", spec, coll_names[k],
+                 algo_names[a]);
+        return;
+    }
+    forced[k] = (gvq_algo_t)a;
+}
+
+static void parse_spec(const char *spec) {
+    for (int c = 0; c < NCOLL; c++)
+        forced[c] = GVQ_ALGO_AUTO;
+    for (const char *p = spec; p != NULL && *p != '\0';) {
+        const char *end = strchr(p, ',');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (len > 0) parse_item(p, len, spec);
+        p = end != NULL ? end + 1 : NULL;
+    }
+}
+
+static void env_init(void) {
+    parse_spec(gvq_param_text(GVQ_PARAM_ALGO));
+}
+
+void gvq_select_override(const char *spec) {
+    pthread_once(&env_once, env_init);
+    parse_spec(spec != NULL ? spec : gvq_param_text(GVQ_PARAM_ALGO));
+}
+
+static gvq_algo_t from_table(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype) {
+    int half = dtype == gvqFloat16 || dtype == gvqBfloat16;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        const select_row_t *row = &table[i];
+        if (row->kind == kind && nranks >= row->min_ranks && nranks <= row->max_ranks &&
+            (row->dclass == DC_ANY || (row->dclass == DC_HALF && half)) && bytes <= row->max_bytes)
+            return row->algo;
+    }
+    return GVQ_ALGO_RING;
+}
+
+gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
+                           int fifo) {
+    pthread_once(&env_once, env_init);
+    if ((int)kind < 0 || (int)kind >= NCOLL || nranks <= 1 || fifo) return GVQ_ALGO_RING;
+    gvq_algo_t a = forced[kind];
+    int from_env = a != GVQ_ALGO_AUTO;
+    if (!from_env) a = from_table(kind, nranks, bytes, dtype);
+    if (__atomic_exchange_n(&reported[kind][a], 1, __ATOMIC_RELAXED) == 0)
+        GVQ_INFO("%s: algorithm %s (%s; first at %zu bytes on %d ranks)", coll_names[kind],
+                 algo_names[a], from_env ? "GVQ_ALGO" : "the size table", bytes, nranks);
+    return a;
+}

@@ -1,0 +1,276 @@
+/*
+ * test_algos.c -- every algorithm of every plain collective, each forced through GVQ_ALGO's
+ * override (gvq_select_override), on 1..5 in-process ranks with odd counts: results against a
+ * double-precision reference computed from the inputs, and, for allreduce, outputs bitwise
+ * identical on every rank -- also with values whose float sum depends on the order of the
+ * additions and with max/min over +0 and -0, where only a reduction order that all ranks share
+ * gives every rank the same bits.
+ */
+#include <math.h>
+
+#include "gvq_select.h"
+#include "gvq_test.h"
+#include "test_values.h"
+
+static double input(int rank, size_t i, gvqDataType_t t, gvqRedOp_t op) {
+    if (op == gvqProd) return ((rank + i) % 3 == 0) ? 2 : 1; /* products stay small */
+    int v = (int)((rank * 37 + i * 11) % 19) - 9;
+    if (t == gvqUint8 || t == gvqUint32 || t == gvqUint64) v += 9;
+    return gvq_dtype_is_float(t) ? v / 4.0 : v;
+}
+
+static double expect_reduce(int nranks, size_t i, gvqDataType_t t, gvqRedOp_t op) {
+    double acc = input(0, i, t, op);
+    for (int r = 1; r < nranks; r++) {
+        double x = input(r, i, t, op);
+        if (op == gvqProd)
+            acc *= x;
+        else if (op == gvqMax)
+            acc = x > acc ? x : acc;
+        else if (op == gvqMin)
+            acc = x < acc ? x : acc;
+        else
+            acc += x;
+    }
+    if (op == gvqAvg) acc = gvq_dtype_is_float(t) ? acc / nranks : (double)(int64_t)(acc / nranks);
+    return acc;
+}
+
+static int close_enough(double got, double want, gvqDataType_t t) {
+    double tol = t == gvqFloat16 ? 1e-2 : t == gvqBfloat16 ? 2e-2 : t == gvqFloat32 ? 1e-5 : 1e-12;
+    if (!gvq_dtype_is_float(t)) return got == want;
+    return fabs(got - want) <= tol * (1 + fabs(want));
+}
+
+static uint64_t fnv(const void *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
+    return h;
+}
+
+typedef struct {
+    const char *algo; /* GVQ_ALGO for the case */
+    size_t count;
+    gvqDataType_t t;
+    gvqRedOp_t op;
+    int inplace, root;
+    int order_values; /* allreduce: order-sensitive float values instead of input() */
+    uint64_t hash[8];
+} case_t;
+
+/* Float values whose sum over the ranks rounds differently in different orders: magnitudes
+ * 2^-20 .. 2^20 and both signs. For max and min: +0, -0, 1 and -1. */
+static float order_value(int rank, size_t i, gvqRedOp_t op) {
+    uint32_t h = (uint32_t)(rank * 2654435761u) ^ (uint32_t)(i * 40503u + 977u);
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    if (op == gvqMax || op == gvqMin) {
+        static const float z[4] = {0.0f, -0.0f, 0.0f, -0.0f};
+        return (h % 5 == 0) ? ((h & 8) ? 1.0f : -1.0f) : z[h % 4];
+    }
+    float m = 1.0f + (float)(h % 1000) / 997.0f;
+    return ((h >> 10) & 1 ? -m : m) * ldexpf(1.0f, (int)((h >> 11) % 41) - 20);
+}
+
+static void rank_allreduce(gvqComm_t comm, int rank, int nranks, void *arg) {
+    case_t *c = arg;
+    size_t es = gvq_dtype_size(c->t);
+    char *s = malloc(c->count * es + 1), *d = c->inplace ? s : malloc(c->count * es + 1);
+    for (size_t i = 0; i < c->count; i++)
+        if (c->order_values)
+            ((float *)s)[i] = order_value(rank, i, c->op);
+        else
+            put(s, c->t, i, input(rank, i, c->t, c->op));
+    EXPECT_RES(gvqAllReduce(s, d, c->count, c->t, c->op, comm, NULL), gvqSuccess);
+    int bad = 0;
+    for (size_t i = 0; i < c->count && !c->order_values; i++) {
+        double want = expect_reduce(nranks, i, c->t, c->op), got = get(d, c->t, i);
+        if (!close_enough(got, want, c->t) && bad++ < 2)
+            EXPECT(0, "GVQ_ALGO=%s allreduce n=%d count=%zu %s %s %s rank %d [%zu]: got %g want %g",
+                   c->algo, nranks, c->count, gvq_dtype_name(c->t), gvq_op_name(c->op),
+                   c->inplace ? "in-place" : "out-of-place", rank, i, got, want);
+    }
+    c->hash[rank] = fnv(d, c->count * es);
+    if (d != s) free(d);
+    free(s);
+}
+
+static void rank_reduce_scatter(gvqComm_t comm, int rank, int nranks, void *arg) {
+    case_t *c = arg;
+    size_t es = gvq_dtype_size(c->t), total = c->count * (size_t)nranks;
+    char *s = malloc(total * es + 1);
+    for (size_t i = 0; i < total; i++)
+        put(s, c->t, i, input(rank, i, c->t, c->op));
+    char *d = c->inplace ? s + (size_t)rank * c->count * es : malloc(c->count * es + 1);
+    EXPECT_RES(gvqReduceScatter(s, d, c->count, c->t, c->op, comm, NULL), gvqSuccess);
+    int bad = 0;
+    for (size_t i = 0; i < c->count; i++) {
+        double want = expect_reduce(nranks, (size_t)rank * c->count + i, c->t, c->op),
+               got = get(d, c->t, i);
+        if (!close_enough(got, want, c->t) && bad++ < 2)
+            EXPECT(0,
+                   "GVQ_ALGO=%s reduce_scatter n=%d count=%zu %s %s rank %d [%zu]: got %g want %g",
+                   c->algo, nranks, c->count, gvq_dtype_name(c->t), gvq_op_name(c->op), rank, i,
+                   got, want);
+    }
+    if (!c->inplace) free(d);
+    free(s);
+}
+
+static void rank_allgather(gvqComm_t comm, int rank, int nranks, void *arg) {
+    case_t *c = arg;
+    size_t es = gvq_dtype_size(c->t);
+    char *d = malloc(c->count * (size_t)nranks * es + 1);
+    char *s = c->inplace ? d + (size_t)rank * c->count * es : malloc(c->count * es + 1);
+    for (size_t i = 0; i < c->count; i++)
+        put(s, c->t, i, input(rank, i, c->t, gvqSum));
+    EXPECT_RES(gvqAllGather(s, d, c->count, c->t, comm, NULL), gvqSuccess);
+    int bad = 0;
+    for (int r = 0; r < nranks; r++)
+        for (size_t i = 0; i < c->count; i++) {
+            double want = input(r, i, c->t, gvqSum), got = get(d, c->t, (size_t)r * c->count + i);
+            if (got != want && bad++ < 2)
+                EXPECT(0, "GVQ_ALGO=%s allgather n=%d count=%zu %s rank %d block %d [%zu]: got %g",
+                       c->algo, nranks, c->count, gvq_dtype_name(c->t), rank, r, i, got);
+        }
+    if (!c->inplace) free(s);
+    free(d);
+}
+
+static void rank_broadcast(gvqComm_t comm, int rank, int nranks, void *arg) {
+    case_t *c = arg;
+    (void)nranks;
+    size_t es = gvq_dtype_size(c->t);
+    char *s = malloc(c->count * es + 1), *d = c->inplace ? s : malloc(c->count * es + 1);
+    for (size_t i = 0; i < c->count; i++)
+        put(s, c->t, i, input(rank == c->root ? 1000 : rank, i, c->t, gvqSum));
+    EXPECT_RES(gvqBroadcast(s, d, c->count, c->t, c->root, comm, NULL), gvqSuccess);
+    int bad = 0;
+    for (size_t i = 0; i < c->count; i++)
+        if (get(d, c->t, i) != input(1000, i, c->t, gvqSum) && bad++ < 2)
+            EXPECT(0, "GVQ_ALGO=%s broadcast n=%d root %d count %zu rank %d [%zu]", c->algo, nranks,
+                   c->root, c->count, rank, i);
+    if (d != s) free(d);
+    free(s);
+}
+
+static void rank_reduce(gvqComm_t comm, int rank, int nranks, void *arg) {
+    case_t *c = arg;
+    size_t es = gvq_dtype_size(c->t);
+    char *s = malloc(c->count * es + 1), *d = c->inplace ? s : malloc(c->count * es + 1);
+    for (size_t i = 0; i < c->count; i++)
+        put(s, c->t, i, input(rank, i, c->t, c->op));
+    EXPECT_RES(gvqReduce(s, rank == c->root || c->inplace ? d : NULL, c->count, c->t, c->op,
+                         c->root, comm, NULL),
+               gvqSuccess);
+    int bad = 0;
+    for (size_t i = 0; rank == c->root && i < c->count; i++) {
+        double want = expect_reduce(nranks, i, c->t, c->op), got = get(d, c->t, i);
+        if (!close_enough(got, want, c->t) && bad++ < 2)
+            EXPECT(0, "GVQ_ALGO=%s reduce n=%d root %d count=%zu %s %s [%zu]: got %g want %g",
+                   c->algo, nranks, c->root, c->count, gvq_dtype_name(c->t), gvq_op_name(c->op), i,
+                   got, want);
+    }
+    if (d != s) free(d);
+    free(s);
+}
+
+static void check_same(const case_t *c, int nranks) {
+    for (int r = 1; r < nranks; r++)
+        EXPECT(c->hash[r] == c->hash[0],
+               "GVQ_ALGO=%s allreduce n=%d count=%zu %s %s%s: rank %d's output differs from rank "
+               "0's",
+               c->algo, nranks, c->count, gvq_dtype_name(c->t), gvq_op_name(c->op),
+               c->order_values ? " (order-sensitive values)" : "", r);
+}
+
+static const char *const algos[] = {"ring", "rd", "rab", "tree"};
+
+/* Every collective with every algorithm forced, all datatypes and ops, 1..5 ranks. */
+static void test_forced(void) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    cfg.chunkBytes = 256;
+    for (size_t a = 0; a < sizeof algos / sizeof algos[0]; a++) {
+        gvq_select_override(algos[a]);
+        for (int n = 1; n <= 5; n++) {
+            size_t counts[] = {1, (size_t)(n > 1 ? n - 1 : 2), 7, 1021};
+            for (int ci = 0; ci < 4; ci++)
+                for (int t = 0; t < gvqNumTypes; t++)
+                    for (int op = 0; op < gvqNumOps; op++) {
+                        if (gvq_test_sweep_skips(n, t, op)) continue;
+                        case_t c = {algos[a],
+                                    counts[ci],
+                                    (gvqDataType_t)t,
+                                    (gvqRedOp_t)op,
+                                    (ci + t + op) % 2,
+                                    (ci + t) % n,
+                                    0,
+                                    {0}};
+                        gvq_test_run(n, &cfg, rank_allreduce, &c);
+                        check_same(&c, n);
+                        gvq_test_run(n, &cfg, rank_reduce_scatter, &c);
+                        gvq_test_run(n, &cfg, rank_reduce, &c);
+                        if (op != gvqSum) continue;
+                        gvq_test_run(n, &cfg, rank_allgather, &c);
+                        gvq_test_run(n, &cfg, rank_broadcast, &c);
+                    }
+        }
+    }
+    gvq_select_override(NULL);
+}
+
+/* The order-sensitive values really are: some element's float sum over 3 or more ranks differs
+ * between the two groupings of a 3-rank slice, so equal hashes are no accident. */
+static void test_values_are_order_sensitive(void) {
+    int differ = 0;
+    for (size_t i = 0; i < 4096 && !differ; i++) {
+        volatile float a = order_value(0, i, gvqSum), b = order_value(1, i, gvqSum),
+                       c = order_value(2, i, gvqSum);
+        float x = (a + b) + c, y = a + (b + c);
+        differ = x != y;
+    }
+    EXPECT(differ, "the order-sensitive test values sum alike in every order");
+}
+
+/* Bitwise identical outputs on every rank where the order of the reduction shows. */
+static void test_identical(void) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    const gvqRedOp_t ops[] = {gvqSum, gvqAvg, gvqMax, gvqMin};
+    for (size_t a = 0; a < 3; a++) {
+        gvq_select_override(algos[a]);
+        for (int n = 2; n <= 5; n++)
+            for (size_t o = 0; o < 4; o++)
+                for (int ip = 0; ip < 2; ip++) {
+                    case_t c = {algos[a], 4099, gvqFloat32, ops[o], ip, 0, 1, {0}};
+                    gvq_test_run(n, &cfg, rank_allreduce, &c);
+                    check_same(&c, n);
+                }
+    }
+    gvq_select_override(NULL);
+}
+
+/* Malformed or unsupported GVQ_ALGO items are ignored (WARN), the rest applies. */
+static void test_spec(void) {
+    gvq_select_override("allreduce=tree,bogus,allgather=rd");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1 << 30, gvqFloat32, 0) == GVQ_ALGO_RING,
+           "allreduce=tree is not an allreduce algorithm: the table (ring at 1 GiB) must stay");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLGATHER, 4, 1 << 30, gvqFloat32, 0) == GVQ_ALGO_RD,
+           "allgather=rd must force Bruck");
+    gvq_select_override("rab");
+    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 3, 1, gvqInt8, 0) == GVQ_ALGO_RAB, "rab for RS");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1) == GVQ_ALGO_RING,
+           "FIFO transports keep the ring");
+    gvq_select_override(NULL);
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0) == GVQ_ALGO_RING,
+           "the table gives the ring at 1 GiB");
+}
+
+int main(void) {
+    test_values_are_order_sensitive();
+    test_spec();
+    test_identical();
+    test_forced();
+    return gvq_test_finish("test_algos");
+}
