@@ -19,6 +19,11 @@
 
 const char *const perf_codec_names[NUM_CODECS] = {"none", "mpi", "gradiveq", "qsgd"};
 const char *const perf_op_names[gvqNumOps] = {"sum", "prod", "max", "min", "avg"};
+const char *const perf_coll_names[NUM_COLLS] = {"allreduce", "reducescatter", "allgather",
+                                                "broadcast", "reduce",        "sendrecv"};
+const char *const perf_coll_mpi_names[NUM_COLLS] = {"MPI_Allreduce", "MPI_Reduce_scatter_block",
+                                                    "MPI_Allgather", "MPI_Bcast",
+                                                    "MPI_Reduce",    "MPI_Sendrecv"};
 
 static const dtype_info_t dtypes[] = {
     {"int8", gvqInt8, 1, 0, 0.0},
@@ -45,8 +50,20 @@ static const struct {
 
 static const char usage_text[] =
     "usage: mpirun -np N %s [options]\n"
-    "  allreduce bandwidth, nccl-tests style: gvq's ring against MPI_Allreduce and gvq's\n"
+    "  collective bandwidth, nccl-tests style: gvq against MPI for each collective, and gvq's\n"
     "  compressed allreduce (GradiVeQ, QSGD)\n"
+    "  -k, --coll LIST         comma-separated collectives, each gvq's call against MPI's:\n"
+    "                          allreduce (MPI_Allreduce), reducescatter\n"
+    "                          (MPI_Reduce_scatter_block), allgather (MPI_Allgather),\n"
+    "                          broadcast (MPI_Bcast), reduce (MPI_Reduce), sendrecv (gvqSend\n"
+    "                          and gvqRecv in a group against MPI_Sendrecv, each rank to the\n"
+    "                          next in a ring), all (default allreduce). Size and busbw as\n"
+    "                          nccl-tests: the size is the whole buffer (reducescatter: the\n"
+    "                          input, allgather: the output, a multiple of nranks elements);\n"
+    "                          busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (reducescatter,\n"
+    "                          allgather), 1 (broadcast, reduce, sendrecv). gradiveq and qsgd\n"
+    "                          run in allreduce only; sendrecv has no in-place case\n"
+    "  -r, --root R            root of broadcast and reduce (default 0)\n"
     "  -b, --minbytes SIZE     smallest size in bytes, suffix K/M/G (default 32M)\n"
     "  -e, --maxbytes SIZE     largest size in bytes, suffix K/M/G (default 32M)\n"
     "  -f, --stepfactor F      multiply the size by F each step, F >= 2 (default 2)\n"
@@ -59,8 +76,8 @@ static const char usage_text[] =
     "                          bfloat16 (default float; gradiveq and qsgd take float only)\n"
     "  -o, --op OP             sum prod max min avg (default sum; gradiveq and qsgd: sum,\n"
     "                          avg)\n"
-    "  -C, --codec LIST        comma-separated: none (gvq's ring, gvqAllReduce),\n"
-    "                          mpi (MPI_Allreduce, the reference), gradiveq, qsgd\n"
+    "  -C, --codec LIST        comma-separated: none (gvq's call: gvqAllReduce, ...),\n"
+    "                          mpi (its MPI counterpart, the reference), gradiveq, qsgd\n"
     "                          (gvqAllReduceCompressed), all = none,mpi,gradiveq,qsgd\n"
     "                          (default none,mpi); sparse-ag, ps, dense: the sparse-\n"
     "                          variable benchmark (-C ps -h lists its options)\n"
@@ -103,7 +120,11 @@ static const char usage_text[] =
     "      --fit-bench         time gvq_pca_fit for L = 256, 512, 1024, 2304 (T = 100\n"
     "                          samples) on rank 0 and exit\n"
     "      --fit-reps N        repetitions of each fit (default 5; the median is shown)\n"
-    "  -h, --help              this text\n";
+    "      --no-progress       no progress line (rank 0 writes one on stderr, with the time\n"
+    "                          left, when stderr is a terminal and the run lasts over 3 s)\n"
+    "  -h, --help              this text\n"
+    " exit status: 0 every result correct, 1 some #wrong > 0, 2 bad arguments, 3 a compressed\n"
+    "  case could not be timed\n";
 
 static void usage(FILE *f, const char *prog) {
     fprintf(f, usage_text, prog);
@@ -176,6 +197,21 @@ static int add_codec_token(codec_list_t *l, const char *tok) {
             add_codec(l, (codec_t)c);
             found = 1;
         }
+    return found ? 0 : -1;
+}
+
+/* Adds the collectives named by one token of -k (a collective or "all"); -1 for an unknown
+ * name. */
+static int add_coll_token(coll_list_t *l, const char *tok) {
+    int found = 0;
+    for (int c = 0; c < NUM_COLLS; c++) {
+        if (strcmp(tok, "all") != 0 && strcmp(tok, perf_coll_names[c]) != 0) continue;
+        found = 1;
+        int seen = 0;
+        for (int k = 0; k < l->n; k++)
+            seen |= l->list[k] == (coll_t)c;
+        if (!seen) l->list[l->n++] = (coll_t)c;
+    }
     return found ? 0 : -1;
 }
 
@@ -272,6 +308,32 @@ static int opt_codecs(const perf_opt_t *opt, const char *arg, void *field, char 
     return 0;
 }
 
+/* A comma-separated collective list (-k); says what is wrong in msg. */
+static int opt_colls(const perf_opt_t *opt, const char *arg, void *field, char *msg, size_t len) {
+    (void)opt;
+    coll_list_t *l = field;
+    char buf[256];
+    if (strlen(arg) >= sizeof buf) {
+        snprintf(msg, len, "collective list too long");
+        return -1;
+    }
+    strcpy(buf, arg);
+    l->n = 0;
+    for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ","))
+        if (add_coll_token(l, tok) != 0) {
+            snprintf(msg, len,
+                     "unknown collective '%s' (known: allreduce, reducescatter, allgather, "
+                     "broadcast, reduce, sendrecv, all)",
+                     tok);
+            return -1;
+        }
+    if (l->n == 0) {
+        snprintf(msg, len, "empty collective list");
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- the option table --------------------------------------------------------------------- */
 
 enum {
@@ -294,7 +356,8 @@ enum {
     OPT_VARIATION,
     OPT_STATE_DIR,
     OPT_VOTE,
-    OPT_SAMPLE_SLICES
+    OPT_SAMPLE_SLICES,
+    OPT_NO_PROGRESS
 };
 
 static const perf_choice_t sample_codecs[] = {{"none", 0}, {"qsgd", 1}, {NULL, 0}};
@@ -315,6 +378,9 @@ static const perf_opt_t options[] = {
      "-d (int8 uint8 int32 uint32 int64 uint64 half float double bfloat16)"},
     {"op", ARG, 'o', opt_op, FIELD(op), 0, 0, NULL, "-o (sum prod max min avg)"},
     {"codec", ARG, 'C', opt_codecs, FIELD(codecs), 0, 0, NULL, NULL},
+    {"coll", ARG, 'k', opt_colls, FIELD(colls), 0, 0, NULL, NULL},
+    {"root", ARG, 'r', opt_int, FIELD(root), 0, INT_MAX, NULL, "-r (an integer >= 0)"},
+    {"no-progress", no_argument, OPT_NO_PROGRESS, perf_opt_flag, FIELD(progress), 0, 0, NULL, NULL},
     {"csv", ARG, OPT_CSV, perf_opt_string, FIELD(csv), 0, 0, NULL, NULL},
     {"slice", ARG, 'L', opt_int, FIELD(L), 1, 65536, NULL, "-L (in [1, 65536])"},
     {"max-dims", ARG, 'D', opt_int, FIELD(dmax), 1, 65536, NULL, "-D (an integer >= 1)"},
@@ -365,6 +431,9 @@ static void set_defaults(opts_t *o) {
     o->dt = find_dtype("float");
     o->op = gvqSum;
     o->codecs = (codec_list_t){2, {CODEC_NONE, CODEC_MPI}};
+    o->colls = (coll_list_t){1, {COLL_ALLREDUCE}};
+    o->coll = COLL_ALLREDUCE;
+    o->progress = 1;
     o->L = 256;
     o->eps = 0.01;
     o->T = 20;
@@ -386,6 +455,10 @@ static void set_defaults(opts_t *o) {
 static int finish_args(opts_t *o, FILE *err) {
     if (o->minbytes > o->maxbytes && o->write_replay == NULL && !o->fit_bench) {
         if (err) fprintf(err, "gvq-perf: -b %zu is larger than -e %zu\n", o->minbytes, o->maxbytes);
+        return 2;
+    }
+    if (o->root >= perf_nranks) {
+        if (err) fprintf(err, "gvq-perf: -r %d: there are only %d ranks\n", o->root, perf_nranks);
         return 2;
     }
     if (o->dmax == 0) o->dmax = o->L / 8 > 0 ? o->L / 8 : 1;

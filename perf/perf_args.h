@@ -12,7 +12,32 @@
 typedef enum { CODEC_NONE, CODEC_MPI, CODEC_GRADIVEQ, CODEC_QSGD, NUM_CODECS } codec_t;
 
 extern const char *const perf_codec_names[NUM_CODECS]; /* "none", "mpi", "gradiveq", "qsgd" */
-extern const char *const perf_op_names[gvqNumOps];     /* "sum", "prod", "max", "min", "avg" */
+
+/* The collectives of -k, as nccl-tests has one benchmark each: gvq's call (codec none) against
+ * its MPI counterpart (codec mpi); the compressed codecs run in allreduce only. */
+typedef enum {
+    COLL_ALLREDUCE,     /* gvqAllReduce      MPI_Allreduce */
+    COLL_REDUCESCATTER, /* gvqReduceScatter  MPI_Reduce_scatter_block */
+    COLL_ALLGATHER,     /* gvqAllGather      MPI_Allgather */
+    COLL_BROADCAST,     /* gvqBroadcast      MPI_Bcast */
+    COLL_REDUCE,        /* gvqReduce         MPI_Reduce */
+    COLL_SENDRECV,      /* gvqSend+gvqRecv   MPI_Sendrecv, each rank to the next in a ring */
+    NUM_COLLS
+} coll_t;
+
+extern const char *const perf_coll_names[NUM_COLLS];     /* "allreduce", "reducescatter", ... */
+extern const char *const perf_coll_mpi_names[NUM_COLLS]; /* "MPI_Allreduce", ... */
+
+/* The collective reduces (takes -o); the others only move data. */
+static inline int coll_reduces(coll_t c) {
+    return c == COLL_ALLREDUCE || c == COLL_REDUCESCATTER || c == COLL_REDUCE;
+}
+
+/* The collective takes a root (-r). */
+static inline int coll_rooted(coll_t c) {
+    return c == COLL_BROADCAST || c == COLL_REDUCE;
+}
+extern const char *const perf_op_names[gvqNumOps]; /* "sum", "prod", "max", "min", "avg" */
 
 /* Codecs that go through gvqAllReduceCompressed (float32 gradients, lossy). */
 static inline int codec_is_lossy(codec_t c) {
@@ -33,6 +58,12 @@ typedef struct {
     codec_t list[NUM_CODECS];
 } codec_list_t;
 
+/* The collectives of -k, each once, in the order given. */
+typedef struct {
+    int n;
+    coll_t list[NUM_COLLS];
+} coll_list_t;
+
 typedef struct {
     size_t minbytes, maxbytes;
     int factor;
@@ -40,6 +71,10 @@ typedef struct {
     const dtype_info_t *dt;
     gvqRedOp_t op;
     codec_list_t codecs;
+    coll_list_t colls;
+    coll_t coll;  /* the collective that runs now (the driver sets it from colls) */
+    int root;     /* broadcast, reduce */
+    int progress; /* 1: the progress line on stderr (when it is a terminal); --no-progress: 0 */
     const char *csv;
     /* compressed codecs (gvqCompressorConfig_t); S and W: GVQ_CONFIG_UNDEF_INT = library default */
     int L, dmax, T, S, W;

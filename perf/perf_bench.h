@@ -1,6 +1,6 @@
 /*
- * perf_bench.h -- what gvq-perf's allreduce driver (gvq_perf.c) and its benchmarks share: the
- * result of one case, the ops table each codec's benchmark fills (perf_allreduce.c: none, mpi;
+ * perf_bench.h -- what gvq-perf's driver (gvq_perf.c) and its benchmarks share: the
+ * result of one case, the ops table each codec's benchmark fills (perf_plain.c: none, mpi;
  * perf_compressed.c: gradiveq, qsgd), and the results of a whole run, which perf_report.c prints.
  *
  * Per size, the driver calls run_size of every codec that runs; run_size times the out-of-place
@@ -36,6 +36,7 @@ typedef struct {
     const opts_t *o;
     void *sendbuf, *recvbuf; /* o->maxbytes each */
     const gs_source_t *src;  /* gradients of the compressed codecs; NULL when none runs */
+    int csv_lossy;           /* the CSV has the ratio and rel_err fields */
 } perf_run_t;
 
 typedef struct perf_bench perf_bench_t;
@@ -47,7 +48,7 @@ struct perf_bench {
     void (*run_size)(const perf_bench_t *b, const perf_run_t *run, size_t count, perf_case_t *out);
 };
 
-extern const perf_bench_t perf_bench_none, perf_bench_mpi;      /* perf_allreduce.c */
+extern const perf_bench_t perf_bench_none, perf_bench_mpi;      /* perf_plain.c */
 extern const perf_bench_t perf_bench_gradiveq, perf_bench_qsgd; /* perf_compressed.c */
 
 #define PERF_MAX_SIZES 72 /* min, min*f, ... <= max: at most 65 with f >= 2 */
@@ -71,9 +72,19 @@ static inline perf_case_t *perf_case(const perf_results_t *r, size_t z, codec_t 
     return &r->cases[z * NUM_CODECS + c];
 }
 
-/* busbw = algbw * 2(n-1)/n (nccl-tests); 0 at one rank */
-static inline double perf_busfactor(int nranks) {
-    return nranks > 1 ? 2.0 * (nranks - 1) / nranks : 0.0;
+/* busbw = algbw * factor, nccl-tests' factor of each collective: allreduce 2(n-1)/n,
+ * reducescatter and allgather (n-1)/n (of the whole vector's size), broadcast, reduce and
+ * sendrecv 1; 0 at one rank for the first three. */
+static inline double perf_busfactor(coll_t coll, int nranks) {
+    switch (coll) {
+    case COLL_ALLREDUCE:
+        return nranks > 1 ? 2.0 * (nranks - 1) / nranks : 0.0;
+    case COLL_REDUCESCATTER:
+    case COLL_ALLGATHER:
+        return nranks > 1 ? (double)(nranks - 1) / nranks : 0.0;
+    default:
+        return 1.0;
+    }
 }
 
 /* GB/s of `bytes` in time_us; 0 when not measured. */

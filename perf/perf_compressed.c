@@ -286,8 +286,12 @@ static void lossy_details(char *buf, size_t len, codec_t codec, size_t bytes,
 
 /* ---- the benchmarks ----------------------------------------------------------------------- */
 
-/* Why gvqAllReduceCompressed cannot run this dtype/op, or NULL if it can. */
+/* Why gvqAllReduceCompressed cannot run this collective, dtype and op, or NULL if it can. */
 static const char *lossy_skip_reason(const opts_t *o, char *buf, size_t len) {
+    if (o->coll != COLL_ALLREDUCE) {
+        snprintf(buf, len, "compressed codecs run in allreduce only");
+        return buf;
+    }
     if (o->dt->type != gvqFloat32) {
         snprintf(buf, len, "gvqAllReduceCompressed takes float32 only, not -d %s", o->dt->name);
         return buf;

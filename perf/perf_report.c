@@ -1,12 +1,13 @@
 /*
- * perf_report.c -- what gvq-perf's allreduce benchmarks print, in nccl-tests' layout: the run's
- * header and ranks, one row per (size, codec) with out-of-place and in-place side by side (and
- * the same row as CSV), then the summary: average bus bandwidth per codec, the compressor
- * details, and the ratio tables (none/mpi; none/gradiveq, none/qsgd, qsgd/gradiveq).
+ * perf_report.c -- what gvq-perf's benchmarks print, in nccl-tests' layout: the run's header
+ * and ranks; per collective a header, one row per (size, codec) with out-of-place and in-place
+ * side by side (and the same row as CSV, with the collective in its own field), then the
+ * summary: average bus bandwidth per codec, the compressor details, and the ratio tables
+ * (none/mpi; none/gradiveq, none/qsgd, qsgd/gradiveq).
  *
- * time is per call (us); algbw = bytes / time; busbw = algbw * 2(n-1)/n, always of the
- * uncompressed size. Everything here prints on rank 0 only, except perf_report_start, which
- * gathers the ranks' hosts.
+ * time is per call (us); algbw = bytes / time; busbw = algbw * the collective's factor
+ * (perf_busfactor: nccl-tests'), always of the uncompressed size. Everything here prints on rank 0
+ * only, except perf_report_start, which gathers the ranks' hosts.
  */
 #include "perf_report.h"
 
@@ -57,20 +58,44 @@ static void print_compressed_header(const opts_t *o, const gs_source_t *src) {
                o->T - 1, (double)o->L / (o->T - 1));
 }
 
-static void print_header(const opts_t *o, const char *const skips[NUM_CODECS], int lossy,
-                         const gs_source_t *src) {
-    char list[64] = "";
+static void print_header(const opts_t *o, int lossy, const gs_source_t *src) {
+    char list[64] = "", colls[128] = "";
     for (int k = 0; k < o->codecs.n; k++) {
         if (k) strcat(list, ",");
         strcat(list, perf_codec_names[o->codecs.list[k]]);
     }
+    for (int k = 0; k < o->colls.n; k++) {
+        if (k) strcat(colls, ",");
+        strcat(colls, perf_coll_names[o->colls.list[k]]);
+    }
     printf("# gvq-perf: nranks %d, dtype %s, op %s, iters %d, warmup %d, codecs %s\n", perf_nranks,
            o->dt->name, perf_op_names[o->op], o->iters, o->warmup, list);
-    printf("#  minBytes %zu maxBytes %zu step: %d(factor) validation: %d\n", o->minbytes,
-           o->maxbytes, o->factor, o->check);
+    printf("#  minBytes %zu maxBytes %zu step: %d(factor) validation: %d collectives: %s root: "
+           "%d\n",
+           o->minbytes, o->maxbytes, o->factor, o->check, colls, o->root);
+    if (lossy) print_compressed_header(o, src);
+}
+
+/* gvq's call for each collective (codec none). */
+static const char *const gvq_calls[NUM_COLLS] = {"gvqAllReduce", "gvqReduceScatter",
+                                                 "gvqAllGather", "gvqBroadcast",
+                                                 "gvqReduce",    "gvqSend+gvqRecv (group)"};
+static const char *const bus_factors[NUM_COLLS] = {"2(n-1)/n", "(n-1)/n", "(n-1)/n", "1", "1", "1"};
+static const char *const size_notes[NUM_COLLS] = {"",
+                                                  ", size: the input (recvcount * nranks)",
+                                                  ", size: the output (sendcount * nranks)",
+                                                  ", root %d",
+                                                  ", root %d",
+                                                  ", rank r sends to r+1 (in-place: n/a)"};
+
+void perf_print_coll_header(const opts_t *o, const char *const skips[NUM_CODECS]) {
+    char note[96];
+    snprintf(note, sizeof note, size_notes[o->coll], o->root);
+    printf("#\n# collective %s: %s (codec none) against %s (codec mpi), busbw = algbw * %s%s\n",
+           perf_coll_names[o->coll], gvq_calls[o->coll], perf_coll_mpi_names[o->coll],
+           bus_factors[o->coll], note);
     for (int c = 0; c < NUM_CODECS; c++)
         if (skips[c] != NULL) printf("# codec %s skipped: %s\n", perf_codec_names[c], skips[c]);
-    if (lossy) print_compressed_header(o, src);
 }
 
 /* Every rank's pid and host, gathered on rank 0. Collective. */
@@ -102,21 +127,23 @@ static void print_ranks(void) {
 }
 
 /* none and mpi check sums and averages exactly: integers up to 5*nranks must fit the type. */
-static void warn_inexact(const opts_t *o, const perf_results_t *r) {
+static void warn_inexact(const opts_t *o) {
     if (!o->check || !o->dt->is_float || o->op == gvqProd || o->op == gvqMax || o->op == gvqMin)
         return;
-    if (!r->have[CODEC_NONE] && !r->have[CODEC_MPI]) return;
+    int plain = 0;
+    for (int k = 0; k < o->codecs.n; k++)
+        plain |= !codec_is_lossy(o->codecs.list[k]);
+    if (!plain) return;
     int limit = o->dt->type == gvqBfloat16 ? 256 : o->dt->type == gvqFloat16 ? 2048 : 1 << 24;
     if (5 * perf_nranks > limit)
         printf("# warning: %d ranks: sums may not be exact in %s; #wrong may be spurious\n",
                perf_nranks, o->dt->name);
 }
 
-void perf_report_start(const opts_t *o, const perf_results_t *r,
-                       const char *const skips[NUM_CODECS], const gs_source_t *src) {
-    if (perf_rank == 0) print_header(o, skips, r->lossy, src);
+void perf_report_start(const opts_t *o, int lossy, const gs_source_t *src) {
+    if (perf_rank == 0) print_header(o, lossy, src);
     print_ranks();
-    if (perf_rank == 0) warn_inexact(o, r);
+    if (perf_rank == 0) warn_inexact(o);
 }
 
 /* ---- the table ---------------------------------------------------------------------------- */
@@ -169,11 +196,15 @@ static void print_extra_columns(codec_t codec, const result_t *res) {
         printf("%10s", "N/A");
 }
 
+/* The redop column: nccl-tests prints "none" for the collectives that do not reduce. */
+static const char *op_name(const opts_t *o) {
+    return coll_reduces(o->coll) ? perf_op_names[o->op] : "none";
+}
+
 void perf_print_row(const opts_t *o, size_t bytes, size_t count, codec_t codec,
                     const result_t res[2], int extra) {
-    double busfactor = perf_busfactor(perf_nranks);
-    printf("%12zu%14zu%10s%8s%9s", bytes, count, o->dt->name, perf_op_names[o->op],
-           perf_codec_names[codec]);
+    double busfactor = perf_busfactor(o->coll, perf_nranks);
+    printf("%12zu%14zu%10s%8s%9s", bytes, count, o->dt->name, op_name(o), perf_codec_names[codec]);
     for (int ip = 0; ip < 2; ip++) {
         char t[32], w[32];
         double alg = perf_algbw(bytes, res[ip].time_us);
@@ -198,7 +229,7 @@ int perf_csv_open(const opts_t *o, int lossy, FILE **csv) {
             ok = 0;
         } else {
             fprintf(*csv,
-                    "nranks,dtype,op,codec,size_bytes,count,oop_time_us,oop_algbw_gbs,"
+                    "nranks,collective,dtype,op,codec,size_bytes,count,oop_time_us,oop_algbw_gbs,"
                     "oop_busbw_gbs,oop_wrong,ip_time_us,ip_algbw_gbs,ip_busbw_gbs,ip_wrong%s\n",
                     lossy ? ",oop_ratio,oop_rel_err,ip_ratio,ip_rel_err" : "");
         }
@@ -209,9 +240,9 @@ int perf_csv_open(const opts_t *o, int lossy, FILE **csv) {
 
 void perf_csv_row(FILE *f, const opts_t *o, size_t bytes, size_t count, codec_t codec,
                   const result_t res[2], int extra) {
-    double busfactor = perf_busfactor(perf_nranks);
-    fprintf(f, "%d,%s,%s,%s,%zu,%zu", perf_nranks, o->dt->name, perf_op_names[o->op],
-            perf_codec_names[codec], bytes, count);
+    double busfactor = perf_busfactor(o->coll, perf_nranks);
+    fprintf(f, "%d,%s,%s,%s,%s,%zu,%zu", perf_nranks, perf_coll_names[o->coll], o->dt->name,
+            op_name(o), perf_codec_names[codec], bytes, count);
     for (int ip = 0; ip < 2; ip++) {
         double alg = perf_algbw(bytes, res[ip].time_us);
         if (res[ip].time_us >= 0)
@@ -264,11 +295,12 @@ static double geomean(double logsum, int n) {
 }
 
 /* busbw(none) / busbw(mpi) = time(mpi) / time(none); the time form holds at 1 rank. */
-static void print_ratio_none_mpi(const perf_results_t *r) {
+static void print_ratio_none_mpi(const opts_t *o, const perf_results_t *r) {
     double logsum[3] = {0, 0, 0};
     int nlog[3] = {0, 0, 0};
-    printf("# ratio none/mpi: busbw of gvq's ring over busbw of MPI_Allreduce "
-           "(= time mpi / time none; > 1: gvq faster)\n");
+    printf("# ratio none/mpi (%s): busbw of %s over busbw of %s "
+           "(= time mpi / time none; > 1: gvq faster)\n",
+           perf_coll_names[o->coll], gvq_calls[o->coll], perf_coll_mpi_names[o->coll]);
     printf("#%11s%14s%14s%14s\n", "size", "count", "out-of-place", "in-place");
     printf("#%11s%14s%14s%14s\n", "(B)", "(elements)", "", "");
     for (size_t z = 0; z < r->nsizes; z++) {
@@ -289,8 +321,14 @@ static void print_ratio_none_mpi(const perf_results_t *r) {
         }
         printf("\n");
     }
-    printf("# Geometric mean ratio : out-of-place %.3f  in-place %.3f  both %.3f\n",
-           geomean(logsum[0], nlog[0]), geomean(logsum[1], nlog[1]), geomean(logsum[2], nlog[2]));
+    printf("# Geometric mean ratio :");
+    static const char *const labels[3] = {"out-of-place", "in-place", "both"};
+    for (int k = 0; k < 3; k++)
+        if (nlog[k])
+            printf(" %s %.3f ", labels[k], geomean(logsum[k], nlog[k]));
+        else
+            printf(" %s n/a ", labels[k]);
+    printf("\n");
 }
 
 /* time(a) / time(b) for out-of-place and in-place, "n/a" where either is missing. */
@@ -343,7 +381,7 @@ void perf_print_summary(const opts_t *o, const perf_results_t *r) {
     if (!have[CODEC_NONE] || !have[CODEC_MPI])
         printf("# ratio none/mpi: not printed (needs both codecs none and mpi to run)\n");
     else
-        print_ratio_none_mpi(r);
+        print_ratio_none_mpi(o, r);
     printf("#\n");
     int npairs = (have[CODEC_NONE] && have[CODEC_GRADIVEQ]) +
                  (have[CODEC_NONE] && have[CODEC_QSGD]) +

@@ -1,5 +1,5 @@
 /*
- * perf_report.h -- the output of gvq-perf's allreduce benchmarks (perf_report.c): header, table
+ * perf_report.h -- the output of gvq-perf's benchmarks (perf_report.c): header, table
  * rows, CSV rows and the summary at the end.
  */
 #ifndef PERF_REPORT_H_
@@ -12,10 +12,13 @@
 #include "perf_bench.h"
 #include "perf_gradsrc.h"
 
-/* The run's header (options, skipped codecs, the compressed codecs' settings when r->lossy), the
- * ranks' pids and hosts, and a warning when the check cannot be exact. Collective. */
-void perf_report_start(const opts_t *o, const perf_results_t *r,
-                       const char *const skips[NUM_CODECS], const gs_source_t *src);
+/* The run's header (options, the compressed codecs' settings when `lossy`), the ranks' pids and
+ * hosts, and a warning when the check cannot be exact. Collective. */
+void perf_report_start(const opts_t *o, int lossy, const gs_source_t *src);
+
+/* The header of o->coll's table: what is measured against what, the busbw factor, the codecs
+ * skipped and why. */
+void perf_print_coll_header(const opts_t *o, const char *const skips[NUM_CODECS]);
 
 /* The table's column headers; `extra`: with the ratio and rel_err columns. */
 void perf_print_table_header(int extra);
@@ -29,7 +32,7 @@ void perf_print_row(const opts_t *o, size_t bytes, size_t count, codec_t codec,
  * (reported on rank 0). Collective. */
 int perf_csv_open(const opts_t *o, int lossy, FILE **csv);
 
-/* The CSV line of one (size, codec). */
+/* The CSV line of one (collective, size, codec). */
 void perf_csv_row(FILE *f, const opts_t *o, size_t bytes, size_t count, codec_t codec,
                   const result_t res[2], int extra);
 
