@@ -29,7 +29,7 @@ static size_t pieces_of(size_t bytes) {
 }
 
 static void mark_broken(gvq_transport_t *t) {
-    if (t->broken != NULL && *t->broken == gvqSuccess) *t->broken = gvqRemoteError;
+    gvq_broken_set(t->broken, gvqRemoteError);
 }
 
 /* Post `bytes` as pieces to or from `peer`; reqs advances past the pieces. */

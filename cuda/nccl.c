@@ -305,7 +305,7 @@ static void nx_cancel(gvq_transport_t *t, gvq_req_t *req) {
 static void nx_destroy(gvq_transport_t *t) {
     nccl_xport_t *x = t->impl;
     if (x != NULL) {
-        if (*t->broken == gvqSuccess) cudaStreamSynchronize(x->stream);
+        if (gvq_broken_get(t->broken) == gvqSuccess) cudaStreamSynchronize(x->stream);
         cudaEventDestroy(x->compute_ready);
         cudaStreamDestroy(x->stream);
         free(x->pend);

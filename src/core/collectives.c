@@ -141,6 +141,8 @@ static gvqResult_t check_op(const gvq_op_t *o) {
  * arguments differ between the ranks fails on every rank, naming both sides. A rank that refuses
  * its own arguments still takes part (with its refusal), so the others fail at once. */
 
+static gvq_algo_t op_algo(const gvq_op_t *o);
+
 static gvq_call_sig_t op_signature(const gvq_op_t *o, gvqResult_t refused) {
     int reduces =
         o->kind == GVQ_OP_ALLREDUCE || o->kind == GVQ_OP_REDUCE || o->kind == GVQ_OP_REDUCE_SCATTER;
@@ -153,6 +155,7 @@ static gvq_call_sig_t op_signature(const gvq_op_t *o, gvqResult_t refused) {
                             .identity = o->kind == GVQ_OP_ALLREDUCE
                                             ? gvq_zero_code_identity(o->dtype, o->op)
                                             : 0, /* GVQ_CODEC alike on every rank */
+                            .algo = refused == gvqSuccess ? (int)op_algo(o) : -1,
                             .refused = refused};
 }
 
@@ -174,11 +177,11 @@ static void refuse_together(const gvq_op_t *o, gvqResult_t res) {
 
 /* The algorithm for a plain collective (select.c): by its size as nccl-tests counts it (all
  * blocks for reduce-scatter and allgather), rank count and datatype, or GVQ_ALGO. */
-static gvq_algo_t op_algo(const gvq_op_t *o, const gvq_coll_ctx_t *ctx) {
+static gvq_algo_t op_algo(const gvq_op_t *o) {
     size_t bytes = o->count * gvq_dtype_size(o->dtype);
     if (o->kind == GVQ_OP_REDUCE_SCATTER || o->kind == GVQ_OP_ALLGATHER)
         bytes *= (size_t)o->comm->nranks;
-    return gvq_select_algo(o->kind, o->comm->nranks, bytes, o->dtype, ctx->xport->fifo);
+    return gvq_select_algo(o->kind, o->comm->nranks, bytes, o->dtype, o->comm->xport->fifo);
 }
 
 static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_algo_t algo) {
@@ -200,7 +203,7 @@ static gvqResult_t run_collective(const gvq_op_t *o, int allow_auto) {
         GVQCHECK(gvq_zero_code_allreduce(c, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op,
                                          &handled));
     if (handled) return gvqSuccess;
-    gvq_algo_t algo = op_algo(o, &ctx);
+    gvq_algo_t algo = op_algo(o);
     switch (o->kind) {
     case GVQ_OP_ALLREDUCE:
         return run_allreduce(o, &ctx, algo);

@@ -346,7 +346,14 @@ static gvqResult_t check_call(const void *sendbuff, void *recvbuff, size_t count
 static gvq_call_sig_t call_sig(size_t count, gvqRedOp_t op, gvqCompressor_t compressor,
                                gvqResult_t refused) {
     uint64_t identity = refused == gvqSuccess ? gvq_compressor_identity(compressor) : 0;
-    return (gvq_call_sig_t){GVQ_SIG_COMPRESSED, count, gvqFloat32, (int)op, -1, identity, refused};
+    return (gvq_call_sig_t){.kind = GVQ_SIG_COMPRESSED,
+                            .count = count,
+                            .dtype = gvqFloat32,
+                            .op = (int)op,
+                            .root = -1,
+                            .identity = identity,
+                            .algo = -1, /* the codec's ring */
+                            .refused = refused};
 }
 
 /* A call this rank refused takes part in the agreement when the communicator can carry it, so

@@ -4,12 +4,14 @@
  * A call's signature is a row of integers, the same on every rank when the ranks made the same
  * call:
  *
- *   [ call number | refused | kind | count | datatype | op | root | identity ]
+ *   [ call number | refused | kind | count | datatype | op | root | identity | algorithm ]
  *
  * The call number counts the collectives agreed on this communicator; `refused` is the result
  * with which this rank refused its own arguments (the rank still takes part, so that the others
  * fail at once instead of waiting out the timeout); identity is what else defines the call (a
- * compressed allreduce's compressor config). gvq_agree_extremes gives every rank the smallest
+ * compressed allreduce's compressor config); algorithm is the one a plain collective will run
+ * (GVQ_ALGO or the size table: a rank with a different GVQ_ALGO would otherwise pair its
+ * messages with another algorithm's and time out). gvq_agree_extremes gives every rank the smallest
  * and the largest row of all ranks in ceil(log2 N) small messages; equal means every rank made
  * the same call. Otherwise both extremes are named in the WARN, which reads the same on every
  * rank:
@@ -25,8 +27,9 @@
 #include <stdio.h>
 
 #include "gvq_comm.h"
+#include "gvq_select.h"
 
-enum { F_CALL, F_REFUSED, F_KIND, F_COUNT, F_DTYPE, F_OP, F_ROOT, F_IDENTITY, F_N };
+enum { F_CALL, F_REFUSED, F_KIND, F_COUNT, F_DTYPE, F_OP, F_ROOT, F_IDENTITY, F_ALGO, F_N };
 
 static const char *kind_fn[] = {"gvqAllReduce",     "gvqBroadcast", "gvqReduce",
                                 "gvqReduceScatter", "gvqAllGather", "gvqAllReduceCompressed"};
@@ -35,8 +38,9 @@ static const char *kind_name(int64_t kind) {
     return kind >= 0 && kind <= GVQ_SIG_COMPRESSED ? kind_fn[kind] : "an unknown call";
 }
 
-/* "gvqReduce(count 256, float, sum, root 0)": the arguments that define the call. */
-static void describe(const int64_t *row, char *buf, size_t len) {
+/* "gvqReduce(count 256, float, sum, root 0)": the arguments that define the call, and the
+ * algorithm when show_algo (the ranks differ in it). */
+static void describe(const int64_t *row, int show_algo, char *buf, size_t len) {
     int n = snprintf(buf, len, "%s(count %llu", kind_name(row[F_KIND]),
                      (unsigned long long)row[F_COUNT]);
     if (row[F_DTYPE] >= 0 && n > 0 && (size_t)n < len)
@@ -54,6 +58,9 @@ static void describe(const int64_t *row, char *buf, size_t len) {
     else if (id != 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", compressor config %016llx",
                       (unsigned long long)id);
+    if (show_algo && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, ", algorithm %s",
+                      gvq_algo_name((gvq_algo_t)row[F_ALGO]));
     if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, ")");
 }
 
@@ -68,6 +75,7 @@ gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t 
         [F_OP] = sig->op,
         [F_ROOT] = sig->root,
         [F_IDENTITY] = (int64_t)sig->identity,
+        [F_ALGO] = sig->algo,
     };
     int64_t lo[F_N], hi[F_N];
     int lo_rank = 0, hi_rank = 0;
@@ -80,15 +88,16 @@ gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t 
     if (!differ) return sig->refused;
 
     char a[160], b[160];
-    describe(lo, a, sizeof a);
-    describe(hi, b, sizeof b);
+    int show_algo = lo[F_ALGO] != hi[F_ALGO] && lo[F_ALGO] >= 0 && hi[F_ALGO] >= 0;
+    describe(lo, show_algo, a, sizeof a);
+    describe(hi, show_algo, b, sizeof b);
     if (lo[F_CALL] != hi[F_CALL]) {
         GVQ_WARN("%s: the ranks are out of step: rank %d is at collective call %llu of this "
                  "communicator, %s, but rank %d at call %llu, %s (a rank skipped or added a "
                  "call); the communicator is broken",
                  fn, lo_rank, (unsigned long long)lo[F_CALL], a, hi_rank,
                  (unsigned long long)hi[F_CALL], b);
-        if (comm->broken == gvqSuccess) comm->broken = gvqInvalidUsage;
+        gvq_broken_set(&comm->broken, gvqInvalidUsage);
         return gvqInvalidUsage;
     }
     if (sig->refused != gvqSuccess) return sig->refused; /* its WARN says why: keep it the last */
@@ -100,7 +109,8 @@ gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t 
         return gvqRemoteError;
     }
     GVQ_WARN("%s: rank %d called %s but rank %d called %s; nothing ran on any rank (collective "
-             "call %llu of this communicator)",
-             fn, lo_rank, a, hi_rank, b, (unsigned long long)lo[F_CALL]);
+             "call %llu of this communicator)%s",
+             fn, lo_rank, a, hi_rank, b, (unsigned long long)lo[F_CALL],
+             show_algo ? "; GVQ_ALGO differs between the ranks" : "");
     return gvqInvalidArgument;
 }

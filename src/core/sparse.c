@@ -308,7 +308,8 @@ out_free:
     free(g.gathered_idx);
     free(g.gathered_val);
     /* a native collective abandoned on error may still write into the blocks */
-    if (!(res != gvqSuccess && c->broken != gvqSuccess && c->xport->cancel_keeps_buffers))
+    if (!(res != gvqSuccess && gvq_broken_get(&c->broken) != gvqSuccess &&
+          c->xport->cancel_keeps_buffers))
         free(g.blocks);
     free(own);
     free(g.announced);

@@ -1,9 +1,13 @@
 /*
- * test_settings_differ.c -- zero-code settings that differ between ranks are named at the first
- * call (issue 16): GVQ_CODEC is set on rank 0 only (before gvq reads its environment). Every
- * rank's first float sum allreduce must fail at once (gvqInvalidArgument, far below the
- * timeout) with a last-error text naming GVQ_CODEC=qsgd, instead of running 100 exact sampling
- * calls and timing out on call 101; calls zero-code mode does not take (int32 sums) still work.
+ * test_settings_differ.c -- settings that differ between ranks are named at the first call.
+ *
+ *   codec (default)  GVQ_CODEC=qsgd on rank 0 only (issue 16): every rank's first float sum
+ *                    allreduce must fail at once (gvqInvalidArgument, far below the timeout)
+ *                    with a last-error text naming GVQ_CODEC=qsgd, instead of running 100 exact
+ *                    sampling calls and timing out on call 101;
+ *   algo             GVQ_ALGO=allreduce=rab on rank 0 only: the ranks would run different
+ *                    algorithms whose messages cannot pair; the text names algorithm rab.
+ * Set before gvq reads its environment. Calls the setting does not touch still work after.
  */
 #include <stdlib.h>
 
@@ -14,7 +18,9 @@
 
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
-    if (mt.rank == 0) setenv("GVQ_CODEC", "qsgd", 1); /* gvq has not read its settings yet */
+    int algo = argc > 1 && strcmp(argv[1], "algo") == 0;
+    const char *want = algo ? "algorithm rab" : "GVQ_CODEC=qsgd";
+    if (mt.rank == 0) setenv(algo ? "GVQ_ALGO" : "GVQ_CODEC", algo ? "allreduce=rab" : "qsgd", 1);
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     cfg.timeoutMs = TIMEOUT_MS;
     gvqComm_t comm = NULL;
@@ -31,17 +37,31 @@ int main(int argc, char **argv) {
         double s = mt_now() - t0;
         const char *last = gvqGetLastError(NULL);
         MT_CHECK(s < 3.0, "call %d: the mismatch took %.1f s to be found", call, s);
-        MT_CHECK(last != NULL && strstr(last, "GVQ_CODEC=qsgd") != NULL,
-                 "call %d: the last error does not name GVQ_CODEC=qsgd: \"%s\"", call,
+        MT_CHECK(last != NULL && strstr(last, want) != NULL,
+                 "call %d: the last error does not name %s: \"%s\"", call, want,
                  last != NULL ? last : "(NULL)");
+    }
+    if (algo) { /* broadcast keeps its algorithm on every rank */
+        float v[64];
+        for (int i = 0; i < 64; i++)
+            v[i] = mt.rank == 0 ? (float)i : -1.0f;
+        MT_OK(gvqBroadcast(v, v, 64, gvqFloat32, 0, comm, NULL));
+        int bad = 0;
+        for (int i = 0; i < 64; i++)
+            bad += v[i] != (float)i;
+        MT_CHECK(bad == 0, "broadcast after the refusals: %d wrong values", bad);
+        MT_OK(gvqCommDestroy(comm));
+        free(x);
+        free(y);
+        return mt_finish("test_settings_differ");
     }
     int32_t a[16], b[16];
     for (int i = 0; i < 16; i++)
         a[i] = mt.rank + 1;
     MT_OK(gvqAllReduce(a, b, 16, gvqInt32, gvqSum, comm, NULL));
-    int want = mt.nranks * (mt.nranks + 1) / 2, wrong = 0;
+    int sum = mt.nranks * (mt.nranks + 1) / 2, wrong = 0;
     for (int i = 0; i < 16; i++)
-        wrong += b[i] != want;
+        wrong += b[i] != sum;
     MT_CHECK(wrong == 0, "int32 sum after the refusals: %d wrong values", wrong);
     MT_OK(gvqCommDestroy(comm));
     free(x);
