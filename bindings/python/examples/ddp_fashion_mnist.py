@@ -165,19 +165,25 @@ def main():
             if rank == 0:
                 print("step %d  train %.1fs  test accuracy %.4f" % (step + 1, train_time, acc),
                       flush=True)
-    wire = raw = 0
+    # bytes each rank sends per step: gvq counts its ring's wire; gloo's allreduce and the
+    # PowerSGD hook's are estimated as a ring's, 2(N-1)/N times the allreduced payload
+    ring = 2.0 * (size - 1) / size
+    fp32 = 4.0 * sum(p.numel() for p in model.parameters())
     if isinstance(state, gvq.ddp.GvqHookState):
         st = state.stats()
-        wire, raw = st["wire_bytes"], st["raw_bytes"]
+        sent = st["wire_bytes"] / total
         state.close()
+    elif args.hook == "powersgd":
+        sent = ring * 4.0 * state.compression_stats()[2]  # the last step's payload
+    else:
+        sent = ring * fp32
     if rank == 0:
         acc = log[-1][2]
-        bps = ("%.0f" % (wire / total)) if wire else "-"
         print("hook=%s ranks=%d steps=%d test_accuracy=%.4f train_seconds=%.1f "
-              "seconds_to_%.2f=%s gvq_bytes_per_step=%s (plain fp32 ring: %s)" %
+              "seconds_to_%.2f=%s bytes_sent_per_step=%.0f (fp32 ring: %.0f, %.1fx fewer)" %
               (args.hook, size, total, acc, train_time, args.target,
-               "%.1f" % t_target if t_target is not None else "not reached", bps,
-               ("%.0f" % (raw / total)) if raw else "-"))
+               "%.1f" % t_target if t_target is not None else "not reached", sent, ring * fp32,
+               ring * fp32 / sent if sent else 0.0))
         if args.csv:
             with open(args.csv, "w") as f:
                 f.write("hook,step,train_seconds,test_accuracy\n")
