@@ -174,7 +174,8 @@ def main():
         sent = st["wire_bytes"] / total
         state.close()
     elif args.hook == "powersgd":
-        sent = ring * 4.0 * state.compression_stats()[2]  # the last step's payload
+        rate = state.compression_stats()[0]  # fp32 elements / sent ones, compressed steps
+        sent = ring * fp32 / rate if rate > 0 else ring * fp32
     else:
         sent = ring * fp32
     if rank == 0:
