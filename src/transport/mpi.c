@@ -14,7 +14,8 @@
  *             buffer of its own and fails the receive with gvqRemoteError, naming both sizes.
  *   send      the bytes are copied into a buffer of the transport (staged) and sent from there;
  *             a send from the library memory the communicator gave (own_mem: its scratch, which
- *             it keeps when it broke) goes without the copy.
+ *             it keeps when it broke) goes without the copy, and so does every send with
+ *             GVQ_SEND_COPY=0 (the user's choice: speed over the guarantee).
  *   failure   cancel forgets a receive still waiting for its message (nothing was posted), and
  *             quarantines what MPI still holds -- sends with their staged copies, drains, and a
  *             receive matched but not finished within a grace period -- until the process ends.
@@ -85,6 +86,7 @@ typedef struct {
     mpi_op_t *waiting;  /* receives waiting for their message, oldest first */
     mpi_op_t *free_ops; /* recycled ops, with their staged copies */
     int failed;         /* a request was given up: the communicator is quarantined */
+    int send_copy;      /* GVQ_SEND_COPY: stage sends from the caller's memory */
 } mpi_impl_t;
 
 /* ---- process state: MPI start and end, the quarantine -------------------------------------- */
@@ -250,8 +252,8 @@ static gvqResult_t mpi_isend(gvq_transport_t *t, int peer, int tag, const void *
     mpi_op_t *op = op_get(m);
     if (op == NULL) return gvqSystemError;
     op->kind = OP_SEND;
-    op->direct = is_own_mem(t, buf, bytes);
-    if (op->direct) { /* library memory, kept after a failure: no copy */
+    op->direct = !m->send_copy || is_own_mem(t, buf, bytes);
+    if (op->direct) { /* library memory, kept after a failure, or GVQ_SEND_COPY=0: no copy */
         int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm, &op->r);
         if (rc != MPI_SUCCESS) {
             op_put(m, op);
@@ -475,7 +477,8 @@ static void mpi_cancel(gvq_transport_t *t, gvq_req_t *req) {
             return;
         }
         /* sends cannot be cancelled: a staged one keeps its copy; a direct one reads own_mem,
-         * which the communicator keeps once it is marked broken */
+         * which the communicator keeps once it is marked broken (or, with GVQ_SEND_COPY=0,
+         * the caller's buffer, which the caller was told to keep) */
         if (op->direct) gvq_broken_set(t->broken, gvqRemoteError);
         quarantine_add(t, op);
         return;
@@ -551,6 +554,7 @@ static gvqResult_t mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {
     }
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     m->comm = comm;
+    m->send_copy = gvq_param(GVQ_PARAM_SEND_COPY) != 0;
     t->ops = &mpi_ops;
     t->impl = m;
     t->cancel_keeps_buffers = 1;
