@@ -134,7 +134,7 @@ const char *gvq_log_last_warn(void);
     X(SEND_COPY, "GVQ_SEND_COPY", UINT, 1, NULL,                                               \
       "MPI transport: 1 copies every send from the caller's memory into library memory, so "   \
       "no transfer reads it after a call failed; 0 sends in place (faster at large sizes; "    \
-      "after a failure MPI may still read the caller's buffers until the process exits)")     \
+      "after a failure MPI may still read the caller's buffers until the process exits)")      \
     X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                       \
       "network interface whose IPv4 address the bootstrap root listens on (unset: the first "  \
       "non-loopback interface that is up)")
