@@ -160,7 +160,8 @@ gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqData
     gvq_algo_t a = forced[kind];
     int from_env = a != GVQ_ALGO_AUTO;
     if (!from_env) a = from_table(kind, nranks, bytes, dtype);
-    if (__atomic_exchange_n(&reported[kind][a], 1, __ATOMIC_RELAXED) == 0)
+    if (!__atomic_load_n(&reported[kind][a], __ATOMIC_RELAXED) && /* no write once reported */
+        __atomic_exchange_n(&reported[kind][a], 1, __ATOMIC_RELAXED) == 0)
         GVQ_INFO("%s: algorithm %s (%s; first at %zu bytes on %d ranks)", coll_names[kind],
                  algo_names[a], from_env ? "GVQ_ALGO" : "the size table", bytes, nranks);
     return a;

@@ -10,37 +10,8 @@
 #include <unistd.h>
 
 #include "gvq_test.h"
+#include "test_reference.h"
 #include "test_values.h"
-
-static double input(int rank, size_t i, gvqDataType_t t, gvqRedOp_t op) {
-    if (op == gvqProd) return ((rank + i) % 3 == 0) ? 2 : 1; /* products stay small */
-    int v = (int)((rank * 37 + i * 11) % 19) - 9;
-    if (t == gvqUint8 || t == gvqUint32 || t == gvqUint64) v += 9;
-    return gvq_dtype_is_float(t) ? v / 4.0 : v;
-}
-
-static double expect_reduce(int nranks, size_t i, gvqDataType_t t, gvqRedOp_t op) {
-    double acc = input(0, i, t, op);
-    for (int r = 1; r < nranks; r++) {
-        double x = input(r, i, t, op);
-        switch (op) {
-        case gvqProd:
-            acc *= x;
-            break;
-        case gvqMax:
-            acc = x > acc ? x : acc;
-            break;
-        case gvqMin:
-            acc = x < acc ? x : acc;
-            break;
-        default:
-            acc += x;
-            break;
-        }
-    }
-    if (op == gvqAvg) acc = gvq_dtype_is_float(t) ? acc / nranks : (double)(int64_t)(acc / nranks);
-    return acc;
-}
 
 static void fill(void *b, gvqDataType_t t, size_t n, int rank, gvqRedOp_t op) {
     for (size_t i = 0; i < n; i++)
@@ -55,19 +26,6 @@ typedef struct {
     int root;
     uint64_t hash[16];
 } case_t;
-
-static uint64_t fnv(const void *p, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
-    return h;
-}
-
-static int close_enough(double got, double want, gvqDataType_t t) {
-    double tol = t == gvqFloat16 ? 1e-2 : t == gvqBfloat16 ? 2e-2 : t == gvqFloat32 ? 1e-5 : 1e-12;
-    if (!gvq_dtype_is_float(t)) return got == want;
-    return fabs(got - want) <= tol * (1 + fabs(want));
-}
 
 static void rank_allreduce(gvqComm_t comm, int rank, int nranks, void *arg) {
     case_t *c = arg;
