@@ -6,8 +6,10 @@
  * in-place rules and bootstrap (rank 0 calls gvqGetUniqueId, the program broadcasts the id,
  * every rank calls gvqCommInitRank) apply.
  *
- * Host buffers travel over Open MPI. The host backend is synchronous: a collective returns when
- * its result is in recvbuff, and the stream argument is accepted and ignored.
+ * Host buffers travel over Open MPI. A call on host buffers returns when its result is in
+ * recvbuff, unless it is given a host stream (gvqStreamCreate): then it is checked, queued and
+ * returns at once, and the stream's progress thread runs it (see "Host streams" below). A
+ * stream argument that is not a host stream (NULL, a cudaStream_t) is ignored for host buffers.
  *
  * Every call returns a gvqResult_t. Outputs come last and are written only on success. The
  * function that detects an error logs a WARN line naming what was wrong (see GVQ_DEBUG) and
@@ -96,7 +98,7 @@ typedef struct {
 /* Communicator handle. */
 typedef struct gvqComm *gvqComm_t;
 
-/* A cudaStream_t for device buffers; ignored (pass NULL) for host buffers. */
+/* A cudaStream_t for device buffers, a host stream (gvqStreamCreate) for host buffers, or NULL. */
 typedef void *gvqStream_t;
 
 #define GVQ_CONFIG_MAGIC 0x67767163u /* 'gvqc' */
@@ -192,7 +194,8 @@ GVQ_API gvqResult_t gvqCommGetAsyncError(gvqComm_t comm, gvqResult_t *asyncError
 /* ---------------------------------------------------------------------------------------------
  * Collectives. NCCL's argument orders and in-place rules. `count` is in elements. With host
  * buffers each call blocks until done, unless it is inside gvqGroupStart/gvqGroupEnd, where it
- * is queued and runs at the outermost gvqGroupEnd (buffers must stay valid until then).
+ * is queued and runs at the outermost gvqGroupEnd (buffers must stay valid until then), or is
+ * given a host stream (see "Host streams").
  * Every rank receives bitwise-identical results. Errors common to all: gvqInvalidArgument (NULL
  * or destroyed comm, NULL buffer with count > 0, bad datatype or op, root out of range),
  * gvqTimeout / gvqRemoteError (a peer did not answer or failed), gvqInvalidUsage (the
@@ -245,6 +248,69 @@ GVQ_API gvqResult_t gvqSend(const void *sendbuff, size_t count, gvqDataType_t da
  * reported as gvqRemoteError. Blocking rules as gvqSend. */
 GVQ_API gvqResult_t gvqRecv(void *recvbuff, size_t count, gvqDataType_t datatype, int peer,
                             gvqComm_t comm, gvqStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Host streams: what a CUDA stream is to NCCL's calls on device buffers, a gvq host stream is to
+ * calls on host buffers. A collective, point-to-point, compressed or sparse call given a host
+ * stream checks its arguments at once (a refusal returns its error and WARN at once, and the
+ * other ranks' matching calls fail in their turn rather than wait), then is queued and returns
+ * gvqSuccess; the stream's progress thread runs its calls one after the other in issue order.
+ * A group whose calls name a host stream is queued whole at gvqGroupEnd (all its calls must name
+ * that stream). The buffers must stay valid and untouched until the call is done: after
+ * gvqStreamSynchronize, a gvqStreamQuery that returns gvqSuccess, or an event recorded after
+ * the call completes. Compressor and sparse outputs likewise.
+ *
+ * Order: the calls on one communicator run in the order they were issued, over every stream and
+ * the blocking path (a call without a host stream first waits for the communicator's queued
+ * calls). As in NCCL, every rank issues the same calls in the same order per communicator, from
+ * one thread at a time. Errors of queued calls (a peer that differs, a timeout, a refusal of
+ * the data such as an out-of-range sparse index) are returned by the next wait on the stream,
+ * which makes their WARN line gvqGetLastError's; gvqCommGetAsyncError shows the last failed
+ * queued call of a communicator until one of its queued calls succeeds. gvqCommDestroy and
+ * gvqCompressorDestroy first wait for the communicator's queued calls; gvqCommAbort makes them
+ * fail at once. Host streams order host buffers only (a call with CUDA buffers and a host
+ * stream is refused) and need a transport that runs calls from several threads at once
+ * (MPI_THREAD_MULTIPLE, which gvq asks for when it initializes MPI; otherwise the call is
+ * refused with gvqInvalidUsage).
+ * ------------------------------------------------------------------------------------------ */
+
+/* Makes a host stream and starts its progress thread. Errors: gvqInvalidArgument (NULL),
+ * gvqSystemError. */
+GVQ_API gvqResult_t gvqStreamCreate(gvqStream_t *stream);
+
+/* Waits until the stream's queued calls have run, then frees it. Returns the first error of its
+ * calls that no wait reported, else gvqSuccess. Errors: gvqInvalidArgument (not a live stream). */
+GVQ_API gvqResult_t gvqStreamDestroy(gvqStream_t stream);
+
+/* Waits until every call queued on the stream so far has run. Returns the first error of those
+ * calls not yet reported by a wait (and forgets it), else gvqSuccess. Errors:
+ * gvqInvalidArgument (not a live stream). */
+GVQ_API gvqResult_t gvqStreamSynchronize(gvqStream_t stream);
+
+/* gvqInProgress while a queued call has not run; otherwise as gvqStreamSynchronize. */
+GVQ_API gvqResult_t gvqStreamQuery(gvqStream_t stream);
+
+/* An event marks a point in a host stream: it completes when every call queued on the stream
+ * before gvqEventRecord has run. */
+typedef struct gvqEvent *gvqEvent_t;
+
+/* Makes an event (complete until recorded). Errors: gvqInvalidArgument, gvqSystemError. */
+GVQ_API gvqResult_t gvqEventCreate(gvqEvent_t *event);
+
+/* Frees an event. Errors: gvqInvalidArgument (not a live event). */
+GVQ_API gvqResult_t gvqEventDestroy(gvqEvent_t event);
+
+/* Marks the current end of the stream's queue (a later record moves the mark). Errors:
+ * gvqInvalidArgument (not a live event or host stream). */
+GVQ_API gvqResult_t gvqEventRecord(gvqEvent_t event, gvqStream_t stream);
+
+/* Waits until the event is complete. Returns the stream's first unreported error if it belongs
+ * to a call before the event (without forgetting it: the stream's next wait reports it again),
+ * else gvqSuccess. Errors: gvqInvalidArgument (not a live event). */
+GVQ_API gvqResult_t gvqEventSynchronize(gvqEvent_t event);
+
+/* gvqInProgress while the event is not complete; otherwise as gvqEventSynchronize. */
+GVQ_API gvqResult_t gvqEventQuery(gvqEvent_t event);
 
 /* Opens a group: the calls that follow on this thread are queued, not run. Groups nest. */
 GVQ_API gvqResult_t gvqGroupStart(void);
@@ -396,9 +462,10 @@ GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t compressor, gvqCompres
  * divide run on the GPU, the ring over NCCL when it is up (else its wire is staged through pinned
  * host memory over MPI), and the PCA fit on the host from the copied-out samples; a compressor
  * with errorFeedback, mixed host/device buffers and GVQ_DEVICE_CODECS=0 stage the whole buffers
- * and run the host codecs. The call returns when the result is in place. Not allowed inside a
- * group. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count, type or op the compressor
- * was not made for, gvqInvalidUsage inside a group. */
+ * and run the host codecs. The call returns when the result is in place, except on host
+ * buffers with a host stream (queued; the compressor must not be used until it has run). Not
+ * allowed inside a group. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count, type or op
+ * the compressor was not made for, gvqInvalidUsage inside a group. */
 GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
                                            gvqDataType_t datatype, gvqRedOp_t op,
                                            gvqCompressor_t compressor, gvqComm_t comm,
@@ -570,8 +637,9 @@ typedef struct {
  * sums its own duplicates before sending. The row counts are exchanged first; the rows then
  * travel around a pipelined ring or through the transport's native allgatherv (MPI_Iallgatherv),
  * chosen by GVQ_SPARSE_ALLGATHERV (perf/RESULTS.md, section 4 says which is faster and the
- * default). `rows`, `dim`, `datatype` and `flags` must be the same on every rank. Blocking; not
- * allowed inside a group. Only sums (any gvq datatype; fp16/bf16 add in fp32). Errors:
+ * default). `rows`, `dim`, `datatype` and `flags` must be the same on every rank. Blocking (with
+ * a host stream: queued, the rows read when it runs, *out written then); not allowed inside a
+ * group. Only sums (any gvq datatype; fp16/bf16 add in fp32). Errors:
  * gvqInvalidArgument (NULL or destroyed comm, NULL out or an out not made with
  * GVQ_SPARSE_ROWS_INITIALIZER, dim 0, bad datatype or flags, NULL indices/values with
  * nrows > 0, an index outside [0, rows): nothing is written), gvqRemoteError (another rank

@@ -6,13 +6,20 @@
  * queued; the outermost gvqGroupEnd runs the queued collectives in call order, then posts all
  * queued sends and receives together and waits for them, so a group may hold a send and a
  * receive that depend on each other (a ring exchange, an all-to-all).
+ *
+ * With a host stream (gvqStreamCreate) the call, or the group at its end, is checked here and
+ * then queued as one job on the stream (stream.c), which runs it as above on its progress
+ * thread; a refused collective queues its refusal instead, so the other ranks' calls fail in
+ * their turn rather than wait.
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gvq_comm_nccl.h"
 #include "gvq_select.h"
+#include "gvq_stream.h"
 #include "gvq_zero_code.h"
 
 static const char *op_fn[] = {"gvqAllReduce", "gvqBroadcast", "gvqReduce", "gvqReduceScatter",
@@ -351,18 +358,95 @@ out_free:
     return res;
 }
 
-/* Check an operation, then run it, or queue it inside a group. */
+/* ---- host streams ------------------------------------------------------------------------ */
+
+/* A batch queued on a host stream, or the refusal of its first collective. */
+typedef struct {
+    gvq_op_t *ops;
+    size_t n;
+    gvqResult_t refused;
+} batch_job_t;
+
+static gvqResult_t batch_job_run(void *arg) {
+    batch_job_t *b = arg;
+    if (b->refused == gvqSuccess) return run_batch(b->ops, b->n);
+    refuse_together(&b->ops[0], b->refused);
+    return gvqSuccess; /* the refusal was the call's result already */
+}
+
+static void batch_job_free(void *arg) {
+    batch_job_t *b = arg;
+    free(b->ops);
+    free(b);
+}
+
+/* Queue ops[0..n) on host stream s as one batch (refused: the refusal of ops[0]). */
+static gvqResult_t enqueue_batch(const gvq_op_t *ops, size_t n, gvqResult_t refused, gvqStream_t s,
+                                 const char *fn) {
+    if (n > INT32_MAX) {
+        GVQ_WARN("%s: a group of %zu calls is too large for a stream", fn, n);
+        return gvqInvalidArgument;
+    }
+    batch_job_t *b = calloc(1, sizeof *b);
+    gvqComm_t *comms = calloc(n, sizeof *comms);
+    if (b == NULL || comms == NULL || (b->ops = malloc(n * sizeof *b->ops)) == NULL) {
+        GVQ_WARN("%s: out of memory queueing %zu calls on stream %p", fn, n, s);
+        free(b);
+        free(comms);
+        return gvqSystemError;
+    }
+    memcpy(b->ops, ops, n * sizeof *ops);
+    b->n = n;
+    b->refused = refused;
+    for (size_t i = 0; i < n; i++)
+        comms[i] = ops[i].comm;
+    gvqResult_t res = gvq_stream_enqueue(s, fn, comms, (int)n, batch_job_run, batch_job_free, b);
+    free(comms);
+    return res;
+}
+
+/* Host streams order host buffers only (a cudaStream_t orders CUDA buffers). */
+static gvqResult_t check_stream_buffers(const gvq_op_t *o) {
+    if (op_device(o) == &gvq_host_device) return gvqSuccess;
+    GVQ_WARN("%s: stream %p is a host stream (gvqStreamCreate), but the buffers are CUDA memory; "
+             "pass a cudaStream_t",
+             op_fn[o->kind], o->stream);
+    return gvqInvalidArgument;
+}
+
+/* The host stream of a group's calls (NULL: none); refuses a group whose calls name a host
+ * stream and something else. */
+static gvqResult_t group_stream(const gvq_group_t *g, gvqStream_t *out) {
+    *out = NULL;
+    for (size_t i = 0; i < g->n; i++)
+        if (gvq_stream_is_host(g->ops[i].stream)) *out = g->ops[i].stream;
+    for (size_t i = 0; i < g->n && *out != NULL; i++)
+        if (g->ops[i].stream != *out) {
+            GVQ_WARN("gvqGroupEnd: call %zu (%s) names stream %p, another call host stream %p; "
+                     "a group's calls run on one host stream",
+                     i, op_fn[g->ops[i].kind], g->ops[i].stream, *out);
+            return gvqInvalidUsage;
+        }
+    return gvqSuccess;
+}
+
+/* Check an operation, then run it, queue it on its host stream, or queue it inside a group. */
 static gvqResult_t submit(const gvq_op_t *o) {
     gvq_group_t *g = gvq_group_self();
+    int streamed = gvq_stream_is_host(o->stream);
     gvqResult_t res = check_op(o);
+    if (res == gvqSuccess && streamed) res = check_stream_buffers(o);
     if (res != gvqSuccess) {
         if (g->depth > 0)
             gvq_group_refuse(g, res);
+        else if (streamed && is_collective(o) && gvq_comm_is_live(o->comm))
+            (void)enqueue_batch(o, 1, res, o->stream, op_fn[o->kind]);
         else
             refuse_together(o, res);
         return res;
     }
-    return g->depth == 0 ? run_batch(o, 1) : gvq_group_push(g, o);
+    if (g->depth > 0) return gvq_group_push(g, o);
+    return streamed ? enqueue_batch(o, 1, gvqSuccess, o->stream, op_fn[o->kind]) : run_batch(o, 1);
 }
 
 GVQ_API gvqResult_t gvqGroupStart(void) {
@@ -379,16 +463,26 @@ GVQ_API gvqResult_t gvqGroupEnd(void) {
         return gvqInvalidUsage;
     }
     if (--g->depth > 0) return gvqSuccess;
-    gvqResult_t res = g->error;
+    gvqStream_t hs = NULL;
+    gvqResult_t res = g->error, mixed = group_stream(g, &hs);
+    if (res == gvqSuccess && mixed != gvqSuccess) {
+        gvq_group_refuse(g, mixed);
+        res = mixed;
+    }
     if (res != gvqSuccess) { /* repeat the refused call's facts: they are the reason */
         /* the other ranks stop at the group's first collective when this rank refuses it */
         for (size_t i = 0; i < g->n; i++)
             if (is_collective(&g->ops[i])) {
-                refuse_together(&g->ops[i], res);
+                if (hs != NULL && gvq_comm_is_live(g->ops[i].comm))
+                    (void)enqueue_batch(&g->ops[i], 1, res, hs, "gvqGroupEnd");
+                else
+                    refuse_together(&g->ops[i], res);
                 break;
             }
         GVQ_WARN("gvqGroupEnd: nothing of the group ran; a call was refused: %s", g->error_text);
-    } else
+    } else if (hs != NULL && g->n > 0)
+        res = enqueue_batch(g->ops, g->n, gvqSuccess, hs, "gvqGroupEnd");
+    else
         res = run_batch(g->ops, g->n);
     gvq_group_clear(g); /* thread-local: nothing else would free it when the thread ends */
     return res;

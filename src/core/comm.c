@@ -10,6 +10,7 @@
 
 #include "gvq_comm.h"
 #include "gvq_handles.h"
+#include "gvq_stream.h"
 #ifdef GVQ_WITH_NCCL
 #include "gvq_nccl.h"
 #endif
@@ -73,10 +74,12 @@ gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group) {
     return gvqSuccess;
 }
 
-/* Enter a call on comm: it must be live, not aborted and not broken. */
+/* Enter a call on comm: it must be live, not aborted and not broken. A call from the caller's
+ * thread first lets the calls queued on host streams for comm run (they were issued earlier). */
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     gvqResult_t res = gvqSuccess;
     if (!gvq_comm_is_live(comm)) return gvq_comm_refuse_dead(comm, fn);
+    if (!gvq_stream_on_progress_thread()) gvq_stream_comm_drain(comm);
     gvq_handles_lock(&live);
     if (gvq_handles_find_locked(&live, comm) < 0) {
         res = gvqInvalidArgument; /* destroyed by another thread just now */
@@ -400,6 +403,8 @@ gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_
 /* ---- destruction ------------------------------------------------------------------------- */
 
 static void comm_free(gvqComm_t c) {
+    /* calls queued on host streams run first (after an abort, each fails at once) */
+    gvq_stream_comm_drain(c);
     /* calls still inside (another thread, after an abort) leave promptly */
     while (__atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) > 0)
         usleep(1000);
@@ -431,6 +436,8 @@ static void comm_free(gvqComm_t c) {
 }
 
 GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm) {
+    /* the calls queued on host streams complete first, as NCCL's destroy lets its work finish */
+    if (gvq_comm_is_live(comm)) gvq_stream_comm_drain(comm);
     if (!gvq_handles_remove(&live, comm)) {
         GVQ_WARN("gvqCommDestroy: comm %p is %s", (void *)comm,
                  comm == NULL ? "NULL" : "not a live communicator (destroyed or aborted already?)");
@@ -491,7 +498,9 @@ GVQ_API gvqResult_t gvqCommGetAsyncError(gvqComm_t comm, gvqResult_t *asyncError
                  asyncError == NULL ? "asyncError is NULL" : "comm is not a live communicator");
         return gvqInvalidArgument;
     }
-    *asyncError = gvq_broken_get(&comm->broken);
+    gvqResult_t res = gvq_broken_get(&comm->broken);
+    if (res == gvqSuccess) res = __atomic_load_n(&comm->stream_error, __ATOMIC_ACQUIRE);
+    *asyncError = res;
     return gvqSuccess;
 }
 

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "gvq_compressor.h"
+#include "gvq_stream.h"
 
 /* ---- the vote -------------------------------------------------------------------------------- */
 
@@ -367,38 +368,92 @@ static void refuse_together(gvqComm_t comm, const char *fn, size_t count, gvqRed
     gvq_comm_leave(comm);
 }
 
-GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
-                                           gvqDataType_t datatype, gvqRedOp_t op,
-                                           gvqCompressor_t compressor, gvqComm_t comm,
-                                           gvqStream_t stream) {
+/* The call once its arguments passed: agree on the signature, then run (on the caller's thread,
+ * or on a host stream's progress thread). */
+typedef struct {
+    const void *sendbuff;
+    void *recvbuff;
+    size_t count;
+    gvqRedOp_t op;
+    gvqCompressor_t compressor;
+    gvqComm_t comm;
+    gvqStream_t stream; /* a cudaStream_t, or NULL */
+    gvqResult_t refused;
+} compressed_args_t;
+
+static gvqResult_t compressed_run(const compressed_args_t *a) {
     const char *fn = "gvqAllReduceCompressed";
-    gvqResult_t bad = check_call(sendbuff, recvbuff, count, datatype, op, compressor, comm);
-    if (bad != gvqSuccess) {
-        refuse_together(comm, fn, count, op, bad);
-        return bad;
-    }
-    GVQCHECK(gvq_comm_check(comm, fn, 1)); /* live, and not inside a group */
+    gvqComm_t comm = a->comm;
     GVQCHECK(gvq_comm_enter(comm, fn));
-    gvq_call_sig_t sig = call_sig(count, op, compressor, gvqSuccess);
+    gvq_call_sig_t sig = call_sig(a->count, a->op, a->compressor, gvqSuccess);
     gvqResult_t agreed = gvq_call_agree(comm, fn, &sig);
     if (agreed != gvqSuccess) {
         gvq_comm_leave(comm);
         return agreed;
     }
-    const gvq_device_ops_t *sdev = gvq_device_of(sendbuff), *rdev = gvq_device_of(recvbuff);
+    const gvq_device_ops_t *sdev = gvq_device_of(a->sendbuff), *rdev = gvq_device_of(a->recvbuff);
     const gvq_device_ops_t *dev = sdev != &gvq_host_device ? sdev : rdev;
-    staged_call_t sc = {compressor, op};
-    size_t bytes = count * sizeof(float);
+    gvqCompressor_t c = a->compressor;
+    staged_call_t sc = {c, a->op};
+    size_t bytes = a->count * sizeof(float);
     gvqResult_t res;
     if (dev == &gvq_host_device)
-        res = gvq_compressed_allreduce_entered(compressor, sendbuff, recvbuff, op);
-    else if (sdev == rdev && gvq_device_has_codecs(dev) && !compressor->cfg.error_feedback &&
-             compressor->cfg.codec != gvqCodecPowersgd && /* PowerSGD: host only, staged */
-             !compressor->cfg.int_bits && gvq_param(GVQ_PARAM_DEVICE_CODECS))
-        res = run_device(compressor, dev, sendbuff, recvbuff, op, stream);
+        res = gvq_compressed_allreduce_entered(c, a->sendbuff, a->recvbuff, a->op);
+    else if (sdev == rdev && gvq_device_has_codecs(dev) && !c->cfg.error_feedback &&
+             c->cfg.codec != gvqCodecPowersgd && /* PowerSGD: host only, staged */
+             !c->cfg.int_bits && gvq_param(GVQ_PARAM_DEVICE_CODECS))
+        res = run_device(c, dev, a->sendbuff, a->recvbuff, a->op, a->stream);
     else
-        res = gvq_device_staged(dev, stream, fn, &comm->pinned, sendbuff, bytes, recvbuff, bytes,
-                                compressed_on_host, &sc);
+        res = gvq_device_staged(dev, a->stream, fn, &comm->pinned, a->sendbuff, bytes, a->recvbuff,
+                                bytes, compressed_on_host, &sc);
     gvq_comm_leave(comm);
     return res;
+}
+
+/* The job of a call queued on a host stream (stream.c): the call, or its refusal. */
+static gvqResult_t compressed_job(void *arg) {
+    const compressed_args_t *a = arg;
+    if (a->refused == gvqSuccess) return compressed_run(a);
+    refuse_together(a->comm, "gvqAllReduceCompressed", a->count, a->op, a->refused);
+    return gvqSuccess; /* the refusal was the call's result already */
+}
+
+static gvqResult_t enqueue_compressed(const compressed_args_t *a, gvqStream_t stream) {
+    compressed_args_t *copy = malloc(sizeof *copy);
+    if (copy == NULL) {
+        GVQ_WARN("gvqAllReduceCompressed: out of memory queueing the call on stream %p", stream);
+        return gvqSystemError;
+    }
+    *copy = *a;
+    copy->stream = NULL; /* host buffers */
+    return gvq_stream_enqueue(stream, "gvqAllReduceCompressed", &a->comm, 1, compressed_job, free,
+                              copy);
+}
+
+GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
+                                           gvqDataType_t datatype, gvqRedOp_t op,
+                                           gvqCompressor_t compressor, gvqComm_t comm,
+                                           gvqStream_t stream) {
+    const char *fn = "gvqAllReduceCompressed";
+    compressed_args_t a = {sendbuff, recvbuff, count, op, compressor, comm, stream, gvqSuccess};
+    int streamed = gvq_stream_is_host(stream);
+    gvqResult_t bad = check_call(sendbuff, recvbuff, count, datatype, op, compressor, comm);
+    if (bad == gvqSuccess && streamed &&
+        (gvq_device_of(sendbuff) != &gvq_host_device ||
+         gvq_device_of(recvbuff) != &gvq_host_device)) {
+        GVQ_WARN("%s: stream %p is a host stream (gvqStreamCreate), but a buffer is CUDA memory; "
+                 "pass a cudaStream_t",
+                 fn, stream);
+        bad = gvqInvalidArgument;
+    }
+    if (bad != gvqSuccess) {
+        a.refused = bad;
+        if (streamed && gvq_comm_is_live(comm) && !gvq_group_active())
+            (void)enqueue_compressed(&a, stream);
+        else
+            refuse_together(comm, fn, count, op, bad);
+        return bad;
+    }
+    GVQCHECK(gvq_comm_check(comm, fn, 1)); /* live, and not inside a group */
+    return streamed ? enqueue_compressed(&a, stream) : compressed_run(&a);
 }

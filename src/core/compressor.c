@@ -18,6 +18,7 @@
 
 #include "gvq_compressor.h"
 #include "gvq_handles.h"
+#include "gvq_stream.h"
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
 
@@ -219,6 +220,10 @@ GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
 }
 
 GVQ_API gvqResult_t gvqCompressorDestroy(gvqCompressor_t c) {
+    gvq_handles_lock(&live);
+    gvqComm_t comm = gvq_handles_find_locked(&live, c) >= 0 ? c->comm : NULL;
+    gvq_handles_unlock(&live);
+    if (comm != NULL && gvq_comm_is_live(comm)) gvq_stream_comm_drain(comm); /* queued calls */
     if (!gvq_handles_remove(&live, c)) {
         GVQ_WARN("gvqCompressorDestroy: %p is not a live compressor", (void *)c);
         return gvqInvalidArgument;

@@ -27,6 +27,11 @@ struct gvqComm {
     uint64_t *host_keys;                  /* every rank's gvq_host_key (NULL: not exchanged yet) */
     uint64_t calls;  /* collective calls agreed on so far (signature.c): the next call's number */
     uint64_t serial; /* unique among the communicators of this process (handles outlive comms) */
+    /* Host streams (stream.c), atomic: tickets handed to queued calls so far, calls of those
+     * finished, and the result of the last one that finished. */
+    uint64_t stream_issued;
+    uint64_t stream_done;
+    gvqResult_t stream_error;
     /* CUDA buffers (comm_nccl.c): a NCCL communicator made on the first collective on CUDA
      * buffers (gvq_nccl_t, builds with GVQ_WITH_NCCL); nccl_state 0: not tried yet, 1: ready,
      * -1: unavailable, CUDA buffers are staged through host memory */

@@ -22,6 +22,7 @@
 #include "gvq_comm.h"
 #include "gvq_ps_wire.h"
 #include "gvq_sparse.h"
+#include "gvq_stream.h"
 
 typedef struct { /* bytes each array of a gvqSparseRows_t holds */
     size_t indices, values, raw_indices, raw_values, rank_rows;
@@ -318,31 +319,59 @@ out_free:
     return res;
 }
 
+typedef struct {
+    const int64_t *indices;
+    const void *values;
+    size_t nrows, rows, dim;
+    gvqDataType_t dtype;
+    unsigned flags;
+    gvqSparseRows_t *out;
+    gvqComm_t comm;
+} sparse_args_t;
+
+/* The call after the checks that do not read the data: on the caller's thread, or on a host
+ * stream's progress thread (the rows are read when the call runs). */
+static gvqResult_t sparse_run(const sparse_args_t *a) {
+    const char *fn = "gvqSparseAllGatherv";
+    /* data checks: a refusal still takes part in the count exchange, so no rank waits */
+    int refused = 0;
+    if (a->nrows > 0 && (a->indices == NULL || a->values == NULL)) {
+        GVQ_WARN("%s: %s is NULL with nrows %zu", fn, a->indices == NULL ? "indices" : "values",
+                 a->nrows);
+        refused = 1;
+    } else {
+        size_t bad = gvq_sparse_find_out_of_range(a->indices, a->nrows, a->rows);
+        if (bad < a->nrows) {
+            GVQ_WARN("%s: indices[%zu] = %lld is outside [0, rows = %zu)", fn, bad,
+                     (long long)a->indices[bad], a->rows);
+            refused = 1;
+        }
+    }
+    GVQCHECK(gvq_comm_enter(a->comm, fn));
+    gvqResult_t res = allgatherv_entered(a->comm, a->indices, a->values, a->nrows, a->rows, a->dim,
+                                         a->dtype, a->flags, refused, a->out);
+    gvq_comm_leave(a->comm);
+    return res; /* a refusal's WARN stays the last: nothing after it warns on this rank */
+}
+
+static gvqResult_t sparse_job(void *arg) {
+    return sparse_run(arg);
+}
+
 GVQ_API gvqResult_t gvqSparseAllGatherv(const int64_t *indices, const void *values, size_t nrows,
                                         size_t rows, size_t dim, gvqDataType_t datatype,
                                         unsigned int flags, gvqSparseRows_t *out, gvqComm_t comm,
                                         gvqStream_t stream) {
-    const char *fn = "gvqSparseAllGatherv";
-    (void)stream;
     GVQCHECK(check_args(rows, dim, datatype, flags, out, comm));
-    if (flags == 0) flags = GVQ_SPARSE_SUMMED;
-    /* data checks: a refusal still takes part in the count exchange, so no rank waits */
-    int refused = 0;
-    if (nrows > 0 && (indices == NULL || values == NULL)) {
-        GVQ_WARN("%s: %s is NULL with nrows %zu", fn, indices == NULL ? "indices" : "values",
-                 nrows);
-        refused = 1;
-    } else {
-        size_t bad = gvq_sparse_find_out_of_range(indices, nrows, rows);
-        if (bad < nrows) {
-            GVQ_WARN("%s: indices[%zu] = %lld is outside [0, rows = %zu)", fn, bad,
-                     (long long)indices[bad], rows);
-            refused = 1;
-        }
+    sparse_args_t a = {
+        indices, values, nrows, rows, dim, datatype, flags == 0 ? GVQ_SPARSE_SUMMED : flags,
+        out,     comm};
+    if (!gvq_stream_is_host(stream)) return sparse_run(&a);
+    sparse_args_t *copy = malloc(sizeof *copy);
+    if (copy == NULL) {
+        GVQ_WARN("gvqSparseAllGatherv: out of memory queueing the call on stream %p", stream);
+        return gvqSystemError;
     }
-    GVQCHECK(gvq_comm_enter(comm, fn));
-    gvqResult_t res =
-        allgatherv_entered(comm, indices, values, nrows, rows, dim, datatype, flags, refused, out);
-    gvq_comm_leave(comm);
-    return res; /* a refusal's WARN stays the last: nothing after it warns on this rank */
+    *copy = a;
+    return gvq_stream_enqueue(stream, "gvqSparseAllGatherv", &comm, 1, sparse_job, free, copy);
 }

@@ -60,6 +60,10 @@ typedef struct gvq_transport {
      * posted ahead of the sends its peer can only make after a receive behind it would block
      * the queue, so algorithms post each receive with the send of the same step (ring.c). */
     int fifo;
+    /* Calls on different threads may use the transport at once (MPI_THREAD_MULTIPLE; the
+     * in-process transport): needed by host streams, whose progress threads run calls beside
+     * the caller's thread. */
+    int concurrent;
     /* Library memory that outlives a failure (the communicator's scratch, kept when the
      * communicator broke): *own_mem, *own_mem_bytes long (NULL: none). A transport that copies
      * sends out of the caller's memory (MPI) sends from here without a copy. */

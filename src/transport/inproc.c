@@ -215,6 +215,7 @@ gvqResult_t gvq_inproc_transport_create(void *world, int rank, gvq_transport_t *
     t->ops = &inproc_ops;
     t->rank = rank;
     t->nranks = w->nranks;
+    t->concurrent = 1; /* the world's queues are under its lock */
     t->impl = me;
     *out = t;
     return gvqSuccess;

@@ -558,6 +558,9 @@ static gvqResult_t mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {
     t->ops = &mpi_ops;
     t->impl = m;
     t->cancel_keeps_buffers = 1;
+    int level = 0;
+    MPI_Query_thread(&level);
+    t->concurrent = level == MPI_THREAD_MULTIPLE;
     MPI_Comm_rank(comm, &t->rank);
     MPI_Comm_size(comm, &t->nranks);
     *out = t;

@@ -31,6 +31,9 @@ void gvq_log(gvq_log_level_t level, const char *file, int line, const char *fmt,
 void gvq_log_set_rank(int rank);
 /* The text of the calling thread's last WARN. */
 const char *gvq_log_last_warn(void);
+/* Make text the calling thread's last WARN (an error reported on another thread than the one that
+ * logged it: host streams). */
+void gvq_log_set_last_warn(const char *text);
 
 #define GVQ_LOG_ENABLED(lvl) \
     ((gvq_log_level_cached >= 0 ? gvq_log_level_cached : gvq_log_level()) >= (lvl))

@@ -95,6 +95,10 @@ const char *gvq_log_last_warn(void) {
     return log_last;
 }
 
+void gvq_log_set_last_warn(const char *text) {
+    snprintf(log_last, sizeof log_last, "%s", text);
+}
+
 void gvq_log(gvq_log_level_t level, const char *file, int line, const char *fmt, ...) {
     int cur = gvq_log_level();
     char msg[900];
