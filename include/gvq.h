@@ -698,6 +698,10 @@ typedef struct {
     unsigned long long seed;  /* gvqPsInitUniform's seed [0] */
     const void *initValues;   /* gvqPsInitValues: rows x dim elements of the variable's type, read
                                  during gvqPsCreate (each rank copies the rows it holds) */
+    gvqStream_t stream;       /* a host stream (gvqStreamCreate): gvqPsPush, gvqPsApply and
+                                 gvqPsPull are queued on it and return at once; the rows are read
+                                 and written when they run. The state calls (stats, save, load)
+                                 need the stream synchronized first [NULL: blocking] */
 } gvqPsConfig_t;
 /* clang-format on */
 
@@ -705,7 +709,8 @@ typedef struct {
     {                                                                                       \
         sizeof(gvqPsConfig_t), GVQ_PS_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,      \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, -1.0, -1.0, -1.0,             \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, 0, NULL \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, 0, NULL, \
+            NULL                                                                            \
     }
 
 /* What a parameter server has done, on this rank. */
@@ -735,7 +740,8 @@ GVQ_API gvqResult_t gvqPsDestroy(gvqPs_t ps);
 
 /* Pushes gradient rows: grads + i*dim elements is the gradient of row indices[i] (duplicates
  * allowed: they are summed, here first, then at the shard with the other ranks'). The sums
- * accumulate at the shards until gvqPsApply. Collective and blocking (the shards are held by the
+ * accumulate at the shards until gvqPsApply. Collective and blocking, or queued on the config's
+ * host stream (the shards are held by the
  * ranks, which receive inside this call). With localAggregation, the ranks of a host sum their
  * rows at the host's lowest rank first. Errors: gvqInvalidArgument (bad handle, NULL with n > 0,
  * an index outside [0, rows): no shard changes on any rank), gvqRemoteError (another rank
@@ -751,7 +757,8 @@ GVQ_API gvqResult_t gvqPsPush(gvqPs_t ps, const int64_t *indices, const void *gr
 GVQ_API gvqResult_t gvqPsApply(gvqPs_t ps);
 
 /* Pulls current rows: values + i*dim elements receives row indices[i] (duplicates allowed).
- * Collective and blocking. Errors: gvqInvalidArgument (bad handle, NULL with n > 0, an index
+ * Collective and blocking, or queued on the config's host stream. Errors: gvqInvalidArgument
+ * (bad handle, NULL with n > 0, an index
  * outside [0, rows): values not written; the other ranks' pulls complete), gvqRemoteError (a
  * shard refused this rank's request, or a peer sent a malformed message), gvqInvalidUsage,
  * gvqTimeout, gvqSystemError. */

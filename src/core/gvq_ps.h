@@ -13,9 +13,10 @@
  * pending gradient sum is listed in pending_slots (in the order first pushed) and flagged in
  * is_pending; apply runs the rule on those slots and clears them.
  *
- * Everything is synchronous: a shard serves pushes and pulls inside the same calls on its own
- * rank. Asynchronous push/pull would need a progress thread per rank serving its shards; it is
- * not offered (the host backend has none, and the training layer above steps synchronously).
+ * A shard serves pushes and pulls inside the same calls on its own rank: the calls are
+ * collective. With a host stream in the config they run on the stream's progress thread
+ * (queued in issue order, like every call on the stream), so a trainer can overlap them with
+ * its own work; a shard is still only served inside a push or pull of its own rank.
  */
 #ifndef GVQ_PS_H_
 #define GVQ_PS_H_
@@ -32,6 +33,7 @@ typedef struct {
     double lr, momentum, adagrad_init, eps, init_scale;
     unsigned long long seed;
     const void *init_values; /* gvqPsInitValues: rows x dim elements, read in gvqPsCreate */
+    gvqStream_t stream;      /* a host stream: push, apply and pull are queued on it; or NULL */
 } gvq_ps_cfg_t;
 
 struct gvqPs {

@@ -17,6 +17,7 @@
 
 #include "gvq_handles.h"
 #include "gvq_ps.h"
+#include "gvq_stream.h"
 #include "gvq_rng.h"
 
 /* The live handles, so that a destroyed one is refused without reading freed memory. */
@@ -62,6 +63,8 @@ static gvq_ps_cfg_t cfg_with_defaults(const gvqPsConfig_t *in, int nranks) {
         .init_scale = PS_DBL(initScale, 0.05),
         .seed = in->seed,
         .init_values = in->initValues,
+        .stream = in->size >= offsetof(gvqPsConfig_t, stream) + sizeof in->stream ? in->stream
+                                                                                   : NULL,
     };
 #undef PS_INT
 #undef PS_DBL
@@ -112,12 +115,16 @@ static gvqResult_t resolve_cfg(const char *fn, const gvqPsConfig_t *in, int nran
     gvqPsConfig_t def = GVQ_PS_CONFIG_INITIALIZER;
     if (in == NULL) in = &def;
     GVQCHECK(gvq_config_header_check(fn, "config", in->size, in->magic, in->version,
-                                     GVQ_PS_CONFIG_MAGIC, sizeof(gvqPsConfig_t),
+                                     GVQ_PS_CONFIG_MAGIC, offsetof(gvqPsConfig_t, stream),
                                      sizeof(gvqPsConfig_t), "GVQ_PS_CONFIG_INITIALIZER"));
     gvq_ps_cfg_t o = cfg_with_defaults(in, nranks);
     char why[160];
     if (cfg_problem(&o, why, sizeof why)) {
         GVQ_WARN("%s: config: %s", fn, why);
+        return gvqInvalidArgument;
+    }
+    if (o.stream != NULL && !gvq_stream_is_host(o.stream)) {
+        GVQ_WARN("%s: config: stream %p is not a live host stream (gvqStreamCreate)", fn, o.stream);
         return gvqInvalidArgument;
     }
     *out = o;
@@ -294,6 +301,10 @@ err_free_ps:
 }
 
 GVQ_API gvqResult_t gvqPsDestroy(gvqPs_t ps) {
+    gvq_handles_lock(&live_servers);
+    gvqComm_t comm = gvq_handles_find_locked(&live_servers, ps) >= 0 ? ps->comm : NULL;
+    gvq_handles_unlock(&live_servers);
+    if (comm != NULL && gvq_comm_is_live(comm)) gvq_stream_comm_drain(comm); /* queued calls */
     if (!gvq_handles_remove(&live_servers, ps)) {
         GVQ_WARN("gvqPsDestroy: ps is %s", ps == NULL ? "NULL" : "not a live parameter server");
         return gvqInvalidArgument;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include "gvq_ps.h"
+#include "gvq_stream.h"
 #include "gvq_ps_wire.h"
 
 typedef struct {
@@ -215,12 +216,34 @@ out_free:
     return res;
 }
 
+typedef struct {
+    gvqPs_t ps;
+    const int64_t *indices;
+    void *values;
+    size_t n;
+} pull_args_t;
+
+/* The pull after the handle checks: on the caller's thread, or on the config's host stream. */
+static gvqResult_t pull_run(void *arg) {
+    const pull_args_t *a = arg;
+    const char *fn = "gvqPsPull";
+    int refused = gvq_ps_refuse_rows(a->ps, fn, a->indices, a->values, "values", a->n);
+    GVQCHECK(gvq_comm_enter(a->ps->comm, fn));
+    gvqResult_t res = pull_entered(a->ps, a->indices, a->values, a->n, refused);
+    gvq_comm_leave(a->ps->comm);
+    return res;
+}
+
 GVQ_API gvqResult_t gvqPsPull(gvqPs_t ps, const int64_t *indices, void *values, size_t n) {
     const char *fn = "gvqPsPull";
     GVQCHECK(gvq_ps_check_call(ps, fn));
-    int refused = gvq_ps_refuse_rows(ps, fn, indices, values, "values", n);
-    GVQCHECK(gvq_comm_enter(ps->comm, fn));
-    gvqResult_t res = pull_entered(ps, indices, values, n, refused);
-    gvq_comm_leave(ps->comm);
-    return res;
+    pull_args_t a = {ps, indices, values, n};
+    if (ps->cfg.stream == NULL) return pull_run(&a);
+    pull_args_t *copy = malloc(sizeof *copy);
+    if (copy == NULL) {
+        GVQ_WARN("%s: out of memory queueing the call", fn);
+        return gvqSystemError;
+    }
+    *copy = a;
+    return gvq_stream_enqueue(ps->cfg.stream, fn, &ps->comm, 1, pull_run, free, copy);
 }

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 
 #include "gvq_ps.h"
+#include "gvq_stream.h"
 #include "gvq_ps_wire.h"
 
 /* Rows with strictly ascending indices. */
@@ -358,23 +359,42 @@ out_free:
     return res;
 }
 
+typedef struct {
+    gvqPs_t ps;
+    const int64_t *indices;
+    const void *grads;
+    size_t n;
+} push_args_t;
+
+/* The push after the handle checks: on the caller's thread, or on the config's host stream. */
+static gvqResult_t push_run(void *arg) {
+    const push_args_t *a = arg;
+    const char *fn = "gvqPsPush";
+    int refused = gvq_ps_refuse_rows(a->ps, fn, a->indices, a->grads, "grads", a->n);
+    GVQCHECK(gvq_comm_enter(a->ps->comm, fn));
+    gvqResult_t res = push_entered(a->ps, a->indices, a->grads, a->n, refused);
+    gvq_comm_leave(a->ps->comm);
+    return res;
+}
+
 GVQ_API gvqResult_t gvqPsPush(gvqPs_t ps, const int64_t *indices, const void *grads, size_t n) {
     const char *fn = "gvqPsPush";
     GVQCHECK(gvq_ps_check_call(ps, fn));
-    int refused = gvq_ps_refuse_rows(ps, fn, indices, grads, "grads", n);
-    GVQCHECK(gvq_comm_enter(ps->comm, fn));
-    gvqResult_t res = push_entered(ps, indices, grads, n, refused);
-    gvq_comm_leave(ps->comm);
-    return res;
+    push_args_t a = {ps, indices, grads, n};
+    if (ps->cfg.stream == NULL) return push_run(&a);
+    push_args_t *copy = malloc(sizeof *copy);
+    if (copy == NULL) {
+        GVQ_WARN("%s: out of memory queueing the call", fn);
+        return gvqSystemError;
+    }
+    *copy = a;
+    return gvq_stream_enqueue(ps->cfg.stream, fn, &ps->comm, 1, push_run, free, copy);
 }
 
 /* ---- apply ------------------------------------------------------------------------------- */
 
-GVQ_API gvqResult_t gvqPsApply(gvqPs_t ps) {
-    if (!gvq_ps_live(ps)) {
-        GVQ_WARN("gvqPsApply: ps is %s", ps == NULL ? "NULL" : "not a live parameter server");
-        return gvqInvalidArgument;
-    }
+static gvqResult_t apply_run(void *arg) {
+    gvqPs_t ps = arg;
     gvq_rule_t rule = {ps->cfg.rule, ps->cfg.lr, ps->cfg.momentum, ps->cfg.eps,
                        ps->cfg.average ? 1.0 / ps->comm->nranks : 1.0};
     for (size_t i = 0; i < ps->npending; i++) {
@@ -387,4 +407,20 @@ GVQ_API gvqResult_t gvqPsApply(gvqPs_t ps) {
     ps->npending = 0;
     ps->stats.applies++;
     return gvqSuccess;
+}
+
+static void keep_handle(void *arg) {
+    (void)arg; /* the handle is the caller's */
+}
+
+/* ---- apply ------------------------------------------------------------------------------- */
+
+GVQ_API gvqResult_t gvqPsApply(gvqPs_t ps) {
+    if (!gvq_ps_live(ps)) {
+        GVQ_WARN("gvqPsApply: ps is %s", ps == NULL ? "NULL" : "not a live parameter server");
+        return gvqInvalidArgument;
+    }
+    if (ps->cfg.stream == NULL) return apply_run(ps);
+    return gvq_stream_enqueue(ps->cfg.stream, "gvqPsApply", &ps->comm, 1, apply_run, keep_handle,
+                              ps);
 }

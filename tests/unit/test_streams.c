@@ -1,7 +1,7 @@
 /*
  * test_streams.c -- host streams (stream.c) on 1..4 in-process ranks: calls queued on two
  * streams and the blocking path meet in issue order and give the closed-form sums; events;
- * groups, compressed and sparse calls on a stream; refusals at issue time and errors at the
+ * groups, compressed, sparse and parameter-server calls on a stream; refusals at issue time and errors at the
  * wait (with gvqGetLastError and gvqCommGetAsyncError); destroy and abort with work in flight.
  * Run under ThreadSanitizer and AddressSanitizer by .ci/run.
  */
@@ -121,7 +121,24 @@ static void rank_kinds(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT_RES(gvqSparseAllGatherv(idx, val, 2, 16, 1, gvqFloat32, GVQ_SPARSE_SUMMED, &rows, comm,
                                    s),
                gvqSuccess);
+    /* a parameter server on the stream: push, apply, pull (SGD, lr 1: w = -sum of pushes) */
+    gvqPsConfig_t pc = GVQ_PS_CONFIG_INITIALIZER;
+    pc.learningRate = 1.0;
+    pc.stream = s;
+    gvqPs_t ps;
+    EXPECT_RES(gvqPsCreate(comm, 10, 2, gvqFloat32, &pc, &ps), gvqSuccess);
+    int64_t pidx[2] = {3, (int64_t)rank % 10};
+    float pg[4] = {1.0f, 2.0f, 0.5f, 0.5f}, pv[4] = {0};
+    EXPECT_RES(gvqPsPush(ps, pidx, pg, 2), gvqSuccess);
+    EXPECT_RES(gvqPsApply(ps), gvqSuccess);
+    EXPECT_RES(gvqPsPull(ps, pidx, pv, 2), gvqSuccess);
     EXPECT_RES(gvqStreamSynchronize(s), gvqSuccess);
+    /* row 3: every rank pushed (1, 2), and rank 3 (if any) also (0.5, 0.5) */
+    float w3a = -(float)nranks - (nranks > 3 ? 0.5f : 0.0f);
+    float w3b = -2.0f * (float)nranks - (nranks > 3 ? 0.5f : 0.0f);
+    EXPECT(pv[0] == w3a && pv[1] == w3b, "rank %d PS row 3 = (%g, %g) want (%g, %g)", rank, pv[0],
+           pv[1], w3a, w3b);
+    EXPECT_RES(gvqPsDestroy(ps), gvqSuccess);
 
     for (int i = 0; i < N; i++) {
         EXPECT(in[i] == left * 100 + i, "rank %d recv[%d] = %d", rank, i, in[i]);
