@@ -705,12 +705,11 @@ typedef struct {
 } gvqPsConfig_t;
 /* clang-format on */
 
-#define GVQ_PS_CONFIG_INITIALIZER                                                           \
-    {                                                                                       \
-        sizeof(gvqPsConfig_t), GVQ_PS_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,      \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, -1.0, -1.0, -1.0,             \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, 0, NULL, \
-            NULL                                                                            \
+#define GVQ_PS_CONFIG_INITIALIZER                                                                 \
+    {                                                                                             \
+        sizeof(gvqPsConfig_t), GVQ_PS_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,            \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, -1.0, -1.0, -1.0,                   \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, 0, NULL, NULL \
     }
 
 /* What a parameter server has done, on this rank. */

@@ -63,8 +63,8 @@ static gvq_ps_cfg_t cfg_with_defaults(const gvqPsConfig_t *in, int nranks) {
         .init_scale = PS_DBL(initScale, 0.05),
         .seed = in->seed,
         .init_values = in->initValues,
-        .stream = in->size >= offsetof(gvqPsConfig_t, stream) + sizeof in->stream ? in->stream
-                                                                                   : NULL,
+        .stream =
+            in->size >= offsetof(gvqPsConfig_t, stream) + sizeof in->stream ? in->stream : NULL,
     };
 #undef PS_INT
 #undef PS_DBL

@@ -1,9 +1,9 @@
 /*
  * test_streams.c -- host streams (stream.c) on 1..4 in-process ranks: calls queued on two
  * streams and the blocking path meet in issue order and give the closed-form sums; events;
- * groups, compressed, sparse and parameter-server calls on a stream; refusals at issue time and errors at the
- * wait (with gvqGetLastError and gvqCommGetAsyncError); destroy and abort with work in flight.
- * Run under ThreadSanitizer and AddressSanitizer by .ci/run.
+ * groups, compressed, sparse and parameter-server calls on a stream; refusals at issue time and
+ * errors at the wait (with gvqGetLastError and gvqCommGetAsyncError); destroy and abort with work
+ * in flight. Run under ThreadSanitizer and AddressSanitizer by .ci/run.
  */
 #define _DEFAULT_SOURCE
 #include <string.h>
@@ -118,9 +118,9 @@ static void rank_kinds(gvqComm_t comm, int rank, int nranks, void *arg) {
     int64_t idx[2] = {rank, 7};
     float val[2] = {1.0f, (float)rank};
     gvqSparseRows_t rows = GVQ_SPARSE_ROWS_INITIALIZER;
-    EXPECT_RES(gvqSparseAllGatherv(idx, val, 2, 16, 1, gvqFloat32, GVQ_SPARSE_SUMMED, &rows, comm,
-                                   s),
-               gvqSuccess);
+    EXPECT_RES(
+        gvqSparseAllGatherv(idx, val, 2, 16, 1, gvqFloat32, GVQ_SPARSE_SUMMED, &rows, comm, s),
+        gvqSuccess);
     /* a parameter server on the stream: push, apply, pull (SGD, lr 1: w = -sum of pushes) */
     gvqPsConfig_t pc = GVQ_PS_CONFIG_INITIALIZER;
     pc.learningRate = 1.0;
@@ -178,8 +178,9 @@ static void rank_errors(gvqComm_t comm, int rank, int nranks, void *arg) {
     const float *send = rank == 0 ? NULL : x;
     EXPECT_RES(gvqAllReduce(send, x, 64, gvqFloat32, gvqSum, comm, s),
                rank == 0 ? gvqInvalidArgument : gvqSuccess);
-    if (rank == 0) EXPECT(strstr(gvqGetLastError(comm), "sendbuff") != NULL, "WARN: %s",
-                          gvqGetLastError(comm));
+    if (rank == 0)
+        EXPECT(strstr(gvqGetLastError(comm), "sendbuff") != NULL, "WARN: %s",
+               gvqGetLastError(comm));
     gvqResult_t res = gvqStreamSynchronize(s);
     if (nranks > 1 && rank != 0)
         EXPECT(res != gvqSuccess, "rank %d: the peer's refusal was not reported", rank);
@@ -224,8 +225,7 @@ static void rank_errors(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT(res != gvqSuccess, "rank %d: out-of-range index not reported (%s)", rank,
            gvqGetErrorString(res));
     if (rank == 0)
-        EXPECT(strstr(gvqGetLastError(comm), "outside") != NULL, "WARN: %s",
-               gvqGetLastError(comm));
+        EXPECT(strstr(gvqGetLastError(comm), "outside") != NULL, "WARN: %s", gvqGetLastError(comm));
     gvqSparseRowsFree(&rows);
 
     /* host streams order host buffers only; bad handles */
