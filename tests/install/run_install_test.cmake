@@ -64,7 +64,7 @@ if(NOT npcs EQUAL 1 OR NOT EXISTS "${pcs}")
 endif()
 get_filename_component(pcdir ${pcs} DIRECTORY)
 get_filename_component(libdir ${pcdir} DIRECTORY)
-foreach(f ${prefix}/include/gvq.h ${prefix}/include/gvq_mpi.h ${libdir}/cmake/gvq/gvqConfig.cmake
+foreach(f ${prefix}/include/gvq.h ${prefix}/include/gvq_mpi.h ${prefix}/include/gvq_train.h ${libdir}/cmake/gvq/gvqConfig.cmake
           ${libdir}/libgvq.so)
   if(NOT EXISTS ${f})
     message(FATAL_ERROR "not installed: ${f}")

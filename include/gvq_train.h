@@ -1,0 +1,162 @@
+/*
+ * gvq_train.h -- the training layer: a model registers its variables once, says when each
+ * gradient is ready during backprop, and waits for all of them before the optimizer step. The
+ * layer routes every variable to the right collective, fuses small tensors into buckets, owns
+ * the compressors and runs the aggregation on a host stream of its own, so that a variable's
+ * gradient travels while backprop of the layers below goes on (Poseidon's wait-free
+ * backpropagation). Host buffers of gvqFloat32.
+ *
+ *   setup:  gvqTrainCreate -> gvqTrainAddVariable (every variable, in backward order)
+ *           -> gvqTrainCommit (collective: every rank registered the same variables; routes
+ *              decided, compressors and buckets made, the routing table logged at INFO)
+ *   a step: backprop of the top layer -> gvqTrainGradReady(top variables) -> backprop of the
+ *           next ... -> gvqTrainWaitAll -> the optimizer reads the aggregated gradients
+ *
+ * Routes (gvqTrainGetVariableInfo says which and why):
+ *   conv weight [K][D][H][W]   its own compressor when the variable or config names one
+ *                              (GradiVeQ, QSGD, PowerSGD), else as dense
+ *   fc weight M x N            likewise (PowerSGD sees the M x N matrix), else as dense
+ *   dense (bias, other)        fused into a bucket of about bucketBytes with the neighbouring
+ *                              small plain tensors; a tensor of bucketBytes or more alone
+ * A bucket is sent when its last member is ready. Every rank must make the same calls in the same
+ * order (NCCL's rule): the same variables, each ready once per step, then gvqTrainWaitAll.
+ * Between gvqTrainGradReady and the end of gvqTrainWaitAll the gradient buffer belongs to the
+ * layer (do not read or write it); after it, it holds the sum, or the average with gvqAvg,
+ * bitwise identical on every rank.
+ */
+#ifndef GVQ_TRAIN_H_
+#define GVQ_TRAIN_H_
+
+#include "gvq.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gvqTrainer *gvqTrainer_t;
+
+/* clang-format off */
+typedef enum {
+    gvqVarConv  = 0, /* conv weight, shape K, D, H, W */
+    gvqVarFc    = 1, /* fully connected weight, shape M (outputs), N (inputs) */
+    gvqVarDense = 2  /* anything else dense (biases, scalars), shape: count */
+} gvqVarKind_t;
+
+typedef enum {
+    gvqRouteAllReduce  = 0, /* alone, plain allreduce */
+    gvqRouteBucket     = 1, /* fused with other small tensors, plain allreduce */
+    gvqRouteCompressed = 2  /* alone, through its own compressor */
+} gvqRoute_t;
+/* clang-format on */
+
+#define GVQ_TRAIN_CONFIG_MAGIC 0x67767154u /* 'gvqT' */
+#define GVQ_VARIABLE_MAGIC 0x67767156u     /* 'gvqV' */
+
+/* Versioned layer configuration (GVQ_TRAIN_CONFIG_INITIALIZER; unset fields in brackets). */
+typedef struct {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int bucketBytes; /* plain tensors smaller than this are fused into buckets of up to this
+                        size; 0: no fusion [GVQ_TRAIN_BUCKET_BYTES or 262144] */
+    int waitFree;    /* 1: a variable's aggregation starts when it is ready (wait-free
+                        backprop); 0: every aggregation starts at gvqTrainWaitAll, one after the
+                        other (backprop, then aggregate) [1] */
+    int op;          /* gvqAvg or gvqSum [gvqAvg] */
+    const gvqCompressorConfig_t *convCompressor; /* conv weights without their own: this config,
+                                                    the shape filled in by the layer [NULL: plain] */
+    const gvqCompressorConfig_t *fcCompressor;   /* fc weights likewise [NULL: plain] */
+} gvqTrainConfig_t;
+
+#define GVQ_TRAIN_CONFIG_INITIALIZER                                                     \
+    {                                                                                    \
+        sizeof(gvqTrainConfig_t), GVQ_TRAIN_CONFIG_MAGIC, GVQ_VERSION,                   \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL \
+    }
+
+/* One variable (GVQ_VARIABLE_INITIALIZER). */
+typedef struct {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    const char *name; /* for the routing table (copied, up to 63 bytes) */
+    int kind;         /* gvqVarKind_t */
+    int shape[4];     /* conv: K, D, H, W; fc: M, N; dense: the count in shape[0] */
+    const gvqCompressorConfig_t *compressor; /* this variable's codec, the shape filled in by the
+                                                layer (codec gvqCodecNone: plain); NULL: the
+                                                config's for its kind */
+} gvqVariable_t;
+
+#define GVQ_VARIABLE_INITIALIZER                                                          \
+    {                                                                                     \
+        sizeof(gvqVariable_t), GVQ_VARIABLE_MAGIC, GVQ_VERSION, NULL, GVQ_CONFIG_UNDEF_INT, \
+            {0, 0, 0, 0}, NULL                                                            \
+    }
+
+/* What the layer decided for a variable, and its last step. Times are CLOCK_MONOTONIC seconds
+ * (0: did not happen in the last step). */
+typedef struct {
+    char name[64];
+    int kind;       /* gvqVarKind_t */
+    size_t count;   /* floats */
+    int route;      /* gvqRoute_t */
+    int bucket;     /* the bucket (route gvqRouteBucket), else -1 */
+    int codec;      /* gvqCodec_t of its compressor (gvqCodecNone when plain) */
+    char why[96];   /* the reason for the route */
+    double readyTime, startTime, endTime; /* gvqTrainGradReady; its (bucket's) aggregation */
+    unsigned long long wireBytes; /* bytes this rank sent for it, all steps (compressed: the
+                                     compressor's count; plain: the ring's 2(n-1)/n per call;
+                                     a bucket's member: its share) */
+    long long steps; /* steps aggregated */
+} gvqTrainVariableInfo_t;
+
+/* Makes a training layer over comm (local). Errors: gvqInvalidArgument (bad comm, NULL, a bad
+ * config field, named in the WARN), gvqSystemError. */
+GVQ_API gvqResult_t gvqTrainCreate(gvqComm_t comm, const gvqTrainConfig_t *config,
+                                   gvqTrainer_t *trainer);
+
+/* Registers a variable (before gvqTrainCommit, in backward order: the order its gradient
+ * becomes ready); *id receives its number (0, 1, ...). Errors: gvqInvalidArgument (bad
+ * kind or shape, a compressor config the shape does not allow), gvqInvalidUsage (after commit). */
+GVQ_API gvqResult_t gvqTrainAddVariable(gvqTrainer_t trainer, const gvqVariable_t *variable,
+                                        int *id);
+
+/* Decides the routes, makes the compressors and buckets. Collective: every rank must have
+ * registered the same variables (checked: otherwise gvqInvalidArgument on every rank, naming
+ * the first that differs on this rank). Errors: as above, gvqInvalidUsage (twice), and the
+ * errors of a collective. */
+GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t trainer);
+
+/* The gradient of variable id (count floats at grad) is ready: its aggregation starts (with
+ * waitFree; a bucket's when its last member is ready). Returns at once. Errors:
+ * gvqInvalidArgument (bad id, NULL grad), gvqInvalidUsage (before commit; ready twice in one
+ * step), and refusals of the queued call. */
+GVQ_API gvqResult_t gvqTrainGradReady(gvqTrainer_t trainer, int id, float *grad);
+
+/* Starts what has not started and waits until every gradient of the step is aggregated, in its
+ * buffer. Every variable must have been made ready in this step: a missing one is reported
+ * (gvqInvalidUsage, naming it) after the rest completed here, and the other ranks' calls for it
+ * fail by the communicator's timeout. Errors: that, and the first error of the step's calls. */
+GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t trainer);
+
+/* The routing decision and last-step timeline of variable id. Errors: gvqInvalidArgument. */
+GVQ_API gvqResult_t gvqTrainGetVariableInfo(gvqTrainer_t trainer, int id,
+                                            gvqTrainVariableInfo_t *info);
+
+/* Variables registered so far. Errors: gvqInvalidArgument. */
+GVQ_API gvqResult_t gvqTrainGetVariableCount(gvqTrainer_t trainer, int *count);
+
+/* The compressor the layer made for variable id, or NULL (*compressor) when it goes plain: for
+ * its stats, and to save and load its state. Errors: gvqInvalidArgument. */
+GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t trainer, int id,
+                                          gvqCompressor_t *compressor);
+
+/* Waits for the layer's work, then frees it with its compressors and stream. Local. Errors:
+ * gvqInvalidArgument, and an unreported error of the last step. */
+GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GVQ_TRAIN_H_ */

@@ -1,0 +1,595 @@
+/*
+ * trainer.c -- the training layer (gvq_train.h): routes, buckets and wait-free backprop over a
+ * host stream of the layer's own.
+ *
+ *   backprop:   layer L        layer L-1        layer L-2    ...      gvqTrainWaitAll
+ *   ready:         v0 ------------ v1 ------------- v2 ---------------- |
+ *   stream:        [ allreduce v0 ][ bucket(v1,v2) -- when v2 is ready ] wait, then the step
+ *                  ^ starts while layer L-1 computes
+ *
+ * Each variable (or bucket) is one job on the layer's stream (gvq_stream_enqueue, ordered on
+ * the communicator with every other call): the job takes its start time, runs the blocking
+ * collective on the progress thread (gvqAllReduce or gvqAllReduceCompressed, stream NULL: the
+ * job holds the communicator's turn), and takes its end time. A bucket is packed on the
+ * caller's thread when its last member is ready, and unpacked by its job. Without waitFree the
+ * jobs are all queued at gvqTrainWaitAll, in registration order.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gvq_handles.h"
+#include "gvq_stream.h"
+#include "gvq_train.h"
+
+#define TRAINER_MAGIC 0x67767452u /* 'gvqR' */
+#define DEFAULT_BUCKET_BYTES 262144
+
+typedef struct {
+    gvqTrainVariableInfo_t info;
+    int shape[4];
+    gvqCompressorConfig_t ccfg; /* its codec (has_ccfg) */
+    int has_ccfg;
+    gvqCompressor_t comp;
+    size_t bucket_off; /* floats into its bucket */
+    float *grad;       /* this step's buffer; NULL: not ready yet */
+} tvar_t;
+
+typedef struct {
+    int *members; /* variable ids, in registration order */
+    int nmembers, pending;
+    size_t count;
+    float *buf;
+    double start, end;
+} tbucket_t;
+
+struct gvqTrainer {
+    uint32_t magic;
+    gvqComm_t comm;
+    int nranks, rank;
+    gvqStream_t stream;
+    size_t bucket_bytes;
+    int wait_free;
+    gvqRedOp_t op;
+    gvqCompressorConfig_t conv_cfg, fc_cfg;
+    int has_conv_cfg, has_fc_cfg;
+    tvar_t *vars;
+    int nvars, cap;
+    tbucket_t *buckets;
+    int nbuckets;
+    int committed;
+    gvqResult_t issue_error; /* the step's first refusal at issue */
+};
+
+static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static gvqResult_t check_trainer(const char *fn, gvqTrainer_t t) {
+    if (gvq_handles_live(&live, t)) return gvqSuccess;
+    GVQ_WARN("%s: trainer %p is %s", fn, (void *)t,
+             t == NULL ? "NULL" : "not a live training layer (destroyed?)");
+    return gvqInvalidArgument;
+}
+
+/* ---- configuration ------------------------------------------------------------------------- */
+
+static gvqResult_t copy_compressor_cfg(const char *fn, const char *what,
+                                       const gvqCompressorConfig_t *in, gvqCompressorConfig_t *out,
+                                       int *has) {
+    *has = in != NULL;
+    if (in == NULL) return gvqSuccess;
+    if (in->size < offsetof(gvqCompressorConfig_t, efBound) + sizeof in->efBound ||
+        in->size > sizeof *in || in->magic != GVQ_COMPRESSOR_CONFIG_MAGIC) {
+        GVQ_WARN("%s: %s was not made with GVQ_COMPRESSOR_CONFIG_INITIALIZER", fn, what);
+        return gvqInvalidArgument;
+    }
+    *out = *in;
+    return gvqSuccess;
+}
+
+static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
+    const char *fn = "gvqTrainCreate";
+    gvqTrainConfig_t def = GVQ_TRAIN_CONFIG_INITIALIZER;
+    if (in == NULL) in = &def;
+    GVQCHECK(gvq_config_header_check(fn, "config", in->size, in->magic, in->version,
+                                     GVQ_TRAIN_CONFIG_MAGIC, sizeof *in, sizeof *in,
+                                     "GVQ_TRAIN_CONFIG_INITIALIZER"));
+    long bucket = DEFAULT_BUCKET_BYTES;
+    const char *env = getenv("GVQ_TRAIN_BUCKET_BYTES");
+    if (env != NULL) bucket = strtol(env, NULL, 10);
+    if (in->bucketBytes != GVQ_CONFIG_UNDEF_INT) bucket = in->bucketBytes;
+    if (bucket < 0 || bucket > (1l << 30)) {
+        GVQ_WARN("%s: bucketBytes %ld is outside [0, 2^30]", fn, bucket);
+        return gvqInvalidArgument;
+    }
+    t->bucket_bytes = (size_t)bucket;
+    t->wait_free = in->waitFree == GVQ_CONFIG_UNDEF_INT ? 1 : in->waitFree;
+    if (t->wait_free != 0 && t->wait_free != 1) {
+        GVQ_WARN("%s: waitFree %d is not 0 or 1", fn, in->waitFree);
+        return gvqInvalidArgument;
+    }
+    t->op = in->op == GVQ_CONFIG_UNDEF_INT ? gvqAvg : (gvqRedOp_t)in->op;
+    if (t->op != gvqAvg && t->op != gvqSum) {
+        GVQ_WARN("%s: op %d is not gvqAvg or gvqSum", fn, in->op);
+        return gvqInvalidArgument;
+    }
+    GVQCHECK(copy_compressor_cfg(fn, "convCompressor", in->convCompressor, &t->conv_cfg,
+                                 &t->has_conv_cfg));
+    GVQCHECK(
+        copy_compressor_cfg(fn, "fcCompressor", in->fcCompressor, &t->fc_cfg, &t->has_fc_cfg));
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqTrainCreate(gvqComm_t comm, const gvqTrainConfig_t *config,
+                                   gvqTrainer_t *trainer) {
+    const char *fn = "gvqTrainCreate";
+    GVQCHECK(gvq_comm_check(comm, fn, 1));
+    if (trainer == NULL) {
+        GVQ_WARN("%s: trainer is NULL", fn);
+        return gvqInvalidArgument;
+    }
+    gvqTrainer_t t = calloc(1, sizeof *t);
+    if (t == NULL) {
+        GVQ_WARN("%s: out of memory", fn);
+        return gvqSystemError;
+    }
+    gvqResult_t res = resolve_config(config, t);
+    if (res != gvqSuccess) goto err_free;
+    t->comm = comm;
+    GVQCHECKGOTO(gvqCommCount(comm, &t->nranks), res, err_free);
+    GVQCHECKGOTO(gvqCommUserRank(comm, &t->rank), res, err_free);
+    GVQCHECKGOTO(gvqStreamCreate(&t->stream), res, err_free);
+    t->magic = TRAINER_MAGIC;
+    if ((res = gvq_handles_add(&live, t)) != gvqSuccess) {
+        GVQ_WARN("%s: out of memory", fn);
+        gvqStreamDestroy(t->stream);
+        goto err_free;
+    }
+    *trainer = t;
+    return gvqSuccess;
+err_free:
+    free(t);
+    return res;
+}
+
+/* ---- variables ----------------------------------------------------------------------------- */
+
+static const char *kind_name(int kind) {
+    return kind == gvqVarConv ? "conv" : kind == gvqVarFc ? "fc" : "dense";
+}
+
+/* The variable's count from its shape, or 0 when the shape is bad (WARN). */
+static size_t shape_count(const char *fn, const gvqVariable_t *v) {
+    int dims = v->kind == gvqVarConv ? 4 : v->kind == gvqVarFc ? 2 : 1;
+    size_t n = 1;
+    for (int i = 0; i < dims; i++) {
+        if (v->shape[i] <= 0) {
+            GVQ_WARN("%s: variable '%s' (%s): shape[%d] = %d is not positive", fn,
+                     v->name ? v->name : "", kind_name(v->kind), i, v->shape[i]);
+            return 0;
+        }
+        n *= (size_t)v->shape[i];
+    }
+    if (n > ((size_t)1 << 31)) {
+        GVQ_WARN("%s: variable '%s' has %zu values; at most 2^31", fn, v->name ? v->name : "", n);
+        return 0;
+    }
+    return n;
+}
+
+GVQ_API gvqResult_t gvqTrainAddVariable(gvqTrainer_t t, const gvqVariable_t *v, int *id) {
+    const char *fn = "gvqTrainAddVariable";
+    GVQCHECK(check_trainer(fn, t));
+    if (v == NULL || id == NULL) {
+        GVQ_WARN("%s: %s is NULL", fn, v == NULL ? "variable" : "id");
+        return gvqInvalidArgument;
+    }
+    if (t->committed) {
+        GVQ_WARN("%s: variable '%s' comes after gvqTrainCommit", fn, v->name ? v->name : "");
+        return gvqInvalidUsage;
+    }
+    GVQCHECK(gvq_config_header_check(fn, "variable", v->size, v->magic, v->version,
+                                     GVQ_VARIABLE_MAGIC, sizeof *v, sizeof *v,
+                                     "GVQ_VARIABLE_INITIALIZER"));
+    if (v->kind != gvqVarConv && v->kind != gvqVarFc && v->kind != gvqVarDense) {
+        GVQ_WARN("%s: variable '%s': kind %d is not gvqVarConv, gvqVarFc or gvqVarDense", fn,
+                 v->name ? v->name : "", v->kind);
+        return gvqInvalidArgument;
+    }
+    size_t count = shape_count(fn, v);
+    if (count == 0) return gvqInvalidArgument;
+    if (t->nvars == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 16;
+        tvar_t *vars = realloc(t->vars, (size_t)cap * sizeof *vars);
+        if (vars == NULL) {
+            GVQ_WARN("%s: out of memory", fn);
+            return gvqSystemError;
+        }
+        t->vars = vars;
+        t->cap = cap;
+    }
+    tvar_t *x = &t->vars[t->nvars];
+    memset(x, 0, sizeof *x);
+    GVQCHECK(copy_compressor_cfg(fn, "variable->compressor", v->compressor, &x->ccfg,
+                                 &x->has_ccfg));
+    snprintf(x->info.name, sizeof x->info.name, "%s", v->name ? v->name : "");
+    x->info.kind = v->kind;
+    x->info.count = count;
+    x->info.bucket = -1;
+    memcpy(x->shape, v->shape, sizeof x->shape);
+    *id = t->nvars++;
+    return gvqSuccess;
+}
+
+/* ---- commit: agree, route, make compressors and buckets ---------------------------------- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* A hash of variables [0, upto): names, kinds, shapes. */
+static uint64_t variables_hash(const gvqTrainer_t t, int upto) {
+    uint64_t h = fnv(0xcbf29ce484222325ull, &upto, sizeof upto);
+    for (int i = 0; i < upto; i++) {
+        const tvar_t *x = &t->vars[i];
+        h = fnv(h, x->info.name, strlen(x->info.name));
+        h = fnv(h, &x->info.kind, sizeof x->info.kind);
+        h = fnv(h, x->shape, sizeof x->shape);
+    }
+    return h;
+}
+
+/* Whether every rank holds the same value (min == max, through the library's own allreduce). */
+static gvqResult_t all_equal(gvqTrainer_t t, uint64_t v, int *equal) {
+    uint64_t x[2] = {v, ~v};
+    GVQCHECK(gvqAllReduce(x, x, 2, gvqUint64, gvqMax, t->comm, NULL));
+    *equal = x[0] == v && ~x[1] == v;
+    return gvqSuccess;
+}
+
+/* The codec config of variable x (NULL: plain), with its shape filled in. */
+static const gvqCompressorConfig_t *codec_of(gvqTrainer_t t, tvar_t *x) {
+    const gvqCompressorConfig_t *c = x->has_ccfg                                       ? &x->ccfg
+                                     : x->info.kind == gvqVarConv && t->has_conv_cfg ? &t->conv_cfg
+                                     : x->info.kind == gvqVarFc && t->has_fc_cfg     ? &t->fc_cfg
+                                                                                     : NULL;
+    if (c == NULL || c->codec == gvqCodecNone) return NULL;
+    x->ccfg = *c;
+    if (x->info.kind == gvqVarConv) {
+        x->ccfg.filters = x->shape[0];
+        x->ccfg.depth = x->shape[1];
+        x->ccfg.height = x->shape[2];
+        x->ccfg.width = x->shape[3];
+    } else if (x->info.kind == gvqVarFc) {
+        x->ccfg.filters = x->shape[0];
+        x->ccfg.depth = x->shape[1];
+        x->ccfg.height = x->ccfg.width = 1;
+    }
+    return &x->ccfg;
+}
+
+static const char *codec_name(int codec) {
+    static const char *names[] = {"none", "gradiveq", "qsgd", "powersgd"};
+    return codec >= 0 && codec < 4 ? names[codec] : "?";
+}
+
+/* Route every variable; compressed ones get their compressor (in registration order, the same
+ * on every rank). */
+static gvqResult_t route_all(gvqTrainer_t t) {
+    const char *fn = "gvqTrainCommit";
+    for (int i = 0; i < t->nvars; i++) {
+        tvar_t *x = &t->vars[i];
+        const gvqCompressorConfig_t *c = codec_of(t, x);
+        size_t bytes = x->info.count * sizeof(float);
+        if (c != NULL) {
+            gvqResult_t res = gvqCompressorCreate(t->comm, x->info.count, c, &x->comp);
+            if (res != gvqSuccess) {
+                GVQ_WARN("%s: variable '%s' (%s, %zu values): its compressor was refused: %s", fn,
+                         x->info.name, kind_name(x->info.kind), x->info.count,
+                         gvqGetLastError(t->comm));
+                return res;
+            }
+            x->info.route = gvqRouteCompressed;
+            x->info.codec = c->codec;
+            snprintf(x->info.why, sizeof x->info.why, "%s compressor (%s)",
+                     codec_name(c->codec), x->has_ccfg ? "the variable's" : "the config's");
+        } else if (bytes < t->bucket_bytes) {
+            x->info.route = gvqRouteBucket;
+            snprintf(x->info.why, sizeof x->info.why, "plain, %zu B < bucketBytes %zu: fused",
+                     bytes, t->bucket_bytes);
+        } else {
+            x->info.route = gvqRouteAllReduce;
+            snprintf(x->info.why, sizeof x->info.why, "plain, %zu B >= bucketBytes %zu: alone",
+                     bytes, t->bucket_bytes);
+        }
+    }
+    return gvqSuccess;
+}
+
+/* Fuse the bucket-routed variables, in registration order, into buckets of <= bucketBytes. */
+static gvqResult_t make_buckets(gvqTrainer_t t) {
+    t->buckets = calloc((size_t)t->nvars + 1, sizeof *t->buckets);
+    if (t->buckets == NULL) return gvqSystemError;
+    tbucket_t *b = NULL;
+    for (int i = 0; i < t->nvars; i++) {
+        tvar_t *x = &t->vars[i];
+        if (x->info.route != gvqRouteBucket) continue;
+        if (b == NULL || (b->count + x->info.count) * sizeof(float) > t->bucket_bytes)
+            b = &t->buckets[t->nbuckets++];
+        if (b->members == NULL && (b->members = calloc((size_t)t->nvars, sizeof(int))) == NULL)
+            return gvqSystemError;
+        x->info.bucket = (int)(b - t->buckets);
+        x->bucket_off = b->count;
+        b->members[b->nmembers++] = i;
+        b->count += x->info.count;
+    }
+    for (int k = 0; k < t->nbuckets; k++) {
+        tbucket_t *bk = &t->buckets[k];
+        bk->pending = bk->nmembers;
+        if ((bk->buf = malloc(bk->count * sizeof(float))) == NULL) return gvqSystemError;
+    }
+    return gvqSuccess;
+}
+
+static void log_routes(gvqTrainer_t t) {
+    if (t->rank != 0) return;
+    GVQ_INFO("training layer: %d variables, %d buckets (bucketBytes %zu), %s", t->nvars,
+             t->nbuckets, t->bucket_bytes,
+             t->wait_free ? "wait-free backprop" : "aggregation after backprop");
+    for (int i = 0; i < t->nvars; i++) {
+        const gvqTrainVariableInfo_t *v = &t->vars[i].info;
+        char route[32];
+        if (v->route == gvqRouteBucket)
+            snprintf(route, sizeof route, "bucket %d", v->bucket);
+        else
+            snprintf(route, sizeof route, "%s",
+                     v->route == gvqRouteCompressed ? "compressed" : "allreduce");
+        GVQ_INFO("  %-16s %-5s %9zu  %-10s %s", v->name, kind_name(v->kind), v->count, route,
+                 v->why);
+    }
+}
+
+GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
+    const char *fn = "gvqTrainCommit";
+    GVQCHECK(check_trainer(fn, t));
+    if (t->committed) {
+        GVQ_WARN("%s: the layer was committed already", fn);
+        return gvqInvalidUsage;
+    }
+    int equal = 0;
+    GVQCHECK(all_equal(t, variables_hash(t, t->nvars), &equal));
+    if (!equal) { /* the first variable that differs, for the WARN: a search every rank takes
+                     alike, over the prefixes of the shortest list */
+        uint64_t n[2] = {(uint64_t)t->nvars, ~(uint64_t)t->nvars};
+        GVQCHECK(gvqAllReduce(n, n, 2, gvqUint64, gvqMax, t->comm, NULL));
+        int lo = 0, hi = (int)~n[1]; /* prefix lo agrees; the shortest list has hi */
+        while (lo < hi) {
+            int mid = lo + (hi - lo + 1) / 2, eq = 0;
+            GVQCHECK(all_equal(t, variables_hash(t, mid), &eq));
+            if (eq)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        GVQ_WARN("%s: the ranks registered different variables; the first that differs is "
+                 "number %d (here: %s; this rank has %d, another %llu)",
+                 fn, lo, lo < t->nvars ? t->vars[lo].info.name : "none", t->nvars,
+                 (unsigned long long)(n[0] != (uint64_t)t->nvars ? n[0] : ~n[1]));
+        return gvqInvalidArgument;
+    }
+    GVQCHECK(route_all(t));
+    if (make_buckets(t) != gvqSuccess) {
+        GVQ_WARN("%s: out of memory for the buckets", fn);
+        return gvqSystemError;
+    }
+    t->committed = 1;
+    log_routes(t);
+    return gvqSuccess;
+}
+
+/* ---- a step -------------------------------------------------------------------------------- */
+
+typedef struct {
+    gvqTrainer_t t;
+    int var;    /* a variable, or -1 */
+    int bucket; /* a bucket, or -1 */
+} train_job_t;
+
+/* Bytes a plain ring sends per rank for n floats. */
+static unsigned long long ring_bytes(const gvqTrainer_t t, size_t n) {
+    return t->nranks > 1
+               ? (unsigned long long)(2.0 * (t->nranks - 1) * (double)n * 4.0 / t->nranks)
+               : 0ull;
+}
+
+/* On the progress thread: one variable's or bucket's aggregation, timed. */
+static gvqResult_t train_job_run(void *arg) {
+    const train_job_t *j = arg;
+    gvqTrainer_t t = j->t;
+    double start = now_s();
+    gvqResult_t res;
+    if (j->bucket >= 0) {
+        tbucket_t *b = &t->buckets[j->bucket];
+        res = gvqAllReduce(b->buf, b->buf, b->count, gvqFloat32, t->op, t->comm, NULL);
+        for (int m = 0; m < b->nmembers && res == gvqSuccess; m++) {
+            tvar_t *x = &t->vars[b->members[m]];
+            memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
+            x->info.wireBytes += ring_bytes(t, x->info.count);
+        }
+        b->start = start;
+        b->end = now_s();
+        return res;
+    }
+    tvar_t *x = &t->vars[j->var];
+    if (x->comp != NULL) {
+        res = gvqAllReduceCompressed(x->grad, x->grad, x->info.count, gvqFloat32, t->op, x->comp,
+                                     t->comm, NULL);
+    } else {
+        res = gvqAllReduce(x->grad, x->grad, x->info.count, gvqFloat32, t->op, t->comm, NULL);
+        if (res == gvqSuccess) x->info.wireBytes += ring_bytes(t, x->info.count);
+    }
+    x->info.startTime = start;
+    x->info.endTime = now_s();
+    return res;
+}
+
+static gvqResult_t issue(gvqTrainer_t t, int var, int bucket) {
+    train_job_t *j = malloc(sizeof *j);
+    if (j == NULL) {
+        GVQ_WARN("gvqTrainGradReady: out of memory");
+        return gvqSystemError;
+    }
+    *j = (train_job_t){t, var, bucket};
+    if (bucket >= 0) { /* pack on the caller's thread: the members are all ready */
+        tbucket_t *b = &t->buckets[bucket];
+        for (int m = 0; m < b->nmembers; m++) {
+            const tvar_t *x = &t->vars[b->members[m]];
+            memcpy(b->buf + x->bucket_off, x->grad, x->info.count * sizeof(float));
+        }
+    }
+    gvqResult_t res = gvq_stream_enqueue(t->stream, "gvqTrainGradReady", &t->comm, 1,
+                                         train_job_run, free, j);
+    if (res != gvqSuccess && t->issue_error == gvqSuccess) t->issue_error = res;
+    return res;
+}
+
+/* Issue variable id's aggregation, or its bucket's when it was the last member. */
+static gvqResult_t start_variable(gvqTrainer_t t, int id) {
+    tvar_t *x = &t->vars[id];
+    if (x->info.route != gvqRouteBucket) return issue(t, id, -1);
+    tbucket_t *b = &t->buckets[x->info.bucket];
+    return --b->pending == 0 ? issue(t, -1, x->info.bucket) : gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqTrainGradReady(gvqTrainer_t t, int id, float *grad) {
+    const char *fn = "gvqTrainGradReady";
+    GVQCHECK(check_trainer(fn, t));
+    if (!t->committed) {
+        GVQ_WARN("%s: call gvqTrainCommit first", fn);
+        return gvqInvalidUsage;
+    }
+    if (id < 0 || id >= t->nvars || grad == NULL) {
+        GVQ_WARN("%s: %s", fn, grad == NULL ? "grad is NULL" : "id is not a registered variable");
+        return gvqInvalidArgument;
+    }
+    tvar_t *x = &t->vars[id];
+    if (x->grad != NULL) {
+        GVQ_WARN("%s: variable %d '%s' is ready twice in one step (gvqTrainWaitAll ends a step)",
+                 fn, id, x->info.name);
+        return gvqInvalidUsage;
+    }
+    x->grad = grad;
+    x->info.readyTime = now_s();
+    x->info.startTime = x->info.endTime = 0;
+    return t->wait_free ? start_variable(t, id) : gvqSuccess;
+}
+
+static void end_step(gvqTrainer_t t) {
+    for (int i = 0; i < t->nvars; i++) {
+        tvar_t *x = &t->vars[i];
+        if (x->grad != NULL) x->info.steps++;
+        if (x->info.route == gvqRouteBucket) {
+            const tbucket_t *b = &t->buckets[x->info.bucket];
+            x->info.startTime = b->start;
+            x->info.endTime = b->end;
+        }
+        x->grad = NULL;
+    }
+    for (int k = 0; k < t->nbuckets; k++) {
+        t->buckets[k].pending = t->buckets[k].nmembers;
+        t->buckets[k].start = t->buckets[k].end = 0;
+    }
+    t->issue_error = gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
+    const char *fn = "gvqTrainWaitAll";
+    GVQCHECK(check_trainer(fn, t));
+    if (!t->committed) {
+        GVQ_WARN("%s: call gvqTrainCommit first", fn);
+        return gvqInvalidUsage;
+    }
+    int missing = -1;
+    for (int i = 0; i < t->nvars; i++) {
+        if (t->vars[i].grad == NULL) {
+            if (missing < 0) missing = i;
+            continue;
+        }
+        if (!t->wait_free) (void)start_variable(t, i);
+    }
+    gvqResult_t res = gvqStreamSynchronize(t->stream);
+    if (res == gvqSuccess) res = t->issue_error;
+    if (missing >= 0) {
+        GVQ_WARN("%s: variable %d '%s' was not made ready in this step (gvqTrainGradReady); its "
+                 "aggregation did not run here%s",
+                 fn, missing, t->vars[missing].info.name,
+                 t->vars[missing].info.route == gvqRouteBucket ? ", nor its bucket's" : "");
+        res = gvqInvalidUsage;
+    }
+    end_step(t);
+    return res;
+}
+
+/* ---- queries and destroy ----------------------------------------------------------------- */
+
+static gvqResult_t check_id(const char *fn, gvqTrainer_t t, int id, const void *out) {
+    GVQCHECK(check_trainer(fn, t));
+    if (id < 0 || id >= t->nvars || out == NULL) {
+        GVQ_WARN("%s: %s", fn, out == NULL ? "output is NULL" : "id is not a registered variable");
+        return gvqInvalidArgument;
+    }
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqTrainGetVariableInfo(gvqTrainer_t t, int id, gvqTrainVariableInfo_t *info) {
+    GVQCHECK(check_id("gvqTrainGetVariableInfo", t, id, info));
+    *info = t->vars[id].info;
+    if (t->vars[id].comp != NULL) {
+        gvqCompressorStats_t st;
+        if (gvqCompressorGetStats(t->vars[id].comp, &st) == gvqSuccess)
+            info->wireBytes = st.wireBytes;
+    }
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqTrainGetVariableCount(gvqTrainer_t t, int *count) {
+    GVQCHECK(check_trainer("gvqTrainGetVariableCount", t));
+    if (count == NULL) {
+        GVQ_WARN("gvqTrainGetVariableCount: count is NULL");
+        return gvqInvalidArgument;
+    }
+    *count = t->nvars;
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t t, int id, gvqCompressor_t *compressor) {
+    GVQCHECK(check_id("gvqTrainGetCompressor", t, id, compressor));
+    *compressor = t->vars[id].comp;
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t t) {
+    if (!gvq_handles_remove(&live, t)) return check_trainer("gvqTrainDestroy", t);
+    gvqResult_t res = gvqStreamDestroy(t->stream); /* waits for the queued work */
+    for (int i = 0; i < t->nvars; i++)
+        if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);
+    for (int k = 0; k < t->nbuckets; k++) {
+        free(t->buckets[k].members);
+        free(t->buckets[k].buf);
+    }
+    free(t->buckets);
+    free(t->vars);
+    t->magic = 0;
+    free(t);
+    return res;
+}

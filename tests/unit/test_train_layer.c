@@ -1,0 +1,263 @@
+/*
+ * test_train_layer.c -- the training layer (gvq_train.h) on 1..4 in-process ranks: the routing
+ * table (compressed, bucketed, alone; bucket boundaries), sums against a closed form over
+ * several steps with and without wait-free backprop (bitwise the same both ways), the
+ * timeline's order (with wait-free backprop the first aggregation starts before the last
+ * gradient is ready; without it, after), and the refusals: ready twice, bad ids, late
+ * registrations, ranks that registered different variables, a variable never made ready.
+ */
+#define _DEFAULT_SOURCE
+#include <string.h>
+#include <unistd.h>
+
+#include "gvq_test.h"
+#include "gvq_train.h"
+
+/* The model, in backward order. */
+enum { NV = 6 };
+static const struct {
+    const char *name;
+    int kind;
+    int shape[4];
+} model[NV] = {
+    {"fc.w", gvqVarFc, {10, 64, 0, 0}},       /* 640 values: bucketed */
+    {"fc.b", gvqVarDense, {10, 0, 0, 0}},     /* bucketed */
+    {"conv2.w", gvqVarConv, {16, 8, 3, 3}},   /* 1152: the conv compressor */
+    {"conv2.b", gvqVarDense, {16, 0, 0, 0}},  /* bucketed */
+    {"embed", gvqVarDense, {70000, 0, 0, 0}}, /* 280 000 B: alone */
+    {"conv1.w", gvqVarConv, {8, 1, 3, 3}},    /* 72: the conv compressor */
+};
+
+static float value(int rank, int step, int v, size_t i) {
+    return (float)((rank + 1) * (v + 2) + step * 3 + (int)(i % 7));
+}
+
+typedef struct {
+    int wait_free;
+    int bucket_bytes;
+    float *out[NV];     /* rank 0's results of the last step, kept for the comparison */
+    int compare;        /* 1: rank 0 compares its results with out[] */
+    double order_ok;    /* set by rank 0: the timeline's order held */
+} run_t;
+
+static gvqTrainer_t make_layer(gvqComm_t comm, const run_t *r, int *ids) {
+    gvqCompressorConfig_t conv = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    conv.codec = gvqCodecGradiveq; /* sampling with codec none: the exact sum */
+    conv.sampleIters = 1000;
+    gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
+    cfg.bucketBytes = r->bucket_bytes;
+    cfg.waitFree = r->wait_free;
+    cfg.op = gvqSum;
+    cfg.convCompressor = &conv;
+    gvqTrainer_t t = NULL;
+    EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
+    for (int v = 0; v < NV; v++) {
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = model[v].name;
+        var.kind = model[v].kind;
+        memcpy(var.shape, model[v].shape, sizeof var.shape);
+        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
+        EXPECT(ids[v] == v, "id %d for variable %d", ids[v], v);
+    }
+    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    return t;
+}
+
+static size_t count_of(int v) {
+    size_t n = 1;
+    int dims = model[v].kind == gvqVarConv ? 4 : model[v].kind == gvqVarFc ? 2 : 1;
+    for (int d = 0; d < dims; d++)
+        n *= (size_t)model[v].shape[d];
+    return n;
+}
+
+static void rank_steps(gvqComm_t comm, int rank, int nranks, void *arg) {
+    run_t *r = arg;
+    int ids[NV];
+    gvqTrainer_t t = make_layer(comm, r, ids);
+    if (t == NULL) return;
+    /* the routes */
+    static const int want_route[NV] = {gvqRouteBucket,     gvqRouteBucket,    gvqRouteCompressed,
+                                       gvqRouteBucket,     gvqRouteAllReduce, gvqRouteCompressed};
+    for (int v = 0; v < NV; v++) {
+        gvqTrainVariableInfo_t info;
+        EXPECT_RES(gvqTrainGetVariableInfo(t, v, &info), gvqSuccess);
+        EXPECT(info.route == want_route[v], "%s: route %d want %d (%s)", model[v].name,
+               info.route, want_route[v], info.why);
+        EXPECT(info.count == count_of(v), "%s: count %zu", model[v].name, info.count);
+        if (v == 2) EXPECT(info.codec == gvqCodecGradiveq, "conv2 codec %d", info.codec);
+    }
+    gvqTrainVariableInfo_t a, b, c;
+    gvqTrainGetVariableInfo(t, 0, &a);
+    gvqTrainGetVariableInfo(t, 1, &b);
+    gvqTrainGetVariableInfo(t, 3, &c);
+    if (r->bucket_bytes >= 4096) /* fc.w + fc.b + conv2.b = 2664 B: one bucket */
+        EXPECT(a.bucket == 0 && b.bucket == 0 && c.bucket == 0, "buckets %d %d %d", a.bucket,
+               b.bucket, c.bucket);
+    else /* 2620 B: fc.w and fc.b (2600 B) fill the first, conv2.b opens the second */
+        EXPECT(a.bucket == 0 && b.bucket == 0 && c.bucket == 1, "buckets %d %d %d", a.bucket,
+               b.bucket, c.bucket);
+
+    float *g[NV];
+    for (int v = 0; v < NV; v++)
+        g[v] = malloc(count_of(v) * sizeof(float));
+    enum { STEPS = 3 };
+    for (int step = 0; step < STEPS; step++) {
+        for (int v = 0; v < NV; v++) { /* "backprop": a layer's gradient, then some compute */
+            for (size_t i = 0; i < count_of(v); i++)
+                g[v][i] = value(rank, step, v, i);
+            EXPECT_RES(gvqTrainGradReady(t, ids[v], g[v]), gvqSuccess);
+            if (step == STEPS - 1) usleep(50000);
+        }
+        EXPECT_RES(gvqTrainWaitAll(t), gvqSuccess);
+        for (int v = 0; v < NV; v++) {
+            int bad = 0;
+            for (size_t i = 0; i < count_of(v) && bad < 2; i++) {
+                float want = 0;
+                for (int q = 0; q < nranks; q++)
+                    want += value(q, step, v, i);
+                if (g[v][i] != want) {
+                    bad++;
+                    EXPECT(0, "n=%d wf=%d step %d %s[%zu]: got %g want %g", nranks, r->wait_free,
+                           step, model[v].name, i, g[v][i], want);
+                }
+            }
+        }
+    }
+    /* the last step's timeline: every variable ran; with wait-free backprop the first
+     * aggregation started before the last gradient was ready, without it after */
+    double first_start = 1e300, last_ready = 0;
+    for (int v = 0; v < NV; v++) {
+        gvqTrainVariableInfo_t info;
+        gvqTrainGetVariableInfo(t, v, &info);
+        EXPECT(info.startTime > 0 && info.endTime >= info.startTime && info.steps == STEPS,
+               "%s: start %g end %g steps %lld", model[v].name, info.startTime, info.endTime,
+               info.steps);
+        if (info.startTime < first_start) first_start = info.startTime;
+        if (info.readyTime > last_ready) last_ready = info.readyTime;
+    }
+    if (r->wait_free)
+        EXPECT(first_start < last_ready, "wait-free: the first aggregation started %.3f s after "
+               "the last gradient was ready", first_start - last_ready);
+    else
+        EXPECT(first_start >= last_ready, "sequential: an aggregation started %.3f s before the "
+               "last gradient was ready", last_ready - first_start);
+    if (rank == 0) {
+        for (int v = 0; v < NV; v++) {
+            if (r->compare)
+                EXPECT(memcmp(r->out[v], g[v], count_of(v) * sizeof(float)) == 0,
+                       "%s differs between wait-free and sequential", model[v].name);
+            else
+                memcpy(r->out[v], g[v], count_of(v) * sizeof(float));
+        }
+    }
+    for (int v = 0; v < NV; v++)
+        free(g[v]);
+    EXPECT_RES(gvqTrainDestroy(t), gvqSuccess);
+}
+
+static void rank_misuse(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)arg;
+    run_t r = {1, 4096, {NULL}, 0, 0};
+    int ids[NV];
+    gvqTrainer_t t = make_layer(comm, &r, ids);
+    if (t == NULL) return;
+    gvqVariable_t late = GVQ_VARIABLE_INITIALIZER;
+    late.name = "late";
+    late.kind = gvqVarDense;
+    late.shape[0] = 4;
+    int id;
+    EXPECT_RES(gvqTrainAddVariable(t, &late, &id), gvqInvalidUsage);
+    EXPECT_RES(gvqTrainCommit(t), gvqInvalidUsage);
+    float *g[NV];
+    for (int v = 0; v < NV; v++)
+        g[v] = calloc(count_of(v), sizeof(float));
+    EXPECT_RES(gvqTrainGradReady(t, NV, g[0]), gvqInvalidArgument);
+    EXPECT_RES(gvqTrainGradReady(t, 0, NULL), gvqInvalidArgument);
+    EXPECT_RES(gvqTrainGradReady(t, 0, g[0]), gvqSuccess);
+    EXPECT_RES(gvqTrainGradReady(t, 0, g[0]), gvqInvalidUsage); /* twice */
+    EXPECT(strstr(gvqGetLastError(comm), "fc.w") != NULL, "WARN: %s", gvqGetLastError(comm));
+    /* every rank leaves out conv1.w (the last): reported, nothing hangs */
+    for (int v = 1; v < NV - 1; v++)
+        EXPECT_RES(gvqTrainGradReady(t, v, g[v]), gvqSuccess);
+    EXPECT_RES(gvqTrainWaitAll(t), gvqInvalidUsage);
+    EXPECT(strstr(gvqGetLastError(comm), "conv1.w") != NULL, "WARN: %s", gvqGetLastError(comm));
+    /* the next step is whole again */
+    for (int v = 0; v < NV; v++) {
+        for (size_t i = 0; i < count_of(v); i++)
+            g[v][i] = (float)rank;
+        EXPECT_RES(gvqTrainGradReady(t, v, g[v]), gvqSuccess);
+    }
+    EXPECT_RES(gvqTrainWaitAll(t), gvqSuccess);
+    EXPECT(g[NV - 1][0] == (float)(nranks * (nranks - 1) / 2), "after a bad step: %g",
+           g[NV - 1][0]);
+    for (int v = 0; v < NV; v++)
+        free(g[v]);
+    EXPECT_RES(gvqTrainDestroy(t), gvqSuccess);
+    EXPECT_RES(gvqTrainDestroy(t), gvqInvalidArgument);
+
+    /* bad variables and configs */
+    gvqTrainer_t u;
+    gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
+    cfg.waitFree = 2;
+    EXPECT_RES(gvqTrainCreate(comm, &cfg, &u), gvqInvalidArgument);
+    EXPECT_RES(gvqTrainCreate(NULL, NULL, &u), gvqInvalidArgument);
+    EXPECT_RES(gvqTrainCreate(comm, NULL, &u), gvqSuccess);
+    gvqVariable_t bad = GVQ_VARIABLE_INITIALIZER;
+    bad.name = "bad";
+    bad.kind = gvqVarConv;
+    bad.shape[0] = 4; /* D, H, W missing */
+    EXPECT_RES(gvqTrainAddVariable(u, &bad, &id), gvqInvalidArgument);
+    bad.kind = 7;
+    EXPECT_RES(gvqTrainAddVariable(u, &bad, &id), gvqInvalidArgument);
+    EXPECT_RES(gvqTrainGradReady(u, 0, g[0]), gvqInvalidUsage); /* before commit */
+    /* ranks that register different variables: commit fails on every rank */
+    gvqVariable_t w = GVQ_VARIABLE_INITIALIZER;
+    w.kind = gvqVarDense;
+    w.name = "same";
+    w.shape[0] = 8;
+    EXPECT_RES(gvqTrainAddVariable(u, &w, &id), gvqSuccess);
+    w.name = "differs";
+    w.shape[0] = rank == nranks - 1 ? 9 : 8;
+    EXPECT_RES(gvqTrainAddVariable(u, &w, &id), gvqSuccess);
+    EXPECT_RES(gvqTrainCommit(u), nranks > 1 ? gvqInvalidArgument : gvqSuccess);
+    if (nranks > 1)
+        EXPECT(strstr(gvqGetLastError(comm), "number 1") != NULL, "WARN: %s",
+               gvqGetLastError(comm));
+    EXPECT_RES(gvqTrainDestroy(u), gvqSuccess);
+
+    /* a compressor config the shape does not allow is refused at commit, naming the variable */
+    gvqCompressorConfig_t cc = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cc.codec = gvqCodecGradiveq;
+    cc.sliceSize = 7; /* not a multiple of K = 4 */
+    EXPECT_RES(gvqTrainCreate(comm, NULL, &u), gvqSuccess);
+    gvqVariable_t cv = GVQ_VARIABLE_INITIALIZER;
+    cv.name = "conv.bad";
+    cv.kind = gvqVarConv;
+    cv.shape[0] = 4;
+    cv.shape[1] = 2;
+    cv.shape[2] = cv.shape[3] = 3;
+    cv.compressor = &cc;
+    EXPECT_RES(gvqTrainAddVariable(u, &cv, &id), gvqSuccess);
+    EXPECT_RES(gvqTrainCommit(u), gvqInvalidArgument);
+    EXPECT(strstr(gvqGetLastError(comm), "conv.bad") != NULL, "WARN: %s", gvqGetLastError(comm));
+    EXPECT_RES(gvqTrainDestroy(u), gvqSuccess);
+}
+
+int main(void) {
+    for (int n = 1; n <= 4; n++) {
+        for (int bb = 0; bb < 2; bb++) {
+            run_t r = {1, bb ? 4096 : 2620, {NULL}, 0, 0};
+            for (int v = 0; v < NV; v++)
+                r.out[v] = malloc(count_of(v) * sizeof(float));
+            gvq_test_run(n, NULL, rank_steps, &r);
+            r.wait_free = 0;
+            r.compare = 1;
+            gvq_test_run(n, NULL, rank_steps, &r);
+            for (int v = 0; v < NV; v++)
+                free(r.out[v]);
+        }
+        gvq_test_run(n, NULL, rank_misuse, NULL);
+    }
+    return gvq_test_finish("test_train_layer");
+}
