@@ -80,7 +80,7 @@ class PsConfig(C.Structure):
                 ("learningRate", C.c_double), ("momentum", C.c_double),
                 ("adagradInit", C.c_double), ("epsilon", C.c_double), ("average", C.c_int),
                 ("localAggregation", C.c_int), ("init", C.c_int), ("initScale", C.c_double),
-                ("seed", C.c_ulonglong), ("initValues", C.c_void_p)]
+                ("seed", C.c_ulonglong), ("initValues", C.c_void_p), ("stream", C.c_void_p)]
 
 
 class PsStats(C.Structure):
@@ -101,7 +101,7 @@ _CTYPES = {"size_t": C.c_size_t, "unsigned int": C.c_uint, "unsigned": C.c_uint,
            "float": C.c_float, "double": C.c_double, "long long": C.c_longlong,
            "unsigned long long": C.c_ulonglong, "int64_t": C.c_int64, "char": C.c_char,
            "uint64_t": C.c_uint64, "uint32_t": C.c_uint32, "int32_t": C.c_int32,
-           "void": C.c_void_p}
+           "void": C.c_void_p, "gvqStream_t": C.c_void_p}
 
 
 def find_header() -> Optional[str]:
