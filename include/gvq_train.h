@@ -63,15 +63,16 @@ typedef struct {
                         backprop); 0: every aggregation starts at gvqTrainWaitAll, one after the
                         other (backprop, then aggregate) [1] */
     int op;          /* gvqAvg or gvqSum [gvqAvg] */
-    const gvqCompressorConfig_t *convCompressor; /* conv weights without their own: this config,
-                                                    the shape filled in by the layer [NULL: plain] */
-    const gvqCompressorConfig_t *fcCompressor;   /* fc weights likewise [NULL: plain] */
+    const gvqCompressorConfig_t
+        *convCompressor;                       /* conv weights without their own: this config,
+                                                  the shape filled in by the layer [NULL: plain] */
+    const gvqCompressorConfig_t *fcCompressor; /* fc weights likewise [NULL: plain] */
 } gvqTrainConfig_t;
 
-#define GVQ_TRAIN_CONFIG_INITIALIZER                                                     \
-    {                                                                                    \
-        sizeof(gvqTrainConfig_t), GVQ_TRAIN_CONFIG_MAGIC, GVQ_VERSION,                   \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL \
+#define GVQ_TRAIN_CONFIG_INITIALIZER                                                         \
+    {                                                                                        \
+        sizeof(gvqTrainConfig_t), GVQ_TRAIN_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL                           \
     }
 
 /* One variable (GVQ_VARIABLE_INITIALIZER). */
@@ -87,27 +88,27 @@ typedef struct {
                                                 config's for its kind */
 } gvqVariable_t;
 
-#define GVQ_VARIABLE_INITIALIZER                                                          \
-    {                                                                                     \
+#define GVQ_VARIABLE_INITIALIZER                                                            \
+    {                                                                                       \
         sizeof(gvqVariable_t), GVQ_VARIABLE_MAGIC, GVQ_VERSION, NULL, GVQ_CONFIG_UNDEF_INT, \
-            {0, 0, 0, 0}, NULL                                                            \
+            {0, 0, 0, 0}, NULL                                                              \
     }
 
 /* What the layer decided for a variable, and its last step. Times are CLOCK_MONOTONIC seconds
  * (0: did not happen in the last step). */
 typedef struct {
     char name[64];
-    int kind;       /* gvqVarKind_t */
-    size_t count;   /* floats */
-    int route;      /* gvqRoute_t */
-    int bucket;     /* the bucket (route gvqRouteBucket), else -1 */
-    int codec;      /* gvqCodec_t of its compressor (gvqCodecNone when plain) */
-    char why[96];   /* the reason for the route */
+    int kind;     /* gvqVarKind_t */
+    size_t count; /* floats */
+    int route;    /* gvqRoute_t */
+    int bucket;   /* the bucket (route gvqRouteBucket), else -1 */
+    int codec;    /* gvqCodec_t of its compressor (gvqCodecNone when plain) */
+    char why[96]; /* the reason for the route */
     double readyTime, startTime, endTime; /* gvqTrainGradReady; its (bucket's) aggregation */
-    unsigned long long wireBytes; /* bytes this rank sent for it, all steps (compressed: the
-                                     compressor's count; plain: the ring's 2(n-1)/n per call;
-                                     a bucket's member: its share) */
-    long long steps; /* steps aggregated */
+    unsigned long long wireBytes;         /* bytes this rank sent for it, all steps (compressed: the
+                                             compressor's count; plain: the ring's 2(n-1)/n per call;
+                                             a bucket's member: its share) */
+    long long steps;                      /* steps aggregated */
 } gvqTrainVariableInfo_t;
 
 /* Makes a training layer over comm (local). Errors: gvqInvalidArgument (bad comm, NULL, a bad

@@ -56,8 +56,12 @@ static void usage(FILE *f) {
         "  --codec C             conv weight gradients: none (gvqAllReduce), gradiveq, qsgd or\n"
         "                        powersgd: a compressor per conv layer (those in residual\n"
         "                        blocks too) with its [K][D][k][k] shape (default gradiveq)\n"
-        "  --rest-codec C        biases and fc: none, qsgd, or powersgd (the last fc's weights\n"
-        "                        as a classes x inputs matrix, the rest plain) (default none)\n"
+        "  --rest-codec C        fc weights: none, qsgd, or powersgd (an outputs x inputs\n"
+        "                        matrix); biases and scalars plain (default none)\n"
+        "  --no-wait-free        aggregate after backprop instead of layer by layer during it\n"
+        "  --bucket-bytes N      fuse plain tensors below N bytes (default: the library's)\n"
+        "  --timeline FILE       CSV of one step: per layer backprop end, per variable ready,\n"
+        "                        aggregation start and end (--timeline-step S, default 100)\n"
         "  --zero-code           one plain gvqAllReduce of the whole flat gradient; set GVQ_CODEC\n"
         "                        to compress it without code changes\n"
         "  --slice L             GradiVeQ slice size, rounded up to a multiple of each layer's K\n"
@@ -171,6 +175,10 @@ enum {
     OPT_CODEC,
     OPT_REST_CODEC,
     OPT_ZERO_CODE,
+    OPT_NO_WAIT_FREE,
+    OPT_BUCKET_BYTES,
+    OPT_TIMELINE,
+    OPT_TIMELINE_STEP,
     OPT_SLICE,
     OPT_REUSE,
     OPT_EPS,
@@ -225,6 +233,10 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"codec", required_argument, NULL, OPT_CODEC},
         {"rest-codec", required_argument, NULL, OPT_REST_CODEC},
         {"zero-code", no_argument, NULL, OPT_ZERO_CODE},
+        {"no-wait-free", no_argument, NULL, OPT_NO_WAIT_FREE},
+        {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
+        {"timeline", required_argument, NULL, OPT_TIMELINE},
+        {"timeline-step", required_argument, NULL, OPT_TIMELINE_STEP},
         {"slice", required_argument, NULL, OPT_SLICE},
         {"reuse", required_argument, NULL, OPT_REUSE},
         {"eps", required_argument, NULL, OPT_EPS},
@@ -346,6 +358,18 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_ZERO_CODE:
             o->zero_code = 1;
+            break;
+        case OPT_NO_WAIT_FREE:
+            o->no_wait_free = 1;
+            break;
+        case OPT_BUCKET_BYTES:
+            if (parse_int(optarg, 0, 1 << 30, &o->bucket_bytes)) what = "--bucket-bytes (0..2^30)";
+            break;
+        case OPT_TIMELINE:
+            o->timeline_path = optarg;
+            break;
+        case OPT_TIMELINE_STEP:
+            if (parse_long(optarg, 1, 1L << 40, &o->timeline_step)) what = "--timeline-step (>= 1)";
             break;
         case OPT_SLICE:
             if (parse_int(optarg, 1, 1 << 20, &o->slice)) what = "--slice (>= 1)";

@@ -756,14 +756,20 @@ double net_loss(net_t *net, const uint8_t *labels, int batch, long *correct) {
     return softmax_xent(logits, labels, batch, net->classes, net->probs, net->dlogits, correct);
 }
 
-void net_backward(net_t *net, const float *images, int batch) {
+void net_backward_each(net_t *net, const float *images, int batch, net_layer_done_fn done,
+                       void *arg) {
     const float *dnext = net->dlogits;
     for (int i = net->nlayers - 1; i >= 0; i--) {
         layer_t *l = &net->layers[i];
         const float *in = i > 0 ? net->layers[i - 1].out : images;
         layer_backward(l, in, dnext, batch);
+        if (done != NULL) done(i, arg);
         dnext = l->dout;
     }
+}
+
+void net_backward(net_t *net, const float *images, int batch) {
+    net_backward_each(net, images, batch, NULL, NULL);
 }
 
 long net_count_correct(net_t *net, const float *images, const uint8_t *labels, int batch) {

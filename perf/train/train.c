@@ -33,6 +33,7 @@
 
 #include "gvq.h"
 #include "gvq_mpi.h"
+#include "aggregate.h"
 #include "mnist.h"
 
 /* A failed gvq or MPI call ends the whole job: a rank that stopped calling collectives would
@@ -135,6 +136,8 @@ void train_opts_default(train_opts_t *o) {
     o->vote = -1.0;
     o->power_rank = o->integer_bits = o->error_feedback = TRAIN_UNSET;
     o->ef_bound = -1.0;
+    o->bucket_bytes = TRAIN_UNSET;
+    o->timeline_step = 100;
     o->print_every = 50;
     o->eval_every = 200;
     o->dump_layer = 2;
@@ -245,19 +248,6 @@ static const char *codec_name(int c) {
     }
 }
 
-static int gvq_codec(int c) {
-    switch (c) {
-    case TRAIN_CODEC_GRADIVEQ:
-        return gvqCodecGradiveq;
-    case TRAIN_CODEC_QSGD:
-        return gvqCodecQsgd;
-    case TRAIN_CODEC_POWERSGD:
-        return gvqCodecPowersgd;
-    default:
-        return gvqCodecNone;
-    }
-}
-
 static char phase_letter(int phase) {
     switch (phase) {
     case gvqPhaseWarmup:
@@ -271,48 +261,49 @@ static char phase_letter(int phase) {
     }
 }
 
-/* A compressor config for a tensor: conv layers carry their [K][D][k][k] shape, an fc layer
- * (PowerSGD on the rest) its [O][I][1][1]. */
-static void compressor_config(const train_opts_t *o, int codec, const layer_t *l,
-                              gvqCompressorConfig_t *cfg) {
-    gvqCompressorConfig_t c = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-    c.codec = gvq_codec(codec);
-    if (l != NULL && l->kind == LAYER_FC) {
-        c.filters = l->out_c;
-        c.depth = (int)layer_in_size(l);
-        c.height = c.width = 1;
-    } else if (l != NULL) {
-        c.filters = l->out_c;
-        c.depth = l->in_c;
-        c.height = l->ksize;
-        c.width = l->ksize;
-        if (o->slice != TRAIN_UNSET) {
-            /* --slice is rounded up to a multiple of K and capped at the tensor */
-            int K = l->out_c;
-            long L = ((long)o->slice + K - 1) / K * K;
-            if (L > (long)l->nw) L = (long)l->nw;
-            c.sliceSize = (int)L;
-        }
+/* Gradient recording (--dump-grads): the recorded conv's local gradient, read after the backward
+ * of the network layer holding it and before the training layer takes it over. */
+typedef struct {
+    dump_t *dump;
+    const layer_t *conv;
+    const net_t *net;
+    int active, ok;
+} dump_hook_t;
+
+static void record_grad(int layer, void *arg) {
+    dump_hook_t *h = arg;
+    if (!h->active || !h->ok || h->conv == NULL) return;
+    const layer_t *l = &h->net->layers[layer];
+    int holds = l == h->conv ||
+                (l->kind == LAYER_BLOCK && (&l->sub[0] == h->conv || &l->sub[1] == h->conv));
+    if (holds && dump_record(h->dump, h->conv->dw) != 0) h->ok = 0;
+}
+
+/* --timeline: one step as CSV rows (what, name, start, end; seconds from the step's start):
+ * the forward pass, each layer's backward, each variable's aggregation (with its ready time),
+ * the wait and the update. */
+static void write_timeline(const char *path, const agg_t *a, long step, double t0, double t_fwd,
+                           double t1, double t2, double t3) {
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "gvq-train: cannot create the timeline '%s': %s\n", path, strerror(errno));
+        return;
     }
-    if (o->reuse != TRAIN_UNSET) c.reuse = o->reuse;
-    if (o->sample_slices != TRAIN_UNSET) c.sampleSlices = o->sample_slices;
-    if (o->eps > 0.0) c.lossThreshold = (float)o->eps;
-    if (o->vote > 0.0) c.voteThreshold = (float)o->vote;
-    if (o->warmup != TRAIN_UNSET) c.warmupIters = o->warmup;
-    if (o->sample != TRAIN_UNSET) c.sampleIters = o->sample;
-    if (o->compressed != TRAIN_UNSET) c.compressedIters = o->compressed;
-    if (o->sample_codec != TRAIN_UNSET)
-        c.sampleCodec = o->sample_codec == TRAIN_CODEC_QSGD ? gvqCodecQsgd : gvqCodecNone;
-    if (o->qsgd_bits != TRAIN_UNSET) c.qsgdBits = o->qsgd_bits;
-    if (o->qsgd_bucket != TRAIN_UNSET) c.qsgdBucket = o->qsgd_bucket;
-    if (o->wire_fp16) c.wireType = gvqFloat16;
-    if (o->error_feedback != TRAIN_UNSET) c.errorFeedback = o->error_feedback;
-    if (o->max_dims != TRAIN_UNSET) c.maxDims = o->max_dims;
-    if (o->power_rank != TRAIN_UNSET) c.powerRank = o->power_rank;
-    if (o->integer_bits != TRAIN_UNSET) c.integerBits = o->integer_bits;
-    if (o->ef_bound >= 0.0) c.efBound = (float)o->ef_bound;
-    c.seed = (int)(o->seed & 0x7fffffff);
-    *cfg = c;
+    fprintf(f, "# step %ld\nwhat,name,start_s,end_s,ready_s\n", step);
+    fprintf(f, "forward,net,%.6f,%.6f,\n", 0.0, t_fwd - t0);
+    double prev = a->backward_start;
+    for (int i = a->net->nlayers - 1; i >= 0; i--) {
+        fprintf(f, "backward,layer%d,%.6f,%.6f,\n", i, prev - t0, a->layer_end[i] - t0);
+        prev = a->layer_end[i];
+    }
+    for (int v = 0; v < a->nvars && a->trainer != NULL; v++) {
+        gvqTrainVariableInfo_t info;
+        if (gvqTrainGetVariableInfo(a->trainer, a->vars[v].id, &info) != gvqSuccess) continue;
+        fprintf(f, "aggregate,%s,%.6f,%.6f,%.6f\n", info.name, info.startTime - t0,
+                info.endTime - t0, info.readyTime - t0);
+    }
+    fprintf(f, "wait,all,%.6f,%.6f,\nupdate,sgd,%.6f,%.6f,\n", t1 - t0, t2 - t0, t2 - t0, t3 - t0);
+    fclose(f);
 }
 
 /* ---- the run -------------------------------------------------------------------------------- */
@@ -382,50 +373,21 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
 
-    /* gvq: a communicator, one compressor per conv layer, one for the rest when it is QSGD */
+    /* gvq: a communicator, and the training layer with a variable per weight tensor */
     gvqComm_t gcomm;
     TRAIN_GVQ(gvqCommInitMPI(&gcomm, comm, NULL), NULL);
     const int nconv = net.nconv;
     layer_t **conv = net.conv;
-    gvqCompressor_t *comp = calloc((size_t)nconv, sizeof(gvqCompressor_t));
+    const size_t nrest = net.nparams - net.conv_params;
     char *phases = malloc(2 * (size_t)nconv + 16);
-    if (comp == NULL || phases == NULL) {
+    if (phases == NULL) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    if (!o->zero_code && o->codec != TRAIN_CODEC_NONE)
-        for (int i = 0; i < nconv; i++) {
-            gvqCompressorConfig_t cfg;
-            compressor_config(o, o->codec, conv[i], &cfg);
-            TRAIN_GVQ(gvqCompressorCreate(gcomm, conv[i]->nw, &cfg, &comp[i]), gcomm);
-        }
-    /* the rest in up to three parts: QSGD compresses it whole; PowerSGD the last fc's weights
-     * (a classes x inputs matrix), the values before and after them go plain */
-    float *rest = net.grads + net.conv_params;
-    const size_t nrest = net.nparams - net.conv_params;
-    struct {
-        float *g;
-        size_t n;
-        gvqCompressor_t comp;
-    } part[3] = {{rest, nrest, NULL}, {NULL, 0, NULL}, {NULL, 0, NULL}};
-    gvqCompressor_t rest_comp = NULL;
-    if (!o->zero_code && o->rest_codec == TRAIN_CODEC_QSGD) {
-        gvqCompressorConfig_t cfg;
-        compressor_config(o, TRAIN_CODEC_QSGD, NULL, &cfg);
-        TRAIN_GVQ(gvqCompressorCreate(gcomm, nrest, &cfg, &rest_comp), gcomm);
-        part[0].comp = rest_comp;
-    } else if (!o->zero_code && o->rest_codec == TRAIN_CODEC_POWERSGD) {
-        layer_t *fc = &net.layers[net.nlayers - 1];
-        gvqCompressorConfig_t cfg;
-        compressor_config(o, TRAIN_CODEC_POWERSGD, fc, &cfg);
-        TRAIN_GVQ(gvqCompressorCreate(gcomm, fc->nw, &cfg, &rest_comp), gcomm);
-        part[0].n = (size_t)(fc->dw - rest);
-        part[1].g = fc->dw;
-        part[1].n = fc->nw;
-        part[1].comp = rest_comp;
-        part[2].g = fc->dw + fc->nw;
-        part[2].n = nrest - part[0].n - fc->nw;
-    }
+    agg_t agg;
+    gvqResult_t agg_res;
+    if (agg_setup(&agg, o, &net, gcomm, &agg_res) != 0) TRAIN_GVQ(agg_res, gcomm);
+    gvqCompressor_t *comp = agg.conv_comp;
 
     /* gradient recording */
     dump_t dump = {0};
@@ -447,6 +409,10 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             goto done;
         }
     }
+
+    dump_hook_t dump_hook = {&dump, dumping ? conv[o->dump_layer - 1] : NULL, &net, 0, 1};
+    agg.before_ready = record_grad;
+    agg.before_ready_arg = &dump_hook;
 
     if (rank == 0 && !o->quiet) {
         fprintf(out,
@@ -475,10 +441,11 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                     "(GVQ_CODEC=%s)\n",
                     net.nparams, e != NULL ? e : "unset");
         } else {
-            fprintf(out, "# aggregation: conv weights %s, the rest (%zu floats) %s",
-                    codec_name(o->codec), nrest, codec_name(o->rest_codec));
-            if (o->rest_codec == TRAIN_CODEC_POWERSGD)
-                fprintf(out, " (the fc's %zu weights; %zu plain)", part[1].n, nrest - part[1].n);
+            fprintf(out,
+                    "# aggregation: the training layer, %d variables (%s); conv weights %s, fc "
+                    "weights %s, biases and scalars (%zu floats with the fc) plain",
+                    agg.nvars, o->no_wait_free ? "after backprop" : "wait-free backprop",
+                    codec_name(o->codec), codec_name(o->rest_codec), nrest);
             for (int i = 0; i < nconv && comp[i] != NULL; i++) {
                 gvqCompressorStats_t st;
                 TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
@@ -528,44 +495,18 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         net_forward(&net, images, local);
         long correct = 0;
         double loss = net_loss(&net, labels, local, &correct);
-        net_backward(&net, images, local);
+        dump_hook.active = dumping && (o->dump_iters == 0 || (long)dump.iters < o->dump_iters);
+        dump_hook.ok = 1;
+        double t_fwd = now_s();
+        agg_backward(&agg, images, local);
         double t1 = now_s();
-
-        if (dumping && (o->dump_iters == 0 || (long)dump.iters < o->dump_iters) &&
-            dump_record(&dump, conv[o->dump_layer - 1]->dw) != 0) {
+        if (dump_hook.active && !dump_hook.ok) {
             fprintf(stderr, "gvq-train: cannot write '%s' (disk full?); recording stopped\n",
                     o->dump_path);
             fclose(dump.f);
             dumping = 0;
         }
-
-        if (o->zero_code) {
-            TRAIN_GVQ(
-                gvqAllReduce(net.grads, net.grads, net.nparams, gvqFloat32, gvqAvg, gcomm, NULL),
-                gcomm);
-        } else {
-            for (int i = 0; i < nconv; i++) {
-                if (comp[i] != NULL)
-                    TRAIN_GVQ(gvqAllReduceCompressed(conv[i]->dw, conv[i]->dw, conv[i]->nw,
-                                                     gvqFloat32, gvqAvg, comp[i], gcomm, NULL),
-                              gcomm);
-                else
-                    TRAIN_GVQ(gvqAllReduce(conv[i]->dw, conv[i]->dw, conv[i]->nw, gvqFloat32,
-                                           gvqAvg, gcomm, NULL),
-                              gcomm);
-            }
-            for (int p = 0; p < 3; p++) {
-                if (part[p].n == 0) continue;
-                if (part[p].comp != NULL)
-                    TRAIN_GVQ(gvqAllReduceCompressed(part[p].g, part[p].g, part[p].n, gvqFloat32,
-                                                     gvqAvg, part[p].comp, gcomm, NULL),
-                              gcomm);
-                else
-                    TRAIN_GVQ(gvqAllReduce(part[p].g, part[p].g, part[p].n, gvqFloat32, gvqAvg,
-                                           gcomm, NULL),
-                              gcomm);
-            }
-        }
+        TRAIN_GVQ(agg_wait(&agg), gcomm);
         double t2 = now_s();
 
         const double lr_step =
@@ -578,6 +519,8 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             net.params[j] -= (net.lr_scale != NULL ? lr * net.lr_scale[j] : lr) * velocity[j];
         }
         double t3 = now_s();
+        if (o->timeline_path != NULL && rank == 0 && step + 1 == o->timeline_step)
+            write_timeline(o->timeline_path, &agg, step + 1, t0, t_fwd, t1, t2, t3);
         win_compute += (t1 - t0) + (t3 - t2);
         win_comm += t2 - t1;
         win_loss += loss;
@@ -686,19 +629,11 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             res->fits += st.fits;
             res->early_exits += st.earlyExits;
         }
-        double conv_raw = raw_conv_per_call * (double)step;
-        double conv_wire = wire > 0 ? (double)wire : conv_raw;
+        double conv_raw = raw_conv_per_call * (double)step, conv_wire = 0.0;
+        rest_wire = 0.0;
+        for (int v = 0; v < agg.nvars; v++)
+            *(agg.vars[v].conv >= 0 ? &conv_wire : &rest_wire) += (double)agg_wire_bytes(&agg, v);
         res->conv_ratio = conv_wire > 0 ? conv_raw / conv_wire : 1.0;
-        if (rest_comp != NULL) {
-            gvqCompressorStats_t st;
-            TRAIN_GVQ(gvqCompressorGetStats(rest_comp, &st), gcomm);
-            rest_wire = (double)st.wireBytes;
-            if (o->rest_codec == TRAIN_CODEC_POWERSGD) /* the parts that went plain */
-                rest_wire +=
-                    raw_rest_per_call * (double)step * (double)(nrest - part[1].n) / (double)nrest;
-        } else {
-            rest_wire = raw_rest_per_call * (double)step;
-        }
         double all_raw = conv_raw + raw_rest_per_call * (double)step;
         res->total_ratio = conv_wire + rest_wire > 0 ? all_raw / (conv_wire + rest_wire) : 1.0;
     }
@@ -742,11 +677,8 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                 o->dump_path);
 
 done:
-    for (int i = 0; i < nconv; i++)
-        if (comp[i] != NULL) TRAIN_GVQ(gvqCompressorDestroy(comp[i]), gcomm);
-    if (rest_comp != NULL) TRAIN_GVQ(gvqCompressorDestroy(rest_comp), gcomm);
+    agg_free(&agg);
     TRAIN_GVQ(gvqCommDestroy(gcomm), NULL);
-    free(comp);
     free(phases);
     free(velocity);
     free(images);

@@ -122,8 +122,7 @@ static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
     }
     GVQCHECK(copy_compressor_cfg(fn, "convCompressor", in->convCompressor, &t->conv_cfg,
                                  &t->has_conv_cfg));
-    GVQCHECK(
-        copy_compressor_cfg(fn, "fcCompressor", in->fcCompressor, &t->fc_cfg, &t->has_fc_cfg));
+    GVQCHECK(copy_compressor_cfg(fn, "fcCompressor", in->fcCompressor, &t->fc_cfg, &t->has_fc_cfg));
     return gvqSuccess;
 }
 
@@ -217,8 +216,8 @@ GVQ_API gvqResult_t gvqTrainAddVariable(gvqTrainer_t t, const gvqVariable_t *v, 
     }
     tvar_t *x = &t->vars[t->nvars];
     memset(x, 0, sizeof *x);
-    GVQCHECK(copy_compressor_cfg(fn, "variable->compressor", v->compressor, &x->ccfg,
-                                 &x->has_ccfg));
+    GVQCHECK(
+        copy_compressor_cfg(fn, "variable->compressor", v->compressor, &x->ccfg, &x->has_ccfg));
     snprintf(x->info.name, sizeof x->info.name, "%s", v->name ? v->name : "");
     x->info.kind = v->kind;
     x->info.count = count;
@@ -259,7 +258,7 @@ static gvqResult_t all_equal(gvqTrainer_t t, uint64_t v, int *equal) {
 
 /* The codec config of variable x (NULL: plain), with its shape filled in. */
 static const gvqCompressorConfig_t *codec_of(gvqTrainer_t t, tvar_t *x) {
-    const gvqCompressorConfig_t *c = x->has_ccfg                                       ? &x->ccfg
+    const gvqCompressorConfig_t *c = x->has_ccfg                                     ? &x->ccfg
                                      : x->info.kind == gvqVarConv && t->has_conv_cfg ? &t->conv_cfg
                                      : x->info.kind == gvqVarFc && t->has_fc_cfg     ? &t->fc_cfg
                                                                                      : NULL;
@@ -301,8 +300,8 @@ static gvqResult_t route_all(gvqTrainer_t t) {
             }
             x->info.route = gvqRouteCompressed;
             x->info.codec = c->codec;
-            snprintf(x->info.why, sizeof x->info.why, "%s compressor (%s)",
-                     codec_name(c->codec), x->has_ccfg ? "the variable's" : "the config's");
+            snprintf(x->info.why, sizeof x->info.why, "%s compressor (%s)", codec_name(c->codec),
+                     x->has_ccfg ? "the variable's" : "the config's");
         } else if (bytes < t->bucket_bytes) {
             x->info.route = gvqRouteBucket;
             snprintf(x->info.why, sizeof x->info.why, "plain, %zu B < bucketBytes %zu: fused",
@@ -407,9 +406,8 @@ typedef struct {
 
 /* Bytes a plain ring sends per rank for n floats. */
 static unsigned long long ring_bytes(const gvqTrainer_t t, size_t n) {
-    return t->nranks > 1
-               ? (unsigned long long)(2.0 * (t->nranks - 1) * (double)n * 4.0 / t->nranks)
-               : 0ull;
+    return t->nranks > 1 ? (unsigned long long)(2.0 * (t->nranks - 1) * (double)n * 4.0 / t->nranks)
+                         : 0ull;
 }
 
 /* On the progress thread: one variable's or bucket's aggregation, timed. */
@@ -457,8 +455,8 @@ static gvqResult_t issue(gvqTrainer_t t, int var, int bucket) {
             memcpy(b->buf + x->bucket_off, x->grad, x->info.count * sizeof(float));
         }
     }
-    gvqResult_t res = gvq_stream_enqueue(t->stream, "gvqTrainGradReady", &t->comm, 1,
-                                         train_job_run, free, j);
+    gvqResult_t res =
+        gvq_stream_enqueue(t->stream, "gvqTrainGradReady", &t->comm, 1, train_job_run, free, j);
     if (res != gvqSuccess && t->issue_error == gvqSuccess) t->issue_error = res;
     return res;
 }

@@ -35,9 +35,9 @@ static float value(int rank, int step, int v, size_t i) {
 typedef struct {
     int wait_free;
     int bucket_bytes;
-    float *out[NV];     /* rank 0's results of the last step, kept for the comparison */
-    int compare;        /* 1: rank 0 compares its results with out[] */
-    double order_ok;    /* set by rank 0: the timeline's order held */
+    float *out[NV];  /* rank 0's results of the last step, kept for the comparison */
+    int compare;     /* 1: rank 0 compares its results with out[] */
+    double order_ok; /* set by rank 0: the timeline's order held */
 } run_t;
 
 static gvqTrainer_t make_layer(gvqComm_t comm, const run_t *r, int *ids) {
@@ -77,13 +77,13 @@ static void rank_steps(gvqComm_t comm, int rank, int nranks, void *arg) {
     gvqTrainer_t t = make_layer(comm, r, ids);
     if (t == NULL) return;
     /* the routes */
-    static const int want_route[NV] = {gvqRouteBucket,     gvqRouteBucket,    gvqRouteCompressed,
-                                       gvqRouteBucket,     gvqRouteAllReduce, gvqRouteCompressed};
+    static const int want_route[NV] = {gvqRouteBucket, gvqRouteBucket,    gvqRouteCompressed,
+                                       gvqRouteBucket, gvqRouteAllReduce, gvqRouteCompressed};
     for (int v = 0; v < NV; v++) {
         gvqTrainVariableInfo_t info;
         EXPECT_RES(gvqTrainGetVariableInfo(t, v, &info), gvqSuccess);
-        EXPECT(info.route == want_route[v], "%s: route %d want %d (%s)", model[v].name,
-               info.route, want_route[v], info.why);
+        EXPECT(info.route == want_route[v], "%s: route %d want %d (%s)", model[v].name, info.route,
+               want_route[v], info.why);
         EXPECT(info.count == count_of(v), "%s: count %zu", model[v].name, info.count);
         if (v == 2) EXPECT(info.codec == gvqCodecGradiveq, "conv2 codec %d", info.codec);
     }
@@ -137,11 +137,15 @@ static void rank_steps(gvqComm_t comm, int rank, int nranks, void *arg) {
         if (info.readyTime > last_ready) last_ready = info.readyTime;
     }
     if (r->wait_free)
-        EXPECT(first_start < last_ready, "wait-free: the first aggregation started %.3f s after "
-               "the last gradient was ready", first_start - last_ready);
+        EXPECT(first_start < last_ready,
+               "wait-free: the first aggregation started %.3f s after "
+               "the last gradient was ready",
+               first_start - last_ready);
     else
-        EXPECT(first_start >= last_ready, "sequential: an aggregation started %.3f s before the "
-               "last gradient was ready", last_ready - first_start);
+        EXPECT(first_start >= last_ready,
+               "sequential: an aggregation started %.3f s before the "
+               "last gradient was ready",
+               last_ready - first_start);
     if (rank == 0) {
         for (int v = 0; v < NV; v++) {
             if (r->compare)

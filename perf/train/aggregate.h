@@ -1,0 +1,58 @@
+/*
+ * aggregate.h -- how gvq-train hands its gradients to gvq: the training layer (gvq_train.h),
+ * one variable per weight tensor, each made ready the moment backprop has written it (wait-free
+ * backprop), or zero-code mode (one gvqAllReduce of the whole flat gradient after backprop).
+ */
+#ifndef GVQ_TRAIN_AGGREGATE_H_
+#define GVQ_TRAIN_AGGREGATE_H_
+
+#include "gvq.h"
+#include "gvq_train.h"
+#include "net.h"
+#include "train.h"
+
+/* One variable of the model: a weight tensor of a network layer. */
+typedef struct {
+    int id;      /* the training layer's */
+    int layer;   /* the network layer it belongs to */
+    int conv;    /* its index in net_t.conv (a conv weight), or -1 */
+    int kind;    /* gvqVarKind_t */
+    float *grad; /* where backprop writes its gradient */
+    size_t count;
+    char name[32];
+} agg_var_t;
+
+typedef struct {
+    gvqComm_t comm;
+    gvqTrainer_t trainer; /* NULL: zero-code mode */
+    net_t *net;
+    agg_var_t *vars; /* in backward order (the training layer's ids) */
+    int nvars;
+    gvqCompressor_t *conv_comp; /* per net_t.conv index: its compressor, or NULL */
+    /* called with a network layer's index after its backward, before its gradients are handed
+     * over (gradient recording reads them here) */
+    void (*before_ready)(int layer, void *arg);
+    void *before_ready_arg;
+    double *layer_end; /* per network layer: when its backward ended in the last step */
+    double backward_start;
+    gvqResult_t error; /* the first failure of a hand-over in this step */
+} agg_t;
+
+/* The codec of a tensor as gvq names it (TRAIN_CODEC_* -> gvqCodec_t), and a compressor config
+ * for a tensor: conv layers carry their [K][D][k][k] shape, an fc layer its [O][I][1][1]. */
+int agg_gvq_codec(int codec);
+void agg_compressor_config(const train_opts_t *o, int codec, const layer_t *l,
+                           gvqCompressorConfig_t *cfg);
+
+/* Sets up the aggregation for net over comm (collective: the layer's commit). 0, or -1 with the
+ * gvq error in *res. */
+int agg_setup(agg_t *a, const train_opts_t *o, net_t *net, gvqComm_t comm, gvqResult_t *res);
+/* Backprop of the last forward pass, handing each layer's gradients over as they are written. */
+void agg_backward(agg_t *a, const float *images, int batch);
+/* Waits until every gradient is aggregated (averaged) in place. */
+gvqResult_t agg_wait(agg_t *a);
+/* Bytes this rank sent for variable v over the run, and whether it is a conv weight. */
+unsigned long long agg_wire_bytes(const agg_t *a, int v);
+void agg_free(agg_t *a);
+
+#endif /* GVQ_TRAIN_AGGREGATE_H_ */
