@@ -22,7 +22,9 @@
  * order (NCCL's rule): the same variables, each ready once per step, then gvqTrainWaitAll.
  * Between gvqTrainGradReady and the end of gvqTrainWaitAll the gradient buffer belongs to the
  * layer (do not read or write it); after it, it holds the sum, or the average with gvqAvg,
- * bitwise identical on every rank.
+ * bitwise identical on every rank. The layer's stream needs MPI_THREAD_MULTIPLE; below it the
+ * aggregations run at once on the caller's thread (a WARN at commit says so): correct, without
+ * overlap.
  */
 #ifndef GVQ_TRAIN_H_
 #define GVQ_TRAIN_H_

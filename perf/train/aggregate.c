@@ -104,7 +104,8 @@ static void add_var(agg_t *a, int layer, int conv, int kind, float *grad, size_t
 static void add_conv(agg_t *a, int layer, const layer_t *l) {
     int c = conv_index(a->net, l);
     add_var(a, layer, c, gvqVarConv, l->dw, l->nw, "conv%d.w", c + 1);
-    if (l->db != NULL && l->nb > 0) add_var(a, layer, -1, gvqVarDense, l->db, l->nb, "conv%d.b", c + 1);
+    if (l->db != NULL && l->nb > 0)
+        add_var(a, layer, -1, gvqVarDense, l->db, l->nb, "conv%d.b", c + 1);
 }
 
 /* Every weight tensor, network layers from the last to the first. */

@@ -500,7 +500,8 @@ static int stderr_is_terminal(void) {
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
+    int provided = 0; /* the training layer's stream runs MPI from its progress thread */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     train_opts_t o;

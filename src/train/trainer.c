@@ -12,7 +12,9 @@
  * collective on the progress thread (gvqAllReduce or gvqAllReduceCompressed, stream NULL: the
  * job holds the communicator's turn), and takes its end time. A bucket is packed on the
  * caller's thread when its last member is ready, and unpacked by its job. Without waitFree the
- * jobs are all queued at gvqTrainWaitAll, in registration order.
+ * jobs are all queued at gvqTrainWaitAll, in registration order. Over a transport that cannot
+ * run calls from two threads (MPI below MPI_THREAD_MULTIPLE) every job runs at once on the
+ * caller's thread instead: the same calls in the same order, without overlap.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -60,6 +62,8 @@ struct gvqTrainer {
     tbucket_t *buckets;
     int nbuckets;
     int committed;
+    int inline_calls;        /* the transport cannot run calls from two threads: every
+                                aggregation runs at once on the caller's thread */
     gvqResult_t issue_error; /* the step's first refusal at issue */
 };
 
@@ -392,6 +396,12 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
         return gvqSystemError;
     }
     t->committed = 1;
+    t->inline_calls = !t->comm->xport->concurrent;
+    if (t->inline_calls && t->rank == 0)
+        GVQ_WARN("%s: MPI runs below MPI_THREAD_MULTIPLE, so the layer cannot aggregate on its "
+                 "own thread: each aggregation runs at once on the calling thread, without "
+                 "overlap (initialize MPI with MPI_THREAD_MULTIPLE for wait-free backprop)",
+                 fn);
     log_routes(t);
     return gvqSuccess;
 }
@@ -455,8 +465,14 @@ static gvqResult_t issue(gvqTrainer_t t, int var, int bucket) {
             memcpy(b->buf + x->bucket_off, x->grad, x->info.count * sizeof(float));
         }
     }
-    gvqResult_t res =
-        gvq_stream_enqueue(t->stream, "gvqTrainGradReady", &t->comm, 1, train_job_run, free, j);
+    gvqResult_t res;
+    if (t->inline_calls) {
+        res = train_job_run(j);
+        free(j);
+    } else {
+        res =
+            gvq_stream_enqueue(t->stream, "gvqTrainGradReady", &t->comm, 1, train_job_run, free, j);
+    }
     if (res != gvqSuccess && t->issue_error == gvqSuccess) t->issue_error = res;
     return res;
 }

@@ -51,7 +51,8 @@ static double mean_loss(const train_result_t *r, long from, long to) {
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
+    int provided = 0; /* the training layer's stream runs MPI from its progress thread */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     const long iters = 300;
 
@@ -116,6 +117,26 @@ int main(int argc, char **argv) {
     check(fabs(plain.test_acc - gvq.test_acc) <= 6.0,
           "test accuracy within 6 points: uncompressed %.2f%%, gradiveq %.2f%%", plain.test_acc,
           gvq.test_acc);
+
+    /* the training layer without wait-free backprop makes the same calls in the same order, only
+     * later: the run must be bitwise the same */
+    train_result_t seq;
+    o.codec = TRAIN_CODEC_NONE;
+    o.no_wait_free = 1;
+    if (train_run(&o, MPI_COMM_WORLD, &seq) == 0) {
+        long same = 0;
+        for (long i = 0; i < iters; i++)
+            same += seq.loss_hist[i] == plain.loss_hist[i];
+        check(same == iters && seq.test_acc == plain.test_acc,
+              "after-backprop aggregation: %.0f of the losses and the accuracy (%.2f%%) bitwise "
+              "those of wait-free backprop",
+              (double)same, seq.test_acc);
+        free(seq.loss_hist);
+    } else {
+        check(0, "after-backprop aggregation did not run%.0f%.0f", 0, 0);
+    }
+    o.no_wait_free = 0;
+    o.codec = TRAIN_CODEC_GRADIVEQ;
 
     free(plain.loss_hist);
     free(gvq.loss_hist);
