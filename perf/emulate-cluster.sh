@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # emulate-cluster.sh -- run an MPI program on N emulated hosts with rate-limited links.
 #
-#   bash perf/emulate-cluster.sh [-n RANKS] [-r RATE] [-l LATENCY] [-- ] PROGRAM [ARGS...]
+#   bash perf/emulate-cluster.sh [-n RANKS] [-r RATE] [-l LATENCY] [-b BURST] [-- ] PROGRAM [ARGS...]
 #   bash perf/emulate-cluster.sh -n 4 -r 1gbit -- build/perf/gvq-perf -b 64M -e 64M -C none,mpi
 #
 # Each rank gets a network namespace (gvqN-<pid>-<i>) with one veth link to a bridge that lives
 # in a namespace of its own, so the host's network is never touched. Every link is shaped with
-# tbf in both directions (default 1gbit, 25 ms of queue). mpirun itself runs inside the first
+# tbf in both directions (default 1gbit, 25 ms of queue, a 256 KB token bucket: a link idle
+# for a while then sends that much at once; -b 16kb makes a 100mbit link strict to ~1 ms, which
+# time-overlap measurements need). mpirun itself runs inside the first
 # namespace and reaches the others through a tiny rsh agent that runs `ip netns exec`; Open MPI is
 # told to use TCP on the emulated subnet only (no shared memory between ranks). Everything is
 # torn down on exit, error or Ctrl-C. Needs root (or CAP_NET_ADMIN), iproute2 and Open MPI.
@@ -17,12 +19,14 @@ set -euo pipefail
 RANKS=4
 RATE=1gbit
 LATENCY=25ms
+BURST=256kb
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) RANKS=$2; shift 2 ;;
         -r) RATE=$2; shift 2 ;;
         -l) LATENCY=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -b) BURST=$2; shift 2 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
@@ -52,7 +56,7 @@ ip -n "$BRNS" link set br0 up
 ip -n "$BRNS" link set lo up
 # burst: enough for the rate at a 1 ms timer, and at least one jumbo frame
 shape() { # namespace device
-    tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst 256kb latency "$LATENCY"
+    tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst "$BURST" latency "$LATENCY"
 }
 for i in $(seq 0 $((RANKS - 1))); do
     ns="${TAG}-$i"
@@ -81,7 +85,7 @@ HOSTS=$(IFS=,; echo "${NS[*]/%/:1}")
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PMIX_MCA_gds=hash
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-echo "# emulate-cluster: $RANKS hosts, links $RATE each way (tbf, $LATENCY queue), subnet $SUBNET.0/24"
+echo "# emulate-cluster: $RANKS hosts, links $RATE each way (tbf, $LATENCY queue, burst $BURST), subnet $SUBNET.0/24"
 set +e
 ip netns exec "${NS[0]}" mpirun -np "$RANKS" --host "$HOSTS" \
     --mca plm_rsh_agent "$WORK/agent" --mca rtc ^hwloc --mca pml ob1 --mca btl tcp,self \

@@ -60,9 +60,10 @@ typedef struct {
     gvq_job_t *head, *tail;
     uint64_t issued, done; /* jobs queued and finished so far */
     int closing;           /* destroy: the progress thread ends when the queue is empty */
-    int waiters;           /* threads inside a wait (destroy frees only when none is) */
-    gvqResult_t error;     /* the first error not yet reported by a wait */
-    uint64_t error_seq;    /* its job's seq */
+    int waiters;        /* threads inside a wait (destroy frees only when none is); atomic, as the
+                           progress thread reads it to choose between sleeping and spinning */
+    gvqResult_t error;  /* the first error not yet reported by a wait */
+    uint64_t error_seq; /* its job's seq */
     char error_text[1024]; /* its WARN line */
 } gvq_stream_t;
 
@@ -214,6 +215,7 @@ static gvqResult_t job_run(gvq_job_t *j, char *warn, size_t warn_size) {
 static void *progress_main(void *arg) {
     gvq_stream_t *s = arg;
     on_progress_thread = 1;
+    gvq_thread_set_background(&s->waiters);
     pthread_mutex_lock(&s->lock);
     for (;;) {
         while (s->head == NULL && !s->closing)
@@ -252,14 +254,14 @@ static gvq_stream_t *stream_acquire(const void *handle, uint64_t serial) {
     }
     if (s != NULL) {
         pthread_mutex_lock(&s->lock);
-        s->waiters++;
+        __atomic_add_fetch(&s->waiters, 1, __ATOMIC_ACQ_REL);
     }
     gvq_handles_unlock(&streams);
     return s;
 }
 
 static void stream_release(gvq_stream_t *s) {
-    s->waiters--;
+    __atomic_sub_fetch(&s->waiters, 1, __ATOMIC_ACQ_REL);
     pthread_cond_broadcast(&s->idle);
     pthread_mutex_unlock(&s->lock);
 }
@@ -330,9 +332,11 @@ GVQ_API gvqResult_t gvqStreamDestroy(gvqStream_t stream) {
     s->closing = 1;
     pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&s->lock);
-    pthread_join(s->thread, NULL); /* every queued job has run */
+    __atomic_add_fetch(&s->waiters, 1, __ATOMIC_ACQ_REL); /* waited for: no sleeping */
+    pthread_join(s->thread, NULL);                        /* every queued job has run */
+    __atomic_sub_fetch(&s->waiters, 1, __ATOMIC_ACQ_REL);
     pthread_mutex_lock(&s->lock);
-    while (s->waiters > 0)
+    while (__atomic_load_n(&s->waiters, __ATOMIC_ACQUIRE) > 0)
         pthread_cond_wait(&s->idle, &s->lock);
     gvqResult_t res = take_error(s, UINT64_MAX, 1);
     pthread_mutex_unlock(&s->lock);

@@ -3,9 +3,13 @@
  * peer becomes gvqTimeout and gvqCommAbort unblocks the waiter, on every transport.
  *
  * The loop polls; after GVQ_SPIN_BEFORE_YIELD fruitless polls it yields the core, which matters
- * when ranks outnumber cores (oversubscribed runs).
+ * when ranks outnumber cores (oversubscribed runs). A host stream's progress thread sleeps
+ * GVQ_PROGRESS_SLEEP_US instead while no caller waits for its stream: the caller computes
+ * meanwhile and needs the core.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <sched.h>
+#include <time.h>
 
 #include "gvq_transport.h"
 
@@ -29,6 +33,7 @@ static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_req_t *reqs, int n, gvqR
 
 gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const char *what) {
     const int64_t spin = gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD);
+    const long sleep_ns = (long)GVQ_MIN(gvq_param(GVQ_PARAM_PROGRESS_SLEEP_US), 999999) * 1000;
     uint64_t start = 0;
     int64_t idle = 0;
     int pending = 0;
@@ -62,7 +67,10 @@ gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const 
         }
         if (++idle >= spin) {
             idle = 0;
-            sched_yield();
+            if (sleep_ns > 0 && gvq_thread_may_sleep()) /* leave the core to the compute */
+                nanosleep(&(struct timespec){0, sleep_ns}, NULL);
+            else
+                sched_yield();
             uint64_t now = gvq_now_ns();
             if (start == 0) start = now;
             if (t->timeout_ns != 0 && now - start > t->timeout_ns) {

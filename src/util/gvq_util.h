@@ -35,6 +35,13 @@ const char *gvq_log_last_warn(void);
  * logged it: host streams). */
 void gvq_log_set_last_warn(const char *text);
 
+/* The calling thread does background work (a host stream's progress thread, thread.c) for a
+ * caller whose waiting count is *waits: while nobody waits for it, its waits on the network
+ * sleep rather than spin, leaving the core to the caller's compute. */
+void gvq_thread_set_background(const int *waits);
+/* Whether the calling thread should sleep rather than spin now (background, nobody waiting). */
+int gvq_thread_may_sleep(void);
+
 #define GVQ_LOG_ENABLED(lvl) \
     ((gvq_log_level_cached >= 0 ? gvq_log_level_cached : gvq_log_level()) >= (lvl))
 #define GVQ_WARN(...) gvq_log(GVQ_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
@@ -92,6 +99,9 @@ void gvq_log_set_last_warn(const char *text);
       "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")      \
     X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                              \
       "polls of an unfinished transfer before the waiting thread yields the core")             \
+    X(PROGRESS_SLEEP_US, "GVQ_PROGRESS_SLEEP_US", UINT, 50, NULL,                              \
+      "a host stream's progress thread waiting on the network sleeps this many microseconds "  \
+      "between its rounds of polls, leaving the core to the caller's compute (0: it yields)")  \
     X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", UINT, 0, NULL,                                     \
       "TCP port of the bootstrap root (0: any free port)")                                     \
     X(SPARSE_ALLGATHERV, "GVQ_SPARSE_ALLGATHERV", UINT, 0, NULL,                               \
