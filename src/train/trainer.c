@@ -27,7 +27,6 @@
 #include "gvq_train.h"
 
 #define TRAINER_MAGIC 0x67767452u /* 'gvqR' */
-#define DEFAULT_BUCKET_BYTES 262144
 
 typedef struct {
     gvqTrainVariableInfo_t info;
@@ -105,9 +104,7 @@ static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
     GVQCHECK(gvq_config_header_check(fn, "config", in->size, in->magic, in->version,
                                      GVQ_TRAIN_CONFIG_MAGIC, sizeof *in, sizeof *in,
                                      "GVQ_TRAIN_CONFIG_INITIALIZER"));
-    long bucket = DEFAULT_BUCKET_BYTES;
-    const char *env = getenv("GVQ_TRAIN_BUCKET_BYTES");
-    if (env != NULL) bucket = strtol(env, NULL, 10);
+    long bucket = (long)gvq_param(GVQ_PARAM_TRAIN_BUCKET_BYTES);
     if (in->bucketBytes != GVQ_CONFIG_UNDEF_INT) bucket = in->bucketBytes;
     if (bucket < 0 || bucket > (1l << 30)) {
         GVQ_WARN("%s: bucketBytes %ld is outside [0, 2^30]", fn, bucket);

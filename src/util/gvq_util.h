@@ -99,6 +99,9 @@ int gvq_thread_may_sleep(void);
       "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")      \
     X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                              \
       "polls of an unfinished transfer before the waiting thread yields the core")             \
+    X(TRAIN_BUCKET_BYTES, "GVQ_TRAIN_BUCKET_BYTES", UINT, 262144, NULL,                        \
+      "the training layer's default bucketBytes: plain tensors below it are fused into "       \
+      "buckets of up to that size (0: no fusion)")                                             \
     X(PROGRESS_SLEEP_US, "GVQ_PROGRESS_SLEEP_US", UINT, 50, NULL,                              \
       "a host stream's progress thread waiting on the network sleeps this many microseconds "  \
       "between its rounds of polls, leaving the core to the caller's compute (0: it yields)")  \

@@ -35,7 +35,8 @@ static size_t count_of(int v) {
 }
 
 static float value(int step, int v, size_t i) {
-    uint32_t h = (uint32_t)(mt.rank * 7919 + step * 104729 + v * 1299709) ^ (uint32_t)i * 2654435761u;
+    uint32_t h =
+        (uint32_t)(mt.rank * 7919 + step * 104729 + v * 1299709) ^ (uint32_t)i * 2654435761u;
     h ^= h >> 15;
     return (float)(h % 2001) / 1000.0f - 1.0f;
 }
@@ -75,8 +76,9 @@ static void run(gvqComm_t comm, int wait_free, float **out) {
         int want = model[v].codec != gvqCodecNone ? gvqRouteCompressed
                    : count_of(v) * 4 < 262144     ? gvqRouteBucket
                                                   : gvqRouteAllReduce;
-        MT_CHECK(info.route == want && info.steps == STEPS, "%s: route %d (want %d: %s), %lld steps",
-                 model[v].name, info.route, want, info.why, info.steps);
+        MT_CHECK(info.route == want && info.steps == STEPS,
+                 "%s: route %d (want %d: %s), %lld steps", model[v].name, info.route, want,
+                 info.why, info.steps);
     }
     MT_OK(gvqTrainDestroy(t));
 }
