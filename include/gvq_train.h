@@ -15,7 +15,9 @@
  * Routes (gvqTrainGetVariableInfo says which and why):
  *   conv weight [K][D][H][W]   its own compressor when the variable or config names one
  *                              (GradiVeQ, QSGD, PowerSGD), else as dense
- *   fc weight M x N            likewise (PowerSGD sees the M x N matrix), else as dense
+ *   fc weight M x N            likewise (PowerSGD sees the M x N matrix), else as dense; given
+ *                              as per-sample factors, sufficient-factor broadcasting when it
+ *                              sends fewer bytes (SACP, per step)
  *   dense (bias, other)        fused into a bucket of about bucketBytes with the neighbouring
  *                              small plain tensors; a tensor of bucketBytes or more alone
  * A bucket is sent when its last member is ready. Every rank must make the same calls in the same
@@ -47,7 +49,9 @@ typedef enum {
 typedef enum {
     gvqRouteAllReduce  = 0, /* alone, plain allreduce */
     gvqRouteBucket     = 1, /* fused with other small tensors, plain allreduce */
-    gvqRouteCompressed = 2  /* alone, through its own compressor */
+    gvqRouteCompressed = 2, /* alone, through its own compressor */
+    gvqRouteSfb        = 3  /* sufficient factors: every rank's u_j, v_j gathered, the sum
+                               rebuilt on every rank (Poseidon) */
 } gvqRoute_t;
 /* clang-format on */
 
@@ -69,12 +73,15 @@ typedef struct {
         *convCompressor;                       /* conv weights without their own: this config,
                                                   the shape filled in by the layer [NULL: plain] */
     const gvqCompressorConfig_t *fcCompressor; /* fc weights likewise [NULL: plain] */
+    int sfb; /* variables whose gradients come as factors (gvqTrainFactorsReady): 1 always
+                sufficient-factor broadcasting, 0 never (the full matrix), or
+                GVQ_CONFIG_UNDEF_INT: SACP, per step, whichever sends fewer bytes [SACP] */
 } gvqTrainConfig_t;
 
 #define GVQ_TRAIN_CONFIG_INITIALIZER                                                         \
     {                                                                                        \
         sizeof(gvqTrainConfig_t), GVQ_TRAIN_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL                           \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL, GVQ_CONFIG_UNDEF_INT     \
     }
 
 /* One variable (GVQ_VARIABLE_INITIALIZER). */
@@ -88,12 +95,14 @@ typedef struct {
     const gvqCompressorConfig_t *compressor; /* this variable's codec, the shape filled in by the
                                                 layer (codec gvqCodecNone: plain); NULL: the
                                                 config's for its kind */
+    int factors; /* fc only: 1 when its gradient comes as per-sample factors
+                    (gvqTrainFactorsReady); such a variable is never fused into a bucket [0] */
 } gvqVariable_t;
 
 #define GVQ_VARIABLE_INITIALIZER                                                            \
     {                                                                                       \
         sizeof(gvqVariable_t), GVQ_VARIABLE_MAGIC, GVQ_VERSION, NULL, GVQ_CONFIG_UNDEF_INT, \
-            {0, 0, 0, 0}, NULL                                                              \
+            {0, 0, 0, 0}, NULL, 0                                                           \
     }
 
 /* What the layer decided for a variable, and its last step. Times are CLOCK_MONOTONIC seconds
@@ -135,6 +144,21 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t trainer);
  * gvqInvalidArgument (bad id, NULL grad), gvqInvalidUsage (before commit; ready twice in one
  * step), and refusals of the queued call. */
 GVQ_API gvqResult_t gvqTrainGradReady(gvqTrainer_t trainer, int id, float *grad);
+
+/* Sufficient factors (Poseidon): instead of the M x N gradient of fc variable id (registered
+ * with `factors`), this rank's `batch` per-sample factors, u (batch x M, row j = u_j: the error
+ * backpropagated to the layer's outputs) and v (batch x N, row j = v_j: the layer's input), whose
+ * gradient is sum_j u_j v_j^T; grad (M x N floats, row-major) receives the aggregated gradient
+ * (the sum over all ranks, or its average). The layer picks the cheaper exchange per step by
+ * SACP (config sfb): the full matrix (built here, then allreduced: 2(P-1)/P MN floats per rank)
+ * or the factors (allgathered: (P-1) b (M+N) floats per rank, the sum rebuilt on every rank by
+ * one gemm); both give the same gradient up to float summation order, bitwise identical on every
+ * rank. u, v and grad belong to the layer until gvqTrainWaitAll returns. Every rank must pass the
+ * same batch. A variable with a compressor always takes the full matrix through it. Errors: as
+ * gvqTrainGradReady, plus gvqInvalidArgument (not an fc variable registered with factors, NULL
+ * factors, batch < 1). */
+GVQ_API gvqResult_t gvqTrainFactorsReady(gvqTrainer_t trainer, int id, const float *u,
+                                         const float *v, int batch, float *grad);
 
 /* Starts what has not started and waits until every gradient of the step is aggregated, in its
  * buffer. Every variable must have been made ready in this step: a missing one is reported

@@ -36,6 +36,13 @@ typedef struct {
     gvqCompressor_t comp;
     size_t bucket_off; /* floats into its bucket */
     float *grad;       /* this step's buffer; NULL: not ready yet */
+    /* sufficient factors (gvqTrainFactorsReady) */
+    int factors;          /* registered with factors */
+    int sfb_now;          /* this step goes by SFB */
+    const float *fu, *fv; /* this step's factors, fbatch rows each */
+    int fbatch;
+    float *all_u, *all_v; /* every rank's factors, gathered */
+    size_t cap_u, cap_v;  /* floats they hold */
 } tvar_t;
 
 typedef struct {
@@ -53,6 +60,7 @@ struct gvqTrainer {
     gvqStream_t stream;
     size_t bucket_bytes;
     int wait_free;
+    int sfb; /* -1: SACP, 0: never, 1: always */
     gvqRedOp_t op;
     gvqCompressorConfig_t conv_cfg, fc_cfg;
     int has_conv_cfg, has_fc_cfg;
@@ -119,6 +127,11 @@ static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
     t->op = in->op == GVQ_CONFIG_UNDEF_INT ? gvqAvg : (gvqRedOp_t)in->op;
     if (t->op != gvqAvg && t->op != gvqSum) {
         GVQ_WARN("%s: op %d is not gvqAvg or gvqSum", fn, in->op);
+        return gvqInvalidArgument;
+    }
+    t->sfb = in->sfb == GVQ_CONFIG_UNDEF_INT ? -1 : in->sfb;
+    if (t->sfb < -1 || t->sfb > 1) {
+        GVQ_WARN("%s: sfb %d is not 0, 1 or unset (SACP)", fn, in->sfb);
         return gvqInvalidArgument;
     }
     GVQCHECK(copy_compressor_cfg(fn, "convCompressor", in->convCompressor, &t->conv_cfg,
@@ -205,6 +218,11 @@ GVQ_API gvqResult_t gvqTrainAddVariable(gvqTrainer_t t, const gvqVariable_t *v, 
     }
     size_t count = shape_count(fn, v);
     if (count == 0) return gvqInvalidArgument;
+    if (v->factors != 0 && (v->factors != 1 || v->kind != gvqVarFc)) {
+        GVQ_WARN("%s: variable '%s': factors %d: only an fc variable can take factors (1)", fn,
+                 v->name ? v->name : "", v->factors);
+        return gvqInvalidArgument;
+    }
     if (t->nvars == t->cap) {
         int cap = t->cap ? 2 * t->cap : 16;
         tvar_t *vars = realloc(t->vars, (size_t)cap * sizeof *vars);
@@ -223,6 +241,7 @@ GVQ_API gvqResult_t gvqTrainAddVariable(gvqTrainer_t t, const gvqVariable_t *v, 
     x->info.kind = v->kind;
     x->info.count = count;
     x->info.bucket = -1;
+    x->factors = v->factors;
     memcpy(x->shape, v->shape, sizeof x->shape);
     *id = t->nvars++;
     return gvqSuccess;
@@ -303,6 +322,12 @@ static gvqResult_t route_all(gvqTrainer_t t) {
             x->info.codec = c->codec;
             snprintf(x->info.why, sizeof x->info.why, "%s compressor (%s)", codec_name(c->codec),
                      x->has_ccfg ? "the variable's" : "the config's");
+        } else if (x->factors) {
+            x->info.route = gvqRouteAllReduce;
+            snprintf(x->info.why, sizeof x->info.why, "factors: %s",
+                     t->sfb < 0   ? "SACP picks SFB or the full matrix per step"
+                     : t->sfb > 0 ? "always SFB (config)"
+                                  : "always the full matrix (config)");
         } else if (bytes < t->bucket_bytes) {
             x->info.route = gvqRouteBucket;
             snprintf(x->info.why, sizeof x->info.why, "plain, %zu B < bucketBytes %zu: fused",
@@ -417,6 +442,22 @@ static unsigned long long ring_bytes(const gvqTrainer_t t, size_t n) {
                          : 0ull;
 }
 
+/* Sufficient-factor broadcasting of x: every rank's factors gathered, then
+ * grad (M x N, row-major) = sum over ranks and samples of u_j v_j^T, one gemm on every rank (the
+ * same inputs in the same order: the same bits everywhere). Column-major, grad is the N x M
+ * matrix V^T U with V^T (N x Pb) the gathered v rows and U^T (M x Pb) the gathered u rows. */
+static gvqResult_t sfb_run(gvqTrainer_t t, tvar_t *x) {
+    int M = x->shape[0], N = x->shape[1], pb = t->nranks * x->fbatch;
+    size_t nu = (size_t)x->fbatch * (size_t)M, nv = (size_t)x->fbatch * (size_t)N;
+    GVQCHECK(gvqAllGather(x->fu, x->all_u, nu, gvqFloat32, t->comm, NULL));
+    GVQCHECK(gvqAllGather(x->fv, x->all_v, nv, gvqFloat32, t->comm, NULL));
+    float alpha = t->op == gvqAvg ? 1.0f / (float)t->nranks : 1.0f;
+    GVQCHECK(
+        gvq_host_device.sgemm(0, 1, N, M, pb, alpha, x->all_v, N, x->all_u, M, 0.0f, x->grad, N));
+    x->info.wireBytes += (unsigned long long)(t->nranks - 1) * (nu + nv) * sizeof(float);
+    return gvqSuccess;
+}
+
 /* On the progress thread: one variable's or bucket's aggregation, timed. */
 static gvqResult_t train_job_run(void *arg) {
     const train_job_t *j = arg;
@@ -436,7 +477,9 @@ static gvqResult_t train_job_run(void *arg) {
         return res;
     }
     tvar_t *x = &t->vars[j->var];
-    if (x->comp != NULL) {
+    if (x->sfb_now) {
+        res = sfb_run(t, x);
+    } else if (x->comp != NULL) {
         res = gvqAllReduceCompressed(x->grad, x->grad, x->info.count, gvqFloat32, t->op, x->comp,
                                      t->comm, NULL);
     } else {
@@ -477,7 +520,7 @@ static gvqResult_t issue(gvqTrainer_t t, int var, int bucket) {
 /* Issue variable id's aggregation, or its bucket's when it was the last member. */
 static gvqResult_t start_variable(gvqTrainer_t t, int id) {
     tvar_t *x = &t->vars[id];
-    if (x->info.route != gvqRouteBucket) return issue(t, id, -1);
+    if (x->info.route != gvqRouteBucket || x->sfb_now) return issue(t, id, -1);
     tbucket_t *b = &t->buckets[x->info.bucket];
     return --b->pending == 0 ? issue(t, -1, x->info.bucket) : gvqSuccess;
 }
@@ -505,6 +548,75 @@ GVQ_API gvqResult_t gvqTrainGradReady(gvqTrainer_t t, int id, float *grad) {
     return t->wait_free ? start_variable(t, id) : gvqSuccess;
 }
 
+/* SACP: whether the factors of batch b cost fewer bytes than the full matrix (per rank, on the
+ * ring: allgather (P-1) b (M+N) floats against allreduce 2(P-1)/P MN), and why. */
+static int sacp_picks_sfb(const gvqTrainer_t t, const tvar_t *x, int b, char *why, size_t n) {
+    double P = t->nranks, M = x->shape[0], N = x->shape[1];
+    double sfb = (P - 1) * b * (M + N) * 4, full = 2 * (P - 1) / P * M * N * 4;
+    int pick = x->comp == NULL && (t->sfb > 0 || (t->sfb < 0 && sfb < full));
+    snprintf(why, n, "%s: SFB %.0f B %s full %.0f B per rank (b %d)%s",
+             t->sfb < 0 ? "SACP" : "config", sfb, sfb < full ? "<" : ">=", full, b,
+             x->comp != NULL ? "; compressed: full" : "");
+    return pick;
+}
+
+/* Grow *buf to hold n floats. */
+static gvqResult_t reserve(float **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return gvqSuccess;
+    float *p = realloc(*buf, n * sizeof(float));
+    if (p == NULL) {
+        GVQ_WARN("gvqTrainFactorsReady: out of memory for %zu gathered floats", n);
+        return gvqSystemError;
+    }
+    *buf = p;
+    *cap = n;
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqTrainFactorsReady(gvqTrainer_t t, int id, const float *u, const float *v,
+                                         int batch, float *grad) {
+    const char *fn = "gvqTrainFactorsReady";
+    GVQCHECK(check_trainer(fn, t));
+    if (!t->committed) {
+        GVQ_WARN("%s: call gvqTrainCommit first", fn);
+        return gvqInvalidUsage;
+    }
+    if (id < 0 || id >= t->nvars || !t->vars[id].factors || u == NULL || v == NULL ||
+        grad == NULL || batch < 1) {
+        GVQ_WARN("%s: %s", fn,
+                 id < 0 || id >= t->nvars ? "id is not a registered variable"
+                 : !t->vars[id].factors   ? "the variable was not registered with factors"
+                 : batch < 1              ? "batch < 1"
+                                          : "u, v or grad is NULL");
+        return gvqInvalidArgument;
+    }
+    tvar_t *x = &t->vars[id];
+    if (x->grad != NULL) {
+        GVQ_WARN("%s: variable %d '%s' is ready twice in one step (gvqTrainWaitAll ends a step)",
+                 fn, id, x->info.name);
+        return gvqInvalidUsage;
+    }
+    int M = x->shape[0], N = x->shape[1];
+    x->sfb_now = sacp_picks_sfb(t, x, batch, x->info.why, sizeof x->info.why);
+    x->info.route = x->sfb_now        ? gvqRouteSfb
+                    : x->comp != NULL ? gvqRouteCompressed
+                                      : gvqRouteAllReduce;
+    if (x->sfb_now) {
+        size_t pb = (size_t)t->nranks * (size_t)batch;
+        GVQCHECK(reserve(&x->all_u, &x->cap_u, pb * (size_t)M));
+        GVQCHECK(reserve(&x->all_v, &x->cap_v, pb * (size_t)N));
+        x->fu = u;
+        x->fv = v;
+        x->fbatch = batch;
+    } else { /* this rank's gradient, sum_j u_j v_j^T, then the usual route */
+        GVQCHECK(gvq_host_device.sgemm(0, 1, N, M, batch, 1.0f, v, N, u, M, 0.0f, grad, N));
+    }
+    x->grad = grad;
+    x->info.readyTime = now_s();
+    x->info.startTime = x->info.endTime = 0;
+    return t->wait_free ? start_variable(t, id) : gvqSuccess;
+}
+
 static void end_step(gvqTrainer_t t) {
     for (int i = 0; i < t->nvars; i++) {
         tvar_t *x = &t->vars[i];
@@ -515,6 +627,7 @@ static void end_step(gvqTrainer_t t) {
             x->info.endTime = b->end;
         }
         x->grad = NULL;
+        x->sfb_now = 0;
     }
     for (int k = 0; k < t->nbuckets; k++) {
         t->buckets[k].pending = t->buckets[k].nmembers;
@@ -594,6 +707,10 @@ GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t t) {
     gvqResult_t res = gvqStreamDestroy(t->stream); /* waits for the queued work */
     for (int i = 0; i < t->nvars; i++)
         if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);
+    for (int i = 0; i < t->nvars; i++) {
+        free(t->vars[i].all_u);
+        free(t->vars[i].all_v);
+    }
     for (int k = 0; k < t->nbuckets; k++) {
         free(t->buckets[k].members);
         free(t->buckets[k].buf);

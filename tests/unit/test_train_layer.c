@@ -3,10 +3,12 @@
  * table (compressed, bucketed, alone; bucket boundaries), sums against a closed form over
  * several steps with and without wait-free backprop (bitwise the same both ways), the
  * timeline's order (with wait-free backprop the first aggregation starts before the last
- * gradient is ready; without it, after), and the refusals: ready twice, bad ids, late
+ * gradient is ready; without it, after), sufficient factors against the full matrix and SACP's
+ * choice, and the refusals: ready twice, bad ids, late
  * registrations, ranks that registered different variables, a variable never made ready.
  */
 #define _DEFAULT_SOURCE
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -250,6 +252,97 @@ static void rank_misuse(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT_RES(gvqTrainDestroy(u), gvqSuccess);
 }
 
+/* ---- sufficient factors ------------------------------------------------------------------ */
+
+static float factor(int rank, int j, int i, int which) {
+    return (float)(((rank + 1) * 31 + j * 7 + i * 3 + which * 11) % 17 - 8) / 8.0f;
+}
+
+/* An fc variable of M x N given as factors of batch b: every sfb setting (always, never, SACP)
+ * must give the double-precision sum over ranks and samples, bitwise alike on every rank, and
+ * SACP must pick SFB exactly when it sends fewer bytes. */
+typedef struct {
+    int M, N, b;
+    float *out[3][16]; /* per sfb setting, per rank */
+} sfb_run_t;
+
+static void rank_sfb(gvqComm_t comm, int rank, int nranks, void *arg) {
+    sfb_run_t *r = arg;
+    const int M = r->M, N = r->N, b = r->b;
+    float *u = malloc((size_t)b * M * sizeof(float)), *v = malloc((size_t)b * N * sizeof(float));
+    for (int j = 0; j < b; j++) {
+        for (int i = 0; i < M; i++)
+            u[j * M + i] = factor(rank, j, i, 0);
+        for (int i = 0; i < N; i++)
+            v[j * N + i] = factor(rank, j, i, 1);
+    }
+    static const int settings[3] = {1, 0, GVQ_CONFIG_UNDEF_INT};
+    for (int k = 0; k < 3; k++) {
+        gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
+        cfg.sfb = settings[k];
+        cfg.op = gvqSum;
+        gvqTrainer_t t;
+        EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = "fc.w";
+        var.kind = gvqVarFc;
+        var.shape[0] = M;
+        var.shape[1] = N;
+        var.factors = 1;
+        int id, bid;
+        EXPECT_RES(gvqTrainAddVariable(t, &var, &id), gvqSuccess);
+        gvqVariable_t bias = GVQ_VARIABLE_INITIALIZER;
+        bias.name = "fc.b";
+        bias.kind = gvqVarDense;
+        bias.shape[0] = M;
+        EXPECT_RES(gvqTrainAddVariable(t, &bias, &bid), gvqSuccess);
+        EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+        float *g = r->out[k][rank], *gb = calloc((size_t)M, sizeof(float));
+        EXPECT_RES(gvqTrainFactorsReady(t, bid, u, v, b, g), gvqInvalidArgument); /* not fc */
+        EXPECT_RES(gvqTrainFactorsReady(t, id, u, v, 0, g), gvqInvalidArgument);
+        EXPECT_RES(gvqTrainFactorsReady(t, id, u, v, b, g), gvqSuccess);
+        EXPECT_RES(gvqTrainGradReady(t, bid, gb), gvqSuccess);
+        EXPECT_RES(gvqTrainWaitAll(t), gvqSuccess);
+        gvqTrainVariableInfo_t info;
+        EXPECT_RES(gvqTrainGetVariableInfo(t, id, &info), gvqSuccess);
+        double sfb_bytes = (nranks - 1.0) * b * (M + N) * 4,
+               full_bytes = 2.0 * (nranks - 1) / nranks * M * N * 4;
+        int want = settings[k] == 1 ? 1 : settings[k] == 0 ? 0 : sfb_bytes < full_bytes;
+        EXPECT((info.route == gvqRouteSfb) == want, "n=%d M=%d N=%d b=%d sfb=%d: route %d (%s)",
+               nranks, M, N, b, settings[k], info.route, info.why);
+        int bad = 0;
+        for (int i = 0; i < M && bad < 2; i++)
+            for (int c = 0; c < N && bad < 2; c++) {
+                double want_v = 0;
+                for (int q = 0; q < nranks; q++)
+                    for (int j = 0; j < b; j++)
+                        want_v += (double)factor(q, j, i, 0) * factor(q, j, c, 1);
+                if (fabs(g[i * N + c] - want_v) > 1e-4 * (1 + fabs(want_v)) && bad++ < 2)
+                    EXPECT(0, "n=%d sfb=%d grad[%d][%d] = %g want %g", nranks, settings[k], i, c,
+                           g[i * N + c], want_v);
+            }
+        free(gb);
+        EXPECT_RES(gvqTrainDestroy(t), gvqSuccess);
+    }
+    free(u);
+    free(v);
+}
+
+static void test_sfb(int nranks, int M, int N, int b) {
+    sfb_run_t r = {M, N, b, {{NULL}}};
+    for (int k = 0; k < 3; k++)
+        for (int q = 0; q < nranks; q++)
+            r.out[k][q] = malloc((size_t)M * N * sizeof(float));
+    gvq_test_run(nranks, NULL, rank_sfb, &r);
+    for (int k = 0; k < 3; k++)
+        for (int q = 1; q < nranks; q++)
+            EXPECT(memcmp(r.out[k][0], r.out[k][q], (size_t)M * N * sizeof(float)) == 0,
+                   "sfb setting %d: rank %d's gradient differs from rank 0's", k, q);
+    for (int k = 0; k < 3; k++)
+        for (int q = 0; q < nranks; q++)
+            free(r.out[k][q]);
+}
+
 int main(void) {
     for (int n = 1; n <= 4; n++) {
         for (int bb = 0; bb < 2; bb++) {
@@ -267,6 +360,8 @@ int main(void) {
                 free(r.out[v]);
         }
         gvq_test_run(n, NULL, rank_misuse, NULL);
+        test_sfb(n, 20, 30, 3);  /* SACP: SFB from 2 ranks */
+        test_sfb(n, 20, 30, 40); /* SACP: the full matrix */
     }
     return gvq_test_finish("test_train_layer");
 }
