@@ -20,14 +20,14 @@
 #include "gvq_mpi.h"
 #include "gvq_train.h"
 
-#define CHECK(call)                                                                             \
-    do {                                                                                        \
-        gvqResult_t r_ = (call);                                                                \
-        if (r_ != gvqSuccess) {                                                                 \
-            fprintf(stderr, "gvq-sfb: %s: %s (%s)\n", #call, gvqGetErrorString(r_),             \
-                    gvqGetLastError(NULL));                                                     \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                       \
-        }                                                                                       \
+#define CHECK(call)                                                                 \
+    do {                                                                            \
+        gvqResult_t r_ = (call);                                                    \
+        if (r_ != gvqSuccess) {                                                     \
+            fprintf(stderr, "gvq-sfb: %s: %s (%s)\n", #call, gvqGetErrorString(r_), \
+                    gvqGetLastError(NULL));                                         \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                           \
+        }                                                                           \
     } while (0)
 
 static int cmp_double(const void *a, const void *b) {
@@ -81,10 +81,14 @@ int main(int argc, char **argv) {
     int M = 1024, N = 1024, reps = 10;
     char batches[256] = "16,64,256,1024";
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-m")) M = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-n")) N = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-r")) reps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-b")) snprintf(batches, sizeof batches, "%s", argv[i + 1]);
+        if (!strcmp(argv[i], "-m"))
+            M = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-n"))
+            N = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-r"))
+            reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-b"))
+            snprintf(batches, sizeof batches, "%s", argv[i + 1]);
     }
     if (M < 1 || N < 1 || reps < 1) {
         if (rank == 0) fprintf(stderr, "usage: gvq-sfb [-m M] [-n N] [-b B1,B2,...] [-r REPS]\n");
@@ -106,8 +110,10 @@ int main(int argc, char **argv) {
     for (char *tok = strtok_r(batches, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int b = atoi(tok);
         if (b < 1) continue;
-        float *u = malloc(sizeof(float) * (size_t)b * M), *v = malloc(sizeof(float) * (size_t)b * N);
-        float *g1 = malloc(sizeof(float) * (size_t)M * N), *g0 = malloc(sizeof(float) * (size_t)M * N);
+        float *u = malloc(sizeof(float) * (size_t)b * M),
+              *v = malloc(sizeof(float) * (size_t)b * N);
+        float *g1 = malloc(sizeof(float) * (size_t)M * N),
+              *g0 = malloc(sizeof(float) * (size_t)M * N);
         unsigned s = 12345u + 7919u * (unsigned)rank;
         for (size_t i = 0; i < (size_t)b * M; i++)
             u[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;

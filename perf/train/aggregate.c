@@ -147,6 +147,7 @@ static gvqResult_t register_var(agg_t *a, const train_opts_t *o, agg_var_t *v) {
         var.shape[0] = l->out_c;
         var.shape[1] = (int)layer_in_size(l);
         codec = o->rest_codec;
+        var.factors = v->factors = a->factors;
     } else {
         var.shape[0] = (int)v->count;
     }
@@ -175,6 +176,8 @@ int agg_setup(agg_t *a, const train_opts_t *o, net_t *net, gvqComm_t comm, gvqRe
     if (o->bucket_bytes != TRAIN_UNSET) cfg.bucketBytes = o->bucket_bytes;
     cfg.waitFree = o->no_wait_free ? 0 : 1;
     cfg.op = gvqAvg;
+    a->factors = o->sfb != TRAIN_UNSET;
+    if (a->factors) cfg.sfb = o->sfb == 2 ? GVQ_CONFIG_UNDEF_INT : o->sfb;
     if ((*res = gvqTrainCreate(comm, &cfg, &a->trainer)) != gvqSuccess) return -1;
     for (int v = 0; v < a->nvars; v++)
         if ((*res = register_var(a, o, &a->vars[v])) != gvqSuccess) return -1;
@@ -187,20 +190,24 @@ int agg_setup(agg_t *a, const train_opts_t *o, net_t *net, gvqComm_t comm, gvqRe
 
 /* ---- a step -------------------------------------------------------------------------------- */
 
-static void layer_done(int layer, void *arg) {
+static void layer_done(int layer, const float *in, const float *dout_next, void *arg) {
     agg_t *a = arg;
     a->layer_end[layer] = now_s();
     if (a->before_ready != NULL) a->before_ready(layer, a->before_ready_arg);
     if (a->trainer == NULL) return;
     for (int v = 0; v < a->nvars; v++) {
         if (a->vars[v].layer != layer) continue;
-        gvqResult_t res = gvqTrainGradReady(a->trainer, a->vars[v].id, a->vars[v].grad);
+        gvqResult_t res = a->vars[v].factors /* u_j: the error at the outputs, v_j: the input */
+                              ? gvqTrainFactorsReady(a->trainer, a->vars[v].id, dout_next, in,
+                                                     a->batch, a->vars[v].grad)
+                              : gvqTrainGradReady(a->trainer, a->vars[v].id, a->vars[v].grad);
         if (res != gvqSuccess && a->error == gvqSuccess) a->error = res;
     }
 }
 
 void agg_backward(agg_t *a, const float *images, int batch) {
     a->backward_start = now_s();
+    a->batch = batch;
     net_backward_each(a->net, images, batch, layer_done, a);
 }
 

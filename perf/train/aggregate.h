@@ -14,6 +14,7 @@
 /* One variable of the model: a weight tensor of a network layer. */
 typedef struct {
     int id;      /* the training layer's */
+    int factors; /* an fc weight handed over as sufficient factors */
     int layer;   /* the network layer it belongs to */
     int conv;    /* its index in net_t.conv (a conv weight), or -1 */
     int kind;    /* gvqVarKind_t */
@@ -35,6 +36,8 @@ typedef struct {
     void *before_ready_arg;
     double *layer_end; /* per network layer: when its backward ended in the last step */
     double backward_start;
+    int batch;         /* this step's local batch (the factors' rows) */
+    int factors;       /* fc weights go as sufficient factors */
     gvqResult_t error; /* the first failure of a hand-over in this step */
 } agg_t;
 

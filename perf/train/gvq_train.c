@@ -59,6 +59,8 @@ static void usage(FILE *f) {
         "  --rest-codec C        fc weights: none, qsgd, or powersgd (an outputs x inputs\n"
         "                        matrix); biases and scalars plain (default none)\n"
         "  --no-wait-free        aggregate after backprop instead of layer by layer during it\n"
+        "  --sfb MODE            fc weights as sufficient factors (Poseidon): on (always SFB),\n"
+        "                        full (the factors, but always the full matrix), auto (SACP)\n"
         "  --bucket-bytes N      fuse plain tensors below N bytes (default: the library's)\n"
         "  --timeline FILE       CSV of one step: per layer backprop end, per variable ready,\n"
         "                        aggregation start and end (--timeline-step S, default 100)\n"
@@ -176,6 +178,7 @@ enum {
     OPT_REST_CODEC,
     OPT_ZERO_CODE,
     OPT_NO_WAIT_FREE,
+    OPT_SFB,
     OPT_BUCKET_BYTES,
     OPT_TIMELINE,
     OPT_TIMELINE_STEP,
@@ -234,6 +237,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"rest-codec", required_argument, NULL, OPT_REST_CODEC},
         {"zero-code", no_argument, NULL, OPT_ZERO_CODE},
         {"no-wait-free", no_argument, NULL, OPT_NO_WAIT_FREE},
+        {"sfb", required_argument, NULL, OPT_SFB},
         {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
         {"timeline", required_argument, NULL, OPT_TIMELINE},
         {"timeline-step", required_argument, NULL, OPT_TIMELINE_STEP},
@@ -361,6 +365,13 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_NO_WAIT_FREE:
             o->no_wait_free = 1;
+            break;
+        case OPT_SFB:
+            o->sfb = !strcmp(optarg, "full")   ? 0
+                     : !strcmp(optarg, "on")   ? 1
+                     : !strcmp(optarg, "auto") ? 2
+                                               : -2;
+            if (o->sfb == -2) what = "--sfb (full, on or auto)";
             break;
         case OPT_BUCKET_BYTES:
             if (parse_int(optarg, 0, 1 << 30, &o->bucket_bytes)) what = "--bucket-bytes (0..2^30)";

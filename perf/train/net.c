@@ -763,7 +763,7 @@ void net_backward_each(net_t *net, const float *images, int batch, net_layer_don
         layer_t *l = &net->layers[i];
         const float *in = i > 0 ? net->layers[i - 1].out : images;
         layer_backward(l, in, dnext, batch);
-        if (done != NULL) done(i, arg);
+        if (done != NULL) done(i, in, dnext, arg);
         dnext = l->dout;
     }
 }

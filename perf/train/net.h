@@ -132,9 +132,11 @@ double net_loss(net_t *net, const uint8_t *labels, int batch, long *correct);
 /* Backward pass from net->dlogits: writes every parameter gradient into net->grads
  * (overwriting). Needs the forward pass of the same batch. */
 void net_backward(net_t *net, const float *images, int batch);
-/* The same, calling done(i, arg) as soon as layer i's parameter gradients are written (layers
- * from the last to the first): where wait-free backprop hands them to the training layer. */
-typedef void (*net_layer_done_fn)(int layer, void *arg);
+/* The same, calling done(i, in, dout_next, arg) as soon as layer i's parameter gradients are
+ * written (layers from the last to the first), with the layer's input and the gradient with
+ * respect to its output (an fc layer's sufficient factors): where wait-free backprop hands them
+ * to the training layer. */
+typedef void (*net_layer_done_fn)(int layer, const float *in, const float *dout_next, void *arg);
 void net_backward_each(net_t *net, const float *images, int batch, net_layer_done_fn done,
                        void *arg);
 

@@ -137,6 +137,7 @@ void train_opts_default(train_opts_t *o) {
     o->power_rank = o->integer_bits = o->error_feedback = TRAIN_UNSET;
     o->ef_bound = -1.0;
     o->bucket_bytes = TRAIN_UNSET;
+    o->sfb = TRAIN_UNSET;
     o->timeline_step = 100;
     o->print_every = 50;
     o->eval_every = 200;

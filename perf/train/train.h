@@ -40,12 +40,14 @@ typedef struct {
     int cosine; /* 1: lr x (1 + cos(pi step / steps)) / 2 */
     unsigned long long seed;
     /* aggregation */
-    int codec;                 /* train_codec_t of the conv layers */
-    int rest_codec;            /* the fc weights: TRAIN_CODEC_NONE, TRAIN_CODEC_QSGD, or
-                                  TRAIN_CODEC_POWERSGD (an outputs x inputs matrix); biases and the
-                                  blocks' scalars always plain (fused into buckets) */
-    int zero_code;             /* 1: one flat gvqAllReduce of the whole gradient */
-    int no_wait_free;          /* 1: the training layer aggregates after backprop, not during it */
+    int codec;        /* train_codec_t of the conv layers */
+    int rest_codec;   /* the fc weights: TRAIN_CODEC_NONE, TRAIN_CODEC_QSGD, or
+                         TRAIN_CODEC_POWERSGD (an outputs x inputs matrix); biases and the
+                         blocks' scalars always plain (fused into buckets) */
+    int zero_code;    /* 1: one flat gvqAllReduce of the whole gradient */
+    int no_wait_free; /* 1: the training layer aggregates after backprop, not during it */
+    int sfb; /* fc weights as sufficient factors: TRAIN_UNSET no (their gradient), 0 factors
+                but always the full matrix, 1 always SFB, 2 SACP's choice per step */
     int bucket_bytes;          /* the training layer's bucketBytes (TRAIN_UNSET: the library's) */
     const char *timeline_path; /* CSV of one step's per-layer compute and aggregation times */
     long timeline_step;        /* the step it records (1-based) */
