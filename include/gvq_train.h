@@ -178,6 +178,18 @@ GVQ_API gvqResult_t gvqTrainGetVariableCount(gvqTrainer_t trainer, int *count);
 GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t trainer, int id,
                                           gvqCompressor_t *compressor);
 
+/* The layer's communication state (every compressor's state, the per-variable counters; the
+ * routes follow from the variables and config, and are checked on load), so that a resumed run
+ * continues exactly. Between steps, after gvqTrainCommit. Save with buf NULL writes the size
+ * needed to *size. Load, into a layer made with the same variables and config, is all or
+ * nothing. Errors: gvqInvalidUsage (before commit, inside a step), gvqInvalidArgument (buffer
+ * too small; a state that is corrupted, of other variables or another config: nothing changes),
+ * gvqSystemError (file I/O). Local. */
+GVQ_API gvqResult_t gvqTrainSave(gvqTrainer_t trainer, void *buf, size_t *size);
+GVQ_API gvqResult_t gvqTrainLoad(gvqTrainer_t trainer, const void *buf, size_t size);
+GVQ_API gvqResult_t gvqTrainSaveFile(gvqTrainer_t trainer, const char *path);
+GVQ_API gvqResult_t gvqTrainLoadFile(gvqTrainer_t trainer, const char *path);
+
 /* Waits for the layer's work, then frees it with its compressors and stream. Local. Errors:
  * gvqInvalidArgument, and an unreported error of the last step. */
 GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);

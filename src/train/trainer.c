@@ -23,56 +23,9 @@
 #include <time.h>
 
 #include "gvq_handles.h"
-#include "gvq_stream.h"
-#include "gvq_train.h"
+#include "gvq_trainer.h"
 
 #define TRAINER_MAGIC 0x67767452u /* 'gvqR' */
-
-typedef struct {
-    gvqTrainVariableInfo_t info;
-    int shape[4];
-    gvqCompressorConfig_t ccfg; /* its codec (has_ccfg) */
-    int has_ccfg;
-    gvqCompressor_t comp;
-    size_t bucket_off; /* floats into its bucket */
-    float *grad;       /* this step's buffer; NULL: not ready yet */
-    /* sufficient factors (gvqTrainFactorsReady) */
-    int factors;          /* registered with factors */
-    int sfb_now;          /* this step goes by SFB */
-    const float *fu, *fv; /* this step's factors, fbatch rows each */
-    int fbatch;
-    float *all_u, *all_v; /* every rank's factors, gathered */
-    size_t cap_u, cap_v;  /* floats they hold */
-} tvar_t;
-
-typedef struct {
-    int *members; /* variable ids, in registration order */
-    int nmembers, pending;
-    size_t count;
-    float *buf;
-    double start, end;
-} tbucket_t;
-
-struct gvqTrainer {
-    uint32_t magic;
-    gvqComm_t comm;
-    int nranks, rank;
-    gvqStream_t stream;
-    size_t bucket_bytes;
-    int wait_free;
-    int sfb; /* -1: SACP, 0: never, 1: always */
-    gvqRedOp_t op;
-    gvqCompressorConfig_t conv_cfg, fc_cfg;
-    int has_conv_cfg, has_fc_cfg;
-    tvar_t *vars;
-    int nvars, cap;
-    tbucket_t *buckets;
-    int nbuckets;
-    int committed;
-    int inline_calls;        /* the transport cannot run calls from two threads: every
-                                aggregation runs at once on the caller's thread */
-    gvqResult_t issue_error; /* the step's first refusal at issue */
-};
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
 
@@ -82,7 +35,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static gvqResult_t check_trainer(const char *fn, gvqTrainer_t t) {
+gvqResult_t gvq_train_check(const char *fn, gvqTrainer_t t) {
     if (gvq_handles_live(&live, t)) return gvqSuccess;
     GVQ_WARN("%s: trainer %p is %s", fn, (void *)t,
              t == NULL ? "NULL" : "not a live training layer (destroyed?)");
@@ -199,7 +152,7 @@ static size_t shape_count(const char *fn, const gvqVariable_t *v) {
 
 GVQ_API gvqResult_t gvqTrainAddVariable(gvqTrainer_t t, const gvqVariable_t *v, int *id) {
     const char *fn = "gvqTrainAddVariable";
-    GVQCHECK(check_trainer(fn, t));
+    GVQCHECK(gvq_train_check(fn, t));
     if (v == NULL || id == NULL) {
         GVQ_WARN("%s: %s is NULL", fn, v == NULL ? "variable" : "id");
         return gvqInvalidArgument;
@@ -257,7 +210,7 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 }
 
 /* A hash of variables [0, upto): names, kinds, shapes. */
-static uint64_t variables_hash(const gvqTrainer_t t, int upto) {
+uint64_t gvq_train_variables_hash(const gvqTrainer_t t, int upto) {
     uint64_t h = fnv(0xcbf29ce484222325ull, &upto, sizeof upto);
     for (int i = 0; i < upto; i++) {
         const tvar_t *x = &t->vars[i];
@@ -386,13 +339,13 @@ static void log_routes(gvqTrainer_t t) {
 
 GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
     const char *fn = "gvqTrainCommit";
-    GVQCHECK(check_trainer(fn, t));
+    GVQCHECK(gvq_train_check(fn, t));
     if (t->committed) {
         GVQ_WARN("%s: the layer was committed already", fn);
         return gvqInvalidUsage;
     }
     int equal = 0;
-    GVQCHECK(all_equal(t, variables_hash(t, t->nvars), &equal));
+    GVQCHECK(all_equal(t, gvq_train_variables_hash(t, t->nvars), &equal));
     if (!equal) { /* the first variable that differs, for the WARN: a search every rank takes
                      alike, over the prefixes of the shortest list */
         uint64_t n[2] = {(uint64_t)t->nvars, ~(uint64_t)t->nvars};
@@ -400,7 +353,7 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
         int lo = 0, hi = (int)~n[1]; /* prefix lo agrees; the shortest list has hi */
         while (lo < hi) {
             int mid = lo + (hi - lo + 1) / 2, eq = 0;
-            GVQCHECK(all_equal(t, variables_hash(t, mid), &eq));
+            GVQCHECK(all_equal(t, gvq_train_variables_hash(t, mid), &eq));
             if (eq)
                 lo = mid;
             else
@@ -527,7 +480,7 @@ static gvqResult_t start_variable(gvqTrainer_t t, int id) {
 
 GVQ_API gvqResult_t gvqTrainGradReady(gvqTrainer_t t, int id, float *grad) {
     const char *fn = "gvqTrainGradReady";
-    GVQCHECK(check_trainer(fn, t));
+    GVQCHECK(gvq_train_check(fn, t));
     if (!t->committed) {
         GVQ_WARN("%s: call gvqTrainCommit first", fn);
         return gvqInvalidUsage;
@@ -576,7 +529,7 @@ static gvqResult_t reserve(float **buf, size_t *cap, size_t n) {
 GVQ_API gvqResult_t gvqTrainFactorsReady(gvqTrainer_t t, int id, const float *u, const float *v,
                                          int batch, float *grad) {
     const char *fn = "gvqTrainFactorsReady";
-    GVQCHECK(check_trainer(fn, t));
+    GVQCHECK(gvq_train_check(fn, t));
     if (!t->committed) {
         GVQ_WARN("%s: call gvqTrainCommit first", fn);
         return gvqInvalidUsage;
@@ -638,7 +591,7 @@ static void end_step(gvqTrainer_t t) {
 
 GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
     const char *fn = "gvqTrainWaitAll";
-    GVQCHECK(check_trainer(fn, t));
+    GVQCHECK(gvq_train_check(fn, t));
     if (!t->committed) {
         GVQ_WARN("%s: call gvqTrainCommit first", fn);
         return gvqInvalidUsage;
@@ -667,7 +620,7 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
 /* ---- queries and destroy ----------------------------------------------------------------- */
 
 static gvqResult_t check_id(const char *fn, gvqTrainer_t t, int id, const void *out) {
-    GVQCHECK(check_trainer(fn, t));
+    GVQCHECK(gvq_train_check(fn, t));
     if (id < 0 || id >= t->nvars || out == NULL) {
         GVQ_WARN("%s: %s", fn, out == NULL ? "output is NULL" : "id is not a registered variable");
         return gvqInvalidArgument;
@@ -687,7 +640,7 @@ GVQ_API gvqResult_t gvqTrainGetVariableInfo(gvqTrainer_t t, int id, gvqTrainVari
 }
 
 GVQ_API gvqResult_t gvqTrainGetVariableCount(gvqTrainer_t t, int *count) {
-    GVQCHECK(check_trainer("gvqTrainGetVariableCount", t));
+    GVQCHECK(gvq_train_check("gvqTrainGetVariableCount", t));
     if (count == NULL) {
         GVQ_WARN("gvqTrainGetVariableCount: count is NULL");
         return gvqInvalidArgument;
@@ -703,7 +656,7 @@ GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t t, int id, gvqCompressor_
 }
 
 GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t t) {
-    if (!gvq_handles_remove(&live, t)) return check_trainer("gvqTrainDestroy", t);
+    if (!gvq_handles_remove(&live, t)) return gvq_train_check("gvqTrainDestroy", t);
     gvqResult_t res = gvqStreamDestroy(t->stream); /* waits for the queued work */
     for (int i = 0; i < t->nvars; i++)
         if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);

@@ -343,6 +343,118 @@ static void test_sfb(int nranks, int M, int N, int b) {
             free(r.out[k][q]);
 }
 
+/* ---- saved state: a run stopped after 6 steps and resumed ends as one that was not --------- */
+
+typedef struct {
+    int resume;     /* 0: run 12 steps, saving after 6; 1: load, run steps 7..12 */
+    void *state[8]; /* per rank, saved by the first run */
+    size_t state_bytes[8];
+    float *out[8][NV]; /* per rank, the last step's results */
+} resume_t;
+
+static gvqTrainer_t resumable_layer(gvqComm_t comm, int *ids, int conv_d) {
+    gvqCompressorConfig_t gq = GVQ_COMPRESSOR_CONFIG_INITIALIZER, qs = gq;
+    gq.codec = gvqCodecGradiveq;
+    gq.sampleIters = 3;
+    gq.compressedIters = 4;
+    gq.sampleSlices = 0;
+    gq.voteThreshold = 1.0f;
+    gq.maxDims = conv_d;
+    qs.codec = gvqCodecQsgd;
+    gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
+    cfg.convCompressor = &gq;
+    cfg.fcCompressor = &qs;
+    gvqTrainer_t t = NULL;
+    EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
+    for (int v = 0; v < NV; v++) {
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = model[v].name;
+        var.kind = model[v].kind;
+        memcpy(var.shape, model[v].shape, sizeof var.shape);
+        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
+    }
+    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    return t;
+}
+
+static void steps(gvqTrainer_t t, const int *ids, int rank, int from, int to, float **g) {
+    for (int step = from; step < to; step++) {
+        for (int v = 0; v < NV; v++) {
+            for (size_t i = 0; i < count_of(v); i++) { /* noise: no codec is exact on it */
+                uint32_t h = (uint32_t)(rank * 7919 + step * 104729 + v * 1299709) ^
+                             (uint32_t)i * 2654435761u;
+                h ^= h >> 13;
+                h *= 0x5bd1e995u;
+                h ^= h >> 15;
+                g[v][i] = (float)(h % 20001u) / 10000.0f - 1.0f;
+            }
+            EXPECT_RES(gvqTrainGradReady(t, ids[v], g[v]), gvqSuccess);
+        }
+        EXPECT_RES(gvqTrainWaitAll(t), gvqSuccess);
+    }
+}
+
+static void rank_resume(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)nranks;
+    resume_t *r = arg;
+    int ids[NV];
+    gvqTrainer_t t = resumable_layer(comm, ids, 4);
+    float *g[NV];
+    for (int v = 0; v < NV; v++)
+        g[v] = malloc(count_of(v) * sizeof(float));
+    if (!r->resume) {
+        steps(t, ids, rank, 0, 6, g);
+        size_t n = 0;
+        EXPECT_RES(gvqTrainSave(t, NULL, &n), gvqSuccess);
+        r->state[rank] = malloc(n);
+        r->state_bytes[rank] = n;
+        size_t small = n - 1;
+        EXPECT_RES(gvqTrainSave(t, r->state[rank], &small), gvqInvalidArgument);
+        EXPECT_RES(gvqTrainSave(t, r->state[rank], &n), gvqSuccess);
+        steps(t, ids, rank, 6, 12, g);
+    } else {
+        char *bad = malloc(r->state_bytes[rank]);
+        memcpy(bad, r->state[rank], r->state_bytes[rank]);
+        bad[r->state_bytes[rank] / 2] ^= 0x10; /* a flipped bit */
+        EXPECT_RES(gvqTrainLoad(t, bad, r->state_bytes[rank]), gvqInvalidArgument);
+        EXPECT_RES(gvqTrainLoad(t, r->state[rank], r->state_bytes[rank] - 8), gvqInvalidArgument);
+        free(bad);
+        /* a layer whose GradiVeQ keeps fewer dimensions refuses the state: nothing changes */
+        int ids2[NV];
+        gvqTrainer_t other = resumable_layer(comm, ids2, 2);
+        EXPECT_RES(gvqTrainLoad(other, r->state[rank], r->state_bytes[rank]), gvqInvalidArgument);
+        EXPECT_RES(gvqTrainDestroy(other), gvqSuccess);
+        EXPECT_RES(gvqTrainLoad(t, r->state[rank], r->state_bytes[rank]), gvqSuccess);
+        gvqTrainVariableInfo_t info;
+        EXPECT_RES(gvqTrainGetVariableInfo(t, ids[2], &info), gvqSuccess);
+        EXPECT(info.steps == 6, "restored steps %lld", info.steps);
+        steps(t, ids, rank, 6, 12, g);
+    }
+    for (int v = 0; v < NV; v++) {
+        if (!r->resume)
+            r->out[rank][v] = g[v];
+        else {
+            EXPECT(memcmp(r->out[rank][v], g[v], count_of(v) * sizeof(float)) == 0,
+                   "rank %d %s: the resumed run ends differently", rank, model[v].name);
+            free(g[v]);
+        }
+    }
+    EXPECT_RES(gvqTrainDestroy(t), gvqSuccess);
+}
+
+static void test_resume(int nranks) {
+    resume_t r;
+    memset(&r, 0, sizeof r);
+    gvq_test_run(nranks, NULL, rank_resume, &r);
+    r.resume = 1;
+    gvq_test_run(nranks, NULL, rank_resume, &r);
+    for (int q = 0; q < nranks; q++) {
+        free(r.state[q]);
+        for (int v = 0; v < NV; v++)
+            free(r.out[q][v]);
+    }
+}
+
 int main(void) {
     for (int n = 1; n <= 4; n++) {
         for (int bb = 0; bb < 2; bb++) {
@@ -362,6 +474,7 @@ int main(void) {
         gvq_test_run(n, NULL, rank_misuse, NULL);
         test_sfb(n, 20, 30, 3);  /* SACP: SFB from 2 ranks */
         test_sfb(n, 20, 30, 40); /* SACP: the full matrix */
+        test_resume(n);
     }
     return gvq_test_finish("test_train_layer");
 }

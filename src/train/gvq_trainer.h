@@ -1,0 +1,62 @@
+/*
+ * gvq_trainer.h -- the training layer's handle, shared by trainer.c (routes, steps) and
+ * trainer_save.c (its saved state).
+ */
+#ifndef GVQ_TRAINER_H_
+#define GVQ_TRAINER_H_
+
+#include "gvq_stream.h"
+#include "gvq_train.h"
+
+typedef struct {
+    gvqTrainVariableInfo_t info;
+    int shape[4];
+    gvqCompressorConfig_t ccfg; /* its codec (has_ccfg) */
+    int has_ccfg;
+    gvqCompressor_t comp;
+    size_t bucket_off; /* floats into its bucket */
+    float *grad;       /* this step's buffer; NULL: not ready yet */
+    /* sufficient factors (gvqTrainFactorsReady) */
+    int factors;          /* registered with factors */
+    int sfb_now;          /* this step goes by SFB */
+    const float *fu, *fv; /* this step's factors, fbatch rows each */
+    int fbatch;
+    float *all_u, *all_v; /* every rank's factors, gathered */
+    size_t cap_u, cap_v;  /* floats they hold */
+} tvar_t;
+
+typedef struct {
+    int *members; /* variable ids, in registration order */
+    int nmembers, pending;
+    size_t count;
+    float *buf;
+    double start, end;
+} tbucket_t;
+
+struct gvqTrainer {
+    uint32_t magic;
+    gvqComm_t comm;
+    int nranks, rank;
+    gvqStream_t stream;
+    size_t bucket_bytes;
+    int wait_free;
+    int sfb; /* -1: SACP, 0: never, 1: always */
+    gvqRedOp_t op;
+    gvqCompressorConfig_t conv_cfg, fc_cfg;
+    int has_conv_cfg, has_fc_cfg;
+    tvar_t *vars;
+    int nvars, cap;
+    tbucket_t *buckets;
+    int nbuckets;
+    int committed;
+    int inline_calls;        /* the transport cannot run calls from two threads: every
+                                aggregation runs at once on the caller's thread */
+    gvqResult_t issue_error; /* the step's first refusal at issue */
+};
+
+/* trainer is a live training layer (WARN naming fn otherwise). */
+gvqResult_t gvq_train_check(const char *fn, gvqTrainer_t trainer);
+/* A hash of variables [0, upto): names, kinds, shapes. */
+uint64_t gvq_train_variables_hash(const gvqTrainer_t trainer, int upto);
+
+#endif /* GVQ_TRAINER_H_ */
