@@ -478,8 +478,9 @@ static gvqResult_t start_variable(gvqTrainer_t t, int id) {
     return --b->pending == 0 ? issue(t, -1, x->info.bucket) : gvqSuccess;
 }
 
-GVQ_API gvqResult_t gvqTrainGradReady(gvqTrainer_t t, int id, float *grad) {
-    const char *fn = "gvqTrainGradReady";
+/* The checks of every hand-over: a committed layer, a registered variable not yet ready in this
+ * step, a gradient buffer. */
+static gvqResult_t check_hand_over(const char *fn, gvqTrainer_t t, int id, const float *grad) {
     GVQCHECK(gvq_train_check(fn, t));
     if (!t->committed) {
         GVQ_WARN("%s: call gvqTrainCommit first", fn);
@@ -489,16 +490,26 @@ GVQ_API gvqResult_t gvqTrainGradReady(gvqTrainer_t t, int id, float *grad) {
         GVQ_WARN("%s: %s", fn, grad == NULL ? "grad is NULL" : "id is not a registered variable");
         return gvqInvalidArgument;
     }
-    tvar_t *x = &t->vars[id];
-    if (x->grad != NULL) {
+    if (t->vars[id].grad != NULL) {
         GVQ_WARN("%s: variable %d '%s' is ready twice in one step (gvqTrainWaitAll ends a step)",
-                 fn, id, x->info.name);
+                 fn, id, t->vars[id].info.name);
         return gvqInvalidUsage;
     }
+    return gvqSuccess;
+}
+
+/* Variable id's gradient (in grad) is ready: its aggregation starts now with waitFree. */
+static gvqResult_t hand_over(gvqTrainer_t t, int id, float *grad) {
+    tvar_t *x = &t->vars[id];
     x->grad = grad;
     x->info.readyTime = now_s();
     x->info.startTime = x->info.endTime = 0;
     return t->wait_free ? start_variable(t, id) : gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqTrainGradReady(gvqTrainer_t t, int id, float *grad) {
+    GVQCHECK(check_hand_over("gvqTrainGradReady", t, id, grad));
+    return hand_over(t, id, grad);
 }
 
 /* SACP: whether the factors of batch b cost fewer bytes than the full matrix (per rank, on the
@@ -529,26 +540,15 @@ static gvqResult_t reserve(float **buf, size_t *cap, size_t n) {
 GVQ_API gvqResult_t gvqTrainFactorsReady(gvqTrainer_t t, int id, const float *u, const float *v,
                                          int batch, float *grad) {
     const char *fn = "gvqTrainFactorsReady";
-    GVQCHECK(gvq_train_check(fn, t));
-    if (!t->committed) {
-        GVQ_WARN("%s: call gvqTrainCommit first", fn);
-        return gvqInvalidUsage;
-    }
-    if (id < 0 || id >= t->nvars || !t->vars[id].factors || u == NULL || v == NULL ||
-        grad == NULL || batch < 1) {
+    GVQCHECK(check_hand_over(fn, t, id, grad));
+    if (!t->vars[id].factors || u == NULL || v == NULL || batch < 1) {
         GVQ_WARN("%s: %s", fn,
-                 id < 0 || id >= t->nvars ? "id is not a registered variable"
-                 : !t->vars[id].factors   ? "the variable was not registered with factors"
-                 : batch < 1              ? "batch < 1"
-                                          : "u, v or grad is NULL");
+                 !t->vars[id].factors ? "the variable was not registered with factors"
+                 : batch < 1          ? "batch < 1"
+                                      : "u or v is NULL");
         return gvqInvalidArgument;
     }
     tvar_t *x = &t->vars[id];
-    if (x->grad != NULL) {
-        GVQ_WARN("%s: variable %d '%s' is ready twice in one step (gvqTrainWaitAll ends a step)",
-                 fn, id, x->info.name);
-        return gvqInvalidUsage;
-    }
     int M = x->shape[0], N = x->shape[1];
     x->sfb_now = sacp_picks_sfb(t, x, batch, x->info.why, sizeof x->info.why);
     x->info.route = x->sfb_now        ? gvqRouteSfb
@@ -564,10 +564,7 @@ GVQ_API gvqResult_t gvqTrainFactorsReady(gvqTrainer_t t, int id, const float *u,
     } else { /* this rank's gradient, sum_j u_j v_j^T, then the usual route */
         GVQCHECK(gvq_host_device.sgemm(0, 1, N, M, batch, 1.0f, v, N, u, M, 0.0f, grad, N));
     }
-    x->grad = grad;
-    x->info.readyTime = now_s();
-    x->info.startTime = x->info.endTime = 0;
-    return t->wait_free ? start_variable(t, id) : gvqSuccess;
+    return hand_over(t, id, grad);
 }
 
 static void end_step(gvqTrainer_t t) {

@@ -57,16 +57,15 @@ static gvqResult_t train_save(void *obj, void *buf, size_t *size) {
         return gvqInvalidArgument;
     }
     memset(buf, 0, need);
-    state_header_t h = {STATE_MAGIC,         STATE_VERSION, 0, need, (uint64_t)t->nvars,
-                        gvq_train_variables_hash(t, t->nvars)};
+    state_header_t h = {STATE_MAGIC, STATE_VERSION,      0,
+                        need,        (uint64_t)t->nvars, gvq_train_variables_hash(t, t->nvars)};
     memcpy(buf, &h, sizeof h);
     char *p = (char *)buf + sizeof h;
     for (int i = 0; i < t->nvars; i++) {
         const tvar_t *x = &t->vars[i];
         size_t n;
         GVQCHECK(comp_bytes(t, i, &n));
-        state_var_t v = {(uint64_t)x->info.steps, x->info.wireBytes, (uint32_t)x->info.route, 0,
-                         n};
+        state_var_t v = {(uint64_t)x->info.steps, x->info.wireBytes, (uint32_t)x->info.route, 0, n};
         if (x->factors) v.route = gvqRouteAllReduce; /* SFB is chosen per step */
         memcpy(p, &v, sizeof v);
         p += sizeof v;
@@ -163,7 +162,8 @@ static gvqResult_t train_load(void *obj, const void *buf, size_t size) {
     }
     if (res != gvqSuccess) { /* all or nothing */
         for (int i = 0; i < loaded; i++)
-            if (backup[i] != NULL) (void)gvqCompressorLoad(t->vars[i].comp, backup[i], backup_bytes[i]);
+            if (backup[i] != NULL)
+                (void)gvqCompressorLoad(t->vars[i].comp, backup[i], backup_bytes[i]);
         GVQ_WARN("gvqTrainLoad: variable %d '%s' refused its compressor state; nothing loaded",
                  loaded, t->vars[loaded].info.name);
         goto out;

@@ -43,6 +43,19 @@ typedef struct {
     double order_ok; /* set by rank 0: the timeline's order held */
 } run_t;
 
+/* Registers the model's variables and commits. */
+static void register_model(gvqTrainer_t t, int *ids) {
+    for (int v = 0; v < NV; v++) {
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = model[v].name;
+        var.kind = model[v].kind;
+        memcpy(var.shape, model[v].shape, sizeof var.shape);
+        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
+        EXPECT(ids[v] == v, "id %d for variable %d", ids[v], v);
+    }
+    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+}
+
 static gvqTrainer_t make_layer(gvqComm_t comm, const run_t *r, int *ids) {
     gvqCompressorConfig_t conv = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
     conv.codec = gvqCodecGradiveq; /* sampling with codec none: the exact sum */
@@ -55,15 +68,7 @@ static gvqTrainer_t make_layer(gvqComm_t comm, const run_t *r, int *ids) {
     gvqTrainer_t t = NULL;
     if (r->inline_calls) comm->xport->concurrent = 0; /* as MPI below MPI_THREAD_MULTIPLE */
     EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
-    for (int v = 0; v < NV; v++) {
-        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
-        var.name = model[v].name;
-        var.kind = model[v].kind;
-        memcpy(var.shape, model[v].shape, sizeof var.shape);
-        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
-        EXPECT(ids[v] == v, "id %d for variable %d", ids[v], v);
-    }
-    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    register_model(t, ids);
     return t;
 }
 
@@ -366,14 +371,7 @@ static gvqTrainer_t resumable_layer(gvqComm_t comm, int *ids, int conv_d) {
     cfg.fcCompressor = &qs;
     gvqTrainer_t t = NULL;
     EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
-    for (int v = 0; v < NV; v++) {
-        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
-        var.name = model[v].name;
-        var.kind = model[v].kind;
-        memcpy(var.shape, model[v].shape, sizeof var.shape);
-        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
-    }
-    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    register_model(t, ids);
     return t;
 }
 
