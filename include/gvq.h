@@ -266,9 +266,11 @@ GVQ_API gvqResult_t gvqRecv(void *recvbuff, size_t count, gvqDataType_t datatype
  * one thread at a time. Errors of queued calls (a peer that differs, a timeout, a refusal of
  * the data such as an out-of-range sparse index) are returned by the next wait on the stream,
  * which makes their WARN line gvqGetLastError's; gvqCommGetAsyncError shows the last failed
- * queued call of a communicator until one of its queued calls succeeds. gvqCommDestroy and
- * gvqCompressorDestroy first wait for the communicator's queued calls; gvqCommAbort makes them
- * fail at once. Host streams order host buffers only (a call with CUDA buffers and a host
+ * queued call of a communicator until one of its queued calls succeeds. gvqCommDestroy,
+ * gvqCompressorDestroy and the compressor and parameter-server save, load and stats calls first
+ * wait for the communicator's queued calls; gvqCommAbort makes them fail at once (one queued on
+ * a stream behind another communicator's call first waits for that call, which its own timeout
+ * bounds). Host streams order host buffers only (a call with CUDA buffers and a host
  * stream is refused) and need a transport that runs calls from several threads at once
  * (MPI_THREAD_MULTIPLE, which gvq asks for when it initializes MPI; otherwise the call is
  * refused with gvqInvalidUsage).

@@ -79,7 +79,7 @@ gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group) {
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     gvqResult_t res = gvqSuccess;
     if (!gvq_comm_is_live(comm)) return gvq_comm_refuse_dead(comm, fn);
-    if (!gvq_stream_on_progress_thread()) gvq_stream_comm_drain(comm);
+    gvq_stream_comm_settle(comm);
     gvq_handles_lock(&live);
     if (gvq_handles_find_locked(&live, comm) < 0) {
         res = gvqInvalidArgument; /* destroyed by another thread just now */

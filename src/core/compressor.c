@@ -239,6 +239,7 @@ GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t c, gvqCompressorStats_
                  stats == NULL ? "stats is NULL" : "not a live compressor");
         return gvqInvalidArgument;
     }
+    gvq_stream_comm_settle(c->comm); /* calls queued on host streams change the stats */
     *stats = c->st.stats;
     stats->phase = c->st.phase;
     stats->iteration = c->st.iter;

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "gvq_stream.h"
 #include "gvq_compressor.h"
 
 #define SAVE_MAGIC 0x34524d4351564721ull /* "!GVQCMR4" */
@@ -68,6 +69,7 @@ GVQ_API gvqResult_t gvqCompressorSave(gvqCompressor_t c, void *buf, size_t *size
         GVQ_WARN("gvqCompressorSave: %s", size == NULL ? "size is NULL" : "not a live compressor");
         return gvqInvalidArgument;
     }
+    gvq_stream_comm_settle(c->comm); /* calls queued on host streams change the state */
     size_t need = save_size(c, (size_t)c->st.d);
     if (buf == NULL) {
         *size = need;
@@ -252,6 +254,7 @@ GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t c, const void *buf, size_t
         GVQ_WARN("gvqCompressorLoad: %s", buf == NULL ? "buf is NULL" : "not a live compressor");
         return gvqInvalidArgument;
     }
+    gvq_stream_comm_settle(c->comm);
     save_hdr_t h;
     GVQCHECK(check_frame(buf, size, &h));
     GVQCHECK(check_config(c, &h));

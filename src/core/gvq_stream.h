@@ -31,5 +31,8 @@ int gvq_stream_on_progress_thread(void);
 
 /* Wait until every job queued on comm has run (no-op when none is). */
 void gvq_stream_comm_drain(gvqComm_t comm);
+/* The same from a caller's thread; a no-op on a progress thread (whose job holds comm's turn):
+ * what every call that reads or writes state queued calls use does first. */
+void gvq_stream_comm_settle(gvqComm_t comm);
 
 #endif /* GVQ_STREAM_H_ */

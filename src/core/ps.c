@@ -320,6 +320,7 @@ GVQ_API gvqResult_t gvqPsGetStats(gvqPs_t ps, gvqPsStats_t *stats) {
                  stats == NULL ? "stats is NULL" : "not a live parameter server");
         return gvqInvalidArgument;
     }
+    gvq_stream_comm_settle(ps->comm);
     *stats = ps->stats;
     stats->pendingRows = ps->npending;
     return gvqSuccess;

@@ -15,6 +15,7 @@
  */
 #include <stdlib.h>
 
+#include "gvq_stream.h"
 #include "gvq_ps.h"
 
 #define PS_SAVE_MAGIC 0x3253505152564721ull /* "!GVRQPS2" */
@@ -68,6 +69,7 @@ GVQ_API gvqResult_t gvqPsSave(gvqPs_t ps, void *buf, size_t *size) {
         GVQ_WARN("gvqPsSave: %s", size == NULL ? "size is NULL" : "not a live parameter server");
         return gvqInvalidArgument;
     }
+    gvq_stream_comm_settle(ps->comm); /* pushes and applies queued on the config's stream */
     size_t need = save_size(ps, ps->npending);
     if (buf == NULL) {
         *size = need;
@@ -202,6 +204,7 @@ GVQ_API gvqResult_t gvqPsLoad(gvqPs_t ps, const void *buf, size_t size) {
         GVQ_WARN("%s: %s", fn, buf == NULL ? "buf is NULL" : "not a live parameter server");
         return gvqInvalidArgument;
     }
+    gvq_stream_comm_settle(ps->comm);
     ps_save_hdr_t h;
     if (size < sizeof h) {
         GVQ_WARN("%s: %zu bytes is too short for a saved parameter server", fn, size);

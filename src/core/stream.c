@@ -106,6 +106,10 @@ void gvq_stream_comm_drain(gvqComm_t c) {
     pthread_mutex_unlock(&order_lock);
 }
 
+void gvq_stream_comm_settle(gvqComm_t c) {
+    if (!on_progress_thread) gvq_stream_comm_drain(c);
+}
+
 static void wait_turn(const gvq_job_t *j) {
     pthread_mutex_lock(&order_lock);
     for (int i = 0; i < j->ncomms; i++)
@@ -183,8 +187,10 @@ gvqResult_t gvq_stream_enqueue(gvqStream_t handle, const char *fn, gvqComm_t con
     }
     gvq_stream_t *s = handle;
     pthread_mutex_lock(&s->lock);
+    pthread_mutex_lock(&order_lock); /* a job's tickets are taken together */
     for (int i = 0; i < j->ncomms; i++)
         j->tickets[i] = __atomic_fetch_add(&j->comms[i]->stream_issued, 1, __ATOMIC_ACQ_REL);
+    pthread_mutex_unlock(&order_lock);
     j->seq = ++s->issued;
     if (s->tail != NULL)
         s->tail->next = j;

@@ -337,6 +337,48 @@ static void log_routes(gvqTrainer_t t) {
     }
 }
 
+/* A hash of what decides the routes besides the variables: the config and every variable's own
+ * codec, so that settings that differ between ranks (an environment variable set on one node)
+ * are caught at commit rather than as a mismatch or a hang at the first step. */
+static uint64_t settings_hash(const gvqTrainer_t t) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t cfg[4] = {t->bucket_bytes, (uint64_t)t->wait_free, (uint64_t)t->op, (uint64_t)t->sfb};
+    h = fnv(h, cfg, sizeof cfg);
+    h = fnv(h, &t->has_conv_cfg, sizeof t->has_conv_cfg);
+    if (t->has_conv_cfg) h = fnv(h, &t->conv_cfg, sizeof t->conv_cfg);
+    h = fnv(h, &t->has_fc_cfg, sizeof t->has_fc_cfg);
+    if (t->has_fc_cfg) h = fnv(h, &t->fc_cfg, sizeof t->fc_cfg);
+    for (int i = 0; i < t->nvars; i++) {
+        const tvar_t *x = &t->vars[i];
+        h = fnv(h, &x->factors, sizeof x->factors);
+        h = fnv(h, &x->has_ccfg, sizeof x->has_ccfg);
+        if (x->has_ccfg) h = fnv(h, &x->ccfg, sizeof x->ccfg);
+    }
+    return h;
+}
+
+/* Undo a commit that failed on some rank: its compressors and buckets. */
+static void uncommit(gvqTrainer_t t) {
+    for (int i = 0; i < t->nvars; i++) {
+        if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);
+        t->vars[i].comp = NULL;
+        t->vars[i].info.bucket = -1;
+    }
+    for (int k = 0; k < t->nbuckets; k++) {
+        free(t->buckets[k].members);
+        free(t->buckets[k].buf);
+    }
+    free(t->buckets);
+    t->buckets = NULL;
+    t->nbuckets = 0;
+}
+
+/* The layer's communicator is live and the caller outside a group (the layer's own collectives
+ * would be queued into it). */
+static gvqResult_t check_comm(const char *fn, gvqTrainer_t t) {
+    return gvq_comm_check(t->comm, fn, 1);
+}
+
 GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
     const char *fn = "gvqTrainCommit";
     GVQCHECK(gvq_train_check(fn, t));
@@ -344,6 +386,7 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
         GVQ_WARN("%s: the layer was committed already", fn);
         return gvqInvalidUsage;
     }
+    GVQCHECK(check_comm(fn, t));
     int equal = 0;
     GVQCHECK(all_equal(t, gvq_train_variables_hash(t, t->nvars), &equal));
     if (!equal) { /* the first variable that differs, for the WARN: a search every rank takes
@@ -365,10 +408,27 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
                  (unsigned long long)(n[0] != (uint64_t)t->nvars ? n[0] : ~n[1]));
         return gvqInvalidArgument;
     }
-    GVQCHECK(route_all(t));
-    if (make_buckets(t) != gvqSuccess) {
+    GVQCHECK(all_equal(t, settings_hash(t), &equal));
+    if (!equal) {
+        GVQ_WARN("%s: the ranks registered the same variables but with different settings "
+                 "(bucketBytes %zu here, GVQ_TRAIN_BUCKET_BYTES, waitFree, op, sfb, or a codec "
+                 "config)",
+                 fn, t->bucket_bytes);
+        return gvqInvalidArgument;
+    }
+    gvqResult_t res = route_all(t); /* the same on every rank unless memory runs out */
+    if (res == gvqSuccess && make_buckets(t) != gvqSuccess) {
         GVQ_WARN("%s: out of memory for the buckets", fn);
-        return gvqSystemError;
+        res = gvqSystemError;
+    }
+    GVQCHECK(all_equal(t, (uint64_t)res, &equal)); /* every rank commits, or none */
+    if (res != gvqSuccess || !equal) {
+        uncommit(t);
+        if (res == gvqSuccess) {
+            GVQ_WARN("%s: another rank could not commit (see its log)", fn);
+            res = gvqRemoteError;
+        }
+        return res;
     }
     t->committed = 1;
     t->inline_calls = !t->comm->xport->concurrent;
@@ -486,6 +546,7 @@ static gvqResult_t check_hand_over(const char *fn, gvqTrainer_t t, int id, const
         GVQ_WARN("%s: call gvqTrainCommit first", fn);
         return gvqInvalidUsage;
     }
+    GVQCHECK(check_comm(fn, t));
     if (id < 0 || id >= t->nvars || grad == NULL) {
         GVQ_WARN("%s: %s", fn, grad == NULL ? "grad is NULL" : "id is not a registered variable");
         return gvqInvalidArgument;
@@ -550,14 +611,19 @@ GVQ_API gvqResult_t gvqTrainFactorsReady(gvqTrainer_t t, int id, const float *u,
     }
     tvar_t *x = &t->vars[id];
     int M = x->shape[0], N = x->shape[1];
-    x->sfb_now = sacp_picks_sfb(t, x, batch, x->info.why, sizeof x->info.why);
+    char why[sizeof x->info.why];
+    int sfb = sacp_picks_sfb(t, x, batch, why, sizeof why);
+    if (sfb) { /* every rank's factors, gathered (before anything of the variable changes) */
+        size_t pb = (size_t)t->nranks * (size_t)batch;
+        GVQCHECK(reserve(&x->all_u, &x->cap_u, pb * (size_t)M));
+        GVQCHECK(reserve(&x->all_v, &x->cap_v, pb * (size_t)N));
+    }
+    x->sfb_now = sfb;
+    memcpy(x->info.why, why, sizeof why);
     x->info.route = x->sfb_now        ? gvqRouteSfb
                     : x->comp != NULL ? gvqRouteCompressed
                                       : gvqRouteAllReduce;
     if (x->sfb_now) {
-        size_t pb = (size_t)t->nranks * (size_t)batch;
-        GVQCHECK(reserve(&x->all_u, &x->cap_u, pb * (size_t)M));
-        GVQCHECK(reserve(&x->all_v, &x->cap_v, pb * (size_t)N));
         x->fu = u;
         x->fv = v;
         x->fbatch = batch;
@@ -592,6 +658,12 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
     if (!t->committed) {
         GVQ_WARN("%s: call gvqTrainCommit first", fn);
         return gvqInvalidUsage;
+    }
+    gvqResult_t live = check_comm(fn, t);
+    if (live != gvqSuccess) { /* nothing more may be queued; what was queued has failed */
+        (void)gvqStreamSynchronize(t->stream);
+        end_step(t);
+        return live;
     }
     int missing = -1;
     for (int i = 0; i < t->nvars; i++) {

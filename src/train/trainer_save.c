@@ -160,8 +160,8 @@ static gvqResult_t train_load(void *obj, const void *buf, size_t size) {
         res = gvqCompressorLoad(t->vars[loaded].comp, blob[loaded], (size_t)v.comp_bytes);
         if (res != gvqSuccess) break;
     }
-    if (res != gvqSuccess) { /* all or nothing */
-        for (int i = 0; i < loaded; i++)
+    if (res != gvqSuccess) {                              /* all or nothing */
+        for (int i = 0; i <= loaded && i < t->nvars; i++) /* the refusing one may be half-loaded */
             if (backup[i] != NULL)
                 (void)gvqCompressorLoad(t->vars[i].comp, backup[i], backup_bytes[i]);
         GVQ_WARN("gvqTrainLoad: variable %d '%s' refused its compressor state; nothing loaded",

@@ -239,6 +239,31 @@ static void rank_misuse(gvqComm_t comm, int rank, int nranks, void *arg) {
                gvqGetLastError(comm));
     EXPECT_RES(gvqTrainDestroy(u), gvqSuccess);
 
+    /* the same variables with different settings on one rank: commit fails on every rank */
+    gvqTrainConfig_t differs = GVQ_TRAIN_CONFIG_INITIALIZER;
+    differs.bucketBytes = rank == nranks - 1 ? 1024 : 2048;
+    EXPECT_RES(gvqTrainCreate(comm, &differs, &u), gvqSuccess);
+    w.shape[0] = 8;
+    EXPECT_RES(gvqTrainAddVariable(u, &w, &id), gvqSuccess);
+    EXPECT_RES(gvqTrainCommit(u), nranks > 1 ? gvqInvalidArgument : gvqSuccess);
+    if (nranks > 1)
+        EXPECT(strstr(gvqGetLastError(comm), "settings") != NULL, "WARN: %s",
+               gvqGetLastError(comm));
+    EXPECT_RES(gvqTrainDestroy(u), gvqSuccess);
+
+    /* inside a user's group the layer refuses (its own calls would join the group) */
+    EXPECT_RES(gvqTrainCreate(comm, NULL, &u), gvqSuccess);
+    EXPECT_RES(gvqTrainAddVariable(u, &w, &id), gvqSuccess);
+    EXPECT_RES(gvqGroupStart(), gvqSuccess);
+    EXPECT_RES(gvqTrainCommit(u), gvqInvalidUsage);
+    EXPECT_RES(gvqGroupEnd(), gvqSuccess);
+    EXPECT_RES(gvqTrainCommit(u), gvqSuccess);
+    float wb[8] = {0};
+    EXPECT_RES(gvqGroupStart(), gvqSuccess);
+    EXPECT_RES(gvqTrainGradReady(u, id, wb), gvqInvalidUsage);
+    EXPECT_RES(gvqGroupEnd(), gvqSuccess);
+    EXPECT_RES(gvqTrainDestroy(u), gvqSuccess);
+
     /* a compressor config the shape does not allow is refused at commit, naming the variable */
     gvqCompressorConfig_t cc = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
     cc.codec = gvqCodecGradiveq;
@@ -453,6 +478,29 @@ static void test_resume(int nranks) {
     }
 }
 
+/* A layer whose communicator was aborted refuses its calls (never touches the freed
+ * communicator, as ASan checks) and is destroyed cleanly. */
+static void test_after_abort(void) {
+    gvqComm_t comm;
+    EXPECT_RES(gvq_comm_init_inproc(1, NULL, &comm), gvqSuccess);
+    gvqTrainer_t t;
+    EXPECT_RES(gvqTrainCreate(comm, NULL, &t), gvqSuccess);
+    gvqVariable_t w = GVQ_VARIABLE_INITIALIZER;
+    w.name = "w";
+    w.kind = gvqVarDense;
+    w.shape[0] = 16;
+    int id;
+    float g[16] = {0};
+    EXPECT_RES(gvqTrainAddVariable(t, &w, &id), gvqSuccess);
+    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    EXPECT_RES(gvqTrainGradReady(t, id, g), gvqSuccess);
+    EXPECT_RES(gvqTrainWaitAll(t), gvqSuccess);
+    EXPECT_RES(gvqCommAbort(comm), gvqSuccess);
+    EXPECT_RES(gvqTrainGradReady(t, id, g), gvqInvalidUsage);
+    EXPECT_RES(gvqTrainWaitAll(t), gvqInvalidUsage);
+    EXPECT_RES(gvqTrainDestroy(t), gvqSuccess);
+}
+
 int main(void) {
     for (int n = 1; n <= 4; n++) {
         for (int bb = 0; bb < 2; bb++) {
@@ -474,5 +522,6 @@ int main(void) {
         test_sfb(n, 20, 30, 40); /* SACP: the full matrix */
         test_resume(n);
     }
+    test_after_abort();
     return gvq_test_finish("test_train_layer");
 }
