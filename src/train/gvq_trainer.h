@@ -54,7 +54,10 @@ struct gvqTrainer {
     gvqResult_t issue_error; /* the step's first refusal at issue */
 };
 
-/* trainer is a live training layer (WARN naming fn otherwise). */
+/* The registry of live layers (trainer_handle.c): add, remove (0: was not live), and check that
+ * trainer is live (WARN naming fn otherwise). */
+gvqResult_t gvq_train_register(gvqTrainer_t trainer);
+int gvq_train_unregister(gvqTrainer_t trainer);
 gvqResult_t gvq_train_check(const char *fn, gvqTrainer_t trainer);
 /* A hash of variables [0, upto): names, kinds, shapes. */
 uint64_t gvq_train_variables_hash(const gvqTrainer_t trainer, int upto);

@@ -22,12 +22,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "gvq_handles.h"
 #include "gvq_trainer.h"
 
 #define TRAINER_MAGIC 0x67767452u /* 'gvqR' */
-
-static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
 
 static double now_s(void) {
     struct timespec ts;
@@ -35,12 +32,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-gvqResult_t gvq_train_check(const char *fn, gvqTrainer_t t) {
-    if (gvq_handles_live(&live, t)) return gvqSuccess;
-    GVQ_WARN("%s: trainer %p is %s", fn, (void *)t,
-             t == NULL ? "NULL" : "not a live training layer (destroyed?)");
-    return gvqInvalidArgument;
-}
 
 /* ---- configuration ------------------------------------------------------------------------- */
 
@@ -113,7 +104,7 @@ GVQ_API gvqResult_t gvqTrainCreate(gvqComm_t comm, const gvqTrainConfig_t *confi
     GVQCHECKGOTO(gvqCommUserRank(comm, &t->rank), res, err_free);
     GVQCHECKGOTO(gvqStreamCreate(&t->stream), res, err_free);
     t->magic = TRAINER_MAGIC;
-    if ((res = gvq_handles_add(&live, t)) != gvqSuccess) {
+    if ((res = gvq_train_register(t)) != gvqSuccess) {
         GVQ_WARN("%s: out of memory", fn);
         gvqStreamDestroy(t->stream);
         goto err_free;
@@ -725,7 +716,7 @@ GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t t, int id, gvqCompressor_
 }
 
 GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t t) {
-    if (!gvq_handles_remove(&live, t)) return gvq_train_check("gvqTrainDestroy", t);
+    if (!gvq_train_unregister(t)) return gvq_train_check("gvqTrainDestroy", t);
     gvqResult_t res = gvqStreamDestroy(t->stream); /* waits for the queued work */
     for (int i = 0; i < t->nvars; i++)
         if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);
