@@ -41,17 +41,24 @@ typedef struct gvqTrainer *gvqTrainer_t;
 
 /* clang-format off */
 typedef enum {
-    gvqVarConv  = 0, /* conv weight, shape K, D, H, W */
-    gvqVarFc    = 1, /* fully connected weight, shape M (outputs), N (inputs) */
-    gvqVarDense = 2  /* anything else dense (biases, scalars), shape: count */
+    gvqVarConv   = 0, /* conv weight, shape K, D, H, W */
+    gvqVarFc     = 1, /* fully connected weight, shape M (outputs), N (inputs) */
+    gvqVarDense  = 2, /* anything else dense (biases, scalars), shape: count */
+    gvqVarSparse = 3  /* rows x dim table whose steps touch few rows (embeddings), shape: rows,
+                         dim; its values live in the layer (gvqTrainSparseLookup) */
 } gvqVarKind_t;
 
 typedef enum {
     gvqRouteAllReduce  = 0, /* alone, plain allreduce */
     gvqRouteBucket     = 1, /* fused with other small tensors, plain allreduce */
     gvqRouteCompressed = 2, /* alone, through its own compressor */
-    gvqRouteSfb        = 3  /* sufficient factors: every rank's u_j, v_j gathered, the sum
+    gvqRouteSfb        = 3, /* sufficient factors: every rank's u_j, v_j gathered, the sum
                                rebuilt on every rank (Poseidon) */
+    gvqRoutePs         = 4, /* sparse: the layer's parameter server, rows sharded over the
+                               ranks, pushed and pulled (Parallax) */
+    gvqRouteAllGatherv = 5  /* sparse: every rank's rows gathered, every rank updates its copy
+                               of the table (a sparse variable on gvqRouteAllReduce: the whole
+                               table's gradient allreduced, the dense baseline) */
 } gvqRoute_t;
 /* clang-format on */
 
@@ -73,15 +80,21 @@ typedef struct {
         *convCompressor;                       /* conv weights without their own: this config,
                                                   the shape filled in by the layer [NULL: plain] */
     const gvqCompressorConfig_t *fcCompressor; /* fc weights likewise [NULL: plain] */
-    int sfb; /* variables whose gradients come as factors (gvqTrainFactorsReady): 1 always
-                sufficient-factor broadcasting, 0 never (the full matrix), or
-                GVQ_CONFIG_UNDEF_INT: SACP, per step, whichever sends fewer bytes [SACP] */
+    int sfb;         /* variables whose gradients come as factors (gvqTrainFactorsReady): 1 always
+                        sufficient-factor broadcasting, 0 never (the full matrix), or
+                        GVQ_CONFIG_UNDEF_INT: SACP, per step, whichever sends fewer bytes [SACP] */
+    int sparseRoute; /* sparse variables: gvqRoutePs, gvqRouteAllGatherv or gvqRouteAllReduce,
+                        or GVQ_CONFIG_UNDEF_INT: Parallax's rule at the first step, from the
+                        largest share of rows a rank touched (alpha) and the rank count N --
+                        bytes per rank: PS 4 alpha w (N-1)/N, allgatherv 2 alpha w (N-1),
+                        dense 4 w (N-1)/N [the rule] */
 } gvqTrainConfig_t;
 
 #define GVQ_TRAIN_CONFIG_INITIALIZER                                                         \
     {                                                                                        \
         sizeof(gvqTrainConfig_t), GVQ_TRAIN_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL, GVQ_CONFIG_UNDEF_INT     \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL, GVQ_CONFIG_UNDEF_INT,    \
+            GVQ_CONFIG_UNDEF_INT                                                             \
     }
 
 /* One variable (GVQ_VARIABLE_INITIALIZER). */
@@ -95,14 +108,18 @@ typedef struct {
     const gvqCompressorConfig_t *compressor; /* this variable's codec, the shape filled in by the
                                                 layer (codec gvqCodecNone: plain); NULL: the
                                                 config's for its kind */
-    int factors; /* fc only: 1 when its gradient comes as per-sample factors
-                    (gvqTrainFactorsReady); such a variable is never fused into a bucket [0] */
+    int factors;                 /* fc only: 1 when its gradient comes as per-sample factors
+                                    (gvqTrainFactorsReady); such a variable is never fused into a bucket [0] */
+    const gvqPsConfig_t *sparse; /* sparse only: initial values and update rule (rule,
+                                    learningRate, momentum, adagradInit, epsilon, average, init,
+                                    initScale, seed, initValues, partitions), the same on every
+                                    route; NULL: the defaults (SGD, lr 0.01, zeros) */
 } gvqVariable_t;
 
 #define GVQ_VARIABLE_INITIALIZER                                                            \
     {                                                                                       \
         sizeof(gvqVariable_t), GVQ_VARIABLE_MAGIC, GVQ_VERSION, NULL, GVQ_CONFIG_UNDEF_INT, \
-            {0, 0, 0, 0}, NULL, 0                                                           \
+            {0, 0, 0, 0}, NULL, 0, NULL                                                     \
     }
 
 /* What the layer decided for a variable, and its last step. Times are CLOCK_MONOTONIC seconds
@@ -160,6 +177,24 @@ GVQ_API gvqResult_t gvqTrainGradReady(gvqTrainer_t trainer, int id, float *grad)
 GVQ_API gvqResult_t gvqTrainFactorsReady(gvqTrainer_t trainer, int id, const float *u,
                                          const float *v, int batch, float *grad);
 
+/* Sparse variable id's current rows: values + i*dim receives row indices[i] (duplicates
+ * allowed). Blocking; collective on the parameter-server route (every rank calls it, in the same
+ * order of calls). Call it between steps, or before the variable's gvqTrainSparseReady. Errors:
+ * gvqInvalidArgument (not a sparse variable, NULL with n > 0, an index outside [0, rows): values
+ * not written), and the errors of a collective. */
+GVQ_API gvqResult_t gvqTrainSparseLookup(gvqTrainer_t trainer, int id, const int64_t *indices,
+                                         size_t n, float *values);
+
+/* The gradient of sparse variable id: grads + i*dim is the gradient of row indices[i]
+ * (duplicates are summed). Its aggregation starts at once (any waitFree); gvqTrainWaitAll waits
+ * for it and applies the variable's rule to the rows any rank touched, the same on every route
+ * (lazily: rows nobody touched stay as they are). indices and grads belong to the layer until
+ * gvqTrainWaitAll returns. The first call decides the route (config sparseRoute), collectively:
+ * every rank must make it. Errors: as gvqTrainGradReady; an index outside [0, rows) is refused
+ * on every rank at the wait (no row changes). */
+GVQ_API gvqResult_t gvqTrainSparseReady(gvqTrainer_t trainer, int id, const int64_t *indices,
+                                        const float *grads, size_t n);
+
 /* Starts what has not started and waits until every gradient of the step is aggregated, in its
  * buffer. Every variable must have been made ready in this step: a missing one is reported
  * (gvqInvalidUsage, naming it) after the rest completed here, and the other ranks' calls for it
@@ -180,8 +215,9 @@ GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t trainer, int id,
 
 /* The layer's communication state (every compressor's state, the per-variable counters; the
  * routes follow from the variables and config, and are checked on load), so that a resumed run
- * continues exactly. Between steps, after gvqTrainCommit. Save with buf NULL writes the size
- * needed to *size. Load, into a layer made with the same variables and config, is all or
+ * continues exactly. Between steps, after gvqTrainCommit. Sparse variables' values are not in
+ * it yet: a layer with sparse variables refuses (gvqInvalidUsage). Save with buf NULL writes the
+ * size needed to *size. Load, into a layer made with the same variables and config, is all or
  * nothing. Errors: gvqInvalidUsage (before commit, inside a step), gvqInvalidArgument (buffer
  * too small; a state that is corrupted, of other variables or another config: nothing changes),
  * gvqSystemError (file I/O). Local. */

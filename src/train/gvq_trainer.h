@@ -8,8 +8,11 @@
 #include "gvq_stream.h"
 #include "gvq_train.h"
 
+struct gvq_train_sparse; /* trainer_sparse.c */
+
 typedef struct {
     gvqTrainVariableInfo_t info;
+    struct gvq_train_sparse *sp; /* a sparse variable's table, rule and route; else NULL */
     int shape[4];
     gvqCompressorConfig_t ccfg; /* its codec (has_ccfg) */
     int has_ccfg;
@@ -40,7 +43,8 @@ struct gvqTrainer {
     gvqStream_t stream;
     size_t bucket_bytes;
     int wait_free;
-    int sfb; /* -1: SACP, 0: never, 1: always */
+    int sfb;          /* -1: SACP, 0: never, 1: always */
+    int sparse_route; /* -1: Parallax's rule, else the gvqRoute_t of every sparse variable */
     gvqRedOp_t op;
     gvqCompressorConfig_t conv_cfg, fc_cfg;
     int has_conv_cfg, has_fc_cfg;
@@ -61,5 +65,16 @@ int gvq_train_unregister(gvqTrainer_t trainer);
 gvqResult_t gvq_train_check(const char *fn, gvqTrainer_t trainer);
 /* A hash of variables [0, upto): names, kinds, shapes. */
 uint64_t gvq_train_variables_hash(const gvqTrainer_t trainer, int upto);
+
+/* Sparse variables (trainer_sparse.c): registration (its config checked and kept), the tables
+ * at commit (and undoing them), the queued apply before the step's wait and the replicas'
+ * rule after it, the bytes sent, and freeing. */
+gvqResult_t gvq_train_sparse_add(gvqTrainer_t trainer, tvar_t *x, const gvqPsConfig_t *cfg);
+gvqResult_t gvq_train_sparse_commit(gvqTrainer_t trainer);
+void gvq_train_sparse_uncommit(gvqTrainer_t trainer);
+void gvq_train_sparse_before_wait(gvqTrainer_t trainer);
+void gvq_train_sparse_after_wait(gvqTrainer_t trainer, gvqResult_t waited);
+unsigned long long gvq_train_sparse_wire(const tvar_t *x);
+void gvq_train_sparse_free(tvar_t *x);
 
 #endif /* GVQ_TRAINER_H_ */

@@ -32,7 +32,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-
 /* ---- configuration ------------------------------------------------------------------------- */
 
 static gvqResult_t copy_compressor_cfg(const char *fn, const char *what,
@@ -71,6 +70,14 @@ static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
     t->op = in->op == GVQ_CONFIG_UNDEF_INT ? gvqAvg : (gvqRedOp_t)in->op;
     if (t->op != gvqAvg && t->op != gvqSum) {
         GVQ_WARN("%s: op %d is not gvqAvg or gvqSum", fn, in->op);
+        return gvqInvalidArgument;
+    }
+    t->sparse_route = in->sparseRoute == GVQ_CONFIG_UNDEF_INT ? -1 : in->sparseRoute;
+    if (t->sparse_route != -1 && t->sparse_route != gvqRoutePs &&
+        t->sparse_route != gvqRouteAllGatherv && t->sparse_route != gvqRouteAllReduce) {
+        GVQ_WARN("%s: sparseRoute %d is not gvqRoutePs, gvqRouteAllGatherv, gvqRouteAllReduce or "
+                 "unset",
+                 fn, in->sparseRoute);
         return gvqInvalidArgument;
     }
     t->sfb = in->sfb == GVQ_CONFIG_UNDEF_INT ? -1 : in->sfb;
@@ -119,12 +126,15 @@ err_free:
 /* ---- variables ----------------------------------------------------------------------------- */
 
 static const char *kind_name(int kind) {
-    return kind == gvqVarConv ? "conv" : kind == gvqVarFc ? "fc" : "dense";
+    return kind == gvqVarConv     ? "conv"
+           : kind == gvqVarFc     ? "fc"
+           : kind == gvqVarSparse ? "sparse"
+                                  : "dense";
 }
 
 /* The variable's count from its shape, or 0 when the shape is bad (WARN). */
 static size_t shape_count(const char *fn, const gvqVariable_t *v) {
-    int dims = v->kind == gvqVarConv ? 4 : v->kind == gvqVarFc ? 2 : 1;
+    int dims = v->kind == gvqVarConv ? 4 : v->kind == gvqVarFc || v->kind == gvqVarSparse ? 2 : 1;
     size_t n = 1;
     for (int i = 0; i < dims; i++) {
         if (v->shape[i] <= 0) {
@@ -155,9 +165,11 @@ GVQ_API gvqResult_t gvqTrainAddVariable(gvqTrainer_t t, const gvqVariable_t *v, 
     GVQCHECK(gvq_config_header_check(fn, "variable", v->size, v->magic, v->version,
                                      GVQ_VARIABLE_MAGIC, sizeof *v, sizeof *v,
                                      "GVQ_VARIABLE_INITIALIZER"));
-    if (v->kind != gvqVarConv && v->kind != gvqVarFc && v->kind != gvqVarDense) {
-        GVQ_WARN("%s: variable '%s': kind %d is not gvqVarConv, gvqVarFc or gvqVarDense", fn,
-                 v->name ? v->name : "", v->kind);
+    if (v->kind != gvqVarConv && v->kind != gvqVarFc && v->kind != gvqVarDense &&
+        v->kind != gvqVarSparse) {
+        GVQ_WARN("%s: variable '%s': kind %d is not gvqVarConv, gvqVarFc, gvqVarDense or "
+                 "gvqVarSparse",
+                 fn, v->name ? v->name : "", v->kind);
         return gvqInvalidArgument;
     }
     size_t count = shape_count(fn, v);
@@ -187,6 +199,7 @@ GVQ_API gvqResult_t gvqTrainAddVariable(gvqTrainer_t t, const gvqVariable_t *v, 
     x->info.bucket = -1;
     x->factors = v->factors;
     memcpy(x->shape, v->shape, sizeof x->shape);
+    if (v->kind == gvqVarSparse) GVQCHECK(gvq_train_sparse_add(t, x, v->sparse));
     *id = t->nvars++;
     return gvqSuccess;
 }
@@ -222,6 +235,7 @@ static gvqResult_t all_equal(gvqTrainer_t t, uint64_t v, int *equal) {
 
 /* The codec config of variable x (NULL: plain), with its shape filled in. */
 static const gvqCompressorConfig_t *codec_of(gvqTrainer_t t, tvar_t *x) {
+    if (x->sp != NULL) return NULL; /* sparse: rows, not a tensor to compress */
     const gvqCompressorConfig_t *c = x->has_ccfg                                     ? &x->ccfg
                                      : x->info.kind == gvqVarConv && t->has_conv_cfg ? &t->conv_cfg
                                      : x->info.kind == gvqVarFc && t->has_fc_cfg     ? &t->fc_cfg
@@ -266,6 +280,8 @@ static gvqResult_t route_all(gvqTrainer_t t) {
             x->info.codec = c->codec;
             snprintf(x->info.why, sizeof x->info.why, "%s compressor (%s)", codec_name(c->codec),
                      x->has_ccfg ? "the variable's" : "the config's");
+        } else if (x->sp != NULL) {
+            x->info.route = gvqRouteAllReduce; /* decided at the first step */
         } else if (x->factors) {
             x->info.route = gvqRouteAllReduce;
             snprintf(x->info.why, sizeof x->info.why, "factors: %s",
@@ -350,6 +366,7 @@ static uint64_t settings_hash(const gvqTrainer_t t) {
 
 /* Undo a commit that failed on some rank: its compressors and buckets. */
 static void uncommit(gvqTrainer_t t) {
+    gvq_train_sparse_uncommit(t);
     for (int i = 0; i < t->nvars; i++) {
         if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);
         t->vars[i].comp = NULL;
@@ -412,6 +429,7 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
         GVQ_WARN("%s: out of memory for the buckets", fn);
         res = gvqSystemError;
     }
+    if (res == gvqSuccess) res = gvq_train_sparse_commit(t);
     GVQCHECK(all_equal(t, (uint64_t)res, &equal)); /* every rank commits, or none */
     if (res != gvqSuccess || !equal) {
         uncommit(t);
@@ -662,9 +680,11 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
             if (missing < 0) missing = i;
             continue;
         }
-        if (!t->wait_free) (void)start_variable(t, i);
+        if (!t->wait_free && t->vars[i].sp == NULL) (void)start_variable(t, i);
     }
+    gvq_train_sparse_before_wait(t); /* the parameter servers' apply, behind their pushes */
     gvqResult_t res = gvqStreamSynchronize(t->stream);
+    gvq_train_sparse_after_wait(t, res);
     if (res == gvqSuccess) res = t->issue_error;
     if (missing >= 0) {
         GVQ_WARN("%s: variable %d '%s' was not made ready in this step (gvqTrainGradReady); its "
@@ -696,6 +716,7 @@ GVQ_API gvqResult_t gvqTrainGetVariableInfo(gvqTrainer_t t, int id, gvqTrainVari
         if (gvqCompressorGetStats(t->vars[id].comp, &st) == gvqSuccess)
             info->wireBytes = st.wireBytes;
     }
+    if (t->vars[id].sp != NULL) info->wireBytes = gvq_train_sparse_wire(&t->vars[id]);
     return gvqSuccess;
 }
 
@@ -723,6 +744,7 @@ GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t t) {
     for (int i = 0; i < t->nvars; i++) {
         free(t->vars[i].all_u);
         free(t->vars[i].all_v);
+        gvq_train_sparse_free(&t->vars[i]);
     }
     for (int k = 0; k < t->nbuckets; k++) {
         free(t->buckets[k].members);

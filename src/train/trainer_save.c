@@ -192,6 +192,13 @@ static gvqResult_t check_between_steps(const char *fn, gvqTrainer_t t) {
         return gvqInvalidUsage;
     }
     for (int i = 0; i < t->nvars; i++)
+        if (t->vars[i].sp != NULL) {
+            GVQ_WARN("%s: variable '%s' is sparse, and sparse tables are not in the saved state "
+                     "yet",
+                     fn, t->vars[i].info.name);
+            return gvqInvalidUsage;
+        }
+    for (int i = 0; i < t->nvars; i++)
         if (t->vars[i].grad != NULL) {
             GVQ_WARN("%s: a step is open (variable '%s' is ready); call gvqTrainWaitAll first", fn,
                      t->vars[i].info.name);

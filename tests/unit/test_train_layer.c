@@ -478,6 +478,108 @@ static void test_resume(int nranks) {
     }
 }
 
+/* ---- sparse variables: every route gives the same table ---------------------------------- */
+
+enum { ROWS = 50, DIM = 3, SSTEPS = 3 };
+
+typedef struct {
+    int route;                  /* config sparseRoute (GVQ_CONFIG_UNDEF_INT: the rule) */
+    float table[8][ROWS * DIM]; /* per rank, after the steps */
+} sparse_run_t;
+
+static void sparse_rows(int rank, int step, int64_t *idx, float *g) {
+    idx[0] = rank;
+    idx[1] = (rank * 7 + step) % ROWS;
+    idx[2] = 10; /* every rank: a shared row */
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < DIM; j++)
+            g[i * DIM + j] = (float)(1 + rank + step + i * 2 + j);
+}
+
+static void rank_sparse(gvqComm_t comm, int rank, int nranks, void *arg) {
+    sparse_run_t *r = arg;
+    gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
+    cfg.sparseRoute = r->route;
+    gvqTrainer_t t;
+    EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
+    gvqPsConfig_t pc = GVQ_PS_CONFIG_INITIALIZER;
+    pc.learningRate = 0.5; /* exact: every update is a multiple of 1/2 */
+    gvqVariable_t emb = GVQ_VARIABLE_INITIALIZER, b = GVQ_VARIABLE_INITIALIZER;
+    emb.name = "emb";
+    emb.kind = gvqVarSparse;
+    emb.shape[0] = ROWS;
+    emb.shape[1] = DIM;
+    emb.sparse = &pc;
+    b.name = "b";
+    b.kind = gvqVarDense;
+    b.shape[0] = 5;
+    int ide, idb;
+    EXPECT_RES(gvqTrainAddVariable(t, &b, &idb), gvqSuccess);
+    EXPECT_RES(gvqTrainAddVariable(t, &emb, &ide), gvqSuccess);
+    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    float gb[5], g[3 * DIM];
+    int64_t idx[3];
+    for (int step = 0; step < SSTEPS; step++) {
+        sparse_rows(rank, step, idx, g);
+        for (int i = 0; i < 5; i++)
+            gb[i] = 1.0f;
+        EXPECT_RES(gvqTrainGradReady(t, idb, gb), gvqSuccess);
+        EXPECT_RES(gvqTrainSparseReady(t, ide, idx, g, 3), gvqSuccess);
+        EXPECT_RES(gvqTrainWaitAll(t), gvqSuccess);
+    }
+    gvqTrainVariableInfo_t info;
+    EXPECT_RES(gvqTrainGetVariableInfo(t, ide, &info), gvqSuccess);
+    int want = r->route != GVQ_CONFIG_UNDEF_INT ? r->route
+               : nranks == 1                    ? gvqRouteAllReduce  /* nothing to send */
+               : nranks == 2                    ? gvqRouteAllGatherv /* a tie with the PS */
+                                                : gvqRoutePs;
+    EXPECT(info.route == want, "n=%d sparseRoute %d: route %d want %d (%s)", nranks, r->route,
+           info.route, want, info.why);
+    EXPECT(nranks == 1 || info.wireBytes > 0, "no bytes counted (%s)", info.why);
+    /* a step with an out-of-range row on rank 0 fails on every rank and changes nothing */
+    int64_t all[ROWS];
+    for (int i = 0; i < ROWS; i++)
+        all[i] = i;
+    float before[ROWS * DIM];
+    EXPECT_RES(gvqTrainSparseLookup(t, ide, all, ROWS, before), gvqSuccess);
+    sparse_rows(rank, 0, idx, g);
+    if (rank == 0) idx[1] = ROWS + 3;
+    EXPECT_RES(gvqTrainGradReady(t, idb, gb), gvqSuccess);
+    gvqResult_t res = gvqTrainSparseReady(t, ide, idx, g, 3);
+    gvqResult_t waited = gvqTrainWaitAll(t);
+    EXPECT(res != gvqSuccess || waited != gvqSuccess, "n=%d route %d: a bad row was accepted",
+           nranks, info.route);
+    EXPECT_RES(gvqTrainSparseLookup(t, ide, all, ROWS, r->table[rank]), gvqSuccess);
+    EXPECT(memcmp(before, r->table[rank], sizeof before) == 0,
+           "n=%d route %d rank %d: the refused step changed rows", nranks, info.route, rank);
+    EXPECT_RES(gvqTrainDestroy(t), gvqSuccess);
+}
+
+static void test_sparse(int nranks) {
+    static const int routes[4] = {gvqRoutePs, gvqRouteAllGatherv, gvqRouteAllReduce,
+                                  GVQ_CONFIG_UNDEF_INT};
+    float want[ROWS * DIM] = {0};
+    for (int q = 0; q < nranks; q++)
+        for (int step = 0; step < SSTEPS; step++) {
+            int64_t idx[3];
+            float g[3 * DIM];
+            sparse_rows(q, step, idx, g);
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < DIM; j++)
+                    want[idx[i] * DIM + j] -= 0.5f * g[i * DIM + j];
+        }
+    for (int k = 0; k < 4; k++) {
+        sparse_run_t r;
+        memset(&r, 0, sizeof r);
+        r.route = routes[k];
+        gvq_test_run(nranks, NULL, rank_sparse, &r);
+        for (int q = 0; q < nranks; q++)
+            EXPECT(memcmp(r.table[q], want, sizeof want) == 0,
+                   "n=%d sparseRoute %d rank %d: the table is not the closed form", nranks,
+                   routes[k], q);
+    }
+}
+
 /* A layer whose communicator was aborted refuses its calls (never touches the freed
  * communicator, as ASan checks) and is destroyed cleanly. */
 static void test_after_abort(void) {
@@ -521,6 +623,7 @@ int main(void) {
         test_sfb(n, 20, 30, 3);  /* SACP: SFB from 2 ranks */
         test_sfb(n, 20, 30, 40); /* SACP: the full matrix */
         test_resume(n);
+        test_sparse(n);
     }
     test_after_abort();
     return gvq_test_finish("test_train_layer");
