@@ -21,6 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gvq_train.h"
+#include "text.h"
 #include "train.h"
 
 static void usage(FILE *f) {
@@ -59,6 +61,12 @@ static void usage(FILE *f) {
         "  --rest-codec C        fc weights: none, qsgd, or powersgd (an outputs x inputs\n"
         "                        matrix); biases and scalars plain (default none)\n"
         "  --no-wait-free        aggregate after backprop instead of layer by layer during it\n"
+        "  --model text          a bag-of-words classifier of Debian packages' sections from\n"
+        "                        their names and descriptions (--text-data FILE, made by\n"
+        "                        perf/train/apt-text.sh); its embedding is a sparse variable,\n"
+        "                        --sparse-route ps|allgatherv|dense|auto (default auto:\n"
+        "                        Parallax's rule), --vocab V (65536), --embed-dim D (32);\n"
+        "                        --batch is per rank here (default 64)\n"
         "  --sfb MODE            fc weights as sufficient factors (Poseidon): on (always SFB),\n"
         "                        full (the factors, but always the full matrix), auto (SACP)\n"
         "  --bucket-bytes N      fuse plain tensors below N bytes (default: the library's)\n"
@@ -179,6 +187,10 @@ enum {
     OPT_ZERO_CODE,
     OPT_NO_WAIT_FREE,
     OPT_SFB,
+    OPT_TEXT_DATA,
+    OPT_SPARSE_ROUTE,
+    OPT_VOCAB,
+    OPT_EMBED_DIM,
     OPT_BUCKET_BYTES,
     OPT_TIMELINE,
     OPT_TIMELINE_STEP,
@@ -238,6 +250,10 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"zero-code", no_argument, NULL, OPT_ZERO_CODE},
         {"no-wait-free", no_argument, NULL, OPT_NO_WAIT_FREE},
         {"sfb", required_argument, NULL, OPT_SFB},
+        {"text-data", required_argument, NULL, OPT_TEXT_DATA},
+        {"sparse-route", required_argument, NULL, OPT_SPARSE_ROUTE},
+        {"vocab", required_argument, NULL, OPT_VOCAB},
+        {"embed-dim", required_argument, NULL, OPT_EMBED_DIM},
         {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
         {"timeline", required_argument, NULL, OPT_TIMELINE},
         {"timeline-step", required_argument, NULL, OPT_TIMELINE_STEP},
@@ -308,8 +324,10 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
                 o->arch.model = NET_CNN;
             else if (strcmp(optarg, "resnet") == 0)
                 o->arch.model = NET_RESNET;
+            else if (strcmp(optarg, "text") == 0)
+                o->text = 1;
             else
-                what = "--model (cnn or resnet)";
+                what = "--model (cnn, resnet or text)";
             break;
         case OPT_BLOCKS:
             if (parse_int(optarg, 1, 64, &o->arch.blocks)) what = "--blocks (1..64)";
@@ -365,6 +383,23 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_NO_WAIT_FREE:
             o->no_wait_free = 1;
+            break;
+        case OPT_TEXT_DATA:
+            o->text_data = optarg;
+            break;
+        case OPT_SPARSE_ROUTE:
+            o->sparse_route = !strcmp(optarg, "ps")           ? gvqRoutePs
+                              : !strcmp(optarg, "allgatherv") ? gvqRouteAllGatherv
+                              : !strcmp(optarg, "dense")      ? gvqRouteAllReduce
+                              : !strcmp(optarg, "auto")       ? GVQ_CONFIG_UNDEF_INT
+                                                              : -1;
+            if (o->sparse_route == -1) what = "--sparse-route (ps, allgatherv, dense or auto)";
+            break;
+        case OPT_VOCAB:
+            if (parse_int(optarg, 16, 1 << 24, &o->vocab)) what = "--vocab (16..2^24)";
+            break;
+        case OPT_EMBED_DIM:
+            if (parse_int(optarg, 1, 256, &o->embed_dim)) what = "--embed-dim (1..256)";
             break;
         case OPT_SFB:
             o->sfb = !strcmp(optarg, "full")   ? 0
@@ -510,6 +545,11 @@ static int stderr_is_terminal(void) {
     return strncmp(target, "/dev/pts/", 9) == 0 || strncmp(target, "/dev/tty", 8) == 0;
 }
 
+/* --model text: --batch counts documents per rank (default 64). */
+static int batch_given_text(const train_opts_t *o) {
+    return o->batch > 0 ? o->batch : 64;
+}
+
 int main(int argc, char **argv) {
     int provided = 0; /* the training layer's stream runs MPI from its progress thread */
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -523,6 +563,21 @@ int main(int argc, char **argv) {
         if (rank == 0) usage(p > 0 ? stdout : stderr);
         MPI_Finalize();
         return p > 0 ? 0 : 2;
+    }
+    if (o.text) {
+        text_opts_t t = {o.text_data ? o.text_data : "apt-text.tsv",
+                         o.vocab,
+                         o.embed_dim,
+                         batch_given_text(&o),
+                         o.epochs,
+                         o.iters,
+                         o.lr,
+                         o.seed,
+                         o.sparse_route,
+                         o.print_every};
+        int trc = text_run(&t);
+        MPI_Finalize();
+        return trc == 0 ? 0 : 1;
     }
     train_result_t res;
     int rc = train_run(&o, MPI_COMM_WORLD, &res);

@@ -138,6 +138,9 @@ void train_opts_default(train_opts_t *o) {
     o->ef_bound = -1.0;
     o->bucket_bytes = TRAIN_UNSET;
     o->sfb = TRAIN_UNSET;
+    o->sparse_route = GVQ_CONFIG_UNDEF_INT;
+    o->vocab = 65536;
+    o->embed_dim = 32;
     o->timeline_step = 100;
     o->print_every = 50;
     o->eval_every = 200;

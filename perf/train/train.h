@@ -46,6 +46,11 @@ typedef struct {
                          blocks' scalars always plain (fused into buckets) */
     int zero_code;    /* 1: one flat gvqAllReduce of the whole gradient */
     int no_wait_free; /* 1: the training layer aggregates after backprop, not during it */
+    /* --model text (text.c): its corpus, sparse route, vocabulary and embedding width */
+    int text;
+    const char *text_data;
+    int sparse_route; /* the layer's sparseRoute (GVQ_CONFIG_UNDEF_INT: the rule) */
+    int vocab, embed_dim;
     int sfb; /* fc weights as sufficient factors: TRAIN_UNSET no (their gradient), 0 factors
                 but always the full matrix, 1 always SFB, 2 SACP's choice per step */
     int bucket_bytes;          /* the training layer's bucketBytes (TRAIN_UNSET: the library's) */

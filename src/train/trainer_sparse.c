@@ -29,16 +29,16 @@
 
 struct gvq_train_sparse {
     size_t rows, dim;
-    gvq_rule_t rule;    /* with gscale 1/N when the config averages */
+    gvq_rule_t rule; /* with gscale 1/N when the config averages */
     gvqPsConfig_t ps_cfg;
-    float *table;       /* the replica (all routes until the first step; then all but PS) */
-    float *state;       /* the rule's state rows (momentum, Adagrad), or NULL */
-    gvqPs_t ps;         /* route PS */
-    int route;          /* gvqRoute_t, -1 until the first step */
+    float *table;             /* the replica (all routes until the first step; then all but PS) */
+    float *state;             /* the rule's state rows (momentum, Adagrad), or NULL */
+    gvqPs_t ps;               /* route PS */
+    int route;                /* gvqRoute_t, -1 until the first step */
     gvqSparseRows_t gathered; /* route allgatherv: this step's summed rows */
-    float *dense;       /* route dense: this step's table gradient */
+    float *dense;             /* route dense: this step's table gradient */
     unsigned long long wire;  /* bytes this rank sent, all steps */
-    int issued;         /* a step's aggregation is queued */
+    int issued;               /* a step's aggregation is queued */
 };
 
 /* ---- configuration ------------------------------------------------------------------------ */
@@ -101,8 +101,8 @@ static void init_table(struct gvq_train_sparse *sp) {
         for (size_t r = 0; r < sp->rows; r++)
             for (size_t j = 0; j < sp->dim; j++) {
                 if (j % 4 == 0) {
-                    uint32_t ctr[4] = {(uint32_t)r, (uint32_t)((uint64_t)r >> 32), (uint32_t)(j / 4),
-                                       0x5053u};
+                    uint32_t ctr[4] = {(uint32_t)r, (uint32_t)((uint64_t)r >> 32),
+                                       (uint32_t)(j / 4), 0x5053u};
                     gvq_philox4x32_10(ctr, key, out);
                 }
                 sp->table[r * sp->dim + j] = (float)((2.0 * gvq_u01(out[j % 4]) - 1.0) * scale);
@@ -178,13 +178,15 @@ static gvqResult_t decide(gvqTrainer_t t, tvar_t *x, const int64_t *idx, size_t 
     double alpha = touched_share(sp, idx, n);
     GVQCHECK(gvqAllReduce(&alpha, &alpha, 1, gvqFloat64, gvqMax, t->comm, NULL));
     double N = t->nranks, w = (double)(sp->rows * sp->dim * sizeof(float));
-    double ps = 4 * alpha * w * (N - 1) / N, ag = 2 * alpha * w * (N - 1), dense = 4 * w * (N - 1) / N;
+    double ps = 4 * alpha * w * (N - 1) / N, ag = 2 * alpha * w * (N - 1),
+           dense = 4 * w * (N - 1) / N;
     int route = t->sparse_route;
     if (route < 0) /* Parallax's rule: the fewest bytes; a tie goes to the replica (no servers) */
         route = dense <= ps && dense <= ag ? gvqRouteAllReduce
                 : ps < ag                  ? gvqRoutePs
                                            : gvqRouteAllGatherv;
-    snprintf(x->info.why, sizeof x->info.why, "%s: alpha %.4f, bytes/rank PS %.0f, AGV %.0f, dense %.0f",
+    snprintf(x->info.why, sizeof x->info.why,
+             "%s: alpha %.4f, bytes/rank PS %.0f, AGV %.0f, dense %.0f",
              t->sparse_route < 0 ? "Parallax" : "config", alpha, ps, ag, dense);
     if (route == gvqRoutePs) {
         gvqPsConfig_t c = sp->ps_cfg;
@@ -216,9 +218,10 @@ static gvqResult_t check_sparse(const char *fn, gvqTrainer_t t, int id, const vo
         return gvqInvalidUsage;
     }
     GVQCHECK(gvq_comm_check(t->comm, fn, 1));
-    if (id < 0 || id >= t->nvars || t->vars[id].sp == NULL || (n > 0 && (idx == NULL || data == NULL))) {
+    if (id < 0 || id >= t->nvars || t->vars[id].sp == NULL ||
+        (n > 0 && (idx == NULL || data == NULL))) {
         GVQ_WARN("%s: %s", fn,
-                 id < 0 || id >= t->nvars  ? "id is not a registered variable"
+                 id < 0 || id >= t->nvars ? "id is not a registered variable"
                  : t->vars[id].sp == NULL ? "the variable is not sparse"
                                           : "indices or values NULL with n > 0");
         return gvqInvalidArgument;
@@ -323,8 +326,8 @@ unsigned long long gvq_train_sparse_wire(const tvar_t *x) {
     return sp->wire;
 }
 
-GVQ_API gvqResult_t gvqTrainSparseLookup(gvqTrainer_t t, int id, const int64_t *indices,
-                                         size_t n, float *values) {
+GVQ_API gvqResult_t gvqTrainSparseLookup(gvqTrainer_t t, int id, const int64_t *indices, size_t n,
+                                         float *values) {
     const char *fn = "gvqTrainSparseLookup";
     GVQCHECK(check_sparse(fn, t, id, indices, values, n));
     struct gvq_train_sparse *sp = t->vars[id].sp;
@@ -334,8 +337,8 @@ GVQ_API gvqResult_t gvqTrainSparseLookup(gvqTrainer_t t, int id, const int64_t *
     }
     for (size_t i = 0; i < n; i++)
         if (indices[i] < 0 || (uint64_t)indices[i] >= sp->rows) {
-            GVQ_WARN("%s: '%s': indices[%zu] = %lld is outside [0, %zu)", fn,
-                     t->vars[id].info.name, i, (long long)indices[i], sp->rows);
+            GVQ_WARN("%s: '%s': indices[%zu] = %lld is outside [0, %zu)", fn, t->vars[id].info.name,
+                     i, (long long)indices[i], sp->rows);
             return gvqInvalidArgument;
         }
     for (size_t i = 0; i < n; i++)
