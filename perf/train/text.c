@@ -205,7 +205,7 @@ static double pass(const doc_t *docs, int n, const int64_t *u, size_t nu, const 
         for (int k = 0; k < D; k++)
             dh[k] = 0;
         for (int c = 0; c < CLASSES; c++) {
-            float g = (float)(exp((double)(z[c] - zmax)) / sum) - (c == d->label) ;
+            float g = (float)(exp((double)(z[c] - zmax)) / sum) - (c == d->label);
             g /= (float)n;
             gb[c] += g;
             for (int k = 0; k < D; k++) {
@@ -222,14 +222,14 @@ static double pass(const doc_t *docs, int n, const int64_t *u, size_t nu, const 
     return loss;
 }
 
-#define TEXT_GVQ(call)                                                                        \
-    do {                                                                                      \
-        gvqResult_t r_ = (call);                                                              \
-        if (r_ != gvqSuccess) {                                                               \
-            fprintf(stderr, "gvq-train: %s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,     \
-                    gvqGetErrorString(r_), gvqGetLastError(NULL));                            \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                     \
-        }                                                                                     \
+#define TEXT_GVQ(call)                                                                    \
+    do {                                                                                  \
+        gvqResult_t r_ = (call);                                                          \
+        if (r_ != gvqSuccess) {                                                           \
+            fprintf(stderr, "gvq-train: %s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, \
+                    gvqGetErrorString(r_), gvqGetLastError(NULL));                        \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                 \
+        }                                                                                 \
     } while (0)
 
 /* Test accuracy: each rank a slice of the test set (lookups are collective on the PS route, so
