@@ -215,8 +215,10 @@ GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t trainer, int id,
 
 /* The layer's communication state (every compressor's state, the per-variable counters; the
  * routes follow from the variables and config, and are checked on load), so that a resumed run
- * continues exactly. Between steps, after gvqTrainCommit. Sparse variables' values are not in
- * it yet: a layer with sparse variables refuses (gvqInvalidUsage). Save with buf NULL writes the
+ * continues exactly. Between steps, after gvqTrainCommit. A sparse variable's part is its table
+ * (and the rule's state), or on the parameter-server route this rank's shards: loading that
+ * into a layer whose route is not decided yet makes the server, so then every rank loads at the
+ * same call (collective). Save with buf NULL writes the
  * size needed to *size. Load, into a layer made with the same variables and config, is all or
  * nothing. Errors: gvqInvalidUsage (before commit, inside a step), gvqInvalidArgument (buffer
  * too small; a state that is corrupted, of other variables or another config: nothing changes),

@@ -76,5 +76,12 @@ void gvq_train_sparse_before_wait(gvqTrainer_t trainer);
 void gvq_train_sparse_after_wait(gvqTrainer_t trainer, gvqResult_t waited);
 unsigned long long gvq_train_sparse_wire(const tvar_t *x);
 void gvq_train_sparse_free(tvar_t *x);
+/* A sparse variable's part of the layer's saved state (0 bytes for the others): its size, the
+ * save, the check that changes nothing, and the load of a checked part (collective when it makes
+ * the variable's parameter server). */
+gvqResult_t gvq_train_sparse_state_bytes(const tvar_t *x, size_t *n);
+gvqResult_t gvq_train_sparse_save(const tvar_t *x, void *out, size_t n);
+gvqResult_t gvq_train_sparse_check(const tvar_t *x, const void *blob, size_t n);
+gvqResult_t gvq_train_sparse_load(gvqTrainer_t trainer, tvar_t *x, const void *blob, size_t n);
 
 #endif /* GVQ_TRAINER_H_ */

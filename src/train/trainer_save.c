@@ -6,7 +6,8 @@
  *   header  magic 'gvqL', version, checksum (CRC-32C of the whole state, gvq_blob_seal),
  *           total size, variables, the variables' hash (names, kinds, shapes)
  *   per variable, in registration order:
- *           steps, wire bytes, route, compressor state length (0: none), the state, padded to 8
+ *           steps, wire bytes, route, compressor state length (0: none), sparse state length
+ *           (0: not sparse), the compressor's state and the sparse table's, each padded to 8
  *
  * Loading checks everything before it changes anything, and a compressor that refuses its
  * state puts back the states of those loaded before it: all or nothing.
@@ -17,7 +18,7 @@
 #include "gvq_trainer.h"
 
 #define STATE_MAGIC 0x4c717667u /* 'gvqL' */
-#define STATE_VERSION 1u
+#define STATE_VERSION 2u
 
 typedef struct {
     uint32_t magic, version;
@@ -29,6 +30,7 @@ typedef struct {
     uint64_t steps, wire_bytes;
     uint32_t route, zero;
     uint64_t comp_bytes;
+    uint64_t sparse_bytes; /* a sparse variable's table or shards (trainer_sparse.c) */
 } state_var_t;
 
 #define PAD8(n) (((n) + 7u) & ~(size_t)7u)
@@ -43,9 +45,10 @@ static gvqResult_t train_save(void *obj, void *buf, size_t *size) {
     gvqTrainer_t t = obj;
     size_t need = sizeof(state_header_t);
     for (int i = 0; i < t->nvars; i++) {
-        size_t n;
+        size_t n, sn;
         GVQCHECK(comp_bytes(t, i, &n));
-        need += sizeof(state_var_t) + PAD8(n);
+        GVQCHECK(gvq_train_sparse_state_bytes(&t->vars[i], &sn));
+        need += sizeof(state_var_t) + PAD8(n) + PAD8(sn);
     }
     if (buf == NULL) {
         *size = need;
@@ -63,14 +66,18 @@ static gvqResult_t train_save(void *obj, void *buf, size_t *size) {
     char *p = (char *)buf + sizeof h;
     for (int i = 0; i < t->nvars; i++) {
         const tvar_t *x = &t->vars[i];
-        size_t n;
+        size_t n, sn;
         GVQCHECK(comp_bytes(t, i, &n));
-        state_var_t v = {(uint64_t)x->info.steps, x->info.wireBytes, (uint32_t)x->info.route, 0, n};
-        if (x->factors) v.route = gvqRouteAllReduce; /* SFB is chosen per step */
+        GVQCHECK(gvq_train_sparse_state_bytes(x, &sn));
+        state_var_t v = {
+            (uint64_t)x->info.steps, x->info.wireBytes, (uint32_t)x->info.route, 0, n, sn};
+        if (x->factors || x->sp != NULL) v.route = gvqRouteAllReduce; /* chosen per step / later */
         memcpy(p, &v, sizeof v);
         p += sizeof v;
         if (n > 0) GVQCHECK(gvqCompressorSave(x->comp, p, &n));
         p += PAD8(n);
+        if (sn > 0) GVQCHECK(gvq_train_sparse_save(x, p, sn));
+        p += PAD8(sn);
     }
     gvq_blob_seal(buf, need, offsetof(state_header_t, checksum));
     *size = need;
@@ -79,7 +86,7 @@ static gvqResult_t train_save(void *obj, void *buf, size_t *size) {
 
 /* Every check, nothing changed: the entries of the variables, at entry[i]. */
 static gvqResult_t check_state(gvqTrainer_t t, const void *buf, size_t size,
-                               const state_var_t **entry, const char **blob) {
+                               const state_var_t **entry, const char **blob, const char **sblob) {
     const char *fn = "gvqTrainLoad";
     state_header_t h;
     if (buf == NULL || size < sizeof h) {
@@ -111,7 +118,7 @@ static gvqResult_t check_state(gvqTrainer_t t, const void *buf, size_t size,
         entry[i] = (const state_var_t *)((const char *)buf + at);
         memcpy(&v, entry[i], sizeof v);
         at += sizeof v;
-        uint32_t route = x->factors ? gvqRouteAllReduce : (uint32_t)x->info.route;
+        uint32_t route = x->factors || x->sp != NULL ? gvqRouteAllReduce : (uint32_t)x->info.route;
         if (v.route != route || (v.comp_bytes != 0) != (x->comp != NULL) ||
             v.comp_bytes > size - at || PAD8(v.comp_bytes) > size - at) {
             GVQ_WARN("%s: variable %d '%s': the state's route %u or compressor (%llu bytes) does "
@@ -122,6 +129,16 @@ static gvqResult_t check_state(gvqTrainer_t t, const void *buf, size_t size,
         }
         blob[i] = (const char *)buf + at;
         at += PAD8(v.comp_bytes);
+        if ((v.sparse_bytes != 0) != (x->sp != NULL) || v.sparse_bytes > size - at ||
+            PAD8(v.sparse_bytes) > size - at) {
+            GVQ_WARN("%s: variable %d '%s': the state's sparse table (%llu bytes) does not fit "
+                     "this layer's variable",
+                     fn, i, x->info.name, (unsigned long long)v.sparse_bytes);
+            return gvqInvalidArgument;
+        }
+        sblob[i] = (const char *)buf + at;
+        if (x->sp != NULL) GVQCHECK(gvq_train_sparse_check(x, sblob[i], (size_t)v.sparse_bytes));
+        at += PAD8(v.sparse_bytes);
     }
     if (at != size) {
         GVQ_WARN("%s: %zu bytes after the last variable", fn, size - at);
@@ -135,15 +152,16 @@ static gvqResult_t train_load(void *obj, const void *buf, size_t size) {
     gvqResult_t res = gvqSuccess;
     const state_var_t **entry = calloc((size_t)t->nvars + 1, sizeof *entry);
     const char **blob = calloc((size_t)t->nvars + 1, sizeof *blob);
+    const char **sblob = calloc((size_t)t->nvars + 1, sizeof *sblob);
     void **backup = calloc((size_t)t->nvars + 1, sizeof *backup);
     size_t *backup_bytes = calloc((size_t)t->nvars + 1, sizeof *backup_bytes);
     int loaded = 0;
-    if (entry == NULL || blob == NULL || backup == NULL || backup_bytes == NULL) {
+    if (entry == NULL || blob == NULL || sblob == NULL || backup == NULL || backup_bytes == NULL) {
         GVQ_WARN("gvqTrainLoad: out of memory");
         res = gvqSystemError;
         goto out;
     }
-    GVQCHECKGOTO(check_state(t, buf, size, entry, blob), res, out);
+    GVQCHECKGOTO(check_state(t, buf, size, entry, blob, sblob), res, out);
     for (int i = 0; i < t->nvars; i++) { /* what to put back if a compressor refuses */
         if (t->vars[i].comp == NULL) continue;
         GVQCHECKGOTO(comp_bytes(t, i, &backup_bytes[i]), res, out);
@@ -173,6 +191,9 @@ static gvqResult_t train_load(void *obj, const void *buf, size_t size) {
         memcpy(&v, entry[i], sizeof v);
         t->vars[i].info.steps = (long long)v.steps;
         t->vars[i].info.wireBytes = v.wire_bytes;
+        /* checked above; fails only for lack of memory or a peer while making a server */
+        if (t->vars[i].sp != NULL && res == gvqSuccess)
+            res = gvq_train_sparse_load(t, &t->vars[i], sblob[i], (size_t)v.sparse_bytes);
     }
 out:
     for (int i = 0; backup != NULL && i < t->nvars; i++)
@@ -181,6 +202,7 @@ out:
     free(backup_bytes);
     free(entry);
     free(blob);
+    free(sblob);
     return res;
 }
 
@@ -191,13 +213,6 @@ static gvqResult_t check_between_steps(const char *fn, gvqTrainer_t t) {
         GVQ_WARN("%s: call gvqTrainCommit first (the compressors exist from then on)", fn);
         return gvqInvalidUsage;
     }
-    for (int i = 0; i < t->nvars; i++)
-        if (t->vars[i].sp != NULL) {
-            GVQ_WARN("%s: variable '%s' is sparse, and sparse tables are not in the saved state "
-                     "yet",
-                     fn, t->vars[i].info.name);
-            return gvqInvalidUsage;
-        }
     for (int i = 0; i < t->nvars; i++)
         if (t->vars[i].grad != NULL) {
             GVQ_WARN("%s: a step is open (variable '%s' is ready); call gvqTrainWaitAll first", fn,

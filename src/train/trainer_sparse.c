@@ -172,6 +172,8 @@ static double touched_share(const struct gvq_train_sparse *sp, const int64_t *id
     return (double)distinct / (double)sp->rows;
 }
 
+static gvqResult_t set_route(gvqTrainer_t t, tvar_t *x, int route);
+
 /* Decide the route (collective: alpha's maximum over the ranks) and set it up. */
 static gvqResult_t decide(gvqTrainer_t t, tvar_t *x, const int64_t *idx, size_t n) {
     struct gvq_train_sparse *sp = x->sp;
@@ -188,6 +190,12 @@ static gvqResult_t decide(gvqTrainer_t t, tvar_t *x, const int64_t *idx, size_t 
     snprintf(x->info.why, sizeof x->info.why,
              "%s: alpha %.4f, bytes/rank PS %.0f, AGV %.0f, dense %.0f",
              t->sparse_route < 0 ? "Parallax" : "config", alpha, ps, ag, dense);
+    return set_route(t, x, route);
+}
+
+/* Set up x's route (collective for the parameter server: every rank makes it at the same call). */
+static gvqResult_t set_route(gvqTrainer_t t, tvar_t *x, int route) {
+    struct gvq_train_sparse *sp = x->sp;
     if (route == gvqRoutePs) {
         gvqPsConfig_t c = sp->ps_cfg;
         c.init = gvqPsInitValues;
@@ -344,5 +352,92 @@ GVQ_API gvqResult_t gvqTrainSparseLookup(gvqTrainer_t t, int id, const int64_t *
     for (size_t i = 0; i < n; i++)
         memcpy(values + i * sp->dim, sp->table + (size_t)indices[i] * sp->dim,
                sp->dim * sizeof(float));
+    return gvqSuccess;
+}
+
+/* ---- saved state (trainer_save.c) ------------------------------------------------------------
+ * A sparse variable's part: {route (-1: not decided yet), has_state, table floats, PS bytes},
+ * then the table (and the rule's state) on the replica routes, or this rank's parameter-server
+ * state (gvqPsSave) on the PS route. */
+
+typedef struct {
+    int32_t route;
+    uint32_t has_state;
+    uint64_t floats, ps_bytes;
+} sparse_state_t;
+
+gvqResult_t gvq_train_sparse_state_bytes(const tvar_t *x, size_t *n) {
+    const struct gvq_train_sparse *sp = x->sp;
+    *n = 0;
+    if (sp == NULL) return gvqSuccess;
+    size_t ps = 0;
+    if (sp->ps != NULL) GVQCHECK(gvqPsSave(sp->ps, NULL, &ps));
+    size_t floats = sp->ps != NULL ? 0 : sp->rows * sp->dim * (sp->state != NULL ? 2 : 1);
+    *n = sizeof(sparse_state_t) + floats * sizeof(float) + ps;
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_train_sparse_save(const tvar_t *x, void *out, size_t n) {
+    const struct gvq_train_sparse *sp = x->sp;
+    size_t table = sp->rows * sp->dim;
+    sparse_state_t h = {sp->route, sp->state != NULL, sp->ps != NULL ? 0 : table, 0};
+    char *p = (char *)out + sizeof h;
+    if (sp->ps != NULL) {
+        size_t ps = n - sizeof h;
+        GVQCHECK(gvqPsSave(sp->ps, p, &ps));
+        h.ps_bytes = ps;
+    } else {
+        memcpy(p, sp->table, table * sizeof(float));
+        if (sp->state != NULL) memcpy(p + table * sizeof(float), sp->state, table * sizeof(float));
+    }
+    memcpy(out, &h, sizeof h);
+    return gvqSuccess;
+}
+
+/* Whether blob (n bytes) is a state this variable can take, nothing changed. */
+gvqResult_t gvq_train_sparse_check(const tvar_t *x, const void *blob, size_t n) {
+    const char *fn = "gvqTrainLoad";
+    const struct gvq_train_sparse *sp = x->sp;
+    sparse_state_t h;
+    if (n < sizeof h) {
+        GVQ_WARN("%s: sparse variable '%s': its state is %zu bytes", fn, x->info.name, n);
+        return gvqInvalidArgument;
+    }
+    memcpy(&h, blob, sizeof h);
+    size_t table = sp->rows * sp->dim, want_state = sp->rule.rule != gvqPsSgd;
+    int route_ok = h.route == -1 || h.route == gvqRoutePs || h.route == gvqRouteAllGatherv ||
+                   h.route == gvqRouteAllReduce;
+    int shape_ok = h.route == gvqRoutePs
+                       ? h.floats == 0 && h.ps_bytes == n - sizeof h
+                       : h.ps_bytes == 0 && h.has_state == want_state && h.floats == table &&
+                             n - sizeof h == table * sizeof(float) * (want_state ? 2 : 1);
+    if (!route_ok || !shape_ok || (sp->route >= 0 && h.route != sp->route)) {
+        GVQ_WARN("%s: sparse variable '%s': the state (route %d, %llu values, %llu PS bytes) does "
+                 "not fit this layer's (route %d, %zu x %zu)",
+                 fn, x->info.name, (int)h.route, (unsigned long long)h.floats,
+                 (unsigned long long)h.ps_bytes, sp->route, sp->rows, sp->dim);
+        return gvqInvalidArgument;
+    }
+    return gvqSuccess;
+}
+
+/* Take a checked state: the table, or this rank's shards (making the parameter server first when
+ * the route is not decided here yet: collective, as every rank loads at the same call). */
+gvqResult_t gvq_train_sparse_load(gvqTrainer_t t, tvar_t *x, const void *blob, size_t n) {
+    struct gvq_train_sparse *sp = x->sp;
+    sparse_state_t h;
+    memcpy(&h, blob, sizeof h);
+    const char *p = (const char *)blob + sizeof h;
+    if (h.route == gvqRoutePs) {
+        if (sp->route < 0) GVQCHECK(set_route(t, x, gvqRoutePs));
+        snprintf(x->info.why, sizeof x->info.why, "route restored from a saved state");
+        return gvqPsLoad(sp->ps, p, n - sizeof h);
+    }
+    size_t table = sp->rows * sp->dim;
+    memcpy(sp->table, p, table * sizeof(float));
+    if (sp->state != NULL) memcpy(sp->state, p + table * sizeof(float), table * sizeof(float));
+    if (h.route >= 0 && sp->route < 0) GVQCHECK(set_route(t, x, h.route));
+    if (h.route >= 0)
+        snprintf(x->info.why, sizeof x->info.why, "route restored from a saved state");
     return gvqSuccess;
 }

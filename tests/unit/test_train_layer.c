@@ -496,11 +496,11 @@ static void sparse_rows(int rank, int step, int64_t *idx, float *g) {
             g[i * DIM + j] = (float)(1 + rank + step + i * 2 + j);
 }
 
-static void rank_sparse(gvqComm_t comm, int rank, int nranks, void *arg) {
-    sparse_run_t *r = arg;
+/* A layer with a dense variable b and a sparse one emb (SGD, lr 1/2: exact updates). */
+static gvqTrainer_t sparse_layer(gvqComm_t comm, int route, int *ide, int *idb) {
     gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
-    cfg.sparseRoute = r->route;
-    gvqTrainer_t t;
+    cfg.sparseRoute = route;
+    gvqTrainer_t t = NULL;
     EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
     gvqPsConfig_t pc = GVQ_PS_CONFIG_INITIALIZER;
     pc.learningRate = 0.5; /* exact: every update is a multiple of 1/2 */
@@ -513,13 +513,16 @@ static void rank_sparse(gvqComm_t comm, int rank, int nranks, void *arg) {
     b.name = "b";
     b.kind = gvqVarDense;
     b.shape[0] = 5;
-    int ide, idb;
-    EXPECT_RES(gvqTrainAddVariable(t, &b, &idb), gvqSuccess);
-    EXPECT_RES(gvqTrainAddVariable(t, &emb, &ide), gvqSuccess);
+    EXPECT_RES(gvqTrainAddVariable(t, &b, idb), gvqSuccess);
+    EXPECT_RES(gvqTrainAddVariable(t, &emb, ide), gvqSuccess);
     EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    return t;
+}
+
+static void sparse_steps(gvqTrainer_t t, int ide, int idb, int rank, int from, int to) {
     float gb[5], g[3 * DIM];
     int64_t idx[3];
-    for (int step = 0; step < SSTEPS; step++) {
+    for (int step = from; step < to; step++) {
         sparse_rows(rank, step, idx, g);
         for (int i = 0; i < 5; i++)
             gb[i] = 1.0f;
@@ -527,6 +530,15 @@ static void rank_sparse(gvqComm_t comm, int rank, int nranks, void *arg) {
         EXPECT_RES(gvqTrainSparseReady(t, ide, idx, g, 3), gvqSuccess);
         EXPECT_RES(gvqTrainWaitAll(t), gvqSuccess);
     }
+}
+
+static void rank_sparse(gvqComm_t comm, int rank, int nranks, void *arg) {
+    sparse_run_t *r = arg;
+    int ide, idb;
+    gvqTrainer_t t = sparse_layer(comm, r->route, &ide, &idb);
+    float gb[5] = {1, 1, 1, 1, 1}, g[3 * DIM];
+    int64_t idx[3];
+    sparse_steps(t, ide, idb, rank, 0, SSTEPS);
     gvqTrainVariableInfo_t info;
     EXPECT_RES(gvqTrainGetVariableInfo(t, ide, &info), gvqSuccess);
     int want = r->route != GVQ_CONFIG_UNDEF_INT ? r->route
@@ -580,6 +592,57 @@ static void test_sparse(int nranks) {
     }
 }
 
+/* A run with a sparse variable stopped after 2 steps and resumed from its saved state ends
+ * with the table of a run that was not stopped, on every route. */
+typedef struct {
+    int route, resume;
+    void *state[8];
+    size_t bytes[8];
+    float table[8][ROWS * DIM];
+} sparse_resume_t;
+
+static void rank_sparse_resume(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)nranks;
+    sparse_resume_t *r = arg;
+    int ide, idb;
+    gvqTrainer_t t = sparse_layer(comm, r->route, &ide, &idb);
+    if (!r->resume) {
+        sparse_steps(t, ide, idb, rank, 0, 2);
+        EXPECT_RES(gvqTrainSave(t, NULL, &r->bytes[rank]), gvqSuccess);
+        r->state[rank] = malloc(r->bytes[rank]);
+        EXPECT_RES(gvqTrainSave(t, r->state[rank], &r->bytes[rank]), gvqSuccess);
+    } else {
+        EXPECT_RES(gvqTrainLoad(t, r->state[rank], r->bytes[rank]), gvqSuccess);
+    }
+    sparse_steps(t, ide, idb, rank, 2, 4);
+    int64_t all[ROWS];
+    for (int i = 0; i < ROWS; i++)
+        all[i] = i;
+    float table[ROWS * DIM];
+    EXPECT_RES(gvqTrainSparseLookup(t, ide, all, ROWS, table), gvqSuccess);
+    if (!r->resume)
+        memcpy(r->table[rank], table, sizeof table);
+    else
+        EXPECT(memcmp(r->table[rank], table, sizeof table) == 0,
+               "route %d rank %d: the resumed table differs", r->route, rank);
+    EXPECT_RES(gvqTrainDestroy(t), gvqSuccess);
+}
+
+static void test_sparse_resume(int nranks) {
+    static const int routes[4] = {gvqRoutePs, gvqRouteAllGatherv, gvqRouteAllReduce,
+                                  GVQ_CONFIG_UNDEF_INT};
+    for (int k = 0; k < 4; k++) {
+        sparse_resume_t *r = calloc(1, sizeof *r);
+        r->route = routes[k];
+        gvq_test_run(nranks, NULL, rank_sparse_resume, r);
+        r->resume = 1;
+        gvq_test_run(nranks, NULL, rank_sparse_resume, r);
+        for (int q = 0; q < nranks; q++)
+            free(r->state[q]);
+        free(r);
+    }
+}
+
 /* A layer whose communicator was aborted refuses its calls (never touches the freed
  * communicator, as ASan checks) and is destroyed cleanly. */
 static void test_after_abort(void) {
@@ -624,6 +687,7 @@ int main(void) {
         test_sfb(n, 20, 30, 40); /* SACP: the full matrix */
         test_resume(n);
         test_sparse(n);
+        test_sparse_resume(n);
     }
     test_after_abort();
     return gvq_test_finish("test_train_layer");
