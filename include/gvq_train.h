@@ -88,13 +88,17 @@ typedef struct {
                         largest share of rows a rank touched (alpha) and the rank count N --
                         bytes per rank: PS 4 alpha w (N-1)/N, allgatherv 2 alpha w (N-1),
                         dense 4 w (N-1)/N [the rule] */
+    int tunePartitions; /* 1: a sparse variable routed to the parameter server first runs
+                           Parallax's partition tuner (gvqPsTunePartitions, 20 steps per sample
+                           on its first step's rows) and shards its table over the P chosen;
+                           0: one partition per rank [1] */
 } gvqTrainConfig_t;
 
 #define GVQ_TRAIN_CONFIG_INITIALIZER                                                         \
     {                                                                                        \
         sizeof(gvqTrainConfig_t), GVQ_TRAIN_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL, GVQ_CONFIG_UNDEF_INT,    \
-            GVQ_CONFIG_UNDEF_INT                                                             \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT                                       \
     }
 
 /* One variable (GVQ_VARIABLE_INITIALIZER). */

@@ -43,8 +43,9 @@ struct gvqTrainer {
     gvqStream_t stream;
     size_t bucket_bytes;
     int wait_free;
-    int sfb;          /* -1: SACP, 0: never, 1: always */
-    int sparse_route; /* -1: Parallax's rule, else the gvqRoute_t of every sparse variable */
+    int sfb;             /* -1: SACP, 0: never, 1: always */
+    int sparse_route;    /* -1: Parallax's rule, else the gvqRoute_t of every sparse variable */
+    int tune_partitions; /* run the partition tuner before making a sparse variable's PS */
     gvqRedOp_t op;
     gvqCompressorConfig_t conv_cfg, fc_cfg;
     int has_conv_cfg, has_fc_cfg;

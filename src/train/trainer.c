@@ -80,6 +80,11 @@ static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
                  fn, in->sparseRoute);
         return gvqInvalidArgument;
     }
+    t->tune_partitions = in->tunePartitions == GVQ_CONFIG_UNDEF_INT ? 1 : in->tunePartitions;
+    if (t->tune_partitions != 0 && t->tune_partitions != 1) {
+        GVQ_WARN("%s: tunePartitions %d is not 0 or 1", fn, in->tunePartitions);
+        return gvqInvalidArgument;
+    }
     t->sfb = in->sfb == GVQ_CONFIG_UNDEF_INT ? -1 : in->sfb;
     if (t->sfb < -1 || t->sfb > 1) {
         GVQ_WARN("%s: sfb %d is not 0, 1 or unset (SACP)", fn, in->sfb);
@@ -349,7 +354,8 @@ static void log_routes(gvqTrainer_t t) {
  * are caught at commit rather than as a mismatch or a hang at the first step. */
 static uint64_t settings_hash(const gvqTrainer_t t) {
     uint64_t h = 0xcbf29ce484222325ull;
-    uint64_t cfg[4] = {t->bucket_bytes, (uint64_t)t->wait_free, (uint64_t)t->op, (uint64_t)t->sfb};
+    uint64_t cfg[6] = {t->bucket_bytes,  (uint64_t)t->wait_free,    (uint64_t)t->op,
+                       (uint64_t)t->sfb, (uint64_t)t->sparse_route, (uint64_t)t->tune_partitions};
     h = fnv(h, cfg, sizeof cfg);
     h = fnv(h, &t->has_conv_cfg, sizeof t->has_conv_cfg);
     if (t->has_conv_cfg) h = fnv(h, &t->conv_cfg, sizeof t->conv_cfg);

@@ -174,8 +174,49 @@ static double touched_share(const struct gvq_train_sparse *sp, const int64_t *id
 
 static gvqResult_t set_route(gvqTrainer_t t, tvar_t *x, int route);
 
+/* The partition tuner's step: push the first step's rows, apply, pull them back. */
+typedef struct {
+    const int64_t *idx;
+    const float *grads;
+    float *pulled;
+    size_t n;
+} tune_step_t;
+
+static gvqResult_t tune_step(gvqPs_t ps, int iteration, void *arg) {
+    (void)iteration;
+    const tune_step_t *s = arg;
+    GVQCHECK(gvqPsPush(ps, s->idx, s->grads, s->n));
+    GVQCHECK(gvqPsApply(ps));
+    return gvqPsPull(ps, s->idx, s->pulled, s->n);
+}
+
+/* Parallax's partition count for x's parameter server, tuned on the first step's rows
+ * (collective: every rank runs the same samples). */
+static gvqResult_t tune(gvqTrainer_t t, tvar_t *x, const int64_t *idx, const float *grads,
+                        size_t n) {
+    struct gvq_train_sparse *sp = x->sp;
+    tune_step_t s = {idx, grads, malloc((n > 0 ? n : 1) * sp->dim * sizeof(float)), n};
+    if (s.pulled == NULL) return gvqSystemError;
+    gvqPsTuneConfig_t tc = GVQ_PS_TUNE_CONFIG_INITIALIZER;
+    tc.itersPerSample = 20;
+    tc.skipIters = 5;
+    gvqPsConfig_t c = sp->ps_cfg;
+    c.stream = NULL;
+    gvqPsTuneResult_t r;
+    gvqResult_t res =
+        gvqPsTunePartitions(t->comm, sp->rows, sp->dim, gvqFloat32, &c, &tc, tune_step, &s, &r);
+    free(s.pulled);
+    GVQCHECK(res);
+    sp->ps_cfg.partitions = r.bestPartitions;
+    size_t len = strlen(x->info.why);
+    snprintf(x->info.why + len, sizeof x->info.why - len, "; P %d (tuned, %d samples)",
+             r.bestPartitions, r.nsamples);
+    return gvqSuccess;
+}
+
 /* Decide the route (collective: alpha's maximum over the ranks) and set it up. */
-static gvqResult_t decide(gvqTrainer_t t, tvar_t *x, const int64_t *idx, size_t n) {
+static gvqResult_t decide(gvqTrainer_t t, tvar_t *x, const int64_t *idx, const float *grads,
+                          size_t n) {
     struct gvq_train_sparse *sp = x->sp;
     double alpha = touched_share(sp, idx, n);
     GVQCHECK(gvqAllReduce(&alpha, &alpha, 1, gvqFloat64, gvqMax, t->comm, NULL));
@@ -190,6 +231,7 @@ static gvqResult_t decide(gvqTrainer_t t, tvar_t *x, const int64_t *idx, size_t 
     snprintf(x->info.why, sizeof x->info.why,
              "%s: alpha %.4f, bytes/rank PS %.0f, AGV %.0f, dense %.0f",
              t->sparse_route < 0 ? "Parallax" : "config", alpha, ps, ag, dense);
+    if (route == gvqRoutePs && t->tune_partitions) GVQCHECK(tune(t, x, idx, grads, n));
     return set_route(t, x, route);
 }
 
@@ -273,7 +315,7 @@ GVQ_API gvqResult_t gvqTrainSparseReady(gvqTrainer_t t, int id, const int64_t *i
                  fn, id, x->info.name);
         return gvqInvalidUsage;
     }
-    if (sp->route < 0) GVQCHECK(decide(t, x, indices, n));
+    if (sp->route < 0) GVQCHECK(decide(t, x, indices, grads, n));
     x->grad = (float *)(uintptr_t)grads; /* marks the variable ready; never written */
     x->info.readyTime = gvq_now_ns() * 1e-9;
     gvqResult_t res;
@@ -363,6 +405,8 @@ GVQ_API gvqResult_t gvqTrainSparseLookup(gvqTrainer_t t, int id, const int64_t *
 typedef struct {
     int32_t route;
     uint32_t has_state;
+    int32_t partitions; /* the PS route's (tuned) partition count; 0 otherwise */
+    uint32_t zero;
     uint64_t floats, ps_bytes;
 } sparse_state_t;
 
@@ -380,7 +424,12 @@ gvqResult_t gvq_train_sparse_state_bytes(const tvar_t *x, size_t *n) {
 gvqResult_t gvq_train_sparse_save(const tvar_t *x, void *out, size_t n) {
     const struct gvq_train_sparse *sp = x->sp;
     size_t table = sp->rows * sp->dim;
-    sparse_state_t h = {sp->route, sp->state != NULL, sp->ps != NULL ? 0 : table, 0};
+    sparse_state_t h = {sp->route, sp->state != NULL, 0, 0, sp->ps != NULL ? 0 : table, 0};
+    if (sp->ps != NULL) {
+        gvqPsStats_t st;
+        GVQCHECK(gvqPsGetStats(sp->ps, &st));
+        h.partitions = st.partitions;
+    }
     char *p = (char *)out + sizeof h;
     if (sp->ps != NULL) {
         size_t ps = n - sizeof h;
@@ -408,7 +457,8 @@ gvqResult_t gvq_train_sparse_check(const tvar_t *x, const void *blob, size_t n) 
     int route_ok = h.route == -1 || h.route == gvqRoutePs || h.route == gvqRouteAllGatherv ||
                    h.route == gvqRouteAllReduce;
     int shape_ok = h.route == gvqRoutePs
-                       ? h.floats == 0 && h.ps_bytes == n - sizeof h
+                       ? h.floats == 0 && h.ps_bytes == n - sizeof h && h.partitions >= 1 &&
+                             (uint64_t)h.partitions <= sp->rows
                        : h.ps_bytes == 0 && h.has_state == want_state && h.floats == table &&
                              n - sizeof h == table * sizeof(float) * (want_state ? 2 : 1);
     if (!route_ok || !shape_ok || (sp->route >= 0 && h.route != sp->route)) {
@@ -429,7 +479,10 @@ gvqResult_t gvq_train_sparse_load(gvqTrainer_t t, tvar_t *x, const void *blob, s
     memcpy(&h, blob, sizeof h);
     const char *p = (const char *)blob + sizeof h;
     if (h.route == gvqRoutePs) {
-        if (sp->route < 0) GVQCHECK(set_route(t, x, gvqRoutePs));
+        if (sp->route < 0) {
+            sp->ps_cfg.partitions = h.partitions; /* as tuned when it was saved */
+            GVQCHECK(set_route(t, x, gvqRoutePs));
+        }
         snprintf(x->info.why, sizeof x->info.why, "route restored from a saved state");
         return gvqPsLoad(sp->ps, p, n - sizeof h);
     }

@@ -548,6 +548,8 @@ static void rank_sparse(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT(info.route == want, "n=%d sparseRoute %d: route %d want %d (%s)", nranks, r->route,
            info.route, want, info.why);
     EXPECT(nranks == 1 || info.wireBytes > 0, "no bytes counted (%s)", info.why);
+    if (info.route == gvqRoutePs) /* Parallax's partition tuner ran at the first step */
+        EXPECT(strstr(info.why, "tuned") != NULL, "no tuning: %s", info.why);
     /* a step with an out-of-range row on rank 0 fails on every rank and changes nothing */
     int64_t all[ROWS];
     for (int i = 0; i < ROWS; i++)
