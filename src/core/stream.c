@@ -99,11 +99,13 @@ void gvq_stream_comm_drain(gvqComm_t c) {
     if (__atomic_load_n(&c->stream_done, __ATOMIC_ACQUIRE) ==
         __atomic_load_n(&c->stream_issued, __ATOMIC_ACQUIRE))
         return;
+    gvq_thread_caller_blocked(1); /* the progress threads spin while a caller waits */
     pthread_mutex_lock(&order_lock);
     while (__atomic_load_n(&c->stream_done, __ATOMIC_ACQUIRE) !=
            __atomic_load_n(&c->stream_issued, __ATOMIC_ACQUIRE))
         pthread_cond_wait(&order_cv, &order_lock);
     pthread_mutex_unlock(&order_lock);
+    gvq_thread_caller_blocked(-1);
 }
 
 void gvq_stream_comm_settle(gvqComm_t c) {

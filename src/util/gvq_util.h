@@ -39,6 +39,9 @@ void gvq_log_set_last_warn(const char *text);
  * caller whose waiting count is *waits: while nobody waits for it, its waits on the network
  * sleep rather than spin, leaving the core to the caller's compute. */
 void gvq_thread_set_background(const int *waits);
+/* A caller blocks until background work is done (+1), or stops (-1): while any does, no
+ * background thread sleeps (a blocking call waiting for a communicator's queued calls). */
+void gvq_thread_caller_blocked(int delta);
 /* Whether the calling thread should sleep rather than spin now (background, nobody waiting). */
 int gvq_thread_may_sleep(void);
 
