@@ -62,7 +62,10 @@ static gvqResult_t fit_own_groups(gvqCompressor_t c, fit_work_t *w) {
         gvqResult_t fr =
             gvq_pca_fit(comm->dev, L, ng, c->samples + g * stride * L, c->cfg.eps,
                         (size_t)c->cfg.dmax, w->full + k * L * L, w->Zall + g * L, &w->dg[g], &e);
-        if (fr == gvqInvalidArgument)
+        /* refused: non-finite samples, or finite ones whose covariance overflows so that the
+         * eigen-solve fails; every rank learns it in the agreement that follows (an error
+         * returned here would leave the other ranks waiting for this rank's broadcast) */
+        if (fr == gvqInvalidArgument || fr == gvqInternalError)
             w->agree[1] = 1;
         else if (fr != gvqSuccess)
             return fr;

@@ -416,7 +416,34 @@ static void rank_refusals(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT_RES(gvqCompressorDestroy(c), gvqSuccess);
 }
 
+/* Finite samples whose covariance overflows (|x| near FLT_MAX): the eigen-solve fails, and the
+ * fit is refused like a non-finite one on every rank (the tensor stays uncompressed), never a
+ * failed call (found by fuzz_compressor_state through a loaded state). */
+static void rank_huge(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)rank, (void)arg;
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecGradiveq;
+    cfg.sliceSize = 16;
+    cfg.sampleIters = 3;
+    cfg.compressedIters = 5;
+    cfg.sampleSlices = 0;
+    gvqCompressor_t c;
+    EXPECT_RES(gvqCompressorCreate(comm, 64, &cfg, &c), gvqSuccess);
+    float x[64], y[64];
+    for (int t = 0; t < 6; t++) {
+        for (int i = 0; i < 64; i++) /* the sum of the ranks stays finite */
+            x[i] = (i + t) % 3 == 0 ? 3.0e38f / (float)nranks : -2.5e38f / (float)nranks;
+        EXPECT_RES(gvqAllReduceCompressed(x, y, 64, gvqFloat32, gvqSum, c, comm, NULL), gvqSuccess);
+    }
+    gvqCompressorStats_t st;
+    EXPECT_RES(gvqCompressorGetStats(c, &st), gvqSuccess);
+    EXPECT(st.fitsRefused >= 1 && st.fits == 0, "fits %lld refused %lld", st.fits, st.fitsRefused);
+    EXPECT_RES(gvqCompressorDestroy(c), gvqSuccess);
+}
+
 int main(void) {
+    for (int n = 1; n <= 2; n++)
+        gvq_test_run(n, NULL, rank_huge, NULL);
     gvq_test_run(1, NULL, rank_refusals, NULL);
     test_schedule();
     test_early_exit_and_nan();
