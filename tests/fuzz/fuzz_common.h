@@ -65,4 +65,32 @@ static inline void fuzz_write_seed(const char *dir, const char *name, uint8_t se
     fclose(f);
 }
 
+/* The saved-state targets' seeds: every subject's state as saved (`<name>.state`) and with the
+ * reseal bit (`<name>_resealed.state`). name(k) names subject k. */
+static inline void fuzz_write_state_seeds(const char *dir, int nsubj, const char *(*name)(int),
+                                          char *const *state, const size_t *bytes) {
+    for (int k = 0; k < nsubj; k++) {
+        char file[96];
+        snprintf(file, sizeof file, "%s.state", name(k));
+        fuzz_write_seed(dir, file, (uint8_t)k, state[k], bytes[k]);
+        snprintf(file, sizeof file, "%s_resealed.state", name(k));
+        fuzz_write_seed(dir, file, (uint8_t)(k | FUZZ_RESEAL), state[k], bytes[k]);
+    }
+}
+
+/* A saved-state target's input | selector | state |: *k the subject (of nsubj), and a copy of
+ * exactly the *n state bytes (so ASan sees any over-read; the caller frees it), its checksum at
+ * offset checksum_at recomputed when the selector asks. NULL for an empty input. */
+static inline uint8_t *fuzz_state_input(const uint8_t *data, size_t size, int nsubj,
+                                        size_t checksum_at, int *k, size_t *n) {
+    if (size < 1) return NULL;
+    *k = (data[0] & 0x7F) % nsubj;
+    *n = size - 1;
+    uint8_t *buf = malloc(*n > 0 ? *n : 1);
+    if (buf == NULL) abort();
+    memcpy(buf, data + 1, *n);
+    if ((data[0] & FUZZ_RESEAL) && *n >= checksum_at + 8) gvq_blob_seal(buf, *n, checksum_at);
+    return buf;
+}
+
 #endif /* GVQ_FUZZ_COMMON_H_ */

@@ -96,33 +96,29 @@ static void make_subject(int k) {
     FUZZ_OK(gvqTrainSave(layer[k], orig[k], &orig_n[k]));
 }
 
+static const char *subject_name(int k) {
+    static const char *names[NSUBJ] = {"dense", "sparse_allgatherv", "sparse_ps"};
+    return names[k];
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     fuzz_quiet();
-    static const char *names[NSUBJ] = {"dense", "sparse_allgatherv", "sparse_ps"};
     for (int k = 0; k < NSUBJ; k++)
         make_subject(k);
     const char *dir = fuzz_seed_dir();
     if (dir != NULL) {
-        for (int k = 0; k < NSUBJ; k++) {
-            char name[96];
-            snprintf(name, sizeof name, "%s.state", names[k]);
-            fuzz_write_seed(dir, name, (uint8_t)k, orig[k], orig_n[k]);
-            snprintf(name, sizeof name, "%s_resealed.state", names[k]);
-            fuzz_write_seed(dir, name, (uint8_t)(k | FUZZ_RESEAL), orig[k], orig_n[k]);
-        }
+        fuzz_write_state_seeds(dir, NSUBJ, subject_name, orig, orig_n);
         exit(0);
     }
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (size < 1) return 0;
-    int k = (data[0] & 0x7F) % NSUBJ;
-    size_t n = size - 1;
-    uint8_t *buf = malloc(n > 0 ? n : 1); /* exactly n bytes: ASan sees any over-read */
-    memcpy(buf, data + 1, n);
-    if ((data[0] & FUZZ_RESEAL) && n >= CHECKSUM_AT + 8) gvq_blob_seal(buf, n, CHECKSUM_AT);
+    int k;
+    size_t n;
+    uint8_t *buf = fuzz_state_input(data, size, NSUBJ, CHECKSUM_AT, &k, &n);
+    if (buf == NULL) return 0;
     gvqResult_t res = gvqTrainLoad(layer[k], buf, n);
     free(buf);
     if (res == gvqSuccess) { /* accepted: it must work */
