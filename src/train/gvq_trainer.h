@@ -64,6 +64,9 @@ struct gvqTrainer {
 gvqResult_t gvq_train_register(gvqTrainer_t trainer);
 int gvq_train_unregister(gvqTrainer_t trainer);
 gvqResult_t gvq_train_check(const char *fn, gvqTrainer_t trainer);
+/* The checks of a call inside a step: a live, committed layer whose communicator is live, and
+ * the caller outside a group (the layer's own collectives would be queued into it). */
+gvqResult_t gvq_train_check_step(const char *fn, gvqTrainer_t trainer);
 /* A hash of variables [0, upto): names, kinds, shapes. */
 uint64_t gvq_train_variables_hash(const gvqTrainer_t trainer, int upto);
 

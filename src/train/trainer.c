@@ -556,12 +556,7 @@ static gvqResult_t start_variable(gvqTrainer_t t, int id) {
 /* The checks of every hand-over: a committed layer, a registered variable not yet ready in this
  * step, a gradient buffer. */
 static gvqResult_t check_hand_over(const char *fn, gvqTrainer_t t, int id, const float *grad) {
-    GVQCHECK(gvq_train_check(fn, t));
-    if (!t->committed) {
-        GVQ_WARN("%s: call gvqTrainCommit first", fn);
-        return gvqInvalidUsage;
-    }
-    GVQCHECK(check_comm(fn, t));
+    GVQCHECK(gvq_train_check_step(fn, t));
     if (id < 0 || id >= t->nvars || grad == NULL) {
         GVQ_WARN("%s: %s", fn, grad == NULL ? "grad is NULL" : "id is not a registered variable");
         return gvqInvalidArgument;

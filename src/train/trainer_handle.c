@@ -22,3 +22,12 @@ gvqResult_t gvq_train_check(const char *fn, gvqTrainer_t t) {
              t == NULL ? "NULL" : "not a live training layer (destroyed?)");
     return gvqInvalidArgument;
 }
+
+gvqResult_t gvq_train_check_step(const char *fn, gvqTrainer_t t) {
+    GVQCHECK(gvq_train_check(fn, t));
+    if (!t->committed) {
+        GVQ_WARN("%s: call gvqTrainCommit first", fn);
+        return gvqInvalidUsage;
+    }
+    return gvq_comm_check(t->comm, fn, 1); /* live, and the caller outside a group */
+}

@@ -262,12 +262,7 @@ static gvqResult_t set_route(gvqTrainer_t t, tvar_t *x, int route) {
 
 static gvqResult_t check_sparse(const char *fn, gvqTrainer_t t, int id, const void *idx,
                                 const void *data, size_t n) {
-    GVQCHECK(gvq_train_check(fn, t));
-    if (!t->committed) {
-        GVQ_WARN("%s: call gvqTrainCommit first", fn);
-        return gvqInvalidUsage;
-    }
-    GVQCHECK(gvq_comm_check(t->comm, fn, 1));
+    GVQCHECK(gvq_train_check_step(fn, t));
     if (id < 0 || id >= t->nvars || t->vars[id].sp == NULL ||
         (n > 0 && (idx == NULL || data == NULL))) {
         GVQ_WARN("%s: %s", fn,
