@@ -353,8 +353,25 @@ typedef enum {
     gvqPhaseWarmup     = 0,
     gvqPhaseSample     = 1,
     gvqPhaseCompressed = 2,
-    gvqPhasePlain      = 3  /* codec none, or QSGD alone: no schedule */
+    gvqPhasePlain      = 3  /* no schedule: codec none, QSGD, PowerSGD, or GradiVeQ with a
+                               tracked basis (gvqBasisTrack) */
 } gvqCompressorPhase_t;
+/* clang-format on */
+
+/* How GradiVeQ's basis U (L x d, the same on every rank) is found. */
+/* clang-format off */
+typedef enum {
+    gvqBasisFit   = 0, /* the paper: sampling phases of exact (or QSGD) sums, then a PCA fit by
+                          eigen-solve, then compressed phases with U fixed */
+    gvqBasisTrack = 1  /* streaming PCA: every call is compressed, in two plain rings: first
+                          each rank's B_n = S_n^T S_n U (L x d, S_n its slices as rows) is
+                          summed and U <- orth(sum of B_n) (one block power iteration on the
+                          ranks' pooled slice covariance, warm-started from the last U); then
+                          the coefficients S_n U are summed and decoded. d = maxDims [4]; no
+                          sampling, fit or vote; error feedback on by default; sliceSize
+                          [the multiple of K nearest above sqrt(count)]. A tensor for which
+                          (nslices + L) d >= its count is sent uncompressed. Host buffers. */
+} gvqBasisUpdate_t;
 /* clang-format on */
 
 #define GVQ_COMPRESSOR_CONFIG_MAGIC 0x67767178u /* 'gvqx' */
@@ -382,7 +399,7 @@ typedef struct {
     int qsgdMaxNorm;   /* 1: scale buckets by the max norm, 0: by the L2 norm [1] */
     int wireType;      /* GradiVeQ coefficients on the wire: gvqFloat32 or gvqFloat16 [Float32] */
     int errorFeedback; /* 1: add what compression dropped to the next call's gradient [0] */
-    int maxDims;       /* cap on d [L] */
+    int maxDims;       /* cap on d [L]; with basisUpdate gvqBasisTrack, d itself [4] */
     int seed;          /* QSGD random seed [0] */
     float voteThreshold; /* early exit: a rank votes to leave the compressed phase when its local
                             loss ||x_n - x_hat_n|| / ||x_n|| exceeds this [lossThreshold, the
@@ -404,6 +421,7 @@ typedef struct {
                             at most efBound x the norm of this call's gradient (a fixed PCA
                             basis never sends what lies outside it, so an unclipped residual
                             would grow there without bound) [4.0] */
+    int basisUpdate;     /* how GradiVeQ finds its basis U (gvqBasisUpdate_t) [gvqBasisFit] */
 } gvqCompressorConfig_t;
 
 #define GVQ_COMPRESSOR_CONFIG_INITIALIZER                                            \
@@ -415,7 +433,8 @@ typedef struct {
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,        \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,        \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f, \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f  \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0f, \
+            GVQ_CONFIG_UNDEF_INT                                                     \
     }
 
 /* What a compressor is doing and has done. */

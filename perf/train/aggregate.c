@@ -74,6 +74,7 @@ void agg_compressor_config(const train_opts_t *o, int codec, const layer_t *l,
     if (o->error_feedback != TRAIN_UNSET) c.errorFeedback = o->error_feedback;
     if (o->max_dims != TRAIN_UNSET) c.maxDims = o->max_dims;
     if (o->power_rank != TRAIN_UNSET) c.powerRank = o->power_rank;
+    if (o->basis_track && c.codec == gvqCodecGradiveq) c.basisUpdate = gvqBasisTrack;
     if (o->integer_bits != TRAIN_UNSET) c.integerBits = o->integer_bits;
     if (o->ef_bound >= 0.0) c.efBound = (float)o->ef_bound;
     c.seed = (int)(o->seed & 0x7fffffff);

@@ -90,6 +90,8 @@ static void usage(FILE *f) {
         "  --ef-bound X          clip the error-feedback residual to X x the gradient's norm\n"
         "  --max-dims D          cap on GradiVeQ's d\n"
         "  --power-rank R        PowerSGD's rank r\n"
+        "  --basis fit|track     GradiVeQ's basis: fitted from sampling phases (the paper, the\n"
+        "                        default) or tracked on every call (--max-dims d, default 4)\n"
         "  --int-bits B          0, 8 or 16: integer-summed wire for GradiVeQ and QSGD (0: "
         "floats)\n"
         "output:\n"
@@ -221,6 +223,7 @@ enum {
     OPT_MODEL,
     OPT_BLOCKS,
     OPT_POWER_RANK,
+    OPT_BASIS,
     OPT_INT_BITS,
     OPT_EF_BOUND,
     OPT_NO_PROGRESS
@@ -282,6 +285,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"model", required_argument, NULL, OPT_MODEL},
         {"blocks", required_argument, NULL, OPT_BLOCKS},
         {"power-rank", required_argument, NULL, OPT_POWER_RANK},
+        {"basis", required_argument, NULL, OPT_BASIS},
         {"int-bits", required_argument, NULL, OPT_INT_BITS},
         {"ef-bound", required_argument, NULL, OPT_EF_BOUND},
         {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
@@ -331,6 +335,12 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_BLOCKS:
             if (parse_int(optarg, 1, 64, &o->arch.blocks)) what = "--blocks (1..64)";
+            break;
+        case OPT_BASIS:
+            if (strcmp(optarg, "fit") == 0 || strcmp(optarg, "track") == 0)
+                o->basis_track = strcmp(optarg, "track") == 0;
+            else
+                what = "--basis (fit or track)";
             break;
         case OPT_POWER_RANK:
             if (parse_int(optarg, 1, 1 << 20, &o->power_rank)) what = "--power-rank (>= 1)";

@@ -62,6 +62,7 @@ typedef struct {
     double eps;
     double vote;      /* GradiVeQ early-exit threshold (0: the library's, = eps) */
     int power_rank;   /* PowerSGD's r (TRAIN_UNSET: the library's) */
+    int basis_track;  /* GradiVeQ's basis: 1 tracked (gvqBasisTrack), 0 fitted (the paper) */
     int integer_bits; /* integer-summed wire, 0, 8 or 16 (TRAIN_UNSET: the library's) */
     double ef_bound;  /* error-feedback residual clip (< 0: the library's) */
     /* what the user sees */

@@ -241,6 +241,7 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
 gvqResult_t gvq_compressed_allreduce_entered(gvqCompressor_t c, const void *send, void *recv,
                                              gvqRedOp_t op) {
     if (c->cfg.codec == gvqCodecPowersgd) return gvq_powersgd_allreduce(c, send, recv, op);
+    if (c->cfg.track) return gvq_gradiveq_track_allreduce(c, send, recv, op);
     return run(c, &gvq_host_device, send, recv, op);
 }
 
@@ -400,7 +401,7 @@ static gvqResult_t compressed_run(const compressed_args_t *a) {
     if (dev == &gvq_host_device)
         res = gvq_compressed_allreduce_entered(c, a->sendbuff, a->recvbuff, a->op);
     else if (sdev == rdev && gvq_device_has_codecs(dev) && !c->cfg.error_feedback &&
-             c->cfg.codec != gvqCodecPowersgd && /* PowerSGD: host only, staged */
+             c->cfg.codec != gvqCodecPowersgd && !c->cfg.track && /* host only, staged */
              !c->cfg.int_bits && gvq_param(GVQ_PARAM_DEVICE_CODECS))
         res = run_device(c, dev, a->sendbuff, a->recvbuff, a->op, a->stream);
     else

@@ -85,7 +85,7 @@ static size_t codec_chunk_bytes(void) {
 static gvqResult_t start_schedule(gvqCompressor_t c) {
     const gvq_comp_cfg_t *cfg = &c->cfg;
     c->st.phase = gvqPhasePlain;
-    if (cfg->codec != gvqCodecGradiveq) return gvqSuccess;
+    if (cfg->codec != gvqCodecGradiveq || cfg->track) return gvqSuccess; /* no schedule */
     if (c->nfull == 0) {
         gvq_compressor_set_reason(c, "tensor shorter than one slice: sent uncompressed");
         return gvqSuccess;
@@ -126,6 +126,38 @@ static gvqResult_t alloc_powersgd(gvqCompressor_t c) {
     return gvqSuccess;
 }
 
+/* A tracked GradiVeQ basis (gradiveq_track.c): the nslices x L slice matrix (zero-padded),
+ * the ring's [C | B] and the basis U, random normal from the seed and orthonormalised (the same
+ * on every rank). */
+static gvqResult_t alloc_track(gvqCompressor_t c) {
+    size_t L = (size_t)c->cfg.L, n = GVQ_DIV_UP((size_t)c->cfg.count, L), d = (size_t)c->cfg.dmax;
+    c->ps_n = n;
+    c->ps_m = L;
+    c->ps_M = calloc(n * L, sizeof(float));
+    c->ps_P = malloc(sizeof(float) * (n + L) * d);
+    c->ps_Q = malloc(sizeof(float) * L * d);
+    if (c->ps_M == NULL || c->ps_P == NULL || c->ps_Q == NULL) {
+        GVQ_WARN(
+            "gvqCompressorCreate: cannot allocate the %zu x %zu slice matrix and the %zu x %zu "
+            "basis of a tracked GradiVeQ basis",
+            n, L, L, d);
+        return gvqSystemError;
+    }
+    gvq_powersgd_init_q(c->ps_Q, L, d, (uint32_t)c->cfg.seed);
+    gvq_powersgd_orthonormalize(c->ps_Q, L, d);
+    c->track_plain = (n + L) * d >= (size_t)c->cfg.count;
+    c->st.stats.ratio = c->track_plain ? 1.0 : (double)(n * L) / (double)((n + L) * d);
+    if (c->track_plain)
+        gvq_compressor_set_reason(c, "tracking d directions would send more than the tensor: "
+                                     "sent uncompressed");
+    return gvqSuccess;
+}
+
+size_t gvq_compressor_factor_cols(gvqCompressor_t c) {
+    if (c->cfg.codec == gvqCodecPowersgd) return (size_t)c->cfg.prank;
+    return c->cfg.track ? (size_t)c->cfg.dmax : 0;
+}
+
 /* QSGD's state and the collocation / error-feedback vectors. */
 static gvqResult_t alloc_buffers(gvqCompressor_t c) {
     const gvq_comp_cfg_t *cfg = &c->cfg;
@@ -144,6 +176,7 @@ static gvqResult_t alloc_buffers(gvqCompressor_t c) {
         if (c->ef_input == NULL || c->residual == NULL) return gvqSystemError;
     }
     if (cfg->codec == gvqCodecPowersgd) GVQCHECK(alloc_powersgd(c));
+    if (cfg->track) GVQCHECK(alloc_track(c));
     return gvqSuccess;
 }
 
@@ -244,7 +277,7 @@ GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t c, gvqCompressorStats_
     stats->phase = c->st.phase;
     stats->iteration = c->st.iter;
     stats->phaseIter = c->st.phase_iter;
-    stats->dims = c->st.d;
+    stats->dims = c->cfg.track ? c->cfg.dmax : c->st.d;
     return gvqSuccess;
 }
 

@@ -5,7 +5,8 @@
  *
  *   header -> codec -> shape (K D H W) and slices (L, reuse C) -> thresholds (eps, vote)
  *          -> schedule (W T S, sampling codec, sampleSlices) -> QSGD -> wire, error feedback,
- *             maxDims, seed, integer sums, the clip -> PowerSGD's rank and matrix shape
+ *             maxDims, seed, integer sums, the clip -> GradiVeQ's basis (fitted or tracked)
+ *          -> PowerSGD's rank and matrix shape
  */
 #include "gvq_compressor.h"
 
@@ -150,6 +151,47 @@ static gvqResult_t resolve_wire(const gvqCompressorConfig_t *in, gvq_comp_cfg_t 
     return gvqSuccess;
 }
 
+/* GradiVeQ's basis: fitted from sampling phases (the paper), or tracked on every call
+ * (gradiveq_track.c: d = maxDims, 4 by default; error feedback on by default; fp32 wire). */
+static gvqResult_t resolve_basis(const gvqCompressorConfig_t *in, gvq_comp_cfg_t *c) {
+    c->track = undef(in->basisUpdate) ? gvqBasisFit : in->basisUpdate;
+    if (c->track != gvqBasisFit && c->track != gvqBasisTrack) {
+        GVQ_WARN("%s: basisUpdate=%d must be gvqBasisFit (0) or gvqBasisTrack (1)", fn, c->track);
+        return gvqInvalidArgument;
+    }
+    if (c->track == gvqBasisFit) return gvqSuccess;
+    if (c->codec != gvqCodecGradiveq) {
+        GVQ_WARN("%s: basisUpdate gvqBasisTrack is for codec gvqCodecGradiveq, not codec %d", fn,
+                 c->codec);
+        return gvqInvalidArgument;
+    }
+    if (c->int_bits != 0 || c->fp16) {
+        GVQ_WARN("%s: basisUpdate gvqBasisTrack sends fp32 sums (integerBits=%d, wireType %s "
+                 "refused)",
+                 fn, c->int_bits, c->fp16 ? "gvqFloat16" : "gvqFloat32");
+        return gvqInvalidArgument;
+    }
+    if (undef(in->sliceSize)) { /* n + L smallest: L the multiple of K nearest above sqrt(count) */
+        uint64_t r = 1, K = (uint64_t)c->K;
+        while (r * r < c->count)
+            r++;
+        c->L = (int32_t)GVQ_MIN(GVQ_DIV_UP(r, K) * K, GVQ_MAX(c->count / K, 1) * K);
+    }
+    if (undef(in->maxDims)) c->dmax = GVQ_MIN(4, c->L);
+    if (c->dmax > c->L) {
+        GVQ_WARN("%s: maxDims=%d must be in [1, sliceSize=%d]", fn, c->dmax, c->L);
+        return gvqInvalidArgument;
+    }
+    if ((uint64_t)c->count < (uint64_t)c->L) {
+        GVQ_WARN("%s: basisUpdate gvqBasisTrack needs a tensor of at least one slice (count "
+                 "%llu < sliceSize %d)",
+                 fn, (unsigned long long)c->count, c->L);
+        return gvqInvalidArgument;
+    }
+    if (undef(in->errorFeedback)) c->error_feedback = 1; /* as PowerSGD: few directions a call */
+    return gvqSuccess;
+}
+
 /* PowerSGD's rank: the tensor is a K x (count / K) matrix (filters as rows), or for a flat
  * tensor ceil(count / R) x R with R = ceil(sqrt(count)), zero-padded. */
 static gvqResult_t resolve_powersgd(const gvqCompressorConfig_t *in, gvq_comp_cfg_t *c) {
@@ -202,5 +244,6 @@ gvqResult_t gvq_compressor_config_resolve(const gvqCompressorConfig_t *in, size_
     GVQCHECK(resolve_schedule(in, c));
     GVQCHECK(resolve_qsgd(in, c));
     GVQCHECK(resolve_wire(in, c));
+    GVQCHECK(resolve_basis(in, c));
     return resolve_powersgd(in, c);
 }

@@ -6,6 +6,7 @@
  *   [ U (groups x L x d), Z (groups x L)          when d > 0       ]
  *   [ residual (count floats)                     with error feedback ]
  *   [ Q (columns x powerRank floats)              PowerSGD: the warm start ]
+ *   [ U (L x d floats)                            GradiVeQ with a tracked basis ]
  *
  * The checksum is the CRC-32C of the whole state (gvq_blob_seal). A saved state is outside
  * input: a load trusts none of it. In order, it checks
@@ -24,7 +25,7 @@
 #include "gvq_stream.h"
 #include "gvq_compressor.h"
 
-#define SAVE_MAGIC 0x34524d4351564721ull /* "!GVQCMR4" */
+#define SAVE_MAGIC 0x35524d4351564721ull /* "!GVQCMR5" */
 
 typedef struct {
     uint64_t magic;
@@ -52,9 +53,9 @@ static size_t residual_bytes(gvqCompressor_t c) {
     return c->cfg.error_feedback ? sizeof(float) * c->cfg.count : 0;
 }
 
-/* PowerSGD's kept Q (m x r). */
+/* PowerSGD's kept Q (m x r), or a tracked GradiVeQ basis U (L x d). */
 static size_t powersgd_bytes(gvqCompressor_t c) {
-    return c->cfg.codec == gvqCodecPowersgd ? sizeof(float) * c->ps_m * (size_t)c->cfg.prank : 0;
+    return sizeof(float) * c->ps_m * gvq_compressor_factor_cols(c);
 }
 
 /* The size of a state of c's config with d columns per basis (d <= L: no overflow, since the

@@ -10,6 +10,7 @@
  *   compressor_save.c    saved state
  *   error_feedback.c     the per-call, bounded error-feedback residual (every codec)
  *   powersgd_call.c      one PowerSGD allreduce (codec gvqCodecPowersgd)
+ *   gradiveq_track.c     one GradiVeQ allreduce with a tracked basis (gvqBasisTrack)
  *   zero_code.c          GVQ_CODEC: compressors attached to plain allreduce calls
  */
 #ifndef GVQ_COMPRESSOR_H_
@@ -32,9 +33,11 @@ typedef struct {
     int32_t int_bits;      /* integer-summed wire: 0, 8 or 16 */
     int32_t prank;         /* PowerSGD's rank r */
     float ef_bound;        /* error feedback's clip, relative to the gradient's norm */
+    int32_t track;         /* GradiVeQ's basis: 0 fitted (sampling phases), 1 tracked */
+    int32_t reserved;      /* 0 */
     uint64_t count;        /* 8-aligned without implicit padding, so that save/load can memcmp */
 } gvq_comp_cfg_t;
-_Static_assert(sizeof(gvq_comp_cfg_t) == 24 * 4 + 8,
+_Static_assert(sizeof(gvq_comp_cfg_t) == 26 * 4 + 8,
                "gvq_comp_cfg_t must have no implicit padding");
 
 /* Where the schedule stands (saved with the state). */
@@ -77,8 +80,11 @@ struct gvqCompressor {
     gvq_dev_qsgd_t qsgd_dev;
     gvq_staging_t stg;
     /* PowerSGD (powersgd_call.c): the n x m matrix (row-major, zero-padded), P (n x r), the kept
-     * Q (m x r: the last summed Q / N, the warm start) and the Q being summed. */
+     * Q (m x r: the last summed Q / N, the warm start) and the Q being summed. GradiVeQ with a
+     * tracked basis (gradiveq_track.c) uses the same names: M the nslices x L slice matrix, P
+     * the ring's [C | B] ((nslices + L) x d), Q the basis U (L x d); no Qsum. */
     size_t ps_n, ps_m;
+    int track_plain; /* tracked basis: (nslices + L) d >= count, the tensor is sent plain */
     float *ps_M, *ps_P, *ps_Q, *ps_Qsum;
 };
 
@@ -135,9 +141,21 @@ void gvq_ef_clip(gvqCompressor_t c, double gnorm);
 /* ||v|| in double. */
 double gvq_ef_norm(const float *v, size_t n);
 
+/* Columns of the kept factor ps_Q: PowerSGD's rank, a tracked basis's d, else 0. */
+size_t gvq_compressor_factor_cols(gvqCompressor_t c);
+
 /* powersgd_call.c: one PowerSGD allreduce on host buffers (entered, arguments checked). */
 gvqResult_t gvq_powersgd_allreduce(gvqCompressor_t c, const float *send, float *recv,
                                    gvqRedOp_t op);
+/* Whether any rank's input x (count floats) holds NaN or Inf: agreed, every rank learns the
+ * same. */
+gvqResult_t gvq_compressed_any_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *x,
+                                         int32_t *bad);
+
+/* gradiveq_track.c: one GradiVeQ allreduce with a tracked basis, host buffers (entered,
+ * arguments checked). */
+gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, float *recv,
+                                         gvqRedOp_t op);
 
 /* error_feedback.c: a call whose gradient holds NaN or Inf on some rank (every rank takes
  * this path alike): the uncompressed sum of send into recv, counted and logged once, the

@@ -28,9 +28,8 @@
 
 #include "gvq_compressor.h"
 
-/* Whether any rank's input holds NaN or Inf (agreed: every rank learns the same). */
-static gvqResult_t any_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *x,
-                                 int32_t *bad) {
+gvqResult_t gvq_compressed_any_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *x,
+                                         int32_t *bad) {
     int32_t mine = 0;
     for (size_t i = 0; i < c->cfg.count && !mine; i++)
         mine = !isfinite(x[i]);
@@ -83,7 +82,7 @@ gvqResult_t gvq_powersgd_allreduce(gvqCompressor_t c, const float *send, float *
     double gnorm = cfg->error_feedback ? gvq_ef_norm(send, count) : 0;
     const float *x = cfg->error_feedback ? gvq_ef_input(c, send) : send;
     int32_t bad = 0;
-    GVQCHECK(any_nonfinite(c, &ctx, x, &bad));
+    GVQCHECK(gvq_compressed_any_nonfinite(c, &ctx, x, &bad));
     if (bad) return gvq_compressed_nonfinite(c, &ctx, send, recv, op);
     unsigned long long agreed = sent; /* wireBytes counts the two rings */
     memcpy(c->ps_M, x, sizeof(float) * count);

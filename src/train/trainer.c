@@ -44,9 +44,16 @@ static gvqResult_t copy_compressor_cfg(const char *fn, const char *what,
         GVQ_WARN("%s: %s was not made with GVQ_COMPRESSOR_CONFIG_INITIALIZER", fn, what);
         return gvqInvalidArgument;
     }
-    *out = *in;
+    gvqCompressorConfig_t def = GVQ_COMPRESSOR_CONFIG_INITIALIZER; /* fields it predates */
+    memcpy(&def, in, in->size);
+    def.size = sizeof def;
+    *out = def;
     return gvqSuccess;
 }
+
+/* The bytes of a gvqCompressorConfig_t that hold fields: none of its tail padding, whose bytes
+ * are indeterminate and would differ between ranks. */
+#define CCFG_BYTES (offsetof(gvqCompressorConfig_t, basisUpdate) + sizeof(int))
 
 static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
     const char *fn = "gvqTrainCreate";
@@ -358,14 +365,14 @@ static uint64_t settings_hash(const gvqTrainer_t t) {
                        (uint64_t)t->sfb, (uint64_t)t->sparse_route, (uint64_t)t->tune_partitions};
     h = fnv(h, cfg, sizeof cfg);
     h = fnv(h, &t->has_conv_cfg, sizeof t->has_conv_cfg);
-    if (t->has_conv_cfg) h = fnv(h, &t->conv_cfg, sizeof t->conv_cfg);
+    if (t->has_conv_cfg) h = fnv(h, &t->conv_cfg, CCFG_BYTES);
     h = fnv(h, &t->has_fc_cfg, sizeof t->has_fc_cfg);
-    if (t->has_fc_cfg) h = fnv(h, &t->fc_cfg, sizeof t->fc_cfg);
+    if (t->has_fc_cfg) h = fnv(h, &t->fc_cfg, CCFG_BYTES);
     for (int i = 0; i < t->nvars; i++) {
         const tvar_t *x = &t->vars[i];
         h = fnv(h, &x->factors, sizeof x->factors);
         h = fnv(h, &x->has_ccfg, sizeof x->has_ccfg);
-        if (x->has_ccfg) h = fnv(h, &x->ccfg, sizeof x->ccfg);
+        if (x->has_ccfg) h = fnv(h, &x->ccfg, CCFG_BYTES);
     }
     return h;
 }

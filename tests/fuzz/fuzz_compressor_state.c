@@ -2,15 +2,16 @@
  * fuzz_compressor_state.c -- libFuzzer target: gvqCompressorLoad on any bytes.
  *
  *   input: | selector | saved state ... |      (fuzz_common.h)
- *   selector % 4 picks a compressor made once per process and driven into a real state:
+ *   selector % 5 picks a compressor made once per process and driven into a real state:
  *     0 GradiVeQ + error feedback, fitted (compressed phase, d > 0)
  *     1 GradiVeQ with a warm-up, in the middle of sampling
  *     2 QSGD + error feedback
  *     3 PowerSGD rank 2 + error feedback (warm-start Q, residual)
+ *     4 GradiVeQ with a tracked basis (gvqBasisTrack: U, residual)
  *
  * A refused load must leave the compressor as it was; an accepted one must leave it working:
  * one compressed allreduce and a save succeed. Then the compressor's own state is loaded back,
- * so every input starts from the same state. Seeds: the four real states, as saved and with
+ * so every input starts from the same state. Seeds: the five real states, as saved and with
  * the reseal bit (GVQ_FUZZ_WRITE_SEEDS).
  */
 #include <math.h>
@@ -19,13 +20,13 @@
 #include "fuzz_common.h"
 #include "gvq_compressor.h"
 
-#define NSUBJ 4
+#define NSUBJ 5
 #define SL 16
 
 typedef struct {
     const char *name;
     size_t count;
-    int codec, warmup, calls;
+    int codec, warmup, calls, track;
 } subject_cfg_t;
 
 static const subject_cfg_t subjects[NSUBJ] = {
@@ -33,6 +34,7 @@ static const subject_cfg_t subjects[NSUBJ] = {
     {"gradiveq_sampling", SL * 8 + 5, gvqCodecGradiveq, 2, 4},
     {"qsgd", 100, gvqCodecQsgd, 0, 3},
     {"powersgd", 96, gvqCodecPowersgd, 0, 3},
+    {"gradiveq_track", SL * 8, gvqCodecGradiveq, 0, 3, 1},
 };
 
 static gvqCompressor_t comp[NSUBJ];
@@ -75,6 +77,7 @@ static void make_subject(int k) {
         cfg.voteThreshold = 1;
     }
     if (s->codec == gvqCodecPowersgd) cfg.powerRank = 2;
+    if (s->track) cfg.basisUpdate = gvqBasisTrack;
     FUZZ_OK(gvqCompressorCreate(fuzz_comm(), s->count, &cfg, &comp[k]));
     for (int t = 0; t < s->calls; t++)
         call(k, t);

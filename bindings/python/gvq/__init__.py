@@ -22,7 +22,7 @@ abi_check = _structs.check_abi()
 
 from .comm import (AVG, MAX, MIN, PROD, SUM, Communicator, Op, allgather, allreduce,  # noqa: E402
                    broadcast, get_unique_id, group, recv, reduce, reduce_scatter, send, version)
-from .compressor import (Codec, Compressor, Phase, allreduce_compressed,  # noqa: E402
+from .compressor import (Basis, Codec, Compressor, Phase, allreduce_compressed,  # noqa: E402
                          make_config)
 from .sparse import RAW, SUMMED, ParameterServer, Rule, SparseRows, sparse_allgatherv  # noqa: E402
 
@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = ["GvqError", "InvalidArgument", "InvalidUsage", "RemoteError", "SystemError_", "Timeout",
            "LibraryNotFound", "library_path", "abi_check", "Communicator", "Op", "SUM", "PROD",
            "MAX", "MIN", "AVG", "allreduce", "broadcast", "reduce", "reduce_scatter", "allgather",
-           "send", "recv", "group", "get_unique_id", "version", "Codec", "Phase", "Compressor",
+           "send", "recv", "group", "get_unique_id", "version", "Basis", "Codec", "Phase",
+           "Compressor",
            "allreduce_compressed", "make_config", "SUMMED", "RAW", "SparseRows",
            "sparse_allgatherv", "ParameterServer", "Rule"]

@@ -47,7 +47,7 @@ class CompressorConfig(C.Structure):
                 ("qsgdMaxNorm", C.c_int), ("wireType", C.c_int), ("errorFeedback", C.c_int),
                 ("maxDims", C.c_int), ("seed", C.c_int), ("voteThreshold", C.c_float),
                 ("sampleSlices", C.c_int), ("integerBits", C.c_int), ("powerRank", C.c_int),
-                ("efBound", C.c_float)]
+                ("efBound", C.c_float), ("basisUpdate", C.c_int)]
 
 
 class CompressorStats(C.Structure):

@@ -20,6 +20,12 @@ class Codec(enum.IntEnum):
     POWERSGD = 3
 
 
+class Basis(enum.IntEnum):
+    """gvqBasisUpdate_t: how GradiVeQ finds its basis."""
+    FIT = 0
+    TRACK = 1
+
+
 class Phase(enum.IntEnum):
     """gvqCompressorPhase_t."""
     WARMUP = 0
@@ -35,7 +41,8 @@ _FIELDS = {"codec": "codec", "sample_codec": "sampleCodec", "slice_size": "slice
            "qsgd_bits": "qsgdBits", "qsgd_bucket": "qsgdBucket", "qsgd_max_norm": "qsgdMaxNorm",
            "wire_type": "wireType", "error_feedback": "errorFeedback", "max_dims": "maxDims",
            "seed": "seed", "vote_threshold": "voteThreshold", "sample_slices": "sampleSlices",
-           "integer_bits": "integerBits", "power_rank": "powerRank", "ef_bound": "efBound"}
+           "integer_bits": "integerBits", "power_rank": "powerRank", "ef_bound": "efBound",
+           "basis_update": "basisUpdate"}
 CONFIG_KEYS = tuple(_FIELDS) + ("shape",)
 
 

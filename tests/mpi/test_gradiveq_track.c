@@ -1,0 +1,439 @@
+/*
+ * test_gradiveq_track.c -- GradiVeQ with a tracked basis (basisUpdate gvqBasisTrack) through
+ * gvqAllReduceCompressed on real MPI ranks:
+ *
+ *   1 reference   every rank recomputes each call in double from all ranks' regenerable inputs,
+ *                 the basis U and the residuals (read from gvqCompressorSave's documented layout:
+ *                 the residual, then U, at the end; residuals gathered with MPI), with its own
+ *                 filter collocation: B = sum S_j^T S_j U, the call's basis U' = orth(B),
+ *                 C = sum S_j U', y = C U'^T, this rank's clipped residual S_me - S_me U' U'^T
+ *                 (the kept U' read back from the saved state); outputs bitwise
+ *                 identical on every rank; ratio and wire bytes; a conv tensor and a flat one
+ *   2 subspace    no error feedback: slices spanning two directions, d = 2: the tracked basis
+ *                 finds them and the sum comes back exact; gvqAvg = gvqSum / N
+ *   3 EF          ||e|| <= efBound ||g|| after every call, and the error of the summed results
+ *                 over many calls is smaller with error feedback than without
+ *   4 save/load   a compressor restored from a saved state continues bitwise
+ *   5 NaN         a NaN on one rank: the plain sum on every rank, later calls finite
+ *   6 config      refusals (codec, wire, d > L, unknown basisUpdate) and a tensor too small to
+ *                 pay for its basis sent exactly
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "mpitest.h"
+
+static double hrand(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+    uint64_t z = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
+                 (c + 7) * 0x94D049BB133111EBull ^ (d + 13) * 0xD6E8FEB86659FD93ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 4503599627370496.0 - 1.0;
+}
+
+static double norm2(const float *v, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)v[i] * v[i];
+    return sqrt(s);
+}
+
+/* Rank j's gradient at call t: smooth components weighted by rank and call, plus noise. */
+static float grad_val(int j, int t, size_t i) {
+    double v = 0;
+    const double c[3] = {4, 2, 1};
+    for (int q = 0; q < 3; q++)
+        v += c[q] * (1 + 0.3 * hrand(7, (uint64_t)j, (uint64_t)t, (uint64_t)q)) *
+             sin(0.37 * (double)(q + 1) * (double)(i % 23 + 1)) *
+             cos(0.21 * (double)(q + 2) * (double)(i / 23 + 1));
+    return (float)(v + 0.05 * hrand(3, (uint64_t)j, (uint64_t)t, i));
+}
+
+static gvqCompressorConfig_t track_cfg(int d, int L, int K, int D, int H, int W) {
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecGradiveq;
+    cfg.basisUpdate = gvqBasisTrack;
+    cfg.maxDims = d;
+    cfg.seed = 5;
+    if (L > 0) cfg.sliceSize = L;
+    if (K > 0) {
+        cfg.filters = K;
+        cfg.depth = D;
+        cfg.height = H;
+        cfg.width = W;
+    }
+    return cfg;
+}
+
+/* The residual (count floats) and U (ulen floats) at the end of a saved state. */
+static void saved_tail(gvqCompressor_t c, size_t count, size_t ulen, float *e, float *U) {
+    size_t sz = 0;
+    MT_OK(gvqCompressorSave(c, NULL, &sz));
+    char *buf = malloc(sz);
+    MT_OK(gvqCompressorSave(c, buf, &sz));
+    if (U != NULL) memcpy(U, buf + sz - ulen * 4, ulen * 4);
+    if (e != NULL) memcpy(e, buf + sz - ulen * 4 - count * 4, count * 4);
+    free(buf);
+}
+
+/* Where element i of a [K][D][H][W] tensor sits in the collocated order (include/gvq.h's
+ * GradiVeQ: the K filters' values at one (d, h, w) side by side). */
+static size_t colloc_index(size_t i, int K, int D, int H, int W) {
+    if (K <= 1) return i;
+    size_t w = i % (size_t)W, h = i / (size_t)W % (size_t)H, d = i / ((size_t)W * H) % (size_t)D,
+           k = i / ((size_t)W * H * D);
+    return ((h * (size_t)W + w) * (size_t)D + d) * (size_t)K + k;
+}
+
+/* Orthonormalise the L x d column-major U (Gram-Schmidt, double). */
+static void ref_orth(double *U, size_t L, size_t d) {
+    for (size_t k = 0; k < d; k++) {
+        double *v = U + k * L;
+        for (size_t j = 0; j < k; j++) {
+            double h = 0;
+            for (size_t i = 0; i < L; i++)
+                h += U[j * L + i] * v[i];
+            for (size_t i = 0; i < L; i++)
+                v[i] -= h * U[j * L + i];
+        }
+        double s = 0;
+        for (size_t i = 0; i < L; i++)
+            s += v[i] * v[i];
+        for (size_t i = 0; i < L; i++)
+            v[i] /= sqrt(s);
+    }
+}
+
+/* ---- part 1 ----------------------------------------------------------------------------------- */
+
+static void part_reference(const char *title, size_t count, int L, int d, int K, int D, int H,
+                           int W, float ef_bound, int calls) {
+    if (mt.rank == 0) printf("-- %s\n", title);
+    gvqComm_t comm = mt_new_comm();
+    int N = mt.nranks;
+    size_t n = (count + (size_t)L - 1) / (size_t)L, nL = n * (size_t)L, Ld = (size_t)L * d;
+    gvqCompressorConfig_t cfg = track_cfg(d, L, K, D, H, W);
+    cfg.efBound = ef_bound;
+    gvqCompressor_t c = NULL;
+    MT_OK(gvqCompressorCreate(comm, count, &cfg, &c));
+    float *g = malloc(4 * count), *y = malloc(4 * count), *U = malloc(4 * Ld);
+    float *e = malloc(4 * count), *eall = malloc(4 * count * (size_t)N), *Unew = malloc(4 * Ld);
+    double *S = calloc(nL * (size_t)N, sizeof(double)), *C = malloc(sizeof(double) * n * d);
+    double *B = malloc(sizeof(double) * Ld), *Cme = malloc(sizeof(double) * n * d);
+    unsigned long long wire_prev = 0;
+    for (int t = 0; t < calls; t++) {
+        saved_tail(c, count, Ld, e, U);
+        MPI_Allgather(e, (int)count, MPI_FLOAT, eall, (int)count, MPI_FLOAT, MPI_COMM_WORLD);
+        for (size_t i = 0; i < count; i++)
+            g[i] = grad_val(mt.rank, t, i);
+        MT_OK(gvqAllReduceCompressed(g, y, count, gvqFloat32, gvqSum, c, comm, NULL));
+        MT_CHECK(mt_identical(y, 4 * count), "%s call %d: outputs differ between ranks", title, t);
+        /* S_j: g_j + e_j collocated, as nslices x L rows, zero-padded */
+        memset(S, 0, sizeof(double) * nL * (size_t)N);
+        for (int j = 0; j < N; j++)
+            for (size_t i = 0; i < count; i++)
+                S[(size_t)j * nL + colloc_index(i, K, D, H, W)] =
+                    (double)(grad_val(j, t, i) + eall[(size_t)j * count + i]);
+        /* B = sum_j S_j^T S_j U (U the basis before the call); the call's basis orth(B) */
+        memset(B, 0, sizeof(double) * Ld);
+        for (int j = 0; j < N; j++) {
+            const double *Sj = S + (size_t)j * nL;
+            for (size_t a = 0; a < n; a++)
+                for (int k = 0; k < d; k++) {
+                    double s = 0;
+                    for (size_t b = 0; b < (size_t)L; b++)
+                        s += Sj[a * L + b] * U[(size_t)k * L + b];
+                    for (size_t b = 0; b < (size_t)L; b++)
+                        B[(size_t)k * L + b] += Sj[a * L + b] * s;
+                }
+        }
+        ref_orth(B, (size_t)L, (size_t)d);
+        float *enew = e;
+        saved_tail(c, count, Ld, enew, Unew);
+        double uw = 0;
+        for (size_t i = 0; i < Ld; i++)
+            uw = fmax(uw, fabs((double)Unew[i] - B[i]));
+        MT_CHECK(uw <= 1e-3, "%s call %d: the call's basis is off orth(B) by %g", title, t, uw);
+        /* C = sum_j S_j U' with U' the library's new basis (kept), y = C U'^T */
+        memset(C, 0, sizeof(double) * n * d);
+        for (int j = 0; j < N; j++)
+            for (size_t a = 0; a < n; a++)
+                for (int k = 0; k < d; k++) {
+                    double s = 0;
+                    for (size_t b = 0; b < (size_t)L; b++)
+                        s += S[(size_t)j * nL + a * L + b] * Unew[(size_t)k * L + b];
+                    C[(size_t)k * n + a] += s;
+                    if (j == mt.rank) Cme[(size_t)k * n + a] = s;
+                }
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < count; i++) {
+            size_t p = colloc_index(i, K, D, H, W), a = p / (size_t)L, b = p % (size_t)L;
+            double s = 0;
+            for (int k = 0; k < d; k++)
+                s += C[(size_t)k * n + a] * Unew[(size_t)k * L + b];
+            scale = fmax(scale, fabs(s));
+            worst = fmax(worst, fabs((double)y[i] - s));
+        }
+        MT_CHECK(worst <= 2e-4 * scale + 1e-6,
+                 "%s call %d: output off the reference by %g (scale %g)", title, t, worst, scale);
+        /* this rank's residual S_me - C_me U'^T, back in tensor order, clipped against ||g|| */
+        double er2 = 0, gn = norm2(g, count), *r = malloc(sizeof(double) * count);
+        for (size_t i = 0; i < count; i++) {
+            size_t p = colloc_index(i, K, D, H, W), a = p / (size_t)L, b = p % (size_t)L;
+            double s = 0;
+            for (int k = 0; k < d; k++)
+                s += Cme[(size_t)k * n + a] * Unew[(size_t)k * L + b];
+            r[i] = S[(size_t)mt.rank * nL + p] - s;
+            er2 += r[i] * r[i];
+        }
+        double f = sqrt(er2) > ef_bound * gn ? ef_bound * gn / sqrt(er2) : 1.0, ew = 0;
+        for (size_t i = 0; i < count; i++)
+            ew = fmax(ew, fabs((double)enew[i] - f * r[i]));
+        free(r);
+        MT_CHECK(ew <= 1e-3 * scale + 1e-6, "%s call %d: residual off the reference by %g", title,
+                 t, ew);
+        MT_CHECK(norm2(enew, count) <= ef_bound * gn * (1 + 1e-5),
+                 "%s call %d: ||e|| = %g > efBound ||g|| = %g", title, t, norm2(enew, count),
+                 ef_bound * gn);
+        gvqCompressorStats_t st;
+        MT_OK(gvqCompressorGetStats(c, &st));
+        double ratio = (double)nL / (double)((n + (size_t)L) * (size_t)d);
+        MT_CHECK(st.ratio == ratio && st.dims == d && st.phase == gvqPhasePlain &&
+                     st.iteration == t + 1,
+                 "%s call %d: stats ratio %g (want %g) dims %d phase %d iteration %lld", title, t,
+                 st.ratio, ratio, st.dims, st.phase, st.iteration);
+        unsigned long long w = st.wireBytes - wire_prev, wsum = 0;
+        wire_prev = st.wireBytes;
+        MPI_Allreduce(&w, &wsum, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+        unsigned long long want = 2ull * (unsigned long long)(N - 1) * (n + (size_t)L) * d * 4;
+        MT_CHECK(wsum == want, "%s call %d: wire bytes over the ranks %llu, want %llu", title, t,
+                 wsum, want);
+    }
+    MT_OK(gvqCompressorDestroy(c));
+    MT_OK(gvqCommDestroy(comm));
+    free(g), free(y), free(U), free(e), free(eall), free(Unew), free(S), free(C), free(B),
+        free(Cme);
+}
+
+/* ---- part 2 ----------------------------------------------------------------------------------- */
+
+static void part_subspace(void) {
+    if (mt.rank == 0) printf("-- 2 subspace: two directions found, the sum exact\n");
+    gvqComm_t comm = mt_new_comm();
+    const size_t L = 24, n = 40, count = L * n;
+    int N = mt.nranks;
+    double *v = malloc(sizeof(double) * 2 * L), *ref = malloc(sizeof(double) * count);
+    float *g = malloc(4 * count), *y = malloc(4 * count), *ya = malloc(4 * count);
+    for (size_t i = 0; i < 2 * L; i++)
+        v[i] = hrand(9, i, 0, 0);
+    gvqCompressorConfig_t cfg = track_cfg(2, (int)L, 0, 0, 0, 0);
+    cfg.errorFeedback = 0;
+    gvqCompressor_t cs = NULL, ca = NULL;
+    MT_OK(gvqCompressorCreate(comm, count, &cfg, &cs));
+    MT_OK(gvqCompressorCreate(comm, count, &cfg, &ca));
+    double err = 1;
+    for (int t = 0; t < 12; t++) {
+        /* every slice a combination of v0 and v1, different on every rank and call */
+        double rn = 0;
+        memset(ref, 0, sizeof(double) * count);
+        for (int j = 0; j < N; j++)
+            for (size_t a = 0; a < n; a++) {
+                double c0 = hrand(1, (uint64_t)j, (uint64_t)t, a);
+                double c1 = 0.5 * hrand(2, (uint64_t)j, (uint64_t)t, a);
+                for (size_t b = 0; b < L; b++) {
+                    float x = (float)(c0 * v[b] + c1 * v[L + b]);
+                    if (j == mt.rank) g[a * L + b] = x;
+                    ref[a * L + b] += x;
+                }
+            }
+        MT_OK(gvqAllReduceCompressed(g, y, count, gvqFloat32, gvqSum, cs, comm, NULL));
+        MT_OK(gvqAllReduceCompressed(g, ya, count, gvqFloat32, gvqAvg, ca, comm, NULL));
+        MT_CHECK(mt_identical(y, 4 * count), "subspace call %d: outputs differ between ranks", t);
+        int avg_ok = 1;
+        double e2 = 0;
+        for (size_t i = 0; i < count; i++) {
+            avg_ok &= ya[i] == y[i] / (float)N;
+            e2 += (y[i] - ref[i]) * (y[i] - ref[i]);
+            rn += ref[i] * ref[i];
+        }
+        MT_CHECK(avg_ok, "subspace call %d: gvqAvg is not gvqSum / N", t);
+        err = sqrt(e2 / rn);
+    }
+    MT_CHECK(err < 1e-5, "after 12 calls the two-direction sum is off by %g (relative)", err);
+    MT_OK(gvqCompressorDestroy(cs));
+    MT_OK(gvqCompressorDestroy(ca));
+    MT_OK(gvqCommDestroy(comm));
+    free(v), free(ref), free(g), free(y), free(ya);
+}
+
+/* ---- part 3 ----------------------------------------------------------------------------------- */
+
+static double accumulated_error(gvqComm_t comm, size_t count, int ef, int calls) {
+    gvqCompressorConfig_t cfg = track_cfg(1, 40, 0, 0, 0, 0);
+    cfg.errorFeedback = ef;
+    gvqCompressor_t c = NULL;
+    MT_OK(gvqCompressorCreate(comm, count, &cfg, &c));
+    float *g = malloc(4 * count), *y = malloc(4 * count), *e = malloc(4 * count);
+    double *acc = calloc(count, sizeof(double)), *ref = calloc(count, sizeof(double));
+    for (int t = 0; t < calls; t++) {
+        for (size_t i = 0; i < count; i++)
+            g[i] = grad_val(mt.rank, t, i);
+        MT_OK(gvqAllReduceCompressed(g, y, count, gvqFloat32, gvqSum, c, comm, NULL));
+        for (size_t i = 0; i < count; i++) {
+            acc[i] += y[i];
+            for (int j = 0; j < mt.nranks; j++)
+                ref[i] += grad_val(j, t, i);
+        }
+        if (ef) {
+            saved_tail(c, count, 40, e, NULL);
+            MT_CHECK(norm2(e, count) <= 4.0 * norm2(g, count) * (1 + 1e-5),
+                     "EF call %d: ||e|| = %g > 4 ||g|| = %g", t, norm2(e, count),
+                     4.0 * norm2(g, count));
+        }
+    }
+    double d2 = 0, r2 = 0;
+    for (size_t i = 0; i < count; i++) {
+        d2 += (acc[i] - ref[i]) * (acc[i] - ref[i]);
+        r2 += ref[i] * ref[i];
+    }
+    MT_OK(gvqCompressorDestroy(c));
+    free(g), free(y), free(e), free(acc), free(ref);
+    return sqrt(d2 / r2);
+}
+
+static void part_ef(void) {
+    if (mt.rank == 0) printf("-- 3 error feedback: bounded, and helping\n");
+    gvqComm_t comm = mt_new_comm();
+    double off = accumulated_error(comm, 1200, 0, 30), on = accumulated_error(comm, 1200, 1, 30);
+    if (mt.rank == 0)
+        printf("   error of the summed results over 30 calls (d = 1): EF off %.3g, on %.3g\n", off,
+               on);
+    MT_CHECK(on < 0.8 * off, "error feedback does not help: %g with, %g without", on, off);
+    MT_OK(gvqCommDestroy(comm));
+}
+
+/* ---- part 4 ----------------------------------------------------------------------------------- */
+
+static void part_saveload(void) {
+    if (mt.rank == 0) printf("-- 4 save/load continues bitwise\n");
+    gvqComm_t comm = mt_new_comm();
+    const size_t count = 16 * 8 * 9;
+    gvqCompressorConfig_t cfg = track_cfg(3, 0, 16, 8, 3, 3);
+    gvqCompressor_t a = NULL, b = NULL;
+    MT_OK(gvqCompressorCreate(comm, count, &cfg, &a));
+    MT_OK(gvqCompressorCreate(comm, count, &cfg, &b));
+    float *g = malloc(4 * count), *ya = malloc(4 * count), *yb = malloc(4 * count);
+    char *blob = NULL;
+    size_t sz = 0;
+    for (int t = 0; t < 10; t++) {
+        if (t == 4) {
+            MT_OK(gvqCompressorSave(a, NULL, &sz));
+            blob = malloc(sz);
+            MT_OK(gvqCompressorSave(a, blob, &sz));
+            MT_OK(gvqCompressorLoad(b, blob, sz));
+        }
+        for (size_t i = 0; i < count; i++)
+            g[i] = grad_val(mt.rank, t, i);
+        MT_OK(gvqAllReduceCompressed(g, ya, count, gvqFloat32, gvqSum, a, comm, NULL));
+        if (t >= 4) {
+            MT_OK(gvqAllReduceCompressed(g, yb, count, gvqFloat32, gvqSum, b, comm, NULL));
+            MT_CHECK(memcmp(ya, yb, 4 * count) == 0, "call %d: the restored compressor differs", t);
+        }
+    }
+    /* a flipped byte in the saved U is refused (the checksum) */
+    blob[sz - 3] ^= 0x10;
+    MT_EXPECT_RES(gvqCompressorLoad(b, blob, sz), gvqInvalidArgument);
+    MT_OK(gvqCompressorDestroy(a));
+    MT_OK(gvqCompressorDestroy(b));
+    MT_OK(gvqCommDestroy(comm));
+    free(g), free(ya), free(yb), free(blob);
+}
+
+/* ---- part 5 ----------------------------------------------------------------------------------- */
+
+static void part_nan(void) {
+    if (mt.rank == 0) printf("-- 5 NaN: the plain sum, later calls finite\n");
+    gvqComm_t comm = mt_new_comm();
+    const size_t count = 1000;
+    gvqCompressorConfig_t cfg = track_cfg(2, 0, 0, 0, 0, 0);
+    gvqCompressor_t c = NULL;
+    MT_OK(gvqCompressorCreate(comm, count, &cfg, &c));
+    float *g = malloc(4 * count), *y = malloc(4 * count);
+    for (int t = 0; t < 4; t++) {
+        for (size_t i = 0; i < count; i++)
+            g[i] = grad_val(mt.rank, t, i);
+        if (t == 1 && mt.rank == mt.nranks - 1) g[7] = NAN;
+        MT_OK(gvqAllReduceCompressed(g, y, count, gvqFloat32, gvqSum, c, comm, NULL));
+        MT_CHECK(mt_identical(y, 4 * count), "NaN call %d: outputs differ between ranks", t);
+        int finite = 1;
+        for (size_t i = 0; i < count; i++)
+            finite &= i == 7 && t == 1 ? isnan(y[i]) : isfinite(y[i]) != 0;
+        MT_CHECK(finite, "call %d: %s", t,
+                 t == 1 ? "the NaN is not where it was fed, or others are not finite"
+                        : "a non-finite value in a clean call");
+    }
+    gvqCompressorStats_t st;
+    MT_OK(gvqCompressorGetStats(c, &st));
+    MT_CHECK(st.nonFiniteCalls == 1, "nonFiniteCalls %lld, want 1", st.nonFiniteCalls);
+    MT_OK(gvqCompressorDestroy(c));
+    MT_OK(gvqCommDestroy(comm));
+    free(g), free(y);
+}
+
+/* ---- part 6 ----------------------------------------------------------------------------------- */
+
+static void part_config(void) {
+    if (mt.rank == 0) printf("-- 6 config refusals; a tensor too small for its basis\n");
+    gvqComm_t comm = mt_new_comm();
+    gvqCompressor_t c = NULL;
+    gvqCompressorConfig_t cfg = track_cfg(2, 0, 0, 0, 0, 0);
+    cfg.codec = gvqCodecQsgd;
+    MT_EXPECT_RES(gvqCompressorCreate(comm, 1000, &cfg, &c), gvqInvalidArgument);
+    cfg = track_cfg(2, 0, 0, 0, 0, 0);
+    cfg.integerBits = 8;
+    MT_EXPECT_RES(gvqCompressorCreate(comm, 1000, &cfg, &c), gvqInvalidArgument);
+    cfg = track_cfg(2, 0, 0, 0, 0, 0);
+    cfg.wireType = gvqFloat16;
+    MT_EXPECT_RES(gvqCompressorCreate(comm, 1000, &cfg, &c), gvqInvalidArgument);
+    cfg = track_cfg(33, 32, 0, 0, 0, 0);
+    MT_EXPECT_RES(gvqCompressorCreate(comm, 1000, &cfg, &c), gvqInvalidArgument);
+    cfg = track_cfg(2, 0, 0, 0, 0, 0);
+    cfg.basisUpdate = 2;
+    MT_EXPECT_RES(gvqCompressorCreate(comm, 1000, &cfg, &c), gvqInvalidArgument);
+    MT_CHECK(c == NULL, "a refused create wrote the handle");
+    /* 144 floats, L 12, d 4: (12 + 12) 4 = 96 < 144 pays; d 8 would send 192 > 144: plain */
+    const size_t count = 144;
+    float g[144], y[144];
+    for (size_t i = 0; i < count; i++)
+        g[i] = (float)(mt.rank + 1) * 0.25f * (float)(i % 7);
+    cfg = track_cfg(8, 0, 0, 0, 0, 0);
+    MT_OK(gvqCompressorCreate(comm, count, &cfg, &c));
+    MT_OK(gvqAllReduceCompressed(g, y, count, gvqFloat32, gvqSum, c, comm, NULL));
+    int exact = 1;
+    float tri = (float)(mt.nranks * (mt.nranks + 1) / 2) * 0.25f;
+    for (size_t i = 0; i < count; i++)
+        exact &= y[i] == tri * (float)(i % 7);
+    gvqCompressorStats_t st;
+    MT_OK(gvqCompressorGetStats(c, &st));
+    MT_CHECK(exact && st.ratio == 1.0 && st.reason[0] != '\0',
+             "a tensor too small for its basis: exact %d ratio %g reason '%s'", exact, st.ratio,
+             st.reason);
+    MT_OK(gvqCompressorDestroy(c));
+    MT_OK(gvqCommDestroy(comm));
+}
+
+int main(int argc, char **argv) {
+    mt_init(&argc, &argv);
+    part_reference("1a reference: conv 16x4x3x3 (collocated), L 48, d 3", 576, 48, 3, 16, 4, 3, 3,
+                   4.0f, 6);
+    part_reference("1b reference: flat 1000, L 32 (padded), d 2, efBound 0.5", 1000, 32, 2, 0, 0, 0,
+                   0, 0.5f, 6);
+    part_subspace();
+    part_ef();
+    part_saveload();
+    part_nan();
+    part_config();
+    return mt_finish("test_gradiveq_track");
+}
