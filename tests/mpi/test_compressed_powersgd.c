@@ -20,27 +20,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "mpitest.h"
+#include "compressor_ref.h"
 
 /* ---- helpers ----------------------------------------------------------------------------------
  */
-
-/* A uniform value in [-1, 1) from (a, b, c, d): splitmix64 of the packed key. */
-static double hrand(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-    uint64_t z = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
-                 (c + 7) * 0x94D049BB133111EBull ^ (d + 13) * 0xD6E8FEB86659FD93ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 4503599627370496.0 - 1.0;
-}
-
-static double norm2(const float *v, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)v[i] * v[i];
-    return sqrt(s);
-}
 
 /* The matrix shape PowerSGD uses (include/gvq.h): K x count/K for a conv shape, else
  * ceil(count/R) x R with R = ceil(sqrt(count)). */
@@ -55,17 +38,6 @@ static void shape_of(size_t count, int K, size_t *n, size_t *m) {
         R++;
     *m = R;
     *n = (count + R - 1) / R;
-}
-
-/* The residual and Q at the end of a saved state (compressor_save.c: [... residual][Q]). */
-static void saved_tail(gvqCompressor_t c, size_t count, size_t qlen, float *e, float *Q) {
-    size_t sz = 0;
-    MT_OK(gvqCompressorSave(c, NULL, &sz));
-    char *buf = malloc(sz);
-    MT_OK(gvqCompressorSave(c, buf, &sz));
-    if (Q != NULL) memcpy(Q, buf + sz - qlen * 4, qlen * 4);
-    if (e != NULL) memcpy(e, buf + sz - qlen * 4 - count * 4, count * 4);
-    free(buf);
 }
 
 static gvqCompressorConfig_t psgd_cfg(int rank, int K, int D, int H, int W) {
@@ -89,33 +61,14 @@ static float grad_val(int j, int t, size_t i, size_t m) {
     double v = 0;
     const double c[3] = {4, 2, 1};
     for (int q = 0; q < 3; q++)
-        v += c[q] * (1 + 0.3 * hrand(7, (uint64_t)j, (uint64_t)t, (uint64_t)q)) *
+        v += c[q] * (1 + 0.3 * cref_rand(7, (uint64_t)j, (uint64_t)t, (uint64_t)q)) *
              sin(0.37 * (double)(q + 1) * (double)(row + 1)) *
              cos(0.21 * (double)(q + 2) * (double)(col + 1));
-    return (float)(v + 0.05 * hrand(3, (uint64_t)j, (uint64_t)t, i));
+    return (float)(v + 0.05 * cref_rand(3, (uint64_t)j, (uint64_t)t, i));
 }
 
 /* ---- part 1: against a double-precision reference ---------------------------------------------
  */
-
-/* Orthonormalise the n x r column-major P (Gram-Schmidt, double). */
-static void ref_orth(double *P, size_t n, size_t r) {
-    for (size_t k = 0; k < r; k++) {
-        double *v = P + k * n;
-        for (size_t j = 0; j < k; j++) {
-            double h = 0;
-            for (size_t i = 0; i < n; i++)
-                h += P[j * n + i] * v[i];
-            for (size_t i = 0; i < n; i++)
-                v[i] -= h * P[j * n + i];
-        }
-        double s = 0;
-        for (size_t i = 0; i < n; i++)
-            s += v[i] * v[i];
-        for (size_t i = 0; i < n; i++)
-            v[i] /= sqrt(s);
-    }
-}
 
 static void part_reference(const char *title, size_t count, int K, int D, int H, int W, int r,
                            float ef_bound, int calls) {
@@ -135,7 +88,7 @@ static void part_reference(const char *title, size_t count, int K, int D, int H,
     double *Qs = calloc(m * (size_t)r, sizeof(double)), *out = malloc(sizeof(double) * nm);
     unsigned long long wire_prev = 0;
     for (int t = 0; t < calls; t++) {
-        saved_tail(c, count, m * (size_t)r, e, Q);
+        cref_saved_tail(c, count, m * (size_t)r, e, Q);
         MPI_Allgather(e, (int)count, MPI_FLOAT, eall, (int)count, MPI_FLOAT, MPI_COMM_WORLD);
         for (size_t i = 0; i < count; i++)
             g[i] = grad_val(mt.rank, t, i, m);
@@ -155,7 +108,7 @@ static void part_reference(const char *title, size_t count, int K, int D, int H,
                     for (size_t b = 0; b < m; b++)
                         P[(size_t)k * n + a] +=
                             M[(size_t)j * nm + a * m + b] * Q[(size_t)k * m + b];
-        ref_orth(P, n, (size_t)r);
+        cref_orth(P, n, (size_t)r);
         for (int j = 0; j < N; j++)
             for (size_t b = 0; b < m; b++)
                 for (int k = 0; k < r; k++)
@@ -176,14 +129,14 @@ static void part_reference(const char *title, size_t count, int K, int D, int H,
         /* the kept Q and this rank's residual: M_me - P_hat Q_me^T with Q_me = M_me^T P_hat
          * (this rank's own loss), clipped */
         float *enew = e;
-        saved_tail(c, count, m * (size_t)r, enew, Qnew);
+        cref_saved_tail(c, count, m * (size_t)r, enew, Qnew);
         double qw = 0, qs = 0;
         for (size_t i = 0; i < m * (size_t)r; i++) {
             qw = fmax(qw, fabs((double)Qnew[i] - Qs[i] / N));
             qs = fmax(qs, fabs(Qs[i] / N));
         }
         MT_CHECK(qw <= 2e-4 * qs, "%s call %d: kept Q off Q'/N by %g (scale %g)", title, t, qw, qs);
-        double er2 = 0, gn = norm2(g, count);
+        double er2 = 0, gn = cref_norm(g, count);
         const double *Mme = M + (size_t)mt.rank * nm;
         for (size_t i = 0; i < count; i++) {
             double s = 0;
@@ -200,8 +153,8 @@ static void part_reference(const char *title, size_t count, int K, int D, int H,
         for (size_t i = 0; i < count; i++)
             ew = fmax(ew, fabs((double)enew[i] - f * out[i]));
         MT_CHECK(ew <= 1e-3 * scale, "%s call %d: residual off the reference by %g", title, t, ew);
-        MT_CHECK(norm2(enew, count) <= ef_bound * gn * (1 + 1e-5),
-                 "%s call %d: ||e|| = %g > efBound ||g|| = %g", title, t, norm2(enew, count),
+        MT_CHECK(cref_norm(enew, count) <= ef_bound * gn * (1 + 1e-5),
+                 "%s call %d: ||e|| = %g > efBound ||g|| = %g", title, t, cref_norm(enew, count),
                  ef_bound * gn);
         gvqCompressorStats_t st;
         MT_OK(gvqCompressorGetStats(c, &st));
@@ -230,9 +183,9 @@ static void make_lowrank(double *S, size_t K, size_t m, const double *sigma, int
     double u[4][64], v[4][64];
     for (int q = 0; q < nq; q++) {
         for (size_t i = 0; i < K; i++)
-            u[q][i] = hrand(1, (uint64_t)q, i, 0);
+            u[q][i] = cref_rand(1, (uint64_t)q, i, 0);
         for (size_t i = 0; i < m; i++)
-            v[q][i] = hrand(2, (uint64_t)q, i, 0);
+            v[q][i] = cref_rand(2, (uint64_t)q, i, 0);
         for (int p = 0; p < q; p++) {
             double hu = 0, hv = 0;
             for (size_t i = 0; i < K; i++)
@@ -337,10 +290,10 @@ static double accumulated_error(gvqComm_t comm, const gvqCompressorConfig_t *bas
                 ref[i] += grad_val(j, t, i, 40);
         }
         if (ef) {
-            saved_tail(c, count, qlen, e, NULL);
-            MT_CHECK(norm2(e, count) <= bound * norm2(g, count) * (1 + 1e-5),
-                     "%s call %d: ||e|| = %g > efBound ||g|| = %g", what, t, norm2(e, count),
-                     bound * norm2(g, count));
+            cref_saved_tail(c, count, qlen, e, NULL);
+            MT_CHECK(cref_norm(e, count) <= bound * cref_norm(g, count) * (1 + 1e-5),
+                     "%s call %d: ||e|| = %g > efBound ||g|| = %g", what, t, cref_norm(e, count),
+                     bound * cref_norm(g, count));
         }
     }
     double d2 = 0, r2 = 0;

@@ -22,33 +22,17 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "mpitest.h"
-
-static double hrand(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-    uint64_t z = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
-                 (c + 7) * 0x94D049BB133111EBull ^ (d + 13) * 0xD6E8FEB86659FD93ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 4503599627370496.0 - 1.0;
-}
-
-static double norm2(const float *v, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)v[i] * v[i];
-    return sqrt(s);
-}
+#include "compressor_ref.h"
 
 /* Rank j's gradient at call t: smooth components weighted by rank and call, plus noise. */
 static float grad_val(int j, int t, size_t i) {
     double v = 0;
     const double c[3] = {4, 2, 1};
     for (int q = 0; q < 3; q++)
-        v += c[q] * (1 + 0.3 * hrand(7, (uint64_t)j, (uint64_t)t, (uint64_t)q)) *
+        v += c[q] * (1 + 0.3 * cref_rand(7, (uint64_t)j, (uint64_t)t, (uint64_t)q)) *
              sin(0.37 * (double)(q + 1) * (double)(i % 23 + 1)) *
              cos(0.21 * (double)(q + 2) * (double)(i / 23 + 1));
-    return (float)(v + 0.05 * hrand(3, (uint64_t)j, (uint64_t)t, i));
+    return (float)(v + 0.05 * cref_rand(3, (uint64_t)j, (uint64_t)t, i));
 }
 
 static gvqCompressorConfig_t track_cfg(int d, int L, int K, int D, int H, int W) {
@@ -67,17 +51,6 @@ static gvqCompressorConfig_t track_cfg(int d, int L, int K, int D, int H, int W)
     return cfg;
 }
 
-/* The residual (count floats) and U (ulen floats) at the end of a saved state. */
-static void saved_tail(gvqCompressor_t c, size_t count, size_t ulen, float *e, float *U) {
-    size_t sz = 0;
-    MT_OK(gvqCompressorSave(c, NULL, &sz));
-    char *buf = malloc(sz);
-    MT_OK(gvqCompressorSave(c, buf, &sz));
-    if (U != NULL) memcpy(U, buf + sz - ulen * 4, ulen * 4);
-    if (e != NULL) memcpy(e, buf + sz - ulen * 4 - count * 4, count * 4);
-    free(buf);
-}
-
 /* Where element i of a [K][D][H][W] tensor sits in the collocated order (include/gvq.h's
  * GradiVeQ: the K filters' values at one (d, h, w) side by side). */
 static size_t colloc_index(size_t i, int K, int D, int H, int W) {
@@ -87,26 +60,8 @@ static size_t colloc_index(size_t i, int K, int D, int H, int W) {
     return ((h * (size_t)W + w) * (size_t)D + d) * (size_t)K + k;
 }
 
-/* Orthonormalise the L x d column-major U (Gram-Schmidt, double). */
-static void ref_orth(double *U, size_t L, size_t d) {
-    for (size_t k = 0; k < d; k++) {
-        double *v = U + k * L;
-        for (size_t j = 0; j < k; j++) {
-            double h = 0;
-            for (size_t i = 0; i < L; i++)
-                h += U[j * L + i] * v[i];
-            for (size_t i = 0; i < L; i++)
-                v[i] -= h * U[j * L + i];
-        }
-        double s = 0;
-        for (size_t i = 0; i < L; i++)
-            s += v[i] * v[i];
-        for (size_t i = 0; i < L; i++)
-            v[i] /= sqrt(s);
-    }
-}
-
-/* ---- part 1 ----------------------------------------------------------------------------------- */
+/* ---- part 1 -----------------------------------------------------------------------------------
+ */
 
 static void part_reference(const char *title, size_t count, int L, int d, int K, int D, int H,
                            int W, float ef_bound, int calls) {
@@ -124,7 +79,7 @@ static void part_reference(const char *title, size_t count, int L, int d, int K,
     double *B = malloc(sizeof(double) * Ld), *Cme = malloc(sizeof(double) * n * d);
     unsigned long long wire_prev = 0;
     for (int t = 0; t < calls; t++) {
-        saved_tail(c, count, Ld, e, U);
+        cref_saved_tail(c, count, Ld, e, U);
         MPI_Allgather(e, (int)count, MPI_FLOAT, eall, (int)count, MPI_FLOAT, MPI_COMM_WORLD);
         for (size_t i = 0; i < count; i++)
             g[i] = grad_val(mt.rank, t, i);
@@ -149,9 +104,9 @@ static void part_reference(const char *title, size_t count, int L, int d, int K,
                         B[(size_t)k * L + b] += Sj[a * L + b] * s;
                 }
         }
-        ref_orth(B, (size_t)L, (size_t)d);
+        cref_orth(B, (size_t)L, (size_t)d);
         float *enew = e;
-        saved_tail(c, count, Ld, enew, Unew);
+        cref_saved_tail(c, count, Ld, enew, Unew);
         double uw = 0;
         for (size_t i = 0; i < Ld; i++)
             uw = fmax(uw, fabs((double)Unew[i] - B[i]));
@@ -179,7 +134,7 @@ static void part_reference(const char *title, size_t count, int L, int d, int K,
         MT_CHECK(worst <= 2e-4 * scale + 1e-6,
                  "%s call %d: output off the reference by %g (scale %g)", title, t, worst, scale);
         /* this rank's residual S_me - C_me U'^T, back in tensor order, clipped against ||g|| */
-        double er2 = 0, gn = norm2(g, count), *r = malloc(sizeof(double) * count);
+        double er2 = 0, gn = cref_norm(g, count), *r = malloc(sizeof(double) * count);
         for (size_t i = 0; i < count; i++) {
             size_t p = colloc_index(i, K, D, H, W), a = p / (size_t)L, b = p % (size_t)L;
             double s = 0;
@@ -194,8 +149,8 @@ static void part_reference(const char *title, size_t count, int L, int d, int K,
         free(r);
         MT_CHECK(ew <= 1e-3 * scale + 1e-6, "%s call %d: residual off the reference by %g", title,
                  t, ew);
-        MT_CHECK(norm2(enew, count) <= ef_bound * gn * (1 + 1e-5),
-                 "%s call %d: ||e|| = %g > efBound ||g|| = %g", title, t, norm2(enew, count),
+        MT_CHECK(cref_norm(enew, count) <= ef_bound * gn * (1 + 1e-5),
+                 "%s call %d: ||e|| = %g > efBound ||g|| = %g", title, t, cref_norm(enew, count),
                  ef_bound * gn);
         gvqCompressorStats_t st;
         MT_OK(gvqCompressorGetStats(c, &st));
@@ -217,7 +172,8 @@ static void part_reference(const char *title, size_t count, int L, int d, int K,
         free(Cme);
 }
 
-/* ---- part 2 ----------------------------------------------------------------------------------- */
+/* ---- part 2 -----------------------------------------------------------------------------------
+ */
 
 static void part_subspace(void) {
     if (mt.rank == 0) printf("-- 2 subspace: two directions found, the sum exact\n");
@@ -227,7 +183,7 @@ static void part_subspace(void) {
     double *v = malloc(sizeof(double) * 2 * L), *ref = malloc(sizeof(double) * count);
     float *g = malloc(4 * count), *y = malloc(4 * count), *ya = malloc(4 * count);
     for (size_t i = 0; i < 2 * L; i++)
-        v[i] = hrand(9, i, 0, 0);
+        v[i] = cref_rand(9, i, 0, 0);
     gvqCompressorConfig_t cfg = track_cfg(2, (int)L, 0, 0, 0, 0);
     cfg.errorFeedback = 0;
     gvqCompressor_t cs = NULL, ca = NULL;
@@ -240,8 +196,8 @@ static void part_subspace(void) {
         memset(ref, 0, sizeof(double) * count);
         for (int j = 0; j < N; j++)
             for (size_t a = 0; a < n; a++) {
-                double c0 = hrand(1, (uint64_t)j, (uint64_t)t, a);
-                double c1 = 0.5 * hrand(2, (uint64_t)j, (uint64_t)t, a);
+                double c0 = cref_rand(1, (uint64_t)j, (uint64_t)t, a);
+                double c1 = 0.5 * cref_rand(2, (uint64_t)j, (uint64_t)t, a);
                 for (size_t b = 0; b < L; b++) {
                     float x = (float)(c0 * v[b] + c1 * v[L + b]);
                     if (j == mt.rank) g[a * L + b] = x;
@@ -268,7 +224,8 @@ static void part_subspace(void) {
     free(v), free(ref), free(g), free(y), free(ya);
 }
 
-/* ---- part 3 ----------------------------------------------------------------------------------- */
+/* ---- part 3 -----------------------------------------------------------------------------------
+ */
 
 static double accumulated_error(gvqComm_t comm, size_t count, int ef, int calls) {
     gvqCompressorConfig_t cfg = track_cfg(1, 40, 0, 0, 0, 0);
@@ -287,10 +244,10 @@ static double accumulated_error(gvqComm_t comm, size_t count, int ef, int calls)
                 ref[i] += grad_val(j, t, i);
         }
         if (ef) {
-            saved_tail(c, count, 40, e, NULL);
-            MT_CHECK(norm2(e, count) <= 4.0 * norm2(g, count) * (1 + 1e-5),
-                     "EF call %d: ||e|| = %g > 4 ||g|| = %g", t, norm2(e, count),
-                     4.0 * norm2(g, count));
+            cref_saved_tail(c, count, 40, e, NULL);
+            MT_CHECK(cref_norm(e, count) <= 4.0 * cref_norm(g, count) * (1 + 1e-5),
+                     "EF call %d: ||e|| = %g > 4 ||g|| = %g", t, cref_norm(e, count),
+                     4.0 * cref_norm(g, count));
         }
     }
     double d2 = 0, r2 = 0;
@@ -314,7 +271,8 @@ static void part_ef(void) {
     MT_OK(gvqCommDestroy(comm));
 }
 
-/* ---- part 4 ----------------------------------------------------------------------------------- */
+/* ---- part 4 -----------------------------------------------------------------------------------
+ */
 
 static void part_saveload(void) {
     if (mt.rank == 0) printf("-- 4 save/load continues bitwise\n");
@@ -351,7 +309,8 @@ static void part_saveload(void) {
     free(g), free(ya), free(yb), free(blob);
 }
 
-/* ---- part 5 ----------------------------------------------------------------------------------- */
+/* ---- part 5 -----------------------------------------------------------------------------------
+ */
 
 static void part_nan(void) {
     if (mt.rank == 0) printf("-- 5 NaN: the plain sum, later calls finite\n");
@@ -382,7 +341,8 @@ static void part_nan(void) {
     free(g), free(y);
 }
 
-/* ---- part 6 ----------------------------------------------------------------------------------- */
+/* ---- part 6 -----------------------------------------------------------------------------------
+ */
 
 static void part_config(void) {
     if (mt.rank == 0) printf("-- 6 config refusals; a tensor too small for its basis\n");
