@@ -7,6 +7,7 @@
  *   cref_orth()        Gram-Schmidt of an n x r column-major matrix, in double
  *   cref_saved_tail()  the residual (count floats) and the kept factor (flen floats: PowerSGD's
  *                      Q, a tracked basis's U) at the end of gvqCompressorSave's state
+ *   cref_resume()      a compressor restored from another's saved state continues bitwise
  */
 #ifndef GVQ_TESTS_COMPRESSOR_REF_H_
 #define GVQ_TESTS_COMPRESSOR_REF_H_
@@ -60,6 +61,46 @@ static inline void cref_saved_tail(gvqCompressor_t c, size_t count, size_t flen,
     if (F != NULL) memcpy(F, buf + sz - flen * 4, flen * 4);
     if (e != NULL) memcpy(e, buf + sz - flen * 4 - count * 4, count * 4);
     free(buf);
+}
+
+/* Two compressors of cfg; after `at` of `calls` calls (gradients from fill(g, count, call)), a's
+ * state is saved and loaded into b, which from then on must give bitwise a's results and end in
+ * a's state. Returns the saved state (the caller frees it) and its size. */
+static inline char *cref_resume(gvqComm_t comm, const gvqCompressorConfig_t *cfg, size_t count,
+                                int calls, int at, void (*fill)(float *, size_t, int),
+                                size_t *size) {
+    gvqCompressor_t a = NULL, b = NULL;
+    MT_OK(gvqCompressorCreate(comm, count, cfg, &a));
+    MT_OK(gvqCompressorCreate(comm, count, cfg, &b));
+    float *g = malloc(4 * count), *ya = malloc(4 * count), *yb = malloc(4 * count);
+    char *blob = NULL;
+    size_t sz = 0;
+    for (int t = 0; t < calls; t++) {
+        if (t == at) {
+            MT_OK(gvqCompressorSave(a, NULL, &sz));
+            blob = malloc(sz);
+            MT_OK(gvqCompressorSave(a, blob, &sz));
+            MT_OK(gvqCompressorLoad(b, blob, sz));
+        }
+        fill(g, count, t);
+        MT_OK(gvqAllReduceCompressed(g, ya, count, gvqFloat32, gvqSum, a, comm, NULL));
+        if (t >= at) {
+            MT_OK(gvqAllReduceCompressed(g, yb, count, gvqFloat32, gvqSum, b, comm, NULL));
+            MT_CHECK(memcmp(ya, yb, 4 * count) == 0, "call %d: the restored compressor differs", t);
+        }
+    }
+    size_t sa = 0, sb = 0;
+    MT_OK(gvqCompressorSave(a, NULL, &sa));
+    MT_OK(gvqCompressorSave(b, NULL, &sb));
+    char *ba = malloc(sa), *bb = malloc(sb);
+    MT_OK(gvqCompressorSave(a, ba, &sa));
+    MT_OK(gvqCompressorSave(b, bb, &sb));
+    MT_CHECK(sa == sb && memcmp(ba, bb, sa) == 0, "final saved states differ");
+    MT_OK(gvqCompressorDestroy(a));
+    MT_OK(gvqCompressorDestroy(b));
+    free(g), free(ya), free(yb), free(ba), free(bb);
+    *size = sz;
+    return blob;
 }
 
 #endif /* GVQ_TESTS_COMPRESSOR_REF_H_ */

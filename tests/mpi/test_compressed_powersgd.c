@@ -10,8 +10,9 @@
  *                 wire bytes; a flat tensor (padded) and a conv one (efBound 0.5, clipping)
  *   2 low rank    no error feedback: a rank-2 sum comes back exactly; a rank-3 one converges to
  *                 the best rank-2 error over warm-started calls; gvqAvg = gvqSum / N
- *   3 EF helps    PowerSGD, QSGD and GradiVeQ: ||e|| <= efBound ||g|| after every call, and the
- *                 error of the summed results over many calls is smaller with error feedback
+ *   3 EF helps    PowerSGD, QSGD, GradiVeQ fitted and tracked: ||e|| <= efBound ||g|| after
+ *                 every call, and the error of the summed results over many calls is smaller
+ *                 with error feedback
  *   4 save/load   a compressor restored from a saved state continues bitwise
  *   5 NaN         a NaN or Inf on one rank: the plain sum on every rank, the state unchanged
  *                 (error feedback: later calls finite)
@@ -342,6 +343,12 @@ static void part_ef(void) {
         gq.efBound = 4.0f;
         ef_compare(comm, "gradiveq4", &gq, count, 0, 40, 0.9);
     }
+    gvqCompressorConfig_t tr = GVQ_COMPRESSOR_CONFIG_INITIALIZER; /* GradiVeQ, tracked basis */
+    tr.codec = gvqCodecGradiveq;
+    tr.basisUpdate = gvqBasisTrack;
+    tr.sliceSize = 40;
+    tr.maxDims = 1;
+    ef_compare(comm, "gq-track", &tr, count, 40, 30, 0.8);
     gvqCompressorConfig_t p = psgd_cfg(1, 30, 1, 5, 8);
     ef_compare(comm, "powersgd", &p, count, 40, 30, 0.8);
     p.efBound = 4.0f;
@@ -352,43 +359,18 @@ static void part_ef(void) {
 /* ---- part 4: save / load ----------------------------------------------------------------------
  */
 
+static void fill_saveload(float *g, size_t count, int t) {
+    for (size_t i = 0; i < count; i++)
+        g[i] = grad_val(mt.rank, t, i, 32);
+}
+
 static void part_saveload(void) {
     if (mt.rank == 0) printf("-- 4 save/load continues bitwise\n");
     gvqComm_t comm = mt_new_comm();
-    const size_t count = 1000, m = 32;
     gvqCompressorConfig_t cfg = psgd_cfg(2, 0, 0, 0, 0);
-    gvqCompressor_t a = NULL, b = NULL;
-    MT_OK(gvqCompressorCreate(comm, count, &cfg, &a));
-    MT_OK(gvqCompressorCreate(comm, count, &cfg, &b));
-    float *g = malloc(4 * count), *ya = malloc(4 * count), *yb = malloc(4 * count);
-    char *blob = NULL;
     size_t sz = 0;
-    for (int t = 0; t < 10; t++) {
-        if (t == 4) {
-            MT_OK(gvqCompressorSave(a, NULL, &sz));
-            blob = malloc(sz);
-            MT_OK(gvqCompressorSave(a, blob, &sz));
-            MT_OK(gvqCompressorLoad(b, blob, sz));
-        }
-        for (size_t i = 0; i < count; i++)
-            g[i] = grad_val(mt.rank, t, i, m);
-        MT_OK(gvqAllReduceCompressed(g, ya, count, gvqFloat32, gvqSum, a, comm, NULL));
-        if (t >= 4) {
-            MT_OK(gvqAllReduceCompressed(g, yb, count, gvqFloat32, gvqSum, b, comm, NULL));
-            MT_CHECK(memcmp(ya, yb, 4 * count) == 0, "call %d: the restored compressor differs", t);
-        }
-    }
-    size_t sa = 0, sb = 0;
-    MT_OK(gvqCompressorSave(a, NULL, &sa));
-    MT_OK(gvqCompressorSave(b, NULL, &sb));
-    char *ba = malloc(sa), *bb = malloc(sb);
-    MT_OK(gvqCompressorSave(a, ba, &sa));
-    MT_OK(gvqCompressorSave(b, bb, &sb));
-    MT_CHECK(sa == sb && memcmp(ba, bb, sa) == 0, "final saved states differ");
-    MT_OK(gvqCompressorDestroy(a));
-    MT_OK(gvqCompressorDestroy(b));
+    free(cref_resume(comm, &cfg, 1000, 10, 4, fill_saveload, &sz));
     MT_OK(gvqCommDestroy(comm));
-    free(g), free(ya), free(yb), free(blob), free(ba), free(bb);
 }
 
 /* ---- part 5: NaN / Inf sent uncompressed ----------------------------------------------------
