@@ -363,14 +363,14 @@ typedef enum {
 typedef enum {
     gvqBasisFit   = 0, /* the paper: sampling phases of exact (or QSGD) sums, then a PCA fit by
                           eigen-solve, then compressed phases with U fixed */
-    gvqBasisTrack = 1  /* streaming PCA: every call is compressed, in two plain rings: first
-                          each rank's B_n = S_n^T S_n U (L x d, S_n its slices as rows) is
-                          summed and U <- orth(sum of B_n) (one block power iteration on the
-                          ranks' pooled slice covariance, warm-started from the last U); then
-                          the coefficients S_n U are summed and decoded. d = maxDims [4]; no
-                          sampling, fit or vote; error feedback on by default; sliceSize
-                          [the multiple of K nearest above sqrt(count)]. A tensor for which
-                          (nslices + L) d >= its count is sent uncompressed. Host buffers. */
+    gvqBasisTrack = 1  /* streaming PCA: every call is compressed, in three plain rings: the
+                          coefficients C0 = sum S_n U on the kept basis, then B = sum S_n^T C0,
+                          U <- orth(B) (one power iteration on the covariance of the summed
+                          slices, warm-started), then the coefficients on the new U, decoded.
+                          S_n: this rank's slices as rows. d = maxDims [4]; no sampling, fit
+                          or vote; error feedback on by default; sliceSize [the multiple of K
+                          nearest above sqrt(count)]. A tensor for which
+                          (2 nslices + L) d >= its count is sent uncompressed. Host buffers. */
 } gvqBasisUpdate_t;
 /* clang-format on */
 

@@ -127,8 +127,8 @@ static gvqResult_t alloc_powersgd(gvqCompressor_t c) {
 }
 
 /* A tracked GradiVeQ basis (gradiveq_track.c): the nslices x L slice matrix (zero-padded),
- * the ring's [C | B] and the basis U, random normal from the seed and orthonormalised (the same
- * on every rank). */
+ * the rings' C0 / C (nslices x d) and B (L x d), and the basis U, random normal from the seed and
+ * orthonormalised (the same on every rank). */
 static gvqResult_t alloc_track(gvqCompressor_t c) {
     size_t L = (size_t)c->cfg.L, n = GVQ_DIV_UP((size_t)c->cfg.count, L), d = (size_t)c->cfg.dmax;
     c->ps_n = n;
@@ -145,8 +145,8 @@ static gvqResult_t alloc_track(gvqCompressor_t c) {
     }
     gvq_powersgd_init_q(c->ps_Q, L, d, (uint32_t)c->cfg.seed);
     gvq_powersgd_orthonormalize(c->ps_Q, L, d);
-    c->track_plain = (n + L) * d >= (size_t)c->cfg.count;
-    c->st.stats.ratio = c->track_plain ? 1.0 : (double)(n * L) / (double)((n + L) * d);
+    c->track_plain = (2 * n + L) * d >= (size_t)c->cfg.count;
+    c->st.stats.ratio = c->track_plain ? 1.0 : (double)(n * L) / (double)((2 * n + L) * d);
     if (c->track_plain)
         gvq_compressor_set_reason(c, "tracking d directions would send more than the tensor: "
                                      "sent uncompressed");

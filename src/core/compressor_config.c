@@ -171,7 +171,7 @@ static gvqResult_t resolve_basis(const gvqCompressorConfig_t *in, gvq_comp_cfg_t
                  fn, c->int_bits, c->fp16 ? "gvqFloat16" : "gvqFloat32");
         return gvqInvalidArgument;
     }
-    if (undef(in->sliceSize)) { /* n + L smallest: L the multiple of K nearest above sqrt(count) */
+    if (undef(in->sliceSize)) { /* L the multiple of K nearest above sqrt(count) */
         uint64_t r = 1, K = (uint64_t)c->K;
         while (r * r < c->count)
             r++;

@@ -1,30 +1,34 @@
 /*
  * gradiveq_track.c -- one allreduce through a GradiVeQ compressor whose basis is tracked
  * (basisUpdate gvqBasisTrack): GradiVeQ's compression (slices of L values projected on a basis
- * U that every rank shares, the coefficients summed inside the ring) with the PCA found by a
- * streaming block power iteration, one step per call, instead of sampling phases of exact sums
- * and eigen-solves (the paper). The products are algorithms/powersgd.c's.
+ * U that every rank shares, the coefficients summed inside the ring) with the PCA of the summed
+ * slices found by a streaming block power iteration, one step per call, instead of sampling
+ * phases of exact sums and eigen-solves (the paper). The products are algorithms/powersgd.c's.
  *
  *   g --(+ e)--> x --finite on every rank? (agreed)--> collocated, as GradiVeQ's ring input
- *     S_n = x as nslices x L rows, the tail zero-padded
- *     B_n = S_n^T S_n U        this rank's slice covariance times the kept U, L x d
- *     ring 1: B = sum over the ranks of B_n                  plain fp32 ring of L d
- *     U <- orth(B)             one power iteration on the pooled covariance sum_n S_n^T S_n,
- *                              warm-started from the kept U; the same on every rank (B is)
+ *     S_n = x as nslices x L rows, the tail zero-padded; S = sum over the ranks of S_n
+ *     ring 1: C0 = sum S_n U                       nslices x d, U the kept basis
+ *     ring 2: B = sum S_n^T C0 = S^T S U           L x d
+ *     U <- orth(B)             one power iteration on the covariance of the summed slices
+ *                              (what the paper's PCA fits), warm-started from the kept U; the
+ *                              same on every rank, since B is
  *     C_n = S_n U              this rank's coefficients on the new basis
  *     e_n = S_n - C_n U^T      this rank's loss; kept with error feedback (clipped, in tensor
  *                              order: error_feedback.c)
- *     ring 2: C = sum over the ranks of C_n                  plain fp32 ring of nslices d
- *     y = C U^T (gvqAvg: / N), uncollocated                  ~ the sum of the x_n
+ *     ring 3: C = sum C_n                          nslices x d
+ *     y = C U^T (gvqAvg: / N), uncollocated        ~ S projected on U
  *
- * Why: on small-batch gradients the samples of a sampling phase are noise-dominated and a PCA
- * fit of them keeps most of the L dimensions (perf/RESULTS.md section 6), while a few tracked
- * directions plus error feedback carry what matters. A one-ring variant that sent B with the
- * coefficients and used orth(B) only from the next call on (the coefficients on the previous
- * call's basis) lost 3 points more on the ResNet (RESULTS section 6), so the basis is updated
- * before it is used. Host buffers only (device buffers are staged by gvqAllReduceCompressed).
- * A gradient holding NaN or Inf on any rank is sent uncompressed on every rank alike
- * (gvq_compressed_nonfinite; U untouched, residual dropped).
+ * Three plain fp32 rings of (2 nslices + L) d values in all. Rings 1-2 are one PowerSGD step on
+ * the slice matrix; what stays GradiVeQ's is the output: every slice projected on one shared
+ * basis of slice space, its coefficients summed. Why a power iteration: on small-batch
+ * gradients the samples of a sampling phase are noise-dominated and a PCA fit of them keeps
+ * most of the L dimensions (perf/RESULTS.md section 6), while a few tracked directions plus
+ * error feedback carry what matters. Two cheaper variants measured worse on the ResNet (RESULTS
+ * section 6): the pooled covariance sum S_n^T S_n U in one ring (N times noisier), and that
+ * ring riding with the previous call's coefficients (the basis one call late).
+ * Host buffers only (device buffers are staged by gvqAllReduceCompressed). A gradient holding
+ * NaN or Inf on any rank is sent uncompressed on every rank alike (gvq_compressed_nonfinite; U
+ * untouched, residual dropped).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -53,13 +57,18 @@ static void empty_slices(gvqCompressor_t c, float *out) {
         memcpy(out, c->ps_M, sizeof(float) * cfg->count);
 }
 
-/* B_n = S_n^T S_n U into the ring's buffer (C_n = S_n U its scratch). */
-static gvqResult_t covariance_times_basis(gvqCompressor_t c) {
+/* The new basis: C0 = sum S_n U (ring 1), B = sum S_n^T C0 (ring 2), U = orth(B). */
+static gvqResult_t track_basis(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const gvq_codec_t *plain) {
     const gvq_device_ops_t *dev = c->comm->dev;
     size_t n = c->ps_n, L = c->ps_m, d = (size_t)c->cfg.dmax;
-    float *C = c->ps_P, *B = c->ps_P + n * d;
-    GVQCHECK(gvq_powersgd_project(dev, c->ps_M, n, L, d, c->ps_Q, C));
-    return gvq_powersgd_back(dev, c->ps_M, n, L, d, C, B);
+    float *C0 = c->ps_P, *B = c->ps_P + n * d;
+    GVQCHECK(gvq_powersgd_project(dev, c->ps_M, n, L, d, c->ps_Q, C0));
+    GVQCHECK(gvq_ring_allreduce(ctx, plain, C0, C0, n * d, gvqSum));
+    GVQCHECK(gvq_powersgd_back(dev, c->ps_M, n, L, d, C0, B));
+    GVQCHECK(gvq_ring_allreduce(ctx, plain, B, B, L * d, gvqSum));
+    memcpy(c->ps_Q, B, sizeof(float) * L * d);
+    gvq_powersgd_orthonormalize(c->ps_Q, L, d);
+    return gvqSuccess;
 }
 
 /* C_n = S_n U (U the new basis) into the ring's buffer, then S_n - C_n U^T left in ps_M. */
@@ -107,14 +116,10 @@ gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, f
     int32_t bad = 0;
     GVQCHECK(gvq_compressed_any_nonfinite(c, &ctx, x, &bad));
     if (bad) return gvq_compressed_nonfinite(c, &ctx, send, recv, op);
-    unsigned long long agreed = sent; /* wireBytes counts the ring */
+    unsigned long long agreed = sent; /* wireBytes counts the three rings */
     fill_slices(c, x);
     double xnorm = gvq_ef_norm(c->ps_M, n * L);
-    float *B = c->ps_P + n * d;
-    GVQCHECK(covariance_times_basis(c));
-    GVQCHECK(gvq_ring_allreduce(&ctx, &plain, B, B, L * d, gvqSum));
-    memcpy(c->ps_Q, B, sizeof(float) * L * d);
-    gvq_powersgd_orthonormalize(c->ps_Q, L, d);
+    GVQCHECK(track_basis(c, &ctx, &plain));
     GVQCHECK(encode(c));
     keep_residual(c, xnorm, gnorm);
     GVQCHECK(gvq_ring_allreduce(&ctx, &plain, c->ps_P, c->ps_P, n * d, gvqSum));

@@ -82,9 +82,9 @@ struct gvqCompressor {
     /* PowerSGD (powersgd_call.c): the n x m matrix (row-major, zero-padded), P (n x r), the kept
      * Q (m x r: the last summed Q / N, the warm start) and the Q being summed. GradiVeQ with a
      * tracked basis (gradiveq_track.c) uses the same names: M the nslices x L slice matrix, P
-     * the ring's [C | B] ((nslices + L) x d), Q the basis U (L x d); no Qsum. */
+     * the rings' coefficients (nslices x d) then B (L x d), Q the basis U (L x d); no Qsum. */
     size_t ps_n, ps_m;
-    int track_plain; /* tracked basis: (nslices + L) d >= count, the tensor is sent plain */
+    int track_plain; /* tracked basis: (2 nslices + L) d >= count, the tensor is sent plain */
     float *ps_M, *ps_P, *ps_Q, *ps_Qsum;
 };
 
