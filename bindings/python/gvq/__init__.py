@@ -25,6 +25,7 @@ from .comm import (AVG, MAX, MIN, PROD, SUM, Communicator, Op, allgather, allred
 from .compressor import (Basis, Codec, Compressor, Phase, allreduce_compressed,  # noqa: E402
                          make_config)
 from .sparse import RAW, SUMMED, ParameterServer, Rule, SparseRows, sparse_allgatherv  # noqa: E402
+from . import train  # noqa: E402  (gvq.train: the training layer, include/gvq_train.h)
 
 __version__ = "0.1.0"
 __all__ = ["GvqError", "InvalidArgument", "InvalidUsage", "RemoteError", "SystemError_", "Timeout",
@@ -33,4 +34,4 @@ __all__ = ["GvqError", "InvalidArgument", "InvalidUsage", "RemoteError", "System
            "send", "recv", "group", "get_unique_id", "version", "Basis", "Codec", "Phase",
            "Compressor",
            "allreduce_compressed", "make_config", "SUMMED", "RAW", "SparseRows",
-           "sparse_allgatherv", "ParameterServer", "Rule"]
+           "sparse_allgatherv", "ParameterServer", "Rule", "train"]

@@ -25,6 +25,8 @@ CONFIG_MAGIC = 0x67767163
 COMPRESSOR_CONFIG_MAGIC = 0x67767178
 SPARSE_ROWS_MAGIC = 0x67767173
 PS_CONFIG_MAGIC = 0x67767170
+TRAIN_CONFIG_MAGIC = 0x67767154
+VARIABLE_MAGIC = 0x67767156
 
 
 class UniqueId(C.Structure):
@@ -91,9 +93,34 @@ class PsStats(C.Structure):
                 ("bytesReceived", C.c_ulonglong), ("pendingRows", C.c_ulonglong)]
 
 
+class TrainConfig(C.Structure):
+    """Mirror of gvqTrainConfig_t (include/gvq_train.h)."""
+    _fields_ = [("size", C.c_size_t), ("magic", C.c_uint), ("version", C.c_uint),
+                ("bucketBytes", C.c_int), ("waitFree", C.c_int), ("op", C.c_int),
+                ("convCompressor", C.c_void_p), ("fcCompressor", C.c_void_p), ("sfb", C.c_int),
+                ("sparseRoute", C.c_int), ("tunePartitions", C.c_int)]
+
+
+class TrainVariable(C.Structure):
+    """Mirror of gvqVariable_t."""
+    _fields_ = [("size", C.c_size_t), ("magic", C.c_uint), ("version", C.c_uint),
+                ("name", C.c_char_p), ("kind", C.c_int), ("shape", C.c_int * 4),
+                ("compressor", C.c_void_p), ("factors", C.c_int), ("sparse", C.c_void_p)]
+
+
+class TrainVariableInfo(C.Structure):
+    """Mirror of gvqTrainVariableInfo_t."""
+    _fields_ = [("name", C.c_char * 64), ("kind", C.c_int), ("count", C.c_size_t),
+                ("route", C.c_int), ("bucket", C.c_int), ("codec", C.c_int),
+                ("why", C.c_char * 96), ("readyTime", C.c_double), ("startTime", C.c_double),
+                ("endTime", C.c_double), ("wireBytes", C.c_ulonglong), ("steps", C.c_longlong)]
+
+
 MIRRORS = {"gvqConfig_t": Config, "gvqCompressorConfig_t": CompressorConfig,
            "gvqCompressorStats_t": CompressorStats, "gvqSparseRows_t": SparseRows,
            "gvqPsConfig_t": PsConfig, "gvqPsStats_t": PsStats}
+TRAIN_MIRRORS = {"gvqTrainConfig_t": TrainConfig, "gvqVariable_t": TrainVariable,
+                 "gvqTrainVariableInfo_t": TrainVariableInfo}
 
 # ---- the check against the header --------------------------------------------------------------
 
@@ -101,7 +128,8 @@ _CTYPES = {"size_t": C.c_size_t, "unsigned int": C.c_uint, "unsigned": C.c_uint,
            "float": C.c_float, "double": C.c_double, "long long": C.c_longlong,
            "unsigned long long": C.c_ulonglong, "int64_t": C.c_int64, "char": C.c_char,
            "uint64_t": C.c_uint64, "uint32_t": C.c_uint32, "int32_t": C.c_int32,
-           "void": C.c_void_p, "gvqStream_t": C.c_void_p}
+           "void": C.c_void_p, "gvqStream_t": C.c_void_p,
+           "gvqCompressorConfig_t": C.c_void_p, "gvqPsConfig_t": C.c_void_p}  # pointed to
 
 
 def find_header() -> Optional[str]:
@@ -174,14 +202,20 @@ def check_abi(header: Optional[str] = None) -> str:
                _lib.library_path)
         warnings.warn("gvq: " + msg)
         return msg
-    with open(header, errors="replace") as f:
-        text = re.sub(r"/\*.*?\*/", " ", f.read(), flags=re.S)
-    defines = {k: int(v) for k, v in re.findall(r"#define\s+(\w+)\s+(\d+)\b", text)}
-    for cname, mirror in MIRRORS.items():
-        hdr = type("_hdr", (C.Structure,), {"_fields_": _header_fields(text, cname, defines)})
-        if C.sizeof(hdr) != C.sizeof(mirror) or _layout(hdr) != _layout(mirror):
-            raise ImportError(
-                "gvq: the Python mirror of %s (%d bytes) does not match %s (%d bytes): "
-                "update bindings/python/gvq/_structs.py\n  header: %s\n  mirror: %s" %
-                (cname, C.sizeof(mirror), header, C.sizeof(hdr), _layout(hdr), _layout(mirror)))
-    return "%d struct layouts match %s" % (len(MIRRORS), header)
+    train = os.path.join(os.path.dirname(header), "gvq_train.h")
+    checked = 0
+    for path, mirrors in ((header, MIRRORS), (train, TRAIN_MIRRORS)):
+        with open(path, errors="replace") as f:
+            text = re.sub(r"/\*.*?\*/", " ", f.read(), flags=re.S)
+        defines = {k: int(v) for k, v in re.findall(r"#define\s+(\w+)\s+(\d+)\b", text)}
+        for cname, mirror in mirrors.items():
+            hdr = type("_hdr", (C.Structure,),
+                       {"_fields_": _header_fields(text, cname, defines)})
+            if C.sizeof(hdr) != C.sizeof(mirror) or _layout(hdr) != _layout(mirror):
+                raise ImportError(
+                    "gvq: the Python mirror of %s (%d bytes) does not match %s (%d bytes): "
+                    "update bindings/python/gvq/_structs.py\n  header: %s\n  mirror: %s" %
+                    (cname, C.sizeof(mirror), path, C.sizeof(hdr), _layout(hdr),
+                     _layout(mirror)))
+            checked += 1
+    return "%d struct layouts match %s and gvq_train.h" % (checked, header)

@@ -1,0 +1,326 @@
+"""The hybrid training layer (include/gvq_train.h): per-variable routing, wait-free backprop,
+sufficient factors and sparse variables, from Python.
+
+    t = gvq.train.Trainer(comm, conv_compressor=dict(codec=gvq.Codec.QSGD))
+    w = t.add_variable("fc.w", gvq.train.Kind.FC, (10, 64))     # in backward order
+    b = t.add_variable("fc.b", gvq.train.Kind.DENSE, (10,))
+    t.commit()                                                   # collective: routes decided
+    for step ...:
+        t.grad_ready(w, grad_w)    # the moment backprop made it: its aggregation starts
+        t.grad_ready(b, grad_b)
+        t.wait_all()               # every gradient aggregated, in place
+
+For a torch module, wait_free(module, comm) registers its parameters and hooks their gradients
+as backprop produces them (the AccumulateGrad hooks Horovod uses); call .wait() before the
+optimizer's step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from . import _structs
+from ._buffers import FLOAT32, INT64, DTYPE_NAMES, as_buffer
+from ._lib import call
+from .comm import AVG, Communicator, _comm, _op, version
+from .compressor import make_config
+
+try:
+    import torch
+except ImportError:  # numpy only
+    torch = None
+
+
+class Kind(enum.IntEnum):
+    """gvqVarKind_t."""
+    CONV = 0
+    FC = 1
+    DENSE = 2
+    SPARSE = 3
+
+
+class Route(enum.IntEnum):
+    """gvqRoute_t."""
+    ALLREDUCE = 0
+    BUCKET = 1
+    COMPRESSED = 2
+    SFB = 3
+    PS = 4
+    ALLGATHERV = 5
+
+
+def _floats(x: Any, name: str, func: str, count: int, writable: bool):
+    b = as_buffer(x, name, func, writable)
+    if b.dtype != FLOAT32:
+        raise TypeError("%s: %s must be float32 (got %s)" % (func, name, DTYPE_NAMES[b.dtype]))
+    if count >= 0 and b.count != count:
+        raise ValueError("%s: %s holds %d values, the variable %d" % (func, name, b.count, count))
+    return b
+
+
+def _compressor(c: Any, func: str) -> Optional[_structs.CompressorConfig]:
+    if c is None or isinstance(c, _structs.CompressorConfig):
+        return c
+    if isinstance(c, dict):
+        return make_config(**c)
+    raise TypeError("%s: a compressor is a dict of gvq.make_config keywords or a config from "
+                    "it, not %s" % (func, type(c).__name__))
+
+
+class Trainer:
+    """A training layer over comm (gvqTrainCreate). Keywords (None: the library's default):
+    bucket_bytes, wait_free (bool), op (gvq.AVG or gvq.SUM), conv_compressor and fc_compressor
+    (dicts of gvq.make_config keywords, or configs; the shape is filled in by the layer), sfb
+    (1, 0, or None: SACP), sparse_route (a Route, or None: Parallax's rule), tune_partitions.
+    Buffers handed to grad_ready / factors_ready / sparse_ready belong to the layer until
+    wait_all returns (the Trainer keeps them alive until then)."""
+
+    def __init__(self, comm: Communicator, bucket_bytes: Optional[int] = None,
+                 wait_free: Optional[bool] = None, op: Any = AVG, conv_compressor: Any = None,
+                 fc_compressor: Any = None, sfb: Optional[int] = None,
+                 sparse_route: Optional[int] = None,
+                 tune_partitions: Optional[bool] = None) -> None:
+        f = "gvq.train.Trainer"
+        c = _structs.TrainConfig()
+        c.size, c.magic, c.version = ctypes.sizeof(c), _structs.TRAIN_CONFIG_MAGIC, version()
+
+        def opt_int(v: Any) -> int:
+            return _structs.UNDEF_INT if v is None else int(v)
+
+        c.bucketBytes, c.waitFree = opt_int(bucket_bytes), opt_int(wait_free)
+        c.op, c.sfb = _op(op, f), opt_int(sfb)
+        c.sparseRoute, c.tunePartitions = opt_int(sparse_route), opt_int(tune_partitions)
+        # the configs must outlive the create call only (the layer copies them)
+        self._keep: List[Any] = [_compressor(conv_compressor, f), _compressor(fc_compressor, f)]
+        if self._keep[0] is not None:
+            c.convCompressor = ctypes.addressof(self._keep[0])
+        if self._keep[1] is not None:
+            c.fcCompressor = ctypes.addressof(self._keep[1])
+        self.comm = comm
+        h = ctypes.c_void_p()
+        call("gvqTrainCreate", _comm(comm, f), ctypes.byref(c), ctypes.byref(h))
+        self._h: Optional[int] = h.value
+        self._counts: List[int] = []
+        self._dims: List[int] = []
+        self._held: List[Any] = []  # buffers the layer may still touch (until wait_all)
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise ValueError("gvq.train.Trainer: used after destroy()")
+        return self._h
+
+    def add_variable(self, name: str, kind: Any, shape: Any, compressor: Any = None,
+                     factors: bool = False, **sparse: Any) -> int:
+        """Registers a variable (before commit, in backward order); returns its id. shape: conv
+        (K, D, H, W), fc (M, N), dense (count,), sparse (rows, dim). compressor: this
+        variable's codec (a dict of make_config keywords or a config; codec NONE: plain).
+        sparse keywords: the parameter server's (rule, learning_rate, momentum, ...)."""
+        f = "gvq.train.Trainer.add_variable"
+        k = Kind(kind)
+        dims = [int(x) for x in (shape if hasattr(shape, "__len__") else (shape,))]
+        if len(dims) > 4:
+            raise ValueError("%s: shape %r has more than 4 dimensions" % (f, shape))
+        v = _structs.TrainVariable()
+        v.size, v.magic, v.version = ctypes.sizeof(v), _structs.VARIABLE_MAGIC, version()
+        name_b = str(name).encode()
+        v.name = name_b
+        v.kind = int(k)
+        for i, d in enumerate(dims):
+            v.shape[i] = d
+        cc = _compressor(compressor, f)
+        if cc is not None:
+            v.compressor = ctypes.addressof(cc)
+        v.factors = 1 if factors else 0
+        ps = None
+        if sparse:
+            from .sparse import ParameterServer
+            ps = _structs.PsConfig()
+            for fname, t in ps._fields_:
+                if t is ctypes.c_int:
+                    setattr(ps, fname, _structs.UNDEF_INT)
+                elif t is ctypes.c_double:
+                    setattr(ps, fname, -1.0)
+            ps.size, ps.magic, ps.version = (ctypes.sizeof(ps), _structs.PS_CONFIG_MAGIC,
+                                             version())
+            for key, val in sparse.items():
+                if key not in ParameterServer._KEYS:
+                    raise TypeError("%s: unknown keyword %r (sparse: %s)" %
+                                    (f, key, ", ".join(sorted(ParameterServer._KEYS))))
+                setattr(ps, ParameterServer._KEYS[key], val)
+            v.sparse = ctypes.addressof(ps)
+        vid = ctypes.c_int()
+        call("gvqTrainAddVariable", self.handle, ctypes.byref(v), ctypes.byref(vid))
+        del name_b, cc, ps  # copied by the layer
+        count = int(np.prod(dims[:2] if k == Kind.FC else dims)) if dims else 0
+        self._counts.append(count)
+        self._dims.append(dims[1] if k == Kind.SPARSE and len(dims) > 1 else 1)
+        return vid.value
+
+    def commit(self) -> None:
+        """Decides the routes; collective (every rank registered the same variables)."""
+        call("gvqTrainCommit", self.handle)
+
+    def _count(self, vid: int, func: str) -> int:
+        if not 0 <= int(vid) < len(self._counts):
+            raise ValueError("%s: id %r is not a registered variable" % (func, vid))
+        return self._counts[int(vid)]
+
+    def grad_ready(self, vid: int, grad: Any) -> None:
+        """Variable vid's gradient is ready (float32, its count): its aggregation starts; the
+        result is written into grad by wait_all."""
+        f = "gvq.train.Trainer.grad_ready"
+        b = _floats(grad, "grad", f, self._count(vid, f), True)
+        self._held.append(b.obj)
+        call("gvqTrainGradReady", self.handle, int(vid), b.ptr)
+
+    def factors_ready(self, vid: int, u: Any, v: Any, grad: Any) -> None:
+        """Sufficient factors of fc variable vid: u (batch x M), v (batch x N); grad (M x N)
+        receives the aggregated gradient by wait_all."""
+        f = "gvq.train.Trainer.factors_ready"
+        g = _floats(grad, "grad", f, self._count(vid, f), True)
+        ub, vb = _floats(u, "u", f, -1, False), _floats(v, "v", f, -1, False)
+        shp = getattr(u, "shape", ())
+        if len(shp) != 2:
+            raise ValueError("%s: u must be 2-D (batch x M), not of shape %r" % (f, shp))
+        self._held += [ub.obj, vb.obj, g.obj]
+        call("gvqTrainFactorsReady", self.handle, int(vid), ub.ptr, vb.ptr, int(shp[0]), g.ptr)
+
+    def sparse_lookup(self, vid: int, indices: Any, values: Any) -> Any:
+        """Rows `indices` (int64) of sparse variable vid into values (n x dim float32)."""
+        f = "gvq.train.Trainer.sparse_lookup"
+        self._count(vid, f)
+        ib = as_buffer(indices, "indices", f)
+        if ib.dtype != INT64:
+            raise TypeError("%s: indices must be int64" % f)
+        vb = _floats(values, "values", f, ib.count * self._dims[int(vid)], True)
+        call("gvqTrainSparseLookup", self.handle, int(vid), ib.ptr, ib.count, vb.ptr)
+        return values
+
+    def sparse_ready(self, vid: int, indices: Any, grads: Any) -> None:
+        """The gradient of rows `indices` of sparse variable vid (n x dim float32)."""
+        f = "gvq.train.Trainer.sparse_ready"
+        self._count(vid, f)
+        ib = as_buffer(indices, "indices", f)
+        if ib.dtype != INT64:
+            raise TypeError("%s: indices must be int64" % f)
+        gb = _floats(grads, "grads", f, ib.count * self._dims[int(vid)], False)
+        self._held += [ib.obj, gb.obj]
+        call("gvqTrainSparseReady", self.handle, int(vid), ib.ptr, gb.ptr, ib.count)
+
+    def wait_all(self) -> None:
+        """Waits until every gradient of the step is aggregated in its buffer."""
+        try:
+            call("gvqTrainWaitAll", self.handle)
+        finally:
+            self._held.clear()
+
+    def info(self, vid: int) -> Dict[str, Any]:
+        """The route decided for variable vid, why, and its last step's timeline."""
+        st = _structs.TrainVariableInfo()
+        call("gvqTrainGetVariableInfo", self.handle, int(vid), ctypes.byref(st))
+        d = {name: getattr(st, name) for name, _ in st._fields_}
+        d["name"] = st.name.decode(errors="replace")
+        d["why"] = st.why.decode(errors="replace")
+        d["route"] = Route(st.route)
+        d["kind"] = Kind(st.kind)
+        return d
+
+    def routes(self) -> List[Dict[str, Any]]:
+        """info() of every variable, in registration order."""
+        n = ctypes.c_int()
+        call("gvqTrainGetVariableCount", self.handle, ctypes.byref(n))
+        return [self.info(i) for i in range(n.value)]
+
+    def save(self) -> bytes:
+        """The layer's communication state (between steps), for a checkpoint."""
+        n = ctypes.c_size_t()
+        call("gvqTrainSave", self.handle, None, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(n.value)
+        call("gvqTrainSave", self.handle, buf, ctypes.byref(n))
+        return buf.raw[:n.value]
+
+    def load(self, state: bytes) -> None:
+        """Restores a state from save() of a layer with the same variables and config."""
+        data = bytes(state)
+        call("gvqTrainLoad", self.handle, data, len(data))
+
+    def destroy(self) -> None:
+        h, self._h = self._h, None
+        if h is not None:
+            call("gvqTrainDestroy", h)
+        self._held.clear()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.destroy()
+
+    def __del__(self) -> None:
+        try:
+            self.destroy()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+
+def _kind_of(p: Any) -> Kind:
+    return Kind.CONV if p.dim() == 4 else Kind.FC if p.dim() == 2 else Kind.DENSE
+
+
+class WaitFree:
+    """A torch module's parameters on a training layer, their gradients handed over as
+    backprop produces them. Made by wait_free()."""
+
+    def __init__(self, module: Any, comm: Communicator, **config: Any) -> None:
+        if torch is None:
+            raise ImportError("gvq.train.wait_free needs torch")
+        self.trainer = Trainer(comm, **config)
+        params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._params = []
+        self._hooks = []
+        for name, p in reversed(params):  # backward order, roughly: the last layer first
+            if p.dtype != torch.float32:
+                raise TypeError("gvq.train.wait_free: parameter %s is %s, not float32" %
+                                (name, p.dtype))
+            shape = tuple(p.shape) if p.dim() in (2, 4) else (p.numel(),)
+            vid = self.trainer.add_variable(name, _kind_of(p), shape)
+            self._params.append((vid, p))
+        self.trainer.commit()
+        for vid, p in self._params:
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]  # p's AccumulateGrad node
+            self._hooks.append((acc, acc.register_hook(self._hook(vid, p))))
+
+    def _hook(self, vid: int, p: Any):
+        def fire(*_: Any) -> None:
+            if p.grad is not None:
+                if not p.grad.is_contiguous():
+                    p.grad = p.grad.contiguous()
+                self.trainer.grad_ready(vid, p.grad)
+        return fire
+
+    def wait(self) -> None:
+        """Every parameter's gradient aggregated (averaged by default) in p.grad; call it after
+        backward() and before the optimizer's step. Every parameter must have had a gradient
+        in this step."""
+        self.trainer.wait_all()
+
+    def routes(self) -> List[Dict[str, Any]]:
+        return self.trainer.routes()
+
+    def close(self) -> None:
+        for _, h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.trainer.destroy()
+
+
+def wait_free(module: Any, comm: Communicator, **config: Any) -> WaitFree:
+    """Registers module's float32 parameters on a new Trainer (keywords as Trainer's: conv
+    weights are 4-D, fc weights 2-D, the rest dense) and hooks their gradients: each one's
+    aggregation starts when backprop has produced it. Collective (commit)."""
+    return WaitFree(module, comm, **config)
