@@ -92,6 +92,8 @@ static const char usage_text[] =
     "      --sample-codec none|qsgd  codec of warm-up and sampling calls (default none)\n"
     "      --vote-threshold V  GradiVeQ's early exit on the local loss (default eps; >= 1: never)\n"
     "      --sample-slices N   slices of each reuse group sampled per call (default 1; 0: all)\n"
+    "      --basis fit|track   GradiVeQ's basis: fitted in sampling phases (default), or\n"
+    "                          tracked by a power iteration every call (-D d, default 4)\n"
     "      --wire fp32|fp16|int8|int16  what the ring adds (default fp32): GradiVeQ's\n"
     "                          coefficients as fp16; int8/int16: GradiVeQ's coefficients and\n"
     "                          QSGD's levels as integers against agreed scales (integerBits)\n"
@@ -342,6 +344,7 @@ enum {
     OPT_GVQ_WARMUP,
     OPT_SAMPLE_CODEC,
     OPT_WIRE,
+    OPT_BASIS,
     OPT_QBITS,
     OPT_QBUCKET,
     OPT_SEED,
@@ -361,6 +364,7 @@ enum {
 };
 
 static const perf_choice_t sample_codecs[] = {{"none", 0}, {"qsgd", 1}, {NULL, 0}};
+static const perf_choice_t bases[] = {{"fit", 0}, {"track", 1}, {NULL, 0}};
 static const perf_choice_t wire_types[] = {{"fp32", 0}, {"float", 0},  {"fp16", 1}, {"half", 1},
                                            {"int8", 8}, {"int16", 16}, {NULL, 0}};
 
@@ -393,6 +397,7 @@ static const perf_opt_t options[] = {
      sample_codecs, "--sample-codec (none or qsgd)"},
     {"wire", ARG, OPT_WIRE, perf_opt_choice, FIELD(wire), 0, 0, wire_types,
      "--wire (fp32, fp16, int8 or int16)"},
+    {"basis", ARG, OPT_BASIS, perf_opt_choice, FIELD(basis), 0, 0, bases, "--basis (fit or track)"},
     {"qbits", ARG, OPT_QBITS, opt_qbits, FIELD(qbits), 2, 8, NULL, "--qbits (2, 4 or 8)"},
     {"qbucket", ARG, OPT_QBUCKET, opt_int, FIELD(qbucket), 1, 1 << 24, NULL,
      "--qbucket (in [1, 2^24])"},
@@ -461,7 +466,7 @@ static int finish_args(opts_t *o, FILE *err) {
         if (err) fprintf(err, "gvq-perf: -r %d: there are only %d ranks\n", o->root, perf_nranks);
         return 2;
     }
-    if (o->dmax == 0) o->dmax = o->L / 8 > 0 ? o->L / 8 : 1;
+    if (o->dmax == 0) o->dmax = o->basis ? 4 : o->L / 8 > 0 ? o->L / 8 : 1;
     if (o->dmax > o->L) {
         if (err) fprintf(err, "gvq-perf: -D %d is larger than -L %d\n", o->dmax, o->L);
         return 2;

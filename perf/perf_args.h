@@ -82,6 +82,7 @@ typedef struct {
     int qbits, qbucket, sample_qsgd, sample_slices;
     double vote; /* -1: library default */
     int wire;    /* --wire: 0 fp32, 1 fp16 (GradiVeQ), 8 or 16: integer-summed (both codecs) */
+    int basis;   /* --basis: 0 fit (the paper's phases), 1 track (gvqBasisTrack) */
     /* gradient source */
     unsigned long long seed;
     int grad_rank;

@@ -126,6 +126,7 @@ static gvqCompressor_t make_compressor(const opts_t *o, codec_t codec, size_t co
     if (codec == CODEC_GRADIVEQ) {
         cfg.sliceSize = o->L;
         cfg.maxDims = o->dmax;
+        if (o->basis) cfg.basisUpdate = gvqBasisTrack;
         cfg.lossThreshold = (float)o->eps;
         cfg.sampleIters = o->T;
         cfg.compressedIters = o->S;
@@ -160,8 +161,9 @@ static void state_path(char *buf, size_t len, const opts_t *o, const gs_source_t
     gs_describe(src, desc, sizeof desc);
     uint64_t h = 1469598103934665603ull; /* FNV-1a of what the fit depends on */
     char key[800];
-    snprintf(key, sizeof key, "%s|L%d D%d eps%g T%d S%d W%d sq%d w%d v%g ss%d", desc, o->L, o->dmax,
-             o->eps, o->T, o->S, o->W, o->sample_qsgd, o->wire, o->vote, o->sample_slices);
+    snprintf(key, sizeof key, "%s|L%d D%d eps%g T%d S%d W%d sq%d w%d v%g ss%d b%d", desc, o->L,
+             o->dmax, o->eps, o->T, o->S, o->W, o->sample_qsgd, o->wire, o->vote, o->sample_slices,
+             o->basis);
     for (const char *p = key; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ull;
     snprintf(buf, len, "%s/gvq-perf-gradiveq-%016llx-n%d-c%zu-r%d.state", o->state_dir,
@@ -328,7 +330,7 @@ static void run_size(const perf_bench_t *b, const perf_run_t *run, size_t count,
     lossy_details(out->details, sizeof out->details, b->codec, bytes, &lc);
     gvqCompressorStats_t st;
     GVQTEST(gvqCompressorGetStats(lc.comp, &st));
-    out->dims = b->codec == CODEC_GRADIVEQ && st.phase != gvqPhasePlain ? st.dims : 0;
+    out->dims = b->codec == CODEC_GRADIVEQ && (st.phase != gvqPhasePlain || o->basis) ? st.dims : 0;
     GVQTEST(gvqCompressorDestroy(lc.comp));
 }
 

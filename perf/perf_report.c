@@ -30,9 +30,10 @@ static void print_compressed_header(const opts_t *o, const gs_source_t *src) {
         snprintf(s_buf, sizeof s_buf, "library default");
     else
         snprintf(s_buf, sizeof s_buf, "%d", o->S);
-    printf("# compressed: gradiveq L=%d maxDims=%d eps=%g T=%d S=%s W=%d sample-codec %s "
+    printf("# compressed: gradiveq basis %s L=%d maxDims=%d eps=%g T=%d S=%s W=%d sample-codec %s "
            "wire %s; qsgd %d bits, bucket %d; codec chunk %zu B\n",
-           o->L, o->dmax, o->eps, o->T, s_buf, o->W, o->sample_qsgd ? "qsgd" : "none",
+           o->basis ? "track" : "fit", o->L, o->dmax, o->eps, o->T, s_buf, o->W,
+           o->sample_qsgd ? "qsgd" : "none",
            o->wire == 1    ? "fp16"
            : o->wire == 8  ? "int8"
            : o->wire == 16 ? "int16"
