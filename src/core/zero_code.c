@@ -188,6 +188,7 @@ static void part_config(const zc_part_t *p, const gvqLayer_t *l, gvqCompressorCo
         cfg->lossThreshold = (float)gvq_param_real(GVQ_PARAM_GRADIVEQ_EPS);
         cfg->voteThreshold = vote == -1 ? 1.0f : (float)vote; /* zero-code: no early exit */
         cfg->sampleSlices = slices == GVQ_CONFIG_UNDEF_INT ? ZC_SAMPLE_SLICES : (int)slices;
+        if (gvq_param(GVQ_PARAM_GRADIVEQ_BASIS) == 1) cfg->basisUpdate = gvqBasisTrack;
         if (l != NULL && l->kind == gvqLayerConv) {
             cfg->filters = l->dims[0];
             cfg->depth = l->dims[1];
@@ -489,8 +490,9 @@ static void report(gvqComm_t comm, const zc_state_t *st) {
 uint64_t gvq_zero_code_identity(gvqDataType_t dtype, gvqRedOp_t op) {
     int master = (int)gvq_param(GVQ_PARAM_CODEC);
     if (master == gvqCodecNone || dtype != gvqFloat32 || (op != gvqSum && op != gvqAvg)) return 0;
-    const gvq_param_id_t knobs[] = {GVQ_PARAM_CODEC_CONV, GVQ_PARAM_CODEC_FC, GVQ_PARAM_POWER_RANK,
-                                    GVQ_PARAM_GRADIVEQ_SAMPLE_SLICES, GVQ_PARAM_LAYOUT_MIN_COUNT};
+    const gvq_param_id_t knobs[] = {GVQ_PARAM_CODEC_CONV,       GVQ_PARAM_CODEC_FC,
+                                    GVQ_PARAM_POWER_RANK,       GVQ_PARAM_GRADIVEQ_SAMPLE_SLICES,
+                                    GVQ_PARAM_LAYOUT_MIN_COUNT, GVQ_PARAM_GRADIVEQ_BASIS};
     uint64_t h = 1469598103934665603ull; /* FNV-1a over the knobs' values */
     for (size_t k = 0; k < sizeof knobs / sizeof knobs[0]; k++) {
         uint64_t v = (uint64_t)gvq_param(knobs[k]);

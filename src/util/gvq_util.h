@@ -133,6 +133,9 @@ int gvq_thread_may_sleep(void);
       "zero-code mode: GradiVeQ's lossThreshold (-1: the config's default)")                   \
     X(GRADIVEQ_VOTE, "GVQ_GRADIVEQ_VOTE", REAL, -1, NULL,                                      \
       "zero-code mode: GradiVeQ's voteThreshold (-1: 1, no early exit in zero-code mode)")     \
+    X(GRADIVEQ_BASIS, "GVQ_GRADIVEQ_BASIS", CHOICE, 0, "fit,track",                            \
+      "zero-code mode: GradiVeQ's basisUpdate (fit: sampling phases, the paper; track: a "     \
+      "power iteration every call, gvqBasisTrack)")                                            \
     X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL,   \
       "zero-code mode: GradiVeQ's sampleSlices (unset: 64 spread over each reuse group)")      \
     X(LAYOUT, "GVQ_LAYOUT", TEXT, 0, NULL,                                                     \
