@@ -236,6 +236,81 @@ GVQ_API gvqResult_t gvqTrainLoadFile(gvqTrainer_t trainer, const char *path);
  * gvqInvalidArgument, and an unreported error of the last step. */
 GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);
 
+/* ---------------------------------------------------------------------------------------------
+ * Pipeline model parallelism (ALGORITHMS.md section 6). The model is cut into S consecutive
+ * stages, one per rank of a pipeline communicator (stage k = rank k); a mini-batch is cut into M
+ * micro-batches; activations travel forward and errors backward with gvqSend/gvqRecv. The layer
+ * runs the schedule; the trainer gives each stage's forward and backward of one micro-batch.
+ *
+ *   gvqPipeGpipe (synchronous, a flush per mini-batch; GPipe), stage k, one gvqPipeStep:
+ *     for m = 0 .. M-1:   in_m <- stage k-1;   forward(m, in_m, out_m);   out_m -> stage k+1
+ *     for m = M-1 .. 0:   dout <- stage k+1;   backward(m, dout, din);    din -> stage k-1
+ *   then the stage's weight gradients (accumulated by its backward over the M micro-batches) are
+ *   the mini-batch's; the trainer applies them (aggregated over replicas first, if any, e.g.
+ *   through a gvqTrainer on a communicator per stage). No staleness; bubbles of (S-1)/(M+S-1).
+ *
+ * Not yet: PipeDream's one-forward-one-backward with weight stashing, DualPipe, SpecTrain's
+ * weight prediction (the schedule values are reserved: refused at create).
+ * ------------------------------------------------------------------------------------------ */
+
+typedef struct gvqPipe *gvqPipe_t;
+
+/* clang-format off */
+typedef enum {
+    gvqPipeGpipe     = 0, /* synchronous, flush per mini-batch */
+    gvqPipePipedream = 1, /* reserved: refused (not implemented yet) */
+    gvqPipeDualpipe  = 2, /* reserved: refused */
+    gvqPipeSpectrain = 3  /* reserved: refused */
+} gvqPipeSchedule_t;
+/* clang-format on */
+
+#define GVQ_PIPE_CONFIG_MAGIC 0x6776714cu /* 'gvqL' */
+
+/* Versioned pipeline configuration of this rank's stage (GVQ_PIPE_CONFIG_INITIALIZER). */
+typedef struct {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int microBatches; /* M per mini-batch, the same on every stage [1] */
+    int schedule;     /* gvqPipeSchedule_t, the same on every stage [gvqPipeGpipe] */
+    size_t inCount;   /* floats of one micro-batch's input to this stage: 0 on stage 0, else
+                         the previous stage's outCount */
+    size_t outCount;  /* floats of one micro-batch's output: 0 on the last stage, else > 0 */
+} gvqPipeConfig_t;
+
+#define GVQ_PIPE_CONFIG_INITIALIZER                                                        \
+    {                                                                                      \
+        sizeof(gvqPipeConfig_t), GVQ_PIPE_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
+            GVQ_CONFIG_UNDEF_INT, 0, 0                                                     \
+    }
+
+/* A stage's work on micro-batch `micro` (0 .. M-1). forward: in (inCount floats; NULL on stage 0,
+ * which reads its own data) -> out (outCount floats; NULL on the last stage, which computes its
+ * loss); it keeps what its backward needs. backward: dout (the error at its output, outCount
+ * floats; NULL on the last stage) -> din (the error at its input, inCount floats; NULL on stage
+ * 0), accumulating the stage's weight gradients. in and out stay valid and unchanged until the
+ * micro-batch's backward returns. A non-gvqSuccess return ends the step with that error on this
+ * stage (its neighbours' transfers then fail by the communicator's timeout). */
+typedef gvqResult_t (*gvqPipeForwardFn_t)(void *user, int micro, const float *in, float *out);
+typedef gvqResult_t (*gvqPipeBackwardFn_t)(void *user, int micro, const float *dout, float *din);
+
+/* Makes this rank's stage of a pipeline over comm (S = its rank count). Collective: the stages
+ * exchange their configs, and a mismatch is refused on every stage with gvqInvalidArgument and a
+ * WARN naming both sides (microBatches or schedule differing, stage k's outCount not stage
+ * k+1's inCount, an input on stage 0 or an output on the last stage, a stage whose own
+ * arguments were refused: NULL functions, M < 1, a reserved schedule). */
+GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
+                                  gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
+                                  void *user, gvqPipe_t *pipe);
+
+/* Runs one mini-batch through the schedule on this stage (every stage calls it). Returns when
+ * this stage's part is done: its weight gradients are complete. Errors: the callbacks', and
+ * those of gvqSend/gvqRecv (gvqTimeout when a neighbour stopped). */
+GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t pipe);
+
+/* Frees the stage. Local. */
+GVQ_API gvqResult_t gvqPipeDestroy(gvqPipe_t pipe);
+
 #ifdef __cplusplus
 }
 #endif

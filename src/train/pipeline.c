@@ -1,0 +1,221 @@
+/*
+ * pipeline.c -- pipeline model parallelism in the training layer (include/gvq_train.h): one
+ * stage per rank of the pipeline communicator, the trainer's forward and backward of one
+ * micro-batch, the schedule here.
+ *
+ *   create: check this stage's arguments -> allgather every stage's
+ *           [refused | microBatches | schedule | inCount | outCount] -> the same verdict on
+ *           every stage (agree_stages) -> the micro-batches' buffers
+ *
+ *   gvqPipeGpipe, stage k of S, one step (4 stages, 3 micro-batches: F forward, B backward):
+ *
+ *     stage 0   F0 F1 F2 .. .. .. .. .. .. B2 B1 B0
+ *     stage 1   .. F0 F1 F2 .. .. .. .. B2 B1 B0 ..
+ *     stage 2   .. .. F0 F1 F2 .. .. B2 B1 B0 .. ..
+ *     stage 3   .. .. .. F0 F1 F2 B2 B1 B0 .. .. ..      (then every stage's gradients are the
+ *                                                         mini-batch's: a flush, no staleness)
+ *
+ * Transfers are blocking gvqSend/gvqRecv between neighbours: within a phase the data flows one
+ * way along the chain, so every send meets a receive its neighbour is already waiting in.
+ */
+#include <stdlib.h>
+
+#include "gvq_handles.h"
+#include "gvq_trainer.h"
+
+#define PIPE_MAGIC 0x67767050u
+
+struct gvqPipe {
+    uint32_t magic;
+    gvqComm_t comm;
+    int stage, nstages, micro, schedule;
+    size_t in_count, out_count;
+    gvqPipeForwardFn_t forward;
+    gvqPipeBackwardFn_t backward;
+    void *user;
+    float *in, *out; /* micro x in_count, micro x out_count */
+    float *din, *dout;
+    long long steps;
+};
+
+static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
+
+enum { R_REFUSED, R_MICRO, R_SCHEDULE, R_IN, R_OUT, R_N };
+
+/* This stage's own arguments; a WARN names what is wrong. */
+static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqPipeForwardFn_t fwd,
+                             gvqPipeBackwardFn_t bwd, int *micro, int *schedule) {
+    const char *fn = "gvqPipeCreate";
+    *micro = c->microBatches == GVQ_CONFIG_UNDEF_INT ? 1 : c->microBatches;
+    *schedule = c->schedule == GVQ_CONFIG_UNDEF_INT ? gvqPipeGpipe : c->schedule;
+    if (fwd == NULL || bwd == NULL) {
+        GVQ_WARN("%s: forward or backward is NULL", fn);
+        return gvqInvalidArgument;
+    }
+    if (*micro < 1) {
+        GVQ_WARN("%s: microBatches %d must be at least 1", fn, *micro);
+        return gvqInvalidArgument;
+    }
+    if (*schedule != gvqPipeGpipe) {
+        GVQ_WARN("%s: schedule %d: only gvqPipeGpipe is implemented so far", fn, *schedule);
+        return gvqInvalidArgument;
+    }
+    if (c->inCount > ((size_t)1 << 40) || c->outCount > ((size_t)1 << 40)) {
+        GVQ_WARN("%s: inCount %zu / outCount %zu beyond 2^40", fn, c->inCount, c->outCount);
+        return gvqInvalidArgument;
+    }
+    return gvqSuccess;
+}
+
+/* The verdict on the gathered rows, the same on every stage. */
+static gvqResult_t agree_stages(const int64_t *rows, int S, int me) {
+    const char *fn = "gvqPipeCreate";
+    for (int k = 0; k < S; k++)
+        if (rows[k * R_N + R_REFUSED] != 0) {
+            if (k != me) GVQ_WARN("%s: stage %d refused its own arguments", fn, k);
+            return gvqInvalidArgument;
+        }
+    for (int k = 1; k < S; k++)
+        if (rows[k * R_N + R_MICRO] != rows[R_MICRO] ||
+            rows[k * R_N + R_SCHEDULE] != rows[R_SCHEDULE]) {
+            GVQ_WARN("%s: stage 0 has microBatches %lld, schedule %lld; stage %d %lld, %lld (must "
+                     "be equal on every stage)",
+                     fn, (long long)rows[R_MICRO], (long long)rows[R_SCHEDULE], k,
+                     (long long)rows[k * R_N + R_MICRO], (long long)rows[k * R_N + R_SCHEDULE]);
+            return gvqInvalidArgument;
+        }
+    if (rows[R_IN] != 0 || rows[(S - 1) * R_N + R_OUT] != 0) {
+        GVQ_WARN("%s: stage 0 has inCount %lld and the last stage (%d) outCount %lld: both must "
+                 "be 0",
+                 fn, (long long)rows[R_IN], S - 1, (long long)rows[(S - 1) * R_N + R_OUT]);
+        return gvqInvalidArgument;
+    }
+    for (int k = 0; k + 1 < S; k++) {
+        int64_t out = rows[k * R_N + R_OUT], in = rows[(k + 1) * R_N + R_IN];
+        if (out == 0 || out != in) {
+            GVQ_WARN("%s: stage %d sends %lld floats a micro-batch (outCount) but stage %d "
+                     "expects %lld (inCount)%s",
+                     fn, k, (long long)out, k + 1, (long long)in,
+                     out == 0 ? "; only the last stage has no output" : "");
+            return gvqInvalidArgument;
+        }
+    }
+    return gvqSuccess;
+}
+
+static void pipe_free(gvqPipe_t p) {
+    if (p == NULL) return;
+    p->magic = 0;
+    free(p->in), free(p->out), free(p->din), free(p->dout);
+    free(p);
+}
+
+/* in/out for every micro-batch, and one din/dout reused by the backward pass. */
+static gvqResult_t alloc_buffers(gvqPipe_t p) {
+    size_t M = (size_t)p->micro;
+    p->in = p->in_count ? malloc(sizeof(float) * M * p->in_count) : NULL;
+    p->din = p->in_count ? malloc(sizeof(float) * p->in_count) : NULL;
+    p->out = p->out_count ? malloc(sizeof(float) * M * p->out_count) : NULL;
+    p->dout = p->out_count ? malloc(sizeof(float) * p->out_count) : NULL;
+    if ((p->in_count && (p->in == NULL || p->din == NULL)) ||
+        (p->out_count && (p->out == NULL || p->dout == NULL))) {
+        GVQ_WARN("gvqPipeCreate: cannot allocate %d micro-batches of %zu + %zu floats", p->micro,
+                 p->in_count, p->out_count);
+        return gvqSystemError;
+    }
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
+                                  gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
+                                  void *user, gvqPipe_t *pipe) {
+    const char *fn = "gvqPipeCreate";
+    if (pipe == NULL || config == NULL) {
+        GVQ_WARN("%s: %s is NULL", fn, pipe == NULL ? "pipe" : "config");
+        return gvqInvalidArgument;
+    }
+    *pipe = NULL;
+    GVQCHECK(gvq_comm_check(comm, fn, 1));
+    gvqResult_t own = gvq_config_header_check(fn, "config", config->size, config->magic,
+                                              config->version, GVQ_PIPE_CONFIG_MAGIC,
+                                              sizeof *config, sizeof *config,
+                                              "GVQ_PIPE_CONFIG_INITIALIZER");
+    int micro = 0, schedule = 0, S = 0, me = 0;
+    if (own == gvqSuccess) own = check_own(config, forward, backward, &micro, &schedule);
+    GVQCHECK(gvqCommCount(comm, &S));
+    GVQCHECK(gvqCommUserRank(comm, &me));
+    int64_t row[R_N] = {own != gvqSuccess, micro, schedule,
+                        own == gvqSuccess ? (int64_t)config->inCount : 0,
+                        own == gvqSuccess ? (int64_t)config->outCount : 0};
+    int64_t *rows = malloc(sizeof(int64_t) * R_N * (size_t)S);
+    if (rows == NULL) return gvqSystemError;
+    gvqResult_t res = gvqAllGather(row, rows, R_N, gvqInt64, comm, NULL);
+    if (res == gvqSuccess) res = agree_stages(rows, S, me);
+    free(rows);
+    if (own != gvqSuccess) return own;
+    GVQCHECK(res);
+    gvqPipe_t p = calloc(1, sizeof *p);
+    if (p == NULL) return gvqSystemError;
+    *p = (struct gvqPipe){.magic = PIPE_MAGIC, .comm = comm, .stage = me, .nstages = S,
+                          .micro = micro, .schedule = schedule, .in_count = config->inCount,
+                          .out_count = config->outCount, .forward = forward,
+                          .backward = backward, .user = user};
+    if ((res = alloc_buffers(p)) == gvqSuccess) res = gvq_handles_add(&live, p);
+    if (res != gvqSuccess) {
+        pipe_free(p);
+        return res;
+    }
+    GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule gpipe, in %zu out %zu floats", fn,
+             me, S, micro, config->inCount, config->outCount);
+    *pipe = p;
+    return gvqSuccess;
+}
+
+static gvqResult_t pipe_check(const char *fn, gvqPipe_t p) {
+    if (!gvq_handles_live(&live, p)) {
+        GVQ_WARN("%s: pipe %p is %s", fn, (void *)p,
+                 p == NULL ? "NULL" : "not a live pipeline stage (destroyed?)");
+        return gvqInvalidArgument;
+    }
+    return gvq_comm_check(p->comm, fn, 1);
+}
+
+/* ---- gvqPipeGpipe: all forwards, then all backwards --------------------------------------- */
+
+static gvqResult_t gpipe_forward(gvqPipe_t p, int m) {
+    float *in = p->in_count ? p->in + (size_t)m * p->in_count : NULL;
+    float *out = p->out_count ? p->out + (size_t)m * p->out_count : NULL;
+    if (in != NULL) GVQCHECK(gvqRecv(in, p->in_count, gvqFloat32, p->stage - 1, p->comm, NULL));
+    GVQCHECK(p->forward(p->user, m, in, out));
+    if (out != NULL) GVQCHECK(gvqSend(out, p->out_count, gvqFloat32, p->stage + 1, p->comm, NULL));
+    return gvqSuccess;
+}
+
+static gvqResult_t gpipe_backward(gvqPipe_t p, int m) {
+    if (p->dout != NULL)
+        GVQCHECK(gvqRecv(p->dout, p->out_count, gvqFloat32, p->stage + 1, p->comm, NULL));
+    GVQCHECK(p->backward(p->user, m, p->dout, p->din));
+    if (p->din != NULL)
+        GVQCHECK(gvqSend(p->din, p->in_count, gvqFloat32, p->stage - 1, p->comm, NULL));
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t p) {
+    GVQCHECK(pipe_check("gvqPipeStep", p));
+    for (int m = 0; m < p->micro; m++)
+        GVQCHECK(gpipe_forward(p, m));
+    for (int m = p->micro - 1; m >= 0; m--)
+        GVQCHECK(gpipe_backward(p, m));
+    p->steps++;
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqPipeDestroy(gvqPipe_t p) {
+    if (!gvq_handles_remove(&live, p)) {
+        GVQ_WARN("gvqPipeDestroy: pipe %p is %s", (void *)p,
+                 p == NULL ? "NULL" : "not a live pipeline stage (destroyed?)");
+        return gvqInvalidArgument;
+    }
+    pipe_free(p);
+    return gvqSuccess;
+}

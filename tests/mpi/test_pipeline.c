@@ -1,0 +1,280 @@
+/*
+ * test_pipeline.c -- gvqPipe (include/gvq_train.h) on real MPI ranks, one stage per rank:
+ *
+ *   1 gpipe       a 4-layer tanh MLP (widths 6-8-8-8-3, squared loss) cut into S = nranks
+ *                 stages of consecutive layers, 4 micro-batches of 5 rows, 3 SGD steps: every
+ *                 stage's weights equal bitwise those of single-process training of the whole
+ *                 model, which every rank also runs here with the same layer code and the same
+ *                 micro-batch order
+ *   2 refusals    on every stage alike: stage k's outCount not stage k+1's inCount, an input on
+ *                 stage 0, microBatches differing between stages, one stage's own refusal (a
+ *                 reserved schedule); a NULL pipe to gvqPipeStep
+ */
+#include <math.h>
+
+#include "gvq_train.h"
+#include "mpitest.h"
+
+#define NL 4    /* layers */
+#define MB 4    /* micro-batches */
+#define ROWS 5  /* rows per micro-batch */
+#define STEPS 3 /* mini-batches */
+#define LR 0.05f
+
+static const int width[NL + 1] = {6, 8, 8, 8, 3};
+
+typedef struct {
+    float *w[NL], *b[NL], *gw[NL], *gb[NL];
+    float *act[MB][NL + 1]; /* act[m][l]: input of layer l (act[m][NL]: the output) */
+} mlp_t;
+
+static float value(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t h = a * 2654435761u ^ (b + 0x9e3779b9u) * 40503u ^ (c + 7u) * 2246822519u;
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    return (float)(h % 2001u) / 1000.0f - 1.0f;
+}
+
+static void mlp_init(mlp_t *n) {
+    memset(n, 0, sizeof *n);
+    for (int l = 0; l < NL; l++) {
+        size_t nw = (size_t)width[l + 1] * (size_t)width[l];
+        n->w[l] = malloc(sizeof(float) * nw);
+        n->gw[l] = calloc(nw, sizeof(float));
+        n->b[l] = calloc((size_t)width[l + 1], sizeof(float));
+        n->gb[l] = calloc((size_t)width[l + 1], sizeof(float));
+        for (size_t i = 0; i < nw; i++)
+            n->w[l][i] = 0.5f * value(1, (uint32_t)l, (uint32_t)i);
+        for (int m = 0; m < MB; m++)
+            n->act[m][l + 1] = malloc(sizeof(float) * ROWS * (size_t)width[l + 1]);
+    }
+    for (int m = 0; m < MB; m++)
+        n->act[m][0] = malloc(sizeof(float) * ROWS * (size_t)width[0]);
+}
+
+static void mlp_free(mlp_t *n) {
+    for (int l = 0; l < NL; l++)
+        free(n->w[l]), free(n->b[l]), free(n->gw[l]), free(n->gb[l]);
+    for (int m = 0; m < MB; m++)
+        for (int l = 0; l <= NL; l++)
+            free(n->act[m][l]);
+}
+
+/* Layer l on micro-batch m: act[m][l+1] = f(W act[m][l] + b), f = tanh but on the last layer. */
+static void layer_forward(mlp_t *n, int l, int m) {
+    int in = width[l], out = width[l + 1];
+    for (int r = 0; r < ROWS; r++)
+        for (int o = 0; o < out; o++) {
+            float s = n->b[l][o];
+            for (int i = 0; i < in; i++)
+                s += n->w[l][o * in + i] * n->act[m][l][r * in + i];
+            n->act[m][l + 1][r * out + o] = l + 1 < NL ? tanhf(s) : s;
+        }
+}
+
+/* Layer l backward on micro-batch m: dy (the error at its output) -> dx (at its input; may be
+ * NULL), gradients accumulated. */
+static void layer_backward(mlp_t *n, int l, int m, const float *dy, float *dx) {
+    int in = width[l], out = width[l + 1];
+    float dz[ROWS * 8];
+    for (int r = 0; r < ROWS; r++)
+        for (int o = 0; o < out; o++) {
+            float y = n->act[m][l + 1][r * out + o];
+            dz[r * out + o] = l + 1 < NL ? dy[r * out + o] * (1 - y * y) : dy[r * out + o];
+        }
+    for (int o = 0; o < out; o++)
+        for (int r = 0; r < ROWS; r++) {
+            n->gb[l][o] += dz[r * out + o];
+            for (int i = 0; i < in; i++)
+                n->gw[l][o * in + i] += dz[r * out + o] * n->act[m][l][r * in + i];
+        }
+    if (dx != NULL)
+        for (int r = 0; r < ROWS; r++)
+            for (int i = 0; i < in; i++) {
+                float s = 0;
+                for (int o = 0; o < out; o++)
+                    s += n->w[l][o * in + i] * dz[r * out + o];
+                dx[r * in + i] = s;
+            }
+}
+
+static void input_of(int step, int m, float *x) {
+    for (int i = 0; i < ROWS * width[0]; i++)
+        x[i] = value(2, (uint32_t)(step * MB + m), (uint32_t)i);
+}
+
+/* d(loss)/d(output) of the squared loss against the micro-batch's targets. */
+static void loss_grad(int step, int m, const float *y, float *dy) {
+    for (int i = 0; i < ROWS * width[NL]; i++)
+        dy[i] = 2.0f * (y[i] - value(3, (uint32_t)(step * MB + m), (uint32_t)i)) / (ROWS * MB);
+}
+
+static void sgd(mlp_t *n, int l0, int l1) {
+    for (int l = l0; l < l1; l++) {
+        size_t nw = (size_t)width[l + 1] * (size_t)width[l];
+        for (size_t i = 0; i < nw; i++) {
+            n->w[l][i] -= LR * n->gw[l][i];
+            n->gw[l][i] = 0;
+        }
+        for (int o = 0; o < width[l + 1]; o++) {
+            n->b[l][o] -= LR * n->gb[l][o];
+            n->gb[l][o] = 0;
+        }
+    }
+}
+
+/* The whole model on one process, micro-batches in the pipeline's order. */
+static void reference_step(mlp_t *n, int step) {
+    float dy[ROWS * 8], dx[ROWS * 8];
+    for (int m = 0; m < MB; m++) {
+        input_of(step, m, n->act[m][0]);
+        for (int l = 0; l < NL; l++)
+            layer_forward(n, l, m);
+    }
+    for (int m = MB - 1; m >= 0; m--) {
+        loss_grad(step, m, n->act[m][NL], dy);
+        for (int l = NL - 1; l >= 0; l--) {
+            layer_backward(n, l, m, dy, l > 0 ? dx : NULL);
+            if (l > 0) memcpy(dy, dx, sizeof dx);
+        }
+    }
+    sgd(n, 0, NL);
+}
+
+/* ---- a stage: layers [l0, l1) of the same model ---------------------------------------------- */
+
+typedef struct {
+    mlp_t net;
+    int l0, l1, step;
+} stage_t;
+
+static gvqResult_t stage_forward(void *user, int m, const float *in, float *out) {
+    stage_t *s = user;
+    if (in == NULL)
+        input_of(s->step, m, s->net.act[m][0]);
+    else
+        memcpy(s->net.act[m][s->l0], in, sizeof(float) * ROWS * (size_t)width[s->l0]);
+    for (int l = s->l0; l < s->l1; l++)
+        layer_forward(&s->net, l, m);
+    if (out != NULL) memcpy(out, s->net.act[m][s->l1], sizeof(float) * ROWS * (size_t)width[s->l1]);
+    return gvqSuccess;
+}
+
+static gvqResult_t stage_backward(void *user, int m, const float *dout, float *din) {
+    stage_t *s = user;
+    float dy[ROWS * 8], dx[ROWS * 8];
+    if (dout == NULL)
+        loss_grad(s->step, m, s->net.act[m][NL], dy);
+    else
+        memcpy(dy, dout, sizeof(float) * ROWS * (size_t)width[s->l1]);
+    for (int l = s->l1 - 1; l >= s->l0; l--) {
+        layer_backward(&s->net, l, m, dy, l > 0 ? dx : NULL);
+        if (l > 0) memcpy(dy, dx, sizeof dx);
+    }
+    if (din != NULL) memcpy(din, dy, sizeof(float) * ROWS * (size_t)width[s->l0]);
+    return gvqSuccess;
+}
+
+static gvqPipeConfig_t stage_config(int l0, int l1) {
+    gvqPipeConfig_t c = GVQ_PIPE_CONFIG_INITIALIZER;
+    c.microBatches = MB;
+    c.inCount = l0 == 0 ? 0 : (size_t)ROWS * (size_t)width[l0];
+    c.outCount = l1 == NL ? 0 : (size_t)ROWS * (size_t)width[l1];
+    return c;
+}
+
+static void part_gpipe(void) {
+    if (mt.rank == 0) printf("-- 1 gpipe on %d stages reproduces single-process training\n", mt.nranks);
+    gvqComm_t comm = mt_new_comm();
+    int S = mt.nranks, k = mt.rank;
+    MT_CHECK(S <= NL, "this test cuts %d layers into at most %d stages", NL, NL);
+    stage_t st;
+    mlp_init(&st.net);
+    st.l0 = k * NL / S;
+    st.l1 = (k + 1) * NL / S;
+    gvqPipeConfig_t cfg = stage_config(st.l0, st.l1);
+    gvqPipe_t p = NULL;
+    MT_OK(gvqPipeCreate(comm, &cfg, stage_forward, stage_backward, &st, &p));
+    mlp_t ref;
+    mlp_init(&ref);
+    for (int step = 0; step < STEPS; step++) {
+        st.step = step;
+        MT_OK(gvqPipeStep(p));
+        sgd(&st.net, st.l0, st.l1);
+        reference_step(&ref, step);
+        for (int l = st.l0; l < st.l1; l++) {
+            size_t nw = (size_t)width[l + 1] * (size_t)width[l];
+            MT_CHECK(memcmp(st.net.w[l], ref.w[l], sizeof(float) * nw) == 0 &&
+                         memcmp(st.net.b[l], ref.b[l], sizeof(float) * (size_t)width[l + 1]) == 0,
+                     "step %d: stage %d's layer %d differs from single-process training", step, k,
+                     l);
+        }
+    }
+    /* the reference moved: the test is not comparing unchanged weights */
+    mlp_t init;
+    mlp_init(&init);
+    MT_CHECK(memcmp(init.w[0], ref.w[0], sizeof(float) * 48) != 0, "the weights did not move");
+    mlp_free(&init);
+    MT_OK(gvqPipeDestroy(p));
+    MT_EXPECT_RES(gvqPipeDestroy(p), gvqInvalidArgument);
+    mlp_free(&ref);
+    mlp_free(&st.net);
+    MT_OK(gvqCommDestroy(comm));
+}
+
+/* ---- part 2 ------------------------------------------------------------------------------------
+ */
+
+static gvqResult_t no_forward(void *u, int m, const float *in, float *out) {
+    (void)u, (void)m, (void)in, (void)out;
+    return gvqSuccess;
+}
+static gvqResult_t no_backward(void *u, int m, const float *dout, float *din) {
+    (void)u, (void)m, (void)dout, (void)din;
+    return gvqSuccess;
+}
+
+/* Every stage's create must fail with gvqInvalidArgument (none of them may hang). */
+static void expect_refused(gvqComm_t comm, const gvqPipeConfig_t *cfg, const char *what) {
+    gvqPipe_t p = NULL;
+    gvqResult_t r = gvqPipeCreate(comm, cfg, no_forward, no_backward, NULL, &p);
+    MT_CHECK(r == gvqInvalidArgument && p == NULL, "%s: stage %d got %s, want invalid argument",
+             what, mt.rank, gvqGetErrorString(r));
+}
+
+static void part_refusals(void) {
+    if (mt.rank == 0) printf("-- 2 refusals on every stage\n");
+    gvqComm_t comm = mt_new_comm();
+    int S = mt.nranks, k = mt.rank;
+    gvqPipeConfig_t c = GVQ_PIPE_CONFIG_INITIALIZER;
+    c.inCount = k == 0 ? 0 : 10;
+    c.outCount = k == S - 1 ? 0 : 10;
+    if (S > 1) {
+        gvqPipeConfig_t bad = c;
+        if (k == 0) bad.outCount = 11; /* stage 1 expects 10 */
+        expect_refused(comm, &bad, "outCount 11 into inCount 10");
+        bad = c;
+        if (k == 1) bad.microBatches = 3;
+        expect_refused(comm, &bad, "microBatches differing");
+    }
+    gvqPipeConfig_t bad = c;
+    if (k == 0) bad.inCount = 4;
+    expect_refused(comm, &bad, "an input on stage 0");
+    bad = c;
+    if (k == S - 1) bad.schedule = gvqPipeSpectrain; /* reserved: this stage refuses */
+    expect_refused(comm, &bad, "a reserved schedule on the last stage");
+    gvqPipe_t p = NULL; /* and the right configs still work on the same communicator */
+    MT_OK(gvqPipeCreate(comm, &c, no_forward, no_backward, NULL, &p));
+    MT_OK(gvqPipeStep(p));
+    MT_OK(gvqPipeDestroy(p));
+    MT_EXPECT_RES(gvqPipeStep(NULL), gvqInvalidArgument);
+    MT_OK(gvqCommDestroy(comm));
+}
+
+int main(int argc, char **argv) {
+    mt_init(&argc, &argv);
+    part_gpipe();
+    part_refusals();
+    return mt_finish("test_pipeline");
+}
