@@ -136,10 +136,9 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
     }
     *pipe = NULL;
     GVQCHECK(gvq_comm_check(comm, fn, 1));
-    gvqResult_t own = gvq_config_header_check(fn, "config", config->size, config->magic,
-                                              config->version, GVQ_PIPE_CONFIG_MAGIC,
-                                              sizeof *config, sizeof *config,
-                                              "GVQ_PIPE_CONFIG_INITIALIZER");
+    gvqResult_t own = gvq_config_header_check(
+        fn, "config", config->size, config->magic, config->version, GVQ_PIPE_CONFIG_MAGIC,
+        sizeof *config, sizeof *config, "GVQ_PIPE_CONFIG_INITIALIZER");
     int micro = 0, schedule = 0, S = 0, me = 0;
     if (own == gvqSuccess) own = check_own(config, forward, backward, &micro, &schedule);
     GVQCHECK(gvqCommCount(comm, &S));
@@ -156,17 +155,24 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
     GVQCHECK(res);
     gvqPipe_t p = calloc(1, sizeof *p);
     if (p == NULL) return gvqSystemError;
-    *p = (struct gvqPipe){.magic = PIPE_MAGIC, .comm = comm, .stage = me, .nstages = S,
-                          .micro = micro, .schedule = schedule, .in_count = config->inCount,
-                          .out_count = config->outCount, .forward = forward,
-                          .backward = backward, .user = user};
+    *p = (struct gvqPipe){.magic = PIPE_MAGIC,
+                          .comm = comm,
+                          .stage = me,
+                          .nstages = S,
+                          .micro = micro,
+                          .schedule = schedule,
+                          .in_count = config->inCount,
+                          .out_count = config->outCount,
+                          .forward = forward,
+                          .backward = backward,
+                          .user = user};
     if ((res = alloc_buffers(p)) == gvqSuccess) res = gvq_handles_add(&live, p);
     if (res != gvqSuccess) {
         pipe_free(p);
         return res;
     }
-    GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule gpipe, in %zu out %zu floats", fn,
-             me, S, micro, config->inCount, config->outCount);
+    GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule gpipe, in %zu out %zu floats", fn, me,
+             S, micro, config->inCount, config->outCount);
     *pipe = p;
     return gvqSuccess;
 }

@@ -185,7 +185,8 @@ static gvqPipeConfig_t stage_config(int l0, int l1) {
 }
 
 static void part_gpipe(void) {
-    if (mt.rank == 0) printf("-- 1 gpipe on %d stages reproduces single-process training\n", mt.nranks);
+    if (mt.rank == 0)
+        printf("-- 1 gpipe on %d stages reproduces single-process training\n", mt.nranks);
     gvqComm_t comm = mt_new_comm();
     int S = mt.nranks, k = mt.rank;
     MT_CHECK(S <= NL, "this test cuts %d layers into at most %d stages", NL, NL);

@@ -1,0 +1,364 @@
+/*
+ * pipe.c -- gvq-train --stages S: pipeline model parallelism through the training layer's
+ * gvqPipe (include/gvq_train.h). Every rank builds the whole network (the same seed) and runs
+ * the layers of its stage; the layers are cut into S consecutive ranges of about equal compute
+ * (a stage gets at least one layer). A step is one global batch cut into M micro-batches:
+ *
+ *   stage k:  forward(m): in_m (stage 0: the images) -> its layers -> out_m
+ *             backward(m): its layers' forward again on in_m (GPipe's re-materialization: a
+ *                          layer keeps one batch's state), then backward; the last stage starts
+ *                          from the loss (the mean over the global batch); gradients summed
+ *                          over the micro-batches
+ *             then SGD with momentum on the parameters it owns
+ *
+ * For the test accuracy every stage broadcasts its layers' parameters, so that every rank holds
+ * the whole current model and evaluates its share of the test set. The printed loss and train
+ * accuracy come from the last stage.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gvq_mpi.h"
+#include "gvq_train.h"
+#include "mnist.h"
+#include "net.h"
+#include "pipe.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Forward cost of a layer per image (multiply-adds), for the cut. */
+static double layer_cost(const layer_t *l) {
+    double px = (double)l->out_h * (double)l->out_w;
+    if (l->kind == LAYER_CONV) return (double)l->nw * px;
+    if (l->kind == LAYER_BLOCK) return ((double)l->sub[0].nw + (double)l->sub[1].nw) * px;
+    if (l->kind == LAYER_FC) return (double)l->nw;
+    return (double)layer_out_size(l);
+}
+
+/* first[k] .. first[k+1]-1: the layers of stage k; cut where the running cost passes k/S of the
+ * total, every stage at least one layer. -1 when the network has fewer layers than stages. */
+static int cut_stages(const net_t *net, int S, int *first) {
+    if (net->nlayers < S) return -1;
+    double total = 0, run = 0;
+    for (int i = 0; i < net->nlayers; i++)
+        total += layer_cost(&net->layers[i]);
+    first[0] = 0;
+    int k = 1;
+    for (int i = 0; i < net->nlayers && k < S; i++) {
+        run += layer_cost(&net->layers[i]);
+        int left = net->nlayers - (i + 1); /* layers after i */
+        if ((run >= total * k / S && i + 1 > first[k - 1]) || left == S - k) first[k++] = i + 1;
+    }
+    first[S] = net->nlayers;
+    return 0;
+}
+
+/* The parameter ranges of a layer (its weights, biases, a block's convs). */
+static int layer_ranges(const layer_t *l, float **ptr, size_t *len) {
+    int n = 0;
+    if (l->w != NULL && l->nw > 0) ptr[n] = l->w, len[n++] = l->nw;
+    if (l->b != NULL && l->nb > 0) ptr[n] = l->b, len[n++] = l->nb;
+    if (l->kind == LAYER_BLOCK)
+        for (int s = 0; s < 2; s++)
+            if (l->sub[s].w != NULL) ptr[n] = l->sub[s].w, len[n++] = l->sub[s].nw;
+    return n;
+}
+
+typedef struct {
+    net_t *net;
+    int l0, l1, stage, nstages, micro, mb; /* layers [l0, l1), micro-batches of mb images */
+    const float *images;                   /* the step's global batch */
+    const uint8_t *labels;
+    const float **in_of; /* the input gvqPipe gave forward(m), valid until backward(m) */
+    float *acc;          /* gradients summed over the micro-batches (nparams) */
+    double loss;
+    long correct;
+} stage_t;
+
+/* Micro-batch m's input to the stage: its images on stage 0, else what forward(m) was given. */
+static const float *stage_input(const stage_t *s, int m) {
+    if (s->l0 > 0) return s->in_of[m];
+    return s->images + (size_t)m * (size_t)s->mb * layer_in_size(&s->net->layers[0]);
+}
+
+static const float *run_layers(stage_t *s, int m) {
+    const float *in = stage_input(s, m);
+    for (int i = s->l0; i < s->l1; i++) {
+        layer_forward(&s->net->layers[i], in, s->mb);
+        in = s->net->layers[i].out;
+    }
+    return in;
+}
+
+static gvqResult_t stage_forward(void *user, int m, const float *in, float *out) {
+    stage_t *s = user;
+    s->in_of[m] = in;
+    const float *y = run_layers(s, m);
+    if (out != NULL)
+        memcpy(out, y, sizeof(float) * (size_t)s->mb * layer_out_size(&s->net->layers[s->l1 - 1]));
+    return gvqSuccess;
+}
+
+static gvqResult_t stage_backward(void *user, int m, const float *dout, float *din) {
+    stage_t *s = user;
+    net_t *net = s->net;
+    const float *x = run_layers(s, m); /* re-materialized: the layers hold one batch's state */
+    const float *dnext = dout;
+    if (dout == NULL) { /* the last stage: the loss, as a mean over the global batch */
+        long correct = 0;
+        s->loss += softmax_xent(x, s->labels + (size_t)m * (size_t)s->mb, s->mb, net->classes,
+                                net->probs, net->dlogits, &correct) /
+                   s->micro;
+        s->correct += correct;
+        for (size_t j = 0; j < (size_t)s->mb * (size_t)net->classes; j++)
+            net->dlogits[j] /= (float)s->micro;
+        dnext = net->dlogits;
+    }
+    for (int i = s->l1 - 1; i >= s->l0; i--) {
+        layer_t *l = &net->layers[i];
+        layer_backward(l, i > s->l0 ? net->layers[i - 1].out : stage_input(s, m), dnext, s->mb);
+        dnext = l->dout;
+    }
+    for (size_t j = 0; j < net->nparams; j++)
+        s->acc[j] += net->grads[j];
+    if (din != NULL)
+        memcpy(din, net->layers[s->l0].dout,
+               sizeof(float) * (size_t)s->mb * layer_in_size(&net->layers[s->l0]));
+    return gvqSuccess;
+}
+
+/* ---- the run ----------------------------------------------------------------------------------
+ */
+
+/* Every stage sends its layers' parameters to every rank (for the evaluation). */
+static void share_parameters(net_t *net, const int *first, int S, MPI_Comm comm) {
+    for (int k = 0; k < S; k++)
+        for (int i = first[k]; i < first[k + 1]; i++) {
+            float *ptr[4];
+            size_t len[4];
+            int n = layer_ranges(&net->layers[i], ptr, len);
+            for (int r = 0; r < n; r++)
+                MPI_Bcast(ptr[r], (int)len[r], MPI_FLOAT, k, comm);
+        }
+}
+
+static double evaluate_all(net_t *net, const mnist_set_t *test, int rank, int nranks,
+                           MPI_Comm comm, float *images, uint8_t *labels, int *idx) {
+    int lo = (int)((long)test->n * rank / nranks), hi = (int)((long)test->n * (rank + 1) / nranks);
+    long correct = 0, total = 0;
+    for (int i = lo; i < hi; i += net->capacity) {
+        int n = hi - i < net->capacity ? hi - i : net->capacity;
+        for (int j = 0; j < n; j++)
+            idx[j] = i + j;
+        mnist_batch(test, idx, n, images, labels);
+        correct += net_count_correct(net, images, labels, n);
+    }
+    MPI_Allreduce(&correct, &total, 1, MPI_LONG, MPI_SUM, comm);
+    return 100.0 * (double)total / (double)test->n;
+}
+
+static void shuffle_perm(int *perm, int n, uint64_t seed) {
+    rng_t r = {seed};
+    for (int i = 0; i < n; i++)
+        perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_uniform(&r) * (double)(i + 1));
+        int t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
+    int rank = 0, S = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &S);
+    FILE *out = o->out != NULL ? o->out : stdout;
+    memset(res, 0, sizeof *res);
+    res->time_to_stop = -1.0;
+    if (o->stages != S) {
+        if (rank == 0)
+            fprintf(stderr, "gvq-train: --stages %d needs %d ranks (pipeline x data parallel, R x S "
+                            "ranks, is not there yet)\n", o->stages, o->stages);
+        return -1;
+    }
+    const int M = o->micro_batches > 0 ? o->micro_batches : 4;
+    const int batch = o->batch > 0 ? o->batch : 32 * S;
+    if (batch % M != 0) {
+        if (rank == 0)
+            fprintf(stderr, "gvq-train: the global batch %d is not a multiple of --micro-batches %d\n",
+                    batch, M);
+        return -1;
+    }
+    const int mb = batch / M;
+    char err[4096] = "";
+    mnist_set_t train = {0}, test = {0};
+    int bad = mnist_load(&train, o->data_dir, "train", o->train_subset, err, sizeof err) != 0 ||
+              mnist_load(&test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0, anybad = 0;
+    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm);
+    net_t net;
+    const int capacity = mb > 100 ? mb : 100;
+    if (!anybad && net_create(&net, &o->arch, 1, train.rows, train.cols, capacity, o->seed, err,
+                              sizeof err) != 0)
+        anybad = 1;
+    int first[65];
+    if (!anybad && (S > 64 || cut_stages(&net, S, first) != 0)) {
+        snprintf(err, sizeof err, "the network's %d layers cannot be cut into %d stages of at least "
+                 "one layer", net.nlayers, S);
+        net_free(&net);
+        anybad = 1;
+    }
+    if (anybad) {
+        if (rank == 0) fprintf(stderr, "gvq-train: %s\n", err[0] ? err : "data or model missing");
+        mnist_free(&train);
+        mnist_free(&test);
+        return -1;
+    }
+    const long steps_per_epoch = train.n / batch;
+    const long iters = o->iters > 0 ? o->iters : (long)o->epochs * steps_per_epoch;
+    size_t img = (size_t)train.rows * (size_t)train.cols;
+    size_t held = (size_t)(batch > capacity ? batch : capacity); /* a step, or an evaluation chunk */
+    float *images = malloc(sizeof(float) * held * img);
+    uint8_t *labels = malloc(held);
+    int *perm = malloc(sizeof(int) * (size_t)train.n), *idx = malloc(sizeof(int) * held);
+    float *velocity = calloc(net.nparams, sizeof(float)), *acc = calloc(net.nparams, sizeof(float));
+    unsigned char *owned = calloc(net.nparams, 1);
+    const float **in_of = calloc((size_t)M, sizeof *in_of);
+    if (!images || !labels || !perm || !idx || !velocity || !acc || !owned || !in_of) {
+        fprintf(stderr, "gvq-train: rank %d: out of memory\n", rank);
+        MPI_Abort(comm, 1);
+    }
+    for (int i = first[rank]; i < first[rank + 1]; i++) { /* what this stage updates */
+        float *ptr[4];
+        size_t len[4];
+        int n = layer_ranges(&net.layers[i], ptr, len);
+        for (int r = 0; r < n; r++)
+            memset(owned + (ptr[r] - net.params), 1, len[r]);
+    }
+    stage_t st = {&net, first[rank], first[rank + 1], rank, S, M, mb, images, labels, in_of, acc,
+                  0.0, 0};
+    gvqComm_t gcomm = NULL;
+    gvqPipe_t pipe = NULL;
+    gvqPipeConfig_t pc = GVQ_PIPE_CONFIG_INITIALIZER;
+    pc.microBatches = M;
+    pc.schedule = gvqPipeGpipe;
+    pc.inCount = rank == 0 ? 0 : (size_t)mb * layer_in_size(&net.layers[st.l0]);
+    pc.outCount = rank == S - 1 ? 0 : (size_t)mb * layer_out_size(&net.layers[st.l1 - 1]);
+    gvqResult_t gr = gvqCommInitMPI(&gcomm, comm, NULL);
+    if (gr == gvqSuccess)
+        gr = gvqPipeCreate(gcomm, &pc, stage_forward, stage_backward, &st, &pipe);
+    if (gr != gvqSuccess) {
+        fprintf(stderr, "gvq-train: rank %d: %s\n", rank, gvqGetErrorString(gr));
+        MPI_Abort(comm, 1);
+    }
+    if (rank == 0 && !o->quiet) {
+        fprintf(out, "# gvq-train: pipeline of %d stages (gpipe), global batch %d in %d "
+                     "micro-batches of %d, %ld steps, lr %g%s momentum %g seed %llu\n",
+                S, batch, M, mb, iters, o->lr, o->cosine ? " (cosine decay)" : "", o->momentum,
+                o->seed);
+        fprintf(out, "# stages:");
+        for (int k = 0; k < S; k++)
+            fprintf(out, " %d: layers %d-%d%s", k, first[k], first[k + 1] - 1,
+                    k + 1 < S ? "," : "\n");
+        fflush(out);
+    }
+    FILE *csv = NULL;
+    if (rank == S - 1 && o->log_path != NULL && (csv = fopen(o->log_path, "w")) != NULL)
+        fprintf(csv, "iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,compute_s,comm_s,"
+                     "conv_ratio,phase\n");
+    double train_s = 0, win_start = now_s(), win_loss = 0, test_acc = -1;
+    long win_correct = 0, win_steps = 0, pos = train.n, step;
+    int epoch = 0;
+    for (step = 0; step < iters; step++) {
+        if (pos + batch > train.n) {
+            shuffle_perm(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
+            epoch++;
+            pos = 0;
+        }
+        mnist_batch(&train, perm + pos, batch, images, labels);
+        pos += batch;
+        st.loss = 0;
+        st.correct = 0;
+        gr = gvqPipeStep(pipe);
+        if (gr != gvqSuccess) {
+            fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", rank, gvqGetErrorString(gr));
+            MPI_Abort(comm, 1);
+        }
+        const double lr = o->cosine ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 *
+                                                               (double)step / (double)iters))
+                                    : o->lr;
+        const float mu = (float)o->momentum, wd = (float)o->weight_decay;
+        for (size_t j = 0; j < net.nparams; j++) {
+            if (!owned[j]) continue;
+            velocity[j] = mu * velocity[j] + acc[j] + wd * net.params[j];
+            net.params[j] -= (float)(net.lr_scale != NULL ? lr * net.lr_scale[j] : lr) * velocity[j];
+            acc[j] = 0;
+        }
+        win_loss += st.loss;
+        win_correct += st.correct;
+        win_steps++;
+        int last = step + 1 == iters;
+        if ((step + 1) % o->print_every != 0 && !last) continue;
+        double now = now_s(), win_s = now - win_start;
+        train_s += win_s;
+        int evaluated = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
+        if (evaluated) {
+            share_parameters(&net, first, S, comm);
+            test_acc = evaluate_all(&net, &test, rank, S, comm, images, labels, idx);
+        }
+        if (rank == S - 1) { /* the last stage saw the losses */
+            double loss = win_loss / (double)win_steps;
+            double tacc = 100.0 * (double)win_correct / ((double)win_steps * batch);
+            double ips = (double)batch * (double)win_steps / win_s;
+            char accs[32] = "   -  ";
+            if (evaluated) snprintf(accs, sizeof accs, "%5.2f%%", test_acc);
+            if (!o->quiet)
+                fprintf(out, "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s\n",
+                        epoch, step + 1, loss, tacc, accs, ips);
+            fflush(out);
+            if (csv != NULL) {
+                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,0,0,1,gpipe\n", step + 1, epoch,
+                        train_s, loss, tacc, evaluated ? test_acc : -1.0, ips);
+                fflush(csv);
+            }
+            res->last_loss = loss;
+            if (res->first_loss == 0) res->first_loss = loss;
+        }
+        win_loss = 0;
+        win_correct = win_steps = 0;
+        res->iters = step + 1;
+        int stop = o->stop_at > 0 && test_acc >= o->stop_at;
+        MPI_Bcast(&stop, 1, MPI_INT, 0, comm);
+        if (stop && res->time_to_stop < 0) {
+            res->time_to_stop = train_s;
+            step++;
+            break;
+        }
+        win_start = now_s();
+    }
+    if (rank == S - 1 && !o->quiet)
+        fprintf(out, "# done: %ld steps in %.1f s of training (%.1f ms/step, %.0f img/s), test "
+                     "accuracy %.2f%%%s\n",
+                step, train_s, 1000.0 * train_s / (double)(step > 0 ? step : 1),
+                (double)batch * (double)step / (train_s > 0 ? train_s : 1), test_acc,
+                res->time_to_stop >= 0 ? "; time to the target accuracy: reached" : "");
+    res->iters = step;
+    res->test_acc = test_acc;
+    res->train_s = train_s;
+    if (csv != NULL) fclose(csv);
+    gvqPipeDestroy(pipe);
+    gvqCommDestroy(gcomm);
+    free(images), free(labels), free(perm), free(idx), free(velocity), free(acc), free(owned);
+    free(in_of);
+    net_free(&net);
+    mnist_free(&train);
+    mnist_free(&test);
+    return 0;
+}

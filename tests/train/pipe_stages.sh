@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# pipe_stages.sh GVQ_TRAIN MPIEXEC -- gvq-train --stages S (GPipe through gvqPipe) on the ResNet:
+# cutting the model into 2 and 3 stages must not change a single printed digit of the loss,
+# train accuracy or test accuracy against the same run on 1 stage (the same layer code, the
+# same micro-batches in the same order, the same updates), and a pipeline whose stage count
+# does not match the ranks, or that would leave a stage without layers, is refused.
+set -euo pipefail
+train=$1 mpiexec=$2
+run() {
+    local np=$1
+    shift
+    "$mpiexec" -n "$np" --oversubscribe "$train" --model resnet --micro-batches 4 --batch 64 \
+        --iters 40 --train-subset 2560 --test-subset 500 --lr 0.05 --print-every 20 \
+        --eval-every 40 "$@"
+}
+digits() { grep '^epoch' | sed 's/ *[0-9]* img\/s//'; }
+one=$(run 1 --stages 1)
+echo "$one" | tail -3
+ref=$(echo "$one" | digits)
+[ "$(echo "$ref" | wc -l)" -eq 2 ] || { echo "FAIL: 1 stage printed no progress lines"; exit 1; }
+for s in 2 3; do
+    out=$(run $s --stages $s)
+    echo "$out" | grep '^# stages'
+    got=$(echo "$out" | digits)
+    [ "$got" = "$ref" ] || { printf 'FAIL: %s stages printed\n%s\nbut 1 stage\n%s\n' $s "$got" "$ref"; exit 1; }
+done
+if out=$(run 3 --stages 2 2>&1); then echo "FAIL: --stages 2 on 3 ranks was accepted"; exit 1; fi
+echo "$out" | grep -q 'needs 2 ranks' || { echo "FAIL: no reason for the refusal: $out"; exit 1; }
+if out=$("$mpiexec" -n 8 --oversubscribe "$train" --model resnet --stages 8 --iters 1 \
+        --train-subset 640 --test-subset 100 2>&1); then
+    echo "FAIL: 8 stages of a 7-layer network were accepted"; exit 1
+fi
+echo "$out" | grep -q 'cannot be cut into 8 stages' || { echo "FAIL: no reason for the bad cut: $out"; exit 1; }
+echo "PASS: 2 and 3 stages reproduce 1 stage; bad stage counts refused"
