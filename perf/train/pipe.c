@@ -149,8 +149,8 @@ static void share_parameters(net_t *net, const int *first, int S, MPI_Comm comm)
         }
 }
 
-static double evaluate_all(net_t *net, const mnist_set_t *test, int rank, int nranks,
-                           MPI_Comm comm, float *images, uint8_t *labels, int *idx) {
+static double evaluate_all(net_t *net, const mnist_set_t *test, int rank, int nranks, MPI_Comm comm,
+                           float *images, uint8_t *labels, int *idx) {
     int lo = (int)((long)test->n * rank / nranks), hi = (int)((long)test->n * (rank + 1) / nranks);
     long correct = 0, total = 0;
     for (int i = lo; i < hi; i += net->capacity) {
@@ -176,32 +176,74 @@ static void shuffle_perm(int *perm, int n, uint64_t seed) {
     }
 }
 
+/* acc's entries this stage owns, averaged over the stage's replicas (one allreduce). */
+static void average_owned(float *acc, const unsigned char *owned, size_t n, float *packed,
+                          gvqComm_t gstage) {
+    size_t k = 0;
+    for (size_t j = 0; j < n; j++)
+        if (owned[j]) packed[k++] = acc[j];
+    gvqResult_t r = gvqAllReduce(packed, packed, k, gvqFloat32, gvqAvg, gstage, NULL);
+    if (r != gvqSuccess) {
+        fprintf(stderr, "gvq-train: the replicas' gradient average: %s\n", gvqGetErrorString(r));
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    k = 0;
+    for (size_t j = 0; j < n; j++)
+        if (owned[j]) acc[j] = packed[k++];
+}
+
+/* 1 when the stage's replicas hold the same weights (min and max of their hashes agree). */
+static int replicas_agree(const float *params, const unsigned char *owned, size_t n,
+                          MPI_Comm scomm) {
+    unsigned long long h = 1469598103934665603ull, lo = 0, hi = 0;
+    for (size_t j = 0; j < n; j++)
+        if (owned[j]) {
+            uint32_t b;
+            memcpy(&b, &params[j], 4);
+            h = (h ^ b) * 1099511628211ull;
+        }
+    MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, scomm);
+    MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, scomm);
+    return lo == hi;
+}
+
 int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
-    int rank = 0, S = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &S);
+    int wrank = 0, nranks = 1;
+    MPI_Comm_rank(comm, &wrank);
+    MPI_Comm_size(comm, &nranks);
     FILE *out = o->out != NULL ? o->out : stdout;
     memset(res, 0, sizeof *res);
     res->time_to_stop = -1.0;
-    if (o->stages != S) {
-        if (rank == 0)
-            fprintf(stderr, "gvq-train: --stages %d needs %d ranks (pipeline x data parallel, R x S "
-                            "ranks, is not there yet)\n", o->stages, o->stages);
+    if (o->stages < 1 || nranks % o->stages != 0) {
+        if (wrank == 0)
+            fprintf(stderr,
+                    "gvq-train: --stages %d needs a multiple of %d ranks (R replicas x S "
+                    "stages), not %d\n",
+                    o->stages, o->stages, nranks);
         return -1;
     }
+    /* rank = replica * S + stage: a pipeline communicator per replica, a stage communicator
+     * (the stage's replicas, which average its gradients) per stage */
+    const int S = o->stages, R = nranks / S, rank = wrank % S, replica = wrank / S;
+    MPI_Comm pcomm, scomm;
+    MPI_Comm_split(comm, replica, rank, &pcomm);
+    MPI_Comm_split(comm, rank, replica, &scomm);
     const int M = o->micro_batches > 0 ? o->micro_batches : 4;
-    const int batch = o->batch > 0 ? o->batch : 32 * S;
-    if (batch % M != 0) {
-        if (rank == 0)
-            fprintf(stderr, "gvq-train: the global batch %d is not a multiple of --micro-batches %d\n",
-                    batch, M);
+    const int batch = o->batch > 0 ? o->batch : 32 * nranks;
+    if (batch % (M * R) != 0) {
+        if (wrank == 0)
+            fprintf(stderr,
+                    "gvq-train: the global batch %d is not a multiple of --micro-batches "
+                    "%d x %d replicas\n",
+                    batch, M, R);
         return -1;
     }
-    const int mb = batch / M;
+    const int mb = batch / (M * R);
     char err[4096] = "";
     mnist_set_t train = {0}, test = {0};
     int bad = mnist_load(&train, o->data_dir, "train", o->train_subset, err, sizeof err) != 0 ||
-              mnist_load(&test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0, anybad = 0;
+              mnist_load(&test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0,
+        anybad = 0;
     MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm);
     net_t net;
     const int capacity = mb > 100 ? mb : 100;
@@ -210,13 +252,15 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         anybad = 1;
     int first[65];
     if (!anybad && (S > 64 || cut_stages(&net, S, first) != 0)) {
-        snprintf(err, sizeof err, "the network's %d layers cannot be cut into %d stages of at least "
-                 "one layer", net.nlayers, S);
+        snprintf(err, sizeof err,
+                 "the network's %d layers cannot be cut into %d stages of at least "
+                 "one layer",
+                 net.nlayers, S);
         net_free(&net);
         anybad = 1;
     }
     if (anybad) {
-        if (rank == 0) fprintf(stderr, "gvq-train: %s\n", err[0] ? err : "data or model missing");
+        if (wrank == 0) fprintf(stderr, "gvq-train: %s\n", err[0] ? err : "data or model missing");
         mnist_free(&train);
         mnist_free(&test);
         return -1;
@@ -224,14 +268,16 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     const long steps_per_epoch = train.n / batch;
     const long iters = o->iters > 0 ? o->iters : (long)o->epochs * steps_per_epoch;
     size_t img = (size_t)train.rows * (size_t)train.cols;
-    size_t held = (size_t)(batch > capacity ? batch : capacity); /* a step, or an evaluation chunk */
+    size_t held =
+        (size_t)(batch > capacity ? batch : capacity); /* a step, or an evaluation chunk */
     float *images = malloc(sizeof(float) * held * img);
     uint8_t *labels = malloc(held);
     int *perm = malloc(sizeof(int) * (size_t)train.n), *idx = malloc(sizeof(int) * held);
     float *velocity = calloc(net.nparams, sizeof(float)), *acc = calloc(net.nparams, sizeof(float));
     unsigned char *owned = calloc(net.nparams, 1);
+    float *packed = malloc(sizeof(float) * net.nparams);
     const float **in_of = calloc((size_t)M, sizeof *in_of);
-    if (!images || !labels || !perm || !idx || !velocity || !acc || !owned || !in_of) {
+    if (!images || !labels || !perm || !idx || !velocity || !acc || !owned || !in_of || !packed) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", rank);
         MPI_Abort(comm, 1);
     }
@@ -242,8 +288,8 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         for (int r = 0; r < n; r++)
             memset(owned + (ptr[r] - net.params), 1, len[r]);
     }
-    stage_t st = {&net, first[rank], first[rank + 1], rank, S, M, mb, images, labels, in_of, acc,
-                  0.0, 0};
+    stage_t st = {&net,   first[rank], first[rank + 1], rank, S,   M, mb,
+                  images, labels,      in_of,           acc,  0.0, 0};
     gvqComm_t gcomm = NULL;
     gvqPipe_t pipe = NULL;
     gvqPipeConfig_t pc = GVQ_PIPE_CONFIG_INITIALIZER;
@@ -251,18 +297,21 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     pc.schedule = gvqPipeGpipe;
     pc.inCount = rank == 0 ? 0 : (size_t)mb * layer_in_size(&net.layers[st.l0]);
     pc.outCount = rank == S - 1 ? 0 : (size_t)mb * layer_out_size(&net.layers[st.l1 - 1]);
-    gvqResult_t gr = gvqCommInitMPI(&gcomm, comm, NULL);
-    if (gr == gvqSuccess)
-        gr = gvqPipeCreate(gcomm, &pc, stage_forward, stage_backward, &st, &pipe);
+    gvqComm_t gstage = NULL;
+    gvqResult_t gr = gvqCommInitMPI(&gcomm, pcomm, NULL);
+    if (gr == gvqSuccess && R > 1) gr = gvqCommInitMPI(&gstage, scomm, NULL);
+    if (gr == gvqSuccess) gr = gvqPipeCreate(gcomm, &pc, stage_forward, stage_backward, &st, &pipe);
     if (gr != gvqSuccess) {
         fprintf(stderr, "gvq-train: rank %d: %s\n", rank, gvqGetErrorString(gr));
         MPI_Abort(comm, 1);
     }
-    if (rank == 0 && !o->quiet) {
-        fprintf(out, "# gvq-train: pipeline of %d stages (gpipe), global batch %d in %d "
-                     "micro-batches of %d, %ld steps, lr %g%s momentum %g seed %llu\n",
-                S, batch, M, mb, iters, o->lr, o->cosine ? " (cosine decay)" : "", o->momentum,
-                o->seed);
+    if (wrank == 0 && !o->quiet) {
+        fprintf(out,
+                "# gvq-train: %d replica%s of a pipeline of %d stages (gpipe), global batch "
+                "%d, %d micro-batches of %d per replica, %ld steps, lr %g%s momentum %g seed "
+                "%llu\n",
+                R, R > 1 ? "s" : "", S, batch, M, mb, iters, o->lr,
+                o->cosine ? " (cosine decay)" : "", o->momentum, o->seed);
         fprintf(out, "# stages:");
         for (int k = 0; k < S; k++)
             fprintf(out, " %d: layers %d-%d%s", k, first[k], first[k + 1] - 1,
@@ -270,7 +319,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         fflush(out);
     }
     FILE *csv = NULL;
-    if (rank == S - 1 && o->log_path != NULL && (csv = fopen(o->log_path, "w")) != NULL)
+    if (wrank == S - 1 && o->log_path != NULL && (csv = fopen(o->log_path, "w")) != NULL)
         fprintf(csv, "iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,compute_s,comm_s,"
                      "conv_ratio,phase\n");
     double train_s = 0, win_start = now_s(), win_loss = 0, test_acc = -1;
@@ -282,7 +331,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             epoch++;
             pos = 0;
         }
-        mnist_batch(&train, perm + pos, batch, images, labels);
+        mnist_batch(&train, perm + pos + (long)replica * (batch / R), batch / R, images, labels);
         pos += batch;
         st.loss = 0;
         st.correct = 0;
@@ -291,14 +340,18 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", rank, gvqGetErrorString(gr));
             MPI_Abort(comm, 1);
         }
-        const double lr = o->cosine ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 *
-                                                               (double)step / (double)iters))
-                                    : o->lr;
+        if (R > 1) /* the stage's gradients averaged over its replicas */
+            average_owned(acc, owned, net.nparams, packed, gstage);
+        const double lr =
+            o->cosine
+                ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
+                : o->lr;
         const float mu = (float)o->momentum, wd = (float)o->weight_decay;
         for (size_t j = 0; j < net.nparams; j++) {
             if (!owned[j]) continue;
             velocity[j] = mu * velocity[j] + acc[j] + wd * net.params[j];
-            net.params[j] -= (float)(net.lr_scale != NULL ? lr * net.lr_scale[j] : lr) * velocity[j];
+            net.params[j] -=
+                (float)(net.lr_scale != NULL ? lr * net.lr_scale[j] : lr) * velocity[j];
             acc[j] = 0;
         }
         win_loss += st.loss;
@@ -310,17 +363,20 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         train_s += win_s;
         int evaluated = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
         if (evaluated) {
-            share_parameters(&net, first, S, comm);
-            test_acc = evaluate_all(&net, &test, rank, S, comm, images, labels, idx);
+            share_parameters(&net, first, S, pcomm);
+            test_acc = evaluate_all(&net, &test, wrank, nranks, comm, images, labels, idx);
         }
-        if (rank == S - 1) { /* the last stage saw the losses */
-            double loss = win_loss / (double)win_steps;
-            double tacc = 100.0 * (double)win_correct / ((double)win_steps * batch);
+        if (rank == S - 1) { /* the last stages saw the losses: their replicas' sum */
+            double mine[2] = {win_loss, (double)win_correct}, sum[2];
+            MPI_Allreduce(mine, sum, 2, MPI_DOUBLE, MPI_SUM, scomm);
+            double loss = sum[0] / ((double)win_steps * R);
+            double tacc = 100.0 * sum[1] / ((double)win_steps * batch);
             double ips = (double)batch * (double)win_steps / win_s;
             char accs[32] = "   -  ";
             if (evaluated) snprintf(accs, sizeof accs, "%5.2f%%", test_acc);
-            if (!o->quiet)
-                fprintf(out, "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s\n",
+            if (!o->quiet && replica == 0)
+                fprintf(out,
+                        "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s\n",
                         epoch, step + 1, loss, tacc, accs, ips);
             fflush(out);
             if (csv != NULL) {
@@ -343,9 +399,15 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         }
         win_start = now_s();
     }
-    if (rank == S - 1 && !o->quiet)
-        fprintf(out, "# done: %ld steps in %.1f s of training (%.1f ms/step, %.0f img/s), test "
-                     "accuracy %.2f%%%s\n",
+    int differ = R > 1 && !replicas_agree(net.params, owned, net.nparams, scomm), anydiff = 0;
+    MPI_Allreduce(&differ, &anydiff, 1, MPI_INT, MPI_MAX, comm);
+    if (wrank == S - 1 && !o->quiet && R > 1)
+        fprintf(out, "# replicas: %d; every stage's weights identical across its replicas: %s\n", R,
+                anydiff ? "NO" : "yes");
+    if (wrank == S - 1 && !o->quiet)
+        fprintf(out,
+                "# done: %ld steps in %.1f s of training (%.1f ms/step, %.0f img/s), test "
+                "accuracy %.2f%%%s\n",
                 step, train_s, 1000.0 * train_s / (double)(step > 0 ? step : 1),
                 (double)batch * (double)step / (train_s > 0 ? train_s : 1), test_acc,
                 res->time_to_stop >= 0 ? "; time to the target accuracy: reached" : "");
@@ -355,10 +417,16 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     if (csv != NULL) fclose(csv);
     gvqPipeDestroy(pipe);
     gvqCommDestroy(gcomm);
+    if (gstage != NULL) gvqCommDestroy(gstage);
+    MPI_Comm_free(&pcomm);
+    MPI_Comm_free(&scomm);
+    free(packed);
     free(images), free(labels), free(perm), free(idx), free(velocity), free(acc), free(owned);
     free(in_of);
     net_free(&net);
     mnist_free(&train);
     mnist_free(&test);
+    res->sync_checks = R > 1;
+    res->sync_mismatches = anydiff;
     return 0;
 }

@@ -2,8 +2,9 @@
 # pipe_stages.sh GVQ_TRAIN MPIEXEC -- gvq-train --stages S (GPipe through gvqPipe) on the ResNet:
 # cutting the model into 2 and 3 stages must not change a single printed digit of the loss,
 # train accuracy or test accuracy against the same run on 1 stage (the same layer code, the
-# same micro-batches in the same order, the same updates), and a pipeline whose stage count
-# does not match the ranks, or that would leave a stage without layers, is refused.
+# same micro-batches in the same order, the same updates); 2 replicas x 2 stages on 4 ranks keep
+# every stage's replicas identical; a stage count that does not divide the ranks, or that would
+# leave a stage without layers, is refused.
 set -euo pipefail
 train=$1 mpiexec=$2
 run() {
@@ -25,10 +26,14 @@ for s in 2 3; do
     [ "$got" = "$ref" ] || { printf 'FAIL: %s stages printed\n%s\nbut 1 stage\n%s\n' $s "$got" "$ref"; exit 1; }
 done
 if out=$(run 3 --stages 2 2>&1); then echo "FAIL: --stages 2 on 3 ranks was accepted"; exit 1; fi
-echo "$out" | grep -q 'needs 2 ranks' || { echo "FAIL: no reason for the refusal: $out"; exit 1; }
+echo "$out" | grep -q 'needs a multiple of 2 ranks' || { echo "FAIL: no reason for the refusal: $out"; exit 1; }
+out=$(run 4 --stages 2)
+echo "$out" | grep '^# replicas'
+echo "$out" | grep -q "identical across its replicas: yes" || { echo "FAIL: 2 x 2: replicas differ"; exit 1; }
+[ "$(echo "$out" | digits | wc -l)" -eq 2 ] || { echo "FAIL: 2 replicas x 2 stages printed no progress"; exit 1; }
 if out=$("$mpiexec" -n 8 --oversubscribe "$train" --model resnet --stages 8 --iters 1 \
         --train-subset 640 --test-subset 100 2>&1); then
     echo "FAIL: 8 stages of a 7-layer network were accepted"; exit 1
 fi
 echo "$out" | grep -q 'cannot be cut into 8 stages' || { echo "FAIL: no reason for the bad cut: $out"; exit 1; }
-echo "PASS: 2 and 3 stages reproduce 1 stage; bad stage counts refused"
+echo "PASS: 2 and 3 stages reproduce 1 stage; 2 x 2 replicas agree; bad stage counts refused"
