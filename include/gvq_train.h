@@ -298,14 +298,17 @@ typedef gvqResult_t (*gvqPipeBackwardFn_t)(void *user, int micro, const float *d
  * exchange their configs, and a mismatch is refused on every stage with gvqInvalidArgument and a
  * WARN naming both sides (microBatches or schedule differing, stage k's outCount not stage
  * k+1's inCount, an input on stage 0 or an output on the last stage, a stage whose own
- * arguments were refused: NULL functions, M < 1, a reserved schedule). */
+ * arguments were refused: NULL config or pipe, NULL functions, M < 1, M x counts above 2^40, a
+ * reserved schedule, no memory for its buffers). */
 GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
                                   gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
                                   void *user, gvqPipe_t *pipe);
 
 /* Runs one mini-batch through the schedule on this stage (every stage calls it). Returns when
  * this stage's part is done: its weight gradients are complete. Errors: the callbacks', and
- * those of gvqSend/gvqRecv (gvqTimeout when a neighbour stopped). */
+ * those of gvqSend/gvqRecv (gvqTimeout when a neighbour stopped); after a failed step the pipe
+ * refuses later steps with gvqInvalidUsage (destroy it; gvqCommAbort releases neighbours still
+ * waiting on it). */
 GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t pipe);
 
 /* Frees the stage. Local. */

@@ -236,6 +236,8 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                     "gvq-train: the global batch %d is not a multiple of --micro-batches "
                     "%d x %d replicas\n",
                     batch, M, R);
+        MPI_Comm_free(&pcomm);
+        MPI_Comm_free(&scomm);
         return -1;
     }
     const int mb = batch / (M * R);
@@ -244,22 +246,23 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     int bad = mnist_load(&train, o->data_dir, "train", o->train_subset, err, sizeof err) != 0 ||
               mnist_load(&test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0,
         anybad = 0;
-    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm);
     net_t net;
     const int capacity = mb > 100 ? mb : 100;
-    if (!anybad && net_create(&net, &o->arch, 1, train.rows, train.cols, capacity, o->seed, err,
-                              sizeof err) != 0)
-        anybad = 1;
+    int made = !bad && net_create(&net, &o->arch, 1, train.rows, train.cols, capacity, o->seed, err,
+                                  sizeof err) == 0;
     int first[65];
-    if (!anybad && (S > 64 || cut_stages(&net, S, first) != 0)) {
+    if (made && (S > 64 || cut_stages(&net, S, first) != 0)) {
         snprintf(err, sizeof err,
-                 "the network's %d layers cannot be cut into %d stages of at least "
-                 "one layer",
+                 "the network's %d layers cannot be cut into %d stages of at least one layer",
                  net.nlayers, S);
-        net_free(&net);
-        anybad = 1;
+        bad = 1;
     }
+    bad |= !made;
+    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm); /* one failure stops every rank */
     if (anybad) {
+        if (made) net_free(&net);
+        MPI_Comm_free(&pcomm);
+        MPI_Comm_free(&scomm);
         if (wrank == 0) fprintf(stderr, "gvq-train: %s\n", err[0] ? err : "data or model missing");
         mnist_free(&train);
         mnist_free(&test);
@@ -278,7 +281,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     float *packed = malloc(sizeof(float) * net.nparams);
     const float **in_of = calloc((size_t)M, sizeof *in_of);
     if (!images || !labels || !perm || !idx || !velocity || !acc || !owned || !in_of || !packed) {
-        fprintf(stderr, "gvq-train: rank %d: out of memory\n", rank);
+        fprintf(stderr, "gvq-train: rank %d: out of memory\n", wrank);
         MPI_Abort(comm, 1);
     }
     for (int i = first[rank]; i < first[rank + 1]; i++) { /* what this stage updates */
@@ -302,7 +305,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     if (gr == gvqSuccess && R > 1) gr = gvqCommInitMPI(&gstage, scomm, NULL);
     if (gr == gvqSuccess) gr = gvqPipeCreate(gcomm, &pc, stage_forward, stage_backward, &st, &pipe);
     if (gr != gvqSuccess) {
-        fprintf(stderr, "gvq-train: rank %d: %s\n", rank, gvqGetErrorString(gr));
+        fprintf(stderr, "gvq-train: rank %d: %s\n", wrank, gvqGetErrorString(gr));
         MPI_Abort(comm, 1);
     }
     if (wrank == 0 && !o->quiet) {
@@ -337,7 +340,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         st.correct = 0;
         gr = gvqPipeStep(pipe);
         if (gr != gvqSuccess) {
-            fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", rank, gvqGetErrorString(gr));
+            fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", wrank, gvqGetErrorString(gr));
             MPI_Abort(comm, 1);
         }
         if (R > 1) /* the stage's gradients averaged over its replicas */

@@ -1,6 +1,7 @@
 /*
- * pipe.h -- gvq-train --stages S: the model cut into S pipeline stages, one per rank, trained
- * with GPipe's schedule through the training layer's gvqPipe (pipe.c).
+ * pipe.h -- gvq-train --stages S: the model cut into S pipeline stages, trained with GPipe's
+ * schedule through the training layer's gvqPipe (pipe.c), on S ranks or R replicas x S ranks.
+ * The codec options do not apply: replicas average a stage's gradients with a plain allreduce.
  */
 #ifndef GVQ_TRAIN_PIPE_H_
 #define GVQ_TRAIN_PIPE_H_
@@ -9,8 +10,8 @@
 
 #include "train.h"
 
-/* Runs the pipelined training (o->stages = the rank count); returns 0, or -1 after printing
- * why. Collective over comm. */
+/* Runs the pipelined training (the rank count a multiple of o->stages); returns 0, or -1 after
+ * printing why. Collective over comm. */
 int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res);
 
 #endif /* GVQ_TRAIN_PIPE_H_ */

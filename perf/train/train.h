@@ -63,7 +63,7 @@ typedef struct {
     double vote;       /* GradiVeQ early-exit threshold (0: the library's, = eps) */
     int power_rank;    /* PowerSGD's r (TRAIN_UNSET: the library's) */
     int basis_track;   /* GradiVeQ's basis: 1 tracked (gvqBasisTrack), 0 fitted (the paper) */
-    int stages;        /* pipeline stages (0: data parallel; S: the rank count, pipe.c) */
+    int stages;        /* pipeline stages (0: data parallel; S: R x S ranks, pipe.c) */
     int micro_batches; /* micro-batches per step of the pipeline (0: 4) */
     int integer_bits;  /* integer-summed wire, 0, 8 or 16 (TRAIN_UNSET: the library's) */
     double ef_bound;   /* error-feedback residual clip (< 0: the library's) */

@@ -277,7 +277,7 @@ GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t c, gvqCompressorStats_
     stats->phase = c->st.phase;
     stats->iteration = c->st.iter;
     stats->phaseIter = c->st.phase_iter;
-    stats->dims = c->cfg.track ? c->cfg.dmax : c->st.d;
+    stats->dims = c->cfg.track ? (c->track_plain ? 0 : c->cfg.dmax) : c->st.d;
     return gvqSuccess;
 }
 

@@ -120,7 +120,8 @@ static gvqResult_t resolve_wire(const gvqCompressorConfig_t *in, gvq_comp_cfg_t 
         return gvqInvalidArgument;
     }
     c->dmax = undef(in->maxDims) ? c->L : in->maxDims;
-    if (c->dmax < 1 || c->dmax > c->L) {
+    int tracked = in->basisUpdate == gvqBasisTrack; /* its L comes later: resolve_basis checks */
+    if (c->dmax < 1 || (c->dmax > c->L && !tracked)) {
         GVQ_WARN("%s: maxDims=%d must be in [1, sliceSize=%d]", fn, c->dmax, c->L);
         return gvqInvalidArgument;
     }
@@ -182,9 +183,9 @@ static gvqResult_t resolve_basis(const gvqCompressorConfig_t *in, gvq_comp_cfg_t
         GVQ_WARN("%s: maxDims=%d must be in [1, sliceSize=%d]", fn, c->dmax, c->L);
         return gvqInvalidArgument;
     }
-    if ((uint64_t)c->count < (uint64_t)c->L) {
-        GVQ_WARN("%s: basisUpdate gvqBasisTrack needs a tensor of at least one slice (count "
-                 "%llu < sliceSize %d)",
+    if (GVQ_DIV_UP(c->count, (uint64_t)c->L) > (uint64_t)INT32_MAX) { /* sgemm's int sizes */
+        GVQ_WARN("%s: basisUpdate gvqBasisTrack: %llu values in slices of %d make more than "
+                 "2^31 slices",
                  fn, (unsigned long long)c->count, c->L);
         return gvqInvalidArgument;
     }

@@ -104,8 +104,6 @@ gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, f
     size_t count = cfg->count, n = c->ps_n, L = c->ps_m, d = (size_t)cfg->dmax;
     unsigned long long sent = 0;
     gvq_coll_ctx_t ctx = gvq_comm_ctx(c->comm, &sent);
-    double gnorm = cfg->error_feedback ? gvq_ef_norm(send, count) : 0;
-    const float *x = cfg->error_feedback ? gvq_ef_input(c, send) : send;
     gvq_codec_t plain;
     gvq_codec_identity_init(&plain, c->comm->dev, gvqFloat32, gvqSum);
     if (c->track_plain) { /* the basis would cost more than the tensor: the exact sum */
@@ -113,6 +111,8 @@ gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, f
         if (op == gvqAvg) GVQCHECK(c->comm->dev->divide(recv, count, gvqFloat32, c->comm->nranks));
         return gvq_compressor_advance(c, &ctx, c->comm->dev, recv, sent, 0, 0);
     }
+    double gnorm = cfg->error_feedback ? gvq_ef_norm(send, count) : 0;
+    const float *x = cfg->error_feedback ? gvq_ef_input(c, send) : send;
     int32_t bad = 0;
     GVQCHECK(gvq_compressed_any_nonfinite(c, &ctx, x, &bad));
     if (bad) return gvq_compressed_nonfinite(c, &ctx, send, recv, op);

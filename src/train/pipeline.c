@@ -36,6 +36,7 @@ struct gvqPipe {
     float *in, *out; /* micro x in_count, micro x out_count */
     float *din, *dout;
     long long steps;
+    gvqResult_t failed; /* a step that failed: later steps are refused */
 };
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
@@ -60,8 +61,10 @@ static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqPipeForwardFn_t fwd,
         GVQ_WARN("%s: schedule %d: only gvqPipeGpipe is implemented so far", fn, *schedule);
         return gvqInvalidArgument;
     }
-    if (c->inCount > ((size_t)1 << 40) || c->outCount > ((size_t)1 << 40)) {
-        GVQ_WARN("%s: inCount %zu / outCount %zu beyond 2^40", fn, c->inCount, c->outCount);
+    size_t most = c->inCount > c->outCount ? c->inCount : c->outCount;
+    if (most > ((size_t)1 << 40) / (size_t)*micro) { /* M buffers of each: no overflow */
+        GVQ_WARN("%s: %d micro-batches of inCount %zu / outCount %zu floats: more than 2^40", fn,
+                 *micro, c->inCount, c->outCount);
         return gvqInvalidArgument;
     }
     return gvqSuccess;
@@ -126,35 +129,16 @@ static gvqResult_t alloc_buffers(gvqPipe_t p) {
     return gvqSuccess;
 }
 
-GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
-                                  gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
-                                  void *user, gvqPipe_t *pipe) {
-    const char *fn = "gvqPipeCreate";
-    if (pipe == NULL || config == NULL) {
-        GVQ_WARN("%s: %s is NULL", fn, pipe == NULL ? "pipe" : "config");
-        return gvqInvalidArgument;
-    }
-    *pipe = NULL;
-    GVQCHECK(gvq_comm_check(comm, fn, 1));
-    gvqResult_t own = gvq_config_header_check(
-        fn, "config", config->size, config->magic, config->version, GVQ_PIPE_CONFIG_MAGIC,
-        sizeof *config, sizeof *config, "GVQ_PIPE_CONFIG_INITIALIZER");
-    int micro = 0, schedule = 0, S = 0, me = 0;
-    if (own == gvqSuccess) own = check_own(config, forward, backward, &micro, &schedule);
-    GVQCHECK(gvqCommCount(comm, &S));
-    GVQCHECK(gvqCommUserRank(comm, &me));
-    int64_t row[R_N] = {own != gvqSuccess, micro, schedule,
-                        own == gvqSuccess ? (int64_t)config->inCount : 0,
-                        own == gvqSuccess ? (int64_t)config->outCount : 0};
-    int64_t *rows = malloc(sizeof(int64_t) * R_N * (size_t)S);
-    if (rows == NULL) return gvqSystemError;
-    gvqResult_t res = gvqAllGather(row, rows, R_N, gvqInt64, comm, NULL);
-    if (res == gvqSuccess) res = agree_stages(rows, S, me);
-    free(rows);
-    if (own != gvqSuccess) return own;
-    GVQCHECK(res);
+/* This stage, made and registered before the agreement (so that a failure here is this stage's
+ * refusal, which every stage learns), or NULL with *res set. */
+static gvqPipe_t make_stage(gvqComm_t comm, const gvqPipeConfig_t *config, int micro, int schedule,
+                            int me, int S, gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
+                            void *user, gvqResult_t *res) {
     gvqPipe_t p = calloc(1, sizeof *p);
-    if (p == NULL) return gvqSystemError;
+    if (p == NULL) {
+        *res = gvqSystemError;
+        return NULL;
+    }
     *p = (struct gvqPipe){.magic = PIPE_MAGIC,
                           .comm = comm,
                           .stage = me,
@@ -166,10 +150,49 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
                           .forward = forward,
                           .backward = backward,
                           .user = user};
-    if ((res = alloc_buffers(p)) == gvqSuccess) res = gvq_handles_add(&live, p);
-    if (res != gvqSuccess) {
-        pipe_free(p);
-        return res;
+    if ((*res = alloc_buffers(p)) == gvqSuccess) *res = gvq_handles_add(&live, p);
+    if (*res == gvqSuccess) return p;
+    pipe_free(p);
+    return NULL;
+}
+
+GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
+                                  gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
+                                  void *user, gvqPipe_t *pipe) {
+    const char *fn = "gvqPipeCreate";
+    GVQCHECK(gvq_comm_check(comm, fn, 1)); /* without a communicator nobody can be told */
+    int micro = 0, schedule = 0, S = 0, me = 0;
+    GVQCHECK(gvqCommCount(comm, &S));
+    GVQCHECK(gvqCommUserRank(comm, &me));
+    /* this stage's own refusal still takes part in the agreement, so the others fail too */
+    gvqResult_t own = gvqSuccess;
+    if (pipe == NULL || config == NULL) {
+        GVQ_WARN("%s: %s is NULL", fn, pipe == NULL ? "pipe" : "config");
+        own = gvqInvalidArgument;
+    } else {
+        *pipe = NULL;
+        own = gvq_config_header_check(fn, "config", config->size, config->magic, config->version,
+                                      GVQ_PIPE_CONFIG_MAGIC, sizeof *config, sizeof *config,
+                                      "GVQ_PIPE_CONFIG_INITIALIZER");
+    }
+    if (own == gvqSuccess) own = check_own(config, forward, backward, &micro, &schedule);
+    gvqPipe_t p = NULL;
+    if (own == gvqSuccess)
+        p = make_stage(comm, config, micro, schedule, me, S, forward, backward, user, &own);
+    int64_t row[R_N] = {own != gvqSuccess, micro, schedule,
+                        own == gvqSuccess ? (int64_t)config->inCount : 0,
+                        own == gvqSuccess ? (int64_t)config->outCount : 0};
+    int64_t *rows = malloc(sizeof(int64_t) * R_N * (size_t)S); /* S rows of 40 bytes */
+    gvqResult_t res = rows == NULL ? gvqSystemError : gvqSuccess;
+    if (rows != NULL) res = gvqAllGather(row, rows, R_N, gvqInt64, comm, NULL);
+    if (res == gvqSuccess) res = agree_stages(rows, S, me);
+    free(rows);
+    if (own != gvqSuccess || res != gvqSuccess) {
+        if (p != NULL) {
+            gvq_handles_remove(&live, p);
+            pipe_free(p);
+        }
+        return own != gvqSuccess ? own : res;
     }
     GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule gpipe, in %zu out %zu floats", fn, me,
              S, micro, config->inCount, config->outCount);
@@ -206,12 +229,24 @@ static gvqResult_t gpipe_backward(gvqPipe_t p, int m) {
     return gvqSuccess;
 }
 
+/* A step that fails leaves transfers half done between the stages: the pipe refuses later
+ * steps (destroy it; gvqCommAbort frees neighbours still waiting). */
 GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t p) {
     GVQCHECK(pipe_check("gvqPipeStep", p));
-    for (int m = 0; m < p->micro; m++)
-        GVQCHECK(gpipe_forward(p, m));
-    for (int m = p->micro - 1; m >= 0; m--)
-        GVQCHECK(gpipe_backward(p, m));
+    if (p->failed != gvqSuccess) {
+        GVQ_WARN("gvqPipeStep: an earlier step failed (%s); destroy this pipe",
+                 gvqGetErrorString(p->failed));
+        return gvqInvalidUsage;
+    }
+    gvqResult_t res = gvqSuccess;
+    for (int m = 0; m < p->micro && res == gvqSuccess; m++)
+        res = gpipe_forward(p, m);
+    for (int m = p->micro - 1; m >= 0 && res == gvqSuccess; m--)
+        res = gpipe_backward(p, m);
+    if (res != gvqSuccess) {
+        p->failed = res;
+        return res;
+    }
     p->steps++;
     return gvqSuccess;
 }

@@ -307,6 +307,15 @@ static void part_config(void) {
     cfg.basisUpdate = 2;
     MT_EXPECT_RES(gvqCompressorCreate(comm, 1000, &cfg, &c), gvqInvalidArgument);
     MT_CHECK(c == NULL, "a refused create wrote the handle");
+    /* a tensor shorter than an explicit slice is made (and sent plain, below's rule); a maxDims
+     * above the fitted default L but within the tracked L is accepted */
+    cfg = track_cfg(4, 128, 0, 0, 0, 0);
+    MT_OK(gvqCompressorCreate(comm, 100, &cfg, &c));
+    MT_OK(gvqCompressorDestroy(c));
+    cfg = track_cfg(300, 0, 0, 0, 0, 0); /* 1e6 values: L = 1000 */
+    MT_OK(gvqCompressorCreate(comm, 1000000, &cfg, &c));
+    MT_OK(gvqCompressorDestroy(c));
+    c = NULL;
     /* 144 floats, L 12: d 2 would send (2 12 + 12) 2 = 72 and pay; d 4 sends 144: plain */
     const size_t count = 144;
     float g[144], y[144];

@@ -8,7 +8,8 @@
  *                 micro-batch order
  *   2 refusals    on every stage alike: stage k's outCount not stage k+1's inCount, an input on
  *                 stage 0, microBatches differing between stages, one stage's own refusal (a
- *                 reserved schedule); a NULL pipe to gvqPipeStep
+ *                 reserved schedule, a NULL config); a NULL pipe to gvqPipeStep; on one stage, a
+ *                 failing callback fails its step and the pipe refuses the next
  */
 #include <math.h>
 
@@ -236,6 +237,11 @@ static gvqResult_t no_backward(void *u, int m, const float *dout, float *din) {
     return gvqSuccess;
 }
 
+static gvqResult_t failing_forward(void *u, int m, const float *in, float *out) {
+    (void)u, (void)m, (void)in, (void)out;
+    return gvqInternalError;
+}
+
 /* Every stage's create must fail with gvqInvalidArgument (none of them may hang). */
 static void expect_refused(gvqComm_t comm, const gvqPipeConfig_t *cfg, const char *what) {
     gvqPipe_t p = NULL;
@@ -265,6 +271,22 @@ static void part_refusals(void) {
     bad = c;
     if (k == S - 1) bad.schedule = gvqPipeSpectrain; /* reserved: this stage refuses */
     expect_refused(comm, &bad, "a reserved schedule on the last stage");
+    { /* the last stage passes no config: it still takes part, every stage refuses */
+        gvqPipe_t q = NULL;
+        gvqResult_t r =
+            gvqPipeCreate(comm, k == S - 1 ? NULL : &c, no_forward, no_backward, NULL, &q);
+        MT_CHECK(r == gvqInvalidArgument && q == NULL,
+                 "a NULL config on the last stage: stage "
+                 "%d got %s",
+                 k, gvqGetErrorString(r));
+    }
+    if (S == 1) { /* a failing callback fails the step; later steps are refused */
+        gvqPipe_t q = NULL;
+        MT_OK(gvqPipeCreate(comm, &c, failing_forward, no_backward, NULL, &q));
+        MT_EXPECT_RES(gvqPipeStep(q), gvqInternalError);
+        MT_EXPECT_RES(gvqPipeStep(q), gvqInvalidUsage);
+        MT_OK(gvqPipeDestroy(q));
+    }
     gvqPipe_t p = NULL; /* and the right configs still work on the same communicator */
     MT_OK(gvqPipeCreate(comm, &c, no_forward, no_backward, NULL, &p));
     MT_OK(gvqPipeStep(p));

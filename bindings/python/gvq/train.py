@@ -105,6 +105,7 @@ class Trainer:
         call("gvqTrainCreate", _comm(comm, f), ctypes.byref(c), ctypes.byref(h))
         self._h: Optional[int] = h.value
         self._counts: List[int] = []
+        self._shapes: List[List[int]] = []
         self._dims: List[int] = []
         self._held: List[Any] = []  # buffers the layer may still touch (until wait_all)
 
@@ -123,8 +124,12 @@ class Trainer:
         f = "gvq.train.Trainer.add_variable"
         k = Kind(kind)
         dims = [int(x) for x in (shape if hasattr(shape, "__len__") else (shape,))]
-        if len(dims) > 4:
-            raise ValueError("%s: shape %r has more than 4 dimensions" % (f, shape))
+        want = {Kind.CONV: 4, Kind.FC: 2, Kind.DENSE: 1, Kind.SPARSE: 2}[k]
+        if k == Kind.CONV and 1 <= len(dims) < 4:
+            dims += [1] * (4 - len(dims))  # (K, D) or (K, D, H): the rest ones
+        if len(dims) != want:
+            raise ValueError("%s: a %s variable's shape has %d dimension%s, not %r" %
+                             (f, k.name.lower(), want, "s" if want > 1 else "", shape))
         v = _structs.TrainVariable()
         v.size, v.magic, v.version = ctypes.sizeof(v), _structs.VARIABLE_MAGIC, version()
         name_b = str(name).encode()
@@ -156,8 +161,9 @@ class Trainer:
         vid = ctypes.c_int()
         call("gvqTrainAddVariable", self.handle, ctypes.byref(v), ctypes.byref(vid))
         del name_b, cc, ps  # copied by the layer
-        count = int(np.prod(dims[:2] if k == Kind.FC else dims)) if dims else 0
+        count = int(np.prod(dims))  # as the layer counts it (gvq_train.h's shape)
         self._counts.append(count)
+        self._shapes.append(dims)
         self._dims.append(dims[1] if k == Kind.SPARSE and len(dims) > 1 else 1)
         return vid.value
 
@@ -183,12 +189,15 @@ class Trainer:
         receives the aggregated gradient by wait_all."""
         f = "gvq.train.Trainer.factors_ready"
         g = _floats(grad, "grad", f, self._count(vid, f), True)
-        ub, vb = _floats(u, "u", f, -1, False), _floats(v, "v", f, -1, False)
         shp = getattr(u, "shape", ())
-        if len(shp) != 2:
-            raise ValueError("%s: u must be 2-D (batch x M), not of shape %r" % (f, shp))
+        if len(shp) != 2 or len(self._shapes[int(vid)]) != 2:
+            raise ValueError("%s: u must be 2-D (batch x M) of an fc variable, not of shape %r" %
+                             (f, shp))
+        batch, (M, N) = int(shp[0]), self._shapes[int(vid)]
+        ub = _floats(u, "u", f, batch * M, False)  # C reads batch x M and batch x N floats
+        vb = _floats(v, "v", f, batch * N, False)
         self._held += [ub.obj, vb.obj, g.obj]
-        call("gvqTrainFactorsReady", self.handle, int(vid), ub.ptr, vb.ptr, int(shp[0]), g.ptr)
+        call("gvqTrainFactorsReady", self.handle, int(vid), ub.ptr, vb.ptr, batch, g.ptr)
 
     def sparse_lookup(self, vid: int, indices: Any, values: Any) -> Any:
         """Rows `indices` (int64) of sparse variable vid into values (n x dim float32)."""
@@ -279,20 +288,22 @@ class WaitFree:
     def __init__(self, module: Any, comm: Communicator, **config: Any) -> None:
         if torch is None:
             raise ImportError("gvq.train.wait_free needs torch")
-        self.trainer = Trainer(comm, **config)
         params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        for name, p in params:  # checked before the collective commit
+            if p.device.type != "cpu" or p.dtype != torch.float32 or p.is_sparse:
+                raise TypeError("gvq.train.wait_free: parameter %s is %s on %s; the layer takes "
+                                "dense float32 CPU parameters" % (name, p.dtype, p.device))
+        self.trainer = Trainer(comm, **config)
         self._params = []
         self._hooks = []
         for name, p in reversed(params):  # backward order, roughly: the last layer first
-            if p.dtype != torch.float32:
-                raise TypeError("gvq.train.wait_free: parameter %s is %s, not float32" %
-                                (name, p.dtype))
             shape = tuple(p.shape) if p.dim() in (2, 4) else (p.numel(),)
             vid = self.trainer.add_variable(name, _kind_of(p), shape)
             self._params.append((vid, p))
         self.trainer.commit()
-        for vid, p in self._params:
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]  # p's AccumulateGrad node
+        with torch.enable_grad():  # the graph node exists under no_grad() too
+            accs = [p.expand_as(p).grad_fn.next_functions[0][0] for _, p in self._params]
+        for (vid, p), acc in zip(self._params, accs):  # acc: p's AccumulateGrad node
             self._hooks.append((acc, acc.register_hook(self._hook(vid, p))))
 
     def _hook(self, vid: int, p: Any):

@@ -82,7 +82,16 @@ def test_refusals(comm):
         t.grad_ready(7, np.zeros(640, np.float32))
     with pytest.raises(ValueError):
         t.add_variable("x", gt.Kind.CONV, (1, 2, 3, 4, 5))
+    with pytest.raises(ValueError):
+        t.add_variable("x", gt.Kind.DENSE, (3, 4))  # the layer counts a dense shape[0] only
     t.destroy()
+    f = gt.Trainer(comm)
+    fid = f.add_variable("fc.w", gt.Kind.FC, (10, 64), factors=True)
+    f.commit()
+    grad = np.zeros(640, np.float32)
+    with pytest.raises(ValueError):  # v must be batch x 64: C would read past a narrower one
+        f.factors_ready(fid, np.zeros((4, 10), np.float32), np.zeros((4, 63), np.float32), grad)
+    f.destroy()
     with pytest.raises(ValueError):
         t.wait_all()  # after destroy
     with pytest.raises(gvq.InvalidArgument):
