@@ -112,7 +112,7 @@ static void add_conv(agg_t *a, int layer, const layer_t *l) {
 /* Every weight tensor, network layers from the last to the first. */
 static void list_vars(agg_t *a) {
     net_t *net = a->net;
-    for (int i = net->nlayers - 1; i >= 0; i--) {
+    for (int i = a->l1 - 1; i >= a->l0; i--) {
         layer_t *l = &net->layers[i];
         if (l->kind == LAYER_CONV) {
             add_conv(a, i, l);
@@ -160,9 +160,16 @@ static gvqResult_t register_var(agg_t *a, const train_opts_t *o, agg_var_t *v) {
 }
 
 int agg_setup(agg_t *a, const train_opts_t *o, net_t *net, gvqComm_t comm, gvqResult_t *res) {
+    return agg_setup_layers(a, o, net, comm, 0, net->nlayers, res);
+}
+
+int agg_setup_layers(agg_t *a, const train_opts_t *o, net_t *net, gvqComm_t comm, int l0, int l1,
+                     gvqResult_t *res) {
     memset(a, 0, sizeof *a);
     a->comm = comm;
     a->net = net;
+    a->l0 = l0;
+    a->l1 = l1;
     a->vars = calloc(4 * (size_t)net->nlayers + 4, sizeof *a->vars);
     a->layer_end = calloc((size_t)net->nlayers, sizeof *a->layer_end);
     a->conv_comp = calloc((size_t)net->nconv + 1, sizeof *a->conv_comp);
@@ -177,7 +184,7 @@ int agg_setup(agg_t *a, const train_opts_t *o, net_t *net, gvqComm_t comm, gvqRe
     if (o->bucket_bytes != TRAIN_UNSET) cfg.bucketBytes = o->bucket_bytes;
     cfg.waitFree = o->no_wait_free ? 0 : 1;
     cfg.op = gvqAvg;
-    a->factors = o->sfb != TRAIN_UNSET;
+    a->factors = o->sfb != TRAIN_UNSET && l0 == 0 && l1 == net->nlayers;
     if (a->factors) cfg.sfb = o->sfb == 2 ? GVQ_CONFIG_UNDEF_INT : o->sfb;
     if ((*res = gvqTrainCreate(comm, &cfg, &a->trainer)) != gvqSuccess) return -1;
     for (int v = 0; v < a->nvars; v++)
@@ -220,6 +227,15 @@ gvqResult_t agg_wait(agg_t *a) {
     if (res == gvqSuccess) res = a->error;
     a->error = gvqSuccess;
     return res;
+}
+
+gvqResult_t agg_ready_all_wait(agg_t *a) {
+    if (a->trainer == NULL) return gvqInvalidUsage; /* zero-code mode is not for stages */
+    for (int v = 0; v < a->nvars; v++) {
+        gvqResult_t res = gvqTrainGradReady(a->trainer, a->vars[v].id, a->vars[v].grad);
+        if (res != gvqSuccess && a->error == gvqSuccess) a->error = res;
+    }
+    return agg_wait(a);
 }
 
 unsigned long long agg_wire_bytes(const agg_t *a, int v) {

@@ -39,6 +39,7 @@ typedef struct {
     int batch;         /* this step's local batch (the factors' rows) */
     int factors;       /* fc weights go as sufficient factors */
     gvqResult_t error; /* the first failure of a hand-over in this step */
+    int l0, l1;        /* the network layers whose weights it aggregates (a pipeline stage's) */
 } agg_t;
 
 /* The codec of a tensor as gvq names it (TRAIN_CODEC_* -> gvqCodec_t), and a compressor config
@@ -50,6 +51,13 @@ void agg_compressor_config(const train_opts_t *o, int codec, const layer_t *l,
 /* Sets up the aggregation for net over comm (collective: the layer's commit). 0, or -1 with the
  * gvq error in *res. */
 int agg_setup(agg_t *a, const train_opts_t *o, net_t *net, gvqComm_t comm, gvqResult_t *res);
+/* The same for network layers [l0, l1) only (a pipeline stage's, aggregated over its replicas);
+ * no sufficient factors. */
+int agg_setup_layers(agg_t *a, const train_opts_t *o, net_t *net, gvqComm_t comm, int l0, int l1,
+                     gvqResult_t *res);
+/* Hands every variable's gradient over at once (after a pipeline step), then waits like
+ * agg_wait. */
+gvqResult_t agg_ready_all_wait(agg_t *a);
 /* Backprop of the last forward pass, handing each layer's gradients over as they are written. */
 void agg_backward(agg_t *a, const float *images, int batch);
 /* Waits until every gradient is aggregated (averaged) in place. */

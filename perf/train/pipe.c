@@ -11,6 +11,10 @@
  *                          over the micro-batches
  *             then SGD with momentum on the parameters it owns
  *
+ * With R x S ranks (rank = replica x S + stage), R replicas of the pipeline each take a share of
+ * the global batch, and every stage's gradients are averaged over its replicas through the
+ * training layer (aggregate.c over the stage's layers: the codec options apply) before its update.
+ *
  * For the test accuracy every stage broadcasts its layers' parameters, so that every rank holds
  * the whole current model and evaluates its share of the test set. The printed loss and train
  * accuracy come from the last stage.
@@ -21,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "aggregate.h"
 #include "gvq_mpi.h"
 #include "gvq_train.h"
 #include "mnist.h"
@@ -176,22 +181,6 @@ static void shuffle_perm(int *perm, int n, uint64_t seed) {
     }
 }
 
-/* acc's entries this stage owns, averaged over the stage's replicas (one allreduce). */
-static void average_owned(float *acc, const unsigned char *owned, size_t n, float *packed,
-                          gvqComm_t gstage) {
-    size_t k = 0;
-    for (size_t j = 0; j < n; j++)
-        if (owned[j]) packed[k++] = acc[j];
-    gvqResult_t r = gvqAllReduce(packed, packed, k, gvqFloat32, gvqAvg, gstage, NULL);
-    if (r != gvqSuccess) {
-        fprintf(stderr, "gvq-train: the replicas' gradient average: %s\n", gvqGetErrorString(r));
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    k = 0;
-    for (size_t j = 0; j < n; j++)
-        if (owned[j]) acc[j] = packed[k++];
-}
-
 /* 1 when the stage's replicas hold the same weights (min and max of their hashes agree). */
 static int replicas_agree(const float *params, const unsigned char *owned, size_t n,
                           MPI_Comm scomm) {
@@ -278,9 +267,8 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     int *perm = malloc(sizeof(int) * (size_t)train.n), *idx = malloc(sizeof(int) * held);
     float *velocity = calloc(net.nparams, sizeof(float)), *acc = calloc(net.nparams, sizeof(float));
     unsigned char *owned = calloc(net.nparams, 1);
-    float *packed = malloc(sizeof(float) * net.nparams);
     const float **in_of = calloc((size_t)M, sizeof *in_of);
-    if (!images || !labels || !perm || !idx || !velocity || !acc || !owned || !in_of || !packed) {
+    if (!images || !labels || !perm || !idx || !velocity || !acc || !owned || !in_of) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", wrank);
         MPI_Abort(comm, 1);
     }
@@ -301,8 +289,16 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     pc.inCount = rank == 0 ? 0 : (size_t)mb * layer_in_size(&net.layers[st.l0]);
     pc.outCount = rank == S - 1 ? 0 : (size_t)mb * layer_out_size(&net.layers[st.l1 - 1]);
     gvqComm_t gstage = NULL;
+    agg_t agg; /* R > 1: the stage's weights aggregated over its replicas by the training layer */
+    memset(&agg, 0, sizeof agg);
     gvqResult_t gr = gvqCommInitMPI(&gcomm, pcomm, NULL);
     if (gr == gvqSuccess && R > 1) gr = gvqCommInitMPI(&gstage, scomm, NULL);
+    if (gr == gvqSuccess && R > 1 &&
+        agg_setup_layers(&agg, o, &net, gstage, st.l0, st.l1, &gr) != 0) {
+        fprintf(stderr, "gvq-train: rank %d: the stage's training layer: %s\n", wrank,
+                gvqGetErrorString(gr));
+        MPI_Abort(comm, 1);
+    }
     if (gr == gvqSuccess) gr = gvqPipeCreate(gcomm, &pc, stage_forward, stage_backward, &st, &pipe);
     if (gr != gvqSuccess) {
         fprintf(stderr, "gvq-train: rank %d: %s\n", wrank, gvqGetErrorString(gr));
@@ -343,8 +339,13 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", wrank, gvqGetErrorString(gr));
             MPI_Abort(comm, 1);
         }
-        if (R > 1) /* the stage's gradients averaged over its replicas */
-            average_owned(acc, owned, net.nparams, packed, gstage);
+        for (size_t j = 0; j < net.nparams; j++) /* the step's gradients where the layer reads */
+            if (owned[j]) net.grads[j] = acc[j];
+        if (R > 1 && (gr = agg_ready_all_wait(&agg)) != gvqSuccess) {
+            fprintf(stderr, "gvq-train: rank %d: averaging over the replicas: %s\n", wrank,
+                    gvqGetErrorString(gr));
+            MPI_Abort(comm, 1);
+        }
         const double lr =
             o->cosine
                 ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
@@ -352,7 +353,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         const float mu = (float)o->momentum, wd = (float)o->weight_decay;
         for (size_t j = 0; j < net.nparams; j++) {
             if (!owned[j]) continue;
-            velocity[j] = mu * velocity[j] + acc[j] + wd * net.params[j];
+            velocity[j] = mu * velocity[j] + net.grads[j] + wd * net.params[j];
             net.params[j] -=
                 (float)(net.lr_scale != NULL ? lr * net.lr_scale[j] : lr) * velocity[j];
             acc[j] = 0;
@@ -419,11 +420,11 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     res->train_s = train_s;
     if (csv != NULL) fclose(csv);
     gvqPipeDestroy(pipe);
+    if (R > 1) agg_free(&agg);
     gvqCommDestroy(gcomm);
     if (gstage != NULL) gvqCommDestroy(gstage);
     MPI_Comm_free(&pcomm);
     MPI_Comm_free(&scomm);
-    free(packed);
     free(images), free(labels), free(perm), free(idx), free(velocity), free(acc), free(owned);
     free(in_of);
     net_free(&net);

@@ -1,7 +1,8 @@
 /*
  * pipe.h -- gvq-train --stages S: the model cut into S pipeline stages, trained with GPipe's
  * schedule through the training layer's gvqPipe (pipe.c), on S ranks or R replicas x S ranks.
- * The codec options do not apply: replicas average a stage's gradients with a plain allreduce.
+ * With R > 1 each stage's replicas average its gradients through the training layer (the codec
+ * options apply, as in data-parallel training).
  */
 #ifndef GVQ_TRAIN_PIPE_H_
 #define GVQ_TRAIN_PIPE_H_
