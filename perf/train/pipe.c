@@ -154,33 +154,6 @@ static void share_parameters(net_t *net, const int *first, int S, MPI_Comm comm)
         }
 }
 
-static double evaluate_all(net_t *net, const mnist_set_t *test, int rank, int nranks, MPI_Comm comm,
-                           float *images, uint8_t *labels, int *idx) {
-    int lo = (int)((long)test->n * rank / nranks), hi = (int)((long)test->n * (rank + 1) / nranks);
-    long correct = 0, total = 0;
-    for (int i = lo; i < hi; i += net->capacity) {
-        int n = hi - i < net->capacity ? hi - i : net->capacity;
-        for (int j = 0; j < n; j++)
-            idx[j] = i + j;
-        mnist_batch(test, idx, n, images, labels);
-        correct += net_count_correct(net, images, labels, n);
-    }
-    MPI_Allreduce(&correct, &total, 1, MPI_LONG, MPI_SUM, comm);
-    return 100.0 * (double)total / (double)test->n;
-}
-
-static void shuffle_perm(int *perm, int n, uint64_t seed) {
-    rng_t r = {seed};
-    for (int i = 0; i < n; i++)
-        perm[i] = i;
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(rng_uniform(&r) * (double)(i + 1));
-        int t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-}
-
 /* 1 when the stage's replicas hold the same weights (min and max of their hashes agree). */
 static int replicas_agree(const float *params, const unsigned char *owned, size_t n,
                           MPI_Comm scomm) {
@@ -326,7 +299,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     int epoch = 0;
     for (step = 0; step < iters; step++) {
         if (pos + batch > train.n) {
-            shuffle_perm(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
+            train_shuffle(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
             epoch++;
             pos = 0;
         }
@@ -368,7 +341,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         int evaluated = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
         if (evaluated) {
             share_parameters(&net, first, S, pcomm);
-            test_acc = evaluate_all(&net, &test, wrank, nranks, comm, images, labels, idx);
+            test_acc = train_evaluate(&net, &test, wrank, nranks, comm, images, labels, idx);
         }
         if (rank == S - 1) { /* the last stages saw the losses: their replicas' sum */
             double mine[2] = {win_loss, (double)win_correct}, sum[2];

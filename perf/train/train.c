@@ -201,7 +201,7 @@ static int dump_close(dump_t *d, const char *path) {
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static void shuffle(int *perm, int n, uint64_t seed) {
+void train_shuffle(int *perm, int n, uint64_t seed) {
     rng_t r = {seed};
     for (int i = 0; i < n; i++)
         perm[i] = i;
@@ -215,8 +215,8 @@ static void shuffle(int *perm, int n, uint64_t seed) {
 }
 
 /* Test accuracy in percent: each rank evaluates its share of the test set. */
-static double evaluate(net_t *net, const mnist_set_t *test, int rank, int nranks, MPI_Comm comm,
-                       float *images, uint8_t *labels, int *idx) {
+double train_evaluate(net_t *net, const mnist_set_t *test, int rank, int nranks, MPI_Comm comm,
+                      float *images, uint8_t *labels, int *idx) {
     int lo = (int)((long)test->n * rank / nranks), hi = (int)((long)test->n * (rank + 1) / nranks);
     long correct = 0;
     for (int i = lo; i < hi; i += net->capacity) {
@@ -490,7 +490,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     for (step = 0; step < iters; step++) {
         double t0 = now_s();
         if (pos + batch > train.n) {
-            shuffle(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
+            train_shuffle(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
             epoch++;
             pos = 0;
         }
@@ -564,7 +564,8 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         if (step + 1 == nsteps_win) res->first_loss = mean_loss;
         res->last_loss = mean_loss;
         int evaluated = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
-        if (evaluated) test_acc = evaluate(&net, &test, rank, nranks, comm, images, labels, idx);
+        if (evaluated)
+            test_acc = train_evaluate(&net, &test, rank, nranks, comm, images, labels, idx);
 
         unsigned long long raw = 0, wire = 0;
         phases[0] = '\0';

@@ -16,6 +16,7 @@
 #include <mpi.h>
 #include <stdio.h>
 
+#include "mnist.h"
 #include "net.h"
 
 typedef enum {
@@ -102,6 +103,13 @@ typedef struct {
     long sync_mismatches;     /* ... that found ranks holding different weights */
     double *loss_hist;        /* this rank's local loss per step (iters values; caller frees) */
 } train_result_t;
+
+/* The epoch's order of the training images (a permutation of n from seed), and the test accuracy
+ * in percent with each rank evaluating its share of the test set (collective over comm; images,
+ * labels and idx hold net->capacity images). Shared by the data-parallel and pipeline runs. */
+void train_shuffle(int *perm, int n, uint64_t seed);
+double train_evaluate(net_t *net, const mnist_set_t *test, int rank, int nranks, MPI_Comm comm,
+                      float *images, uint8_t *labels, int *idx);
 
 /* Runs the training; returns 0, or -1 after printing why (bad options, data missing, a gvq
  * error). Collective over comm. */
