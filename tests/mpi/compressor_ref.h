@@ -8,6 +8,7 @@
  *   cref_saved_tail()  the residual (count floats) and the kept factor (flen floats: PowerSGD's
  *                      Q, a tracked basis's U) at the end of gvqCompressorSave's state
  *   cref_resume()      a compressor restored from another's saved state continues bitwise
+ *   cref_config()      a config of a codec and seed, with a conv shape [K][D][H][W] when K > 0
  */
 #ifndef GVQ_TESTS_COMPRESSOR_REF_H_
 #define GVQ_TESTS_COMPRESSOR_REF_H_
@@ -24,6 +25,19 @@ static inline double cref_rand(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
     return (double)(z >> 11) / 4503599627370496.0 - 1.0;
+}
+
+static inline gvqCompressorConfig_t cref_config(int codec, int seed, int K, int D, int H, int W) {
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = codec;
+    cfg.seed = seed;
+    if (K > 0) {
+        cfg.filters = K;
+        cfg.depth = D;
+        cfg.height = H;
+        cfg.width = W;
+    }
+    return cfg;
 }
 
 static inline double cref_norm(const float *v, size_t n) {

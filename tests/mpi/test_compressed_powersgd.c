@@ -42,16 +42,8 @@ static void shape_of(size_t count, int K, size_t *n, size_t *m) {
 }
 
 static gvqCompressorConfig_t psgd_cfg(int rank, int K, int D, int H, int W) {
-    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-    cfg.codec = gvqCodecPowersgd;
+    gvqCompressorConfig_t cfg = cref_config(gvqCodecPowersgd, 11, K, D, H, W);
     cfg.powerRank = rank;
-    cfg.seed = 11;
-    if (K > 0) {
-        cfg.filters = K;
-        cfg.depth = D;
-        cfg.height = H;
-        cfg.width = W;
-    }
     return cfg;
 }
 

@@ -38,18 +38,10 @@ static float grad_val(int j, int t, size_t i) {
 }
 
 static gvqCompressorConfig_t track_cfg(int d, int L, int K, int D, int H, int W) {
-    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-    cfg.codec = gvqCodecGradiveq;
+    gvqCompressorConfig_t cfg = cref_config(gvqCodecGradiveq, 5, K, D, H, W);
     cfg.basisUpdate = gvqBasisTrack;
     cfg.maxDims = d;
-    cfg.seed = 5;
     if (L > 0) cfg.sliceSize = L;
-    if (K > 0) {
-        cfg.filters = K;
-        cfg.depth = D;
-        cfg.height = H;
-        cfg.width = W;
-    }
     return cfg;
 }
 
