@@ -249,8 +249,18 @@ GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);
  *   the mini-batch's; the trainer applies them (aggregated over replicas first, if any, e.g.
  *   through a gvqTrainer on a communicator per stage). No staleness; bubbles of (S-1)/(M+S-1).
  *
- * Not yet: PipeDream's one-forward-one-backward with weight stashing, DualPipe, SpecTrain's
- * weight prediction (the schedule values are reserved: refused at create).
+ *   gvqPipePipedream (PipeDream: one forward, one backward, with weight stashing), stage k of S,
+ *   w = min(S - k - 1, M) warm-up forwards:
+ *     F(0) .. F(w-1);  then for i = 0 .. M-w-1:  F(w+i), B(i);  then B(M-w) .. B(M-1)
+ *   every B(m) is followed by update(m): the stage's weights change after every micro-batch.
+ *   Weight stashing: F(m) runs on the current weights and the layer keeps a copy of them; B(m)
+ *   runs on that copy (the version F(m) saw), then the current weights come back for update(m).
+ *   Stage k keeps up to w + 1 = S - k versions. The step ends with every micro-batch's backward
+ *   done (a flush). A forward's send and the next backward's receive (and a backward's send and
+ *   the next forward's receive) go in one group, so no two neighbours wait on each other's send.
+ *
+ * Not yet: DualPipe, SpecTrain's weight prediction (those schedule values are reserved: refused
+ * at create).
  * ------------------------------------------------------------------------------------------ */
 
 typedef struct gvqPipe *gvqPipe_t;
@@ -258,7 +268,8 @@ typedef struct gvqPipe *gvqPipe_t;
 /* clang-format off */
 typedef enum {
     gvqPipeGpipe     = 0, /* synchronous, flush per mini-batch */
-    gvqPipePipedream = 1, /* reserved: refused (not implemented yet) */
+    gvqPipePipedream = 1, /* one-forward-one-backward, weights updated after every micro-batch,
+                             with weight stashing (below) */
     gvqPipeDualpipe  = 2, /* reserved: refused */
     gvqPipeSpectrain = 3  /* reserved: refused */
 } gvqPipeSchedule_t;
@@ -276,12 +287,20 @@ typedef struct {
     size_t inCount;   /* floats of one micro-batch's input to this stage: 0 on stage 0, else
                          the previous stage's outCount */
     size_t outCount;  /* floats of one micro-batch's output: 0 on the last stage, else > 0 */
+    /* gvqPipePipedream: the stage's weights, as ranges the layer copies to keep versions, and
+     * the trainer's optimizer step on them (below) */
+    int weightRanges;                             /* [0] */
+    float *const *weights;                        /* weightRanges starts */
+    const size_t *weightCounts;                   /* their lengths in floats */
+    gvqResult_t (*update)(void *user, int micro); /* apply micro-batch `micro`'s gradients (what
+                                                      its backward accumulated) to the weights,
+                                                      and clear them */
 } gvqPipeConfig_t;
 
 #define GVQ_PIPE_CONFIG_INITIALIZER                                                        \
     {                                                                                      \
         sizeof(gvqPipeConfig_t), GVQ_PIPE_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
-            GVQ_CONFIG_UNDEF_INT, 0, 0                                                     \
+            GVQ_CONFIG_UNDEF_INT, 0, 0, 0, NULL, NULL, NULL                                \
     }
 
 /* A stage's work on micro-batch `micro` (0 .. M-1). forward: in (inCount floats; NULL on stage 0,
@@ -299,7 +318,7 @@ typedef gvqResult_t (*gvqPipeBackwardFn_t)(void *user, int micro, const float *d
  * WARN naming both sides (microBatches or schedule differing, stage k's outCount not stage
  * k+1's inCount, an input on stage 0 or an output on the last stage, a stage whose own
  * arguments were refused: NULL config or pipe, NULL functions, M < 1, M x counts above 2^40, a
- * reserved schedule, no memory for its buffers). */
+ * reserved schedule, gvqPipePipedream without weights or update, no memory for its buffers). */
 GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
                                   gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
                                   void *user, gvqPipe_t *pipe);

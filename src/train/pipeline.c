@@ -19,6 +19,7 @@
  * way along the chain, so every send meets a receive its neighbour is already waiting in.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "gvq_handles.h"
 #include "gvq_trainer.h"
@@ -37,6 +38,13 @@ struct gvqPipe {
     float *din, *dout;
     long long steps;
     gvqResult_t failed; /* a step that failed: later steps are refused */
+    /* gvqPipePipedream: the weights (copied range list), their versions and the update */
+    int nw;
+    float **wptr;
+    size_t *wlen, wtotal;
+    int nversions;
+    float *stash, *current; /* nversions x wtotal, wtotal */
+    gvqResult_t (*update)(void *user, int micro);
 };
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
@@ -57,9 +65,27 @@ static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqPipeForwardFn_t fwd,
         GVQ_WARN("%s: microBatches %d must be at least 1", fn, *micro);
         return gvqInvalidArgument;
     }
-    if (*schedule != gvqPipeGpipe) {
-        GVQ_WARN("%s: schedule %d: only gvqPipeGpipe is implemented so far", fn, *schedule);
+    if (*schedule != gvqPipeGpipe && *schedule != gvqPipePipedream) {
+        GVQ_WARN("%s: schedule %d: only gvqPipeGpipe and gvqPipePipedream are implemented so far",
+                 fn, *schedule);
         return gvqInvalidArgument;
+    }
+    if (*schedule == gvqPipePipedream &&
+        (c->update == NULL || c->weightRanges < 0 ||
+         (c->weightRanges > 0 && (c->weights == NULL || c->weightCounts == NULL)))) {
+        GVQ_WARN("%s: gvqPipePipedream needs update and the weights (weightRanges %d, weights %p, "
+                 "weightCounts %p, update %s)",
+                 fn, c->weightRanges, (void *)c->weights, (const void *)c->weightCounts,
+                 c->update == NULL ? "NULL" : "set");
+        return gvqInvalidArgument;
+    }
+    size_t total = 0;
+    for (int r = 0; *schedule == gvqPipePipedream && r < c->weightRanges; r++) {
+        if (c->weights[r] == NULL || c->weightCounts[r] > ((size_t)1 << 40) - total) {
+            GVQ_WARN("%s: weight range %d is NULL or the weights pass 2^40 floats", fn, r);
+            return gvqInvalidArgument;
+        }
+        total += c->weightCounts[r];
     }
     size_t most = c->inCount > c->outCount ? c->inCount : c->outCount;
     if (most > ((size_t)1 << 40) / (size_t)*micro) { /* M buffers of each: no overflow */
@@ -110,7 +136,38 @@ static void pipe_free(gvqPipe_t p) {
     if (p == NULL) return;
     p->magic = 0;
     free(p->in), free(p->out), free(p->din), free(p->dout);
+    free(p->wptr), free(p->wlen), free(p->stash), free(p->current);
     free(p);
+}
+
+/* PipeDream's weights: the range list (the caller's arrays may be temporaries) and room for
+ * the versions in flight at this stage, min(S - k, M), and the current weights. */
+static gvqResult_t alloc_versions(gvqPipe_t p, const gvqPipeConfig_t *c) {
+    p->update = c->update;
+    p->nw = c->weightRanges;
+    int warm = p->nstages - p->stage - 1 < p->micro ? p->nstages - p->stage - 1 : p->micro;
+    p->nversions = warm + 1 < p->micro ? warm + 1 : p->micro;
+    p->wptr = calloc((size_t)p->nw + 1, sizeof *p->wptr);
+    p->wlen = calloc((size_t)p->nw + 1, sizeof *p->wlen);
+    if (p->wptr == NULL || p->wlen == NULL) return gvqSystemError;
+    for (int r = 0; r < p->nw; r++) {
+        p->wptr[r] = c->weights[r];
+        p->wlen[r] = c->weightCounts[r];
+        p->wtotal += c->weightCounts[r];
+    }
+    if (p->wtotal > ((size_t)1 << 40) / (size_t)p->nversions) {
+        GVQ_WARN("gvqPipeCreate: %d weight versions of %zu floats: more than 2^40", p->nversions,
+                 p->wtotal);
+        return gvqInvalidArgument;
+    }
+    p->stash = malloc(sizeof(float) * (p->wtotal * (size_t)p->nversions + 1));
+    p->current = malloc(sizeof(float) * (p->wtotal + 1));
+    if (p->stash == NULL || p->current == NULL) {
+        GVQ_WARN("gvqPipeCreate: cannot allocate %d weight versions of %zu floats", p->nversions,
+                 p->wtotal);
+        return gvqSystemError;
+    }
+    return gvqSuccess;
 }
 
 /* in/out for every micro-batch, and one din/dout reused by the backward pass. */
@@ -150,7 +207,9 @@ static gvqPipe_t make_stage(gvqComm_t comm, const gvqPipeConfig_t *config, int m
                           .forward = forward,
                           .backward = backward,
                           .user = user};
-    if ((*res = alloc_buffers(p)) == gvqSuccess) *res = gvq_handles_add(&live, p);
+    *res = alloc_buffers(p);
+    if (*res == gvqSuccess && schedule == gvqPipePipedream) *res = alloc_versions(p, config);
+    if (*res == gvqSuccess) *res = gvq_handles_add(&live, p);
     if (*res == gvqSuccess) return p;
     pipe_free(p);
     return NULL;
@@ -194,8 +253,9 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
         }
         return own != gvqSuccess ? own : res;
     }
-    GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule gpipe, in %zu out %zu floats", fn, me,
-             S, micro, config->inCount, config->outCount);
+    GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule %s, in %zu out %zu floats", fn, me, S,
+             micro, schedule == gvqPipeGpipe ? "gpipe" : "pipedream", config->inCount,
+             config->outCount);
     *pipe = p;
     return gvqSuccess;
 }
@@ -229,6 +289,93 @@ static gvqResult_t gpipe_backward(gvqPipe_t p, int m) {
     return gvqSuccess;
 }
 
+/* ---- gvqPipePipedream: one forward, one backward, weight stashing ---------------------------
+ *
+ *   stage k, w = min(S - k - 1, M):   F(0) .. F(w-1)        each: receive, forward, send
+ *                                     F(w+i), B(i)          i = 0 .. M-w-1: the forward's send
+ *                                                           goes with the backward's receive, the
+ *                                                           backward's send with the next
+ *                                                           forward's receive (one group each)
+ *                                     B(M-w) .. B(M-1)      each: receive, backward, send
+ *   F(m) keeps the weights it ran on in version slot m mod V (V = min(w + 1, M): at most w + 1
+ *   micro-batches are between their forward and backward here); B(m) runs on that version, then
+ *   the current weights come back and update(m) changes them.
+ */
+
+static void copy_weights(gvqPipe_t p, float *buf, int to_ranges) {
+    size_t at = 0;
+    for (int r = 0; r < p->nw; r++) {
+        if (to_ranges)
+            memcpy(p->wptr[r], buf + at, sizeof(float) * p->wlen[r]);
+        else
+            memcpy(buf + at, p->wptr[r], sizeof(float) * p->wlen[r]);
+        at += p->wlen[r];
+    }
+}
+
+static float *version_of(gvqPipe_t p, int m) {
+    return p->stash + (size_t)(m % p->nversions) * p->wtotal;
+}
+
+static float *in_of(gvqPipe_t p, int m) {
+    return p->in_count ? p->in + (size_t)m * p->in_count : NULL;
+}
+
+static float *out_of(gvqPipe_t p, int m) {
+    return p->out_count ? p->out + (size_t)m * p->out_count : NULL;
+}
+
+/* The transfers of one time unit, posted together; either may be absent (an end stage). */
+static gvqResult_t exchange(gvqPipe_t p, const float *send, size_t scount, int speer, float *recv,
+                            size_t rcount, int rpeer) {
+    if (send == NULL && recv == NULL) return gvqSuccess;
+    if (send == NULL) return gvqRecv(recv, rcount, gvqFloat32, rpeer, p->comm, NULL);
+    if (recv == NULL) return gvqSend(send, scount, gvqFloat32, speer, p->comm, NULL);
+    GVQCHECK(gvqGroupStart());
+    gvqResult_t a = gvqSend(send, scount, gvqFloat32, speer, p->comm, NULL);
+    gvqResult_t b = gvqRecv(recv, rcount, gvqFloat32, rpeer, p->comm, NULL);
+    gvqResult_t c = gvqGroupEnd();
+    return a != gvqSuccess ? a : b != gvqSuccess ? b : c;
+}
+
+static gvqResult_t pd_forward(gvqPipe_t p, int m) {
+    copy_weights(p, version_of(p, m), 0);
+    return p->forward(p->user, m, in_of(p, m), out_of(p, m));
+}
+
+static gvqResult_t pd_backward(gvqPipe_t p, int m) {
+    copy_weights(p, p->current, 0); /* the current weights aside, m's version in */
+    copy_weights(p, version_of(p, m), 1);
+    gvqResult_t res = p->backward(p->user, m, p->dout, p->din);
+    copy_weights(p, p->current, 1);
+    return res != gvqSuccess ? res : p->update(p->user, m);
+}
+
+static gvqResult_t pipedream_step(gvqPipe_t p) {
+    int k = p->stage, S = p->nstages, M = p->micro, prev = k - 1, next = k + 1;
+    int w = S - k - 1 < M ? S - k - 1 : M;
+    for (int m = 0; m < w; m++) {
+        GVQCHECK(exchange(p, NULL, 0, 0, in_of(p, m), p->in_count, prev));
+        GVQCHECK(pd_forward(p, m));
+        GVQCHECK(exchange(p, out_of(p, m), p->out_count, next, NULL, 0, 0));
+    }
+    if (w < M) GVQCHECK(exchange(p, NULL, 0, 0, in_of(p, w), p->in_count, prev));
+    for (int i = 0; i < M - w; i++) {
+        int m = w + i, last = i + 1 == M - w;
+        GVQCHECK(pd_forward(p, m));
+        GVQCHECK(exchange(p, out_of(p, m), p->out_count, next, p->dout, p->out_count, next));
+        GVQCHECK(pd_backward(p, i));
+        GVQCHECK(exchange(p, p->din, p->in_count, prev, last ? NULL : in_of(p, m + 1), p->in_count,
+                          prev));
+    }
+    for (int i = M - w; i < M; i++) {
+        GVQCHECK(exchange(p, NULL, 0, 0, p->dout, p->out_count, next));
+        GVQCHECK(pd_backward(p, i));
+        GVQCHECK(exchange(p, p->din, p->in_count, prev, NULL, 0, 0));
+    }
+    return gvqSuccess;
+}
+
 /* A step that fails leaves transfers half done between the stages: the pipe refuses later
  * steps (destroy it; gvqCommAbort frees neighbours still waiting). */
 GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t p) {
@@ -239,9 +386,10 @@ GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t p) {
         return gvqInvalidUsage;
     }
     gvqResult_t res = gvqSuccess;
-    for (int m = 0; m < p->micro && res == gvqSuccess; m++)
+    if (p->schedule == gvqPipePipedream) res = pipedream_step(p);
+    for (int m = 0; p->schedule == gvqPipeGpipe && m < p->micro && res == gvqSuccess; m++)
         res = gpipe_forward(p, m);
-    for (int m = p->micro - 1; m >= 0 && res == gvqSuccess; m--)
+    for (int m = p->micro - 1; p->schedule == gvqPipeGpipe && m >= 0 && res == gvqSuccess; m--)
         res = gpipe_backward(p, m);
     if (res != gvqSuccess) {
         p->failed = res;

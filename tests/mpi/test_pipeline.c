@@ -6,6 +6,9 @@
  *                 stage's weights equal bitwise those of single-process training of the whole
  *                 model, which every rank also runs here with the same layer code and the same
  *                 micro-batch order
+ *   3 pipedream   the same MLP, weights updated after every micro-batch with weight stashing:
+ *                 every stage's weights equal bitwise those of an in-process reference that runs
+ *                 each stage's operations in the schedule's order with its own version copies
  *   2 refusals    on every stage alike: stage k's outCount not stage k+1's inCount, an input on
  *                 stage 0, microBatches differing between stages, one stage's own refusal (a
  *                 reserved schedule, a NULL config); a NULL pipe to gvqPipeStep; on one stage, a
@@ -295,9 +298,138 @@ static void part_refusals(void) {
     MT_OK(gvqCommDestroy(comm));
 }
 
+/* ---- part 3: PipeDream with weight stashing ------------------------------------------------
+ * Every stage updates its weights after each micro-batch's backward, which runs on the weights
+ * its forward saw. The reference runs the S stages in one process with their own copies of the
+ * model, each stage's operations in the schedule's order (gvq_train.h), an operation as soon as
+ * its input exists (so in an order the pipeline could also have taken: the results cannot
+ * depend on it), keeping a copy of the weights per micro-batch from its forward to its
+ * backward. */
+
+static gvqResult_t stage_update(void *user, int m) {
+    stage_t *s = user;
+    (void)m;
+    sgd(&s->net, s->l0, s->l1);
+    return gvqSuccess;
+}
+
+/* Stage k's operations: +m+1 a forward of micro-batch m, -(m+1) its backward. */
+static void pipedream_order(int k, int S, int *ops) {
+    int w = S - k - 1 < MB ? S - k - 1 : MB, n = 0;
+    for (int m = 0; m < w; m++)
+        ops[n++] = m + 1;
+    for (int i = 0; i < MB - w; i++) {
+        ops[n++] = w + i + 1;
+        ops[n++] = -(i + 1);
+    }
+    for (int i = MB - w; i < MB; i++)
+        ops[n++] = -(i + 1);
+}
+
+static void weights_copy(mlp_t *n, int l0, int l1, float *buf, int restore) {
+    size_t at = 0;
+    for (int l = l0; l < l1; l++) {
+        size_t nw = (size_t)width[l + 1] * (size_t)width[l], nb = (size_t)width[l + 1];
+        memcpy(restore ? n->w[l] : buf + at, restore ? buf + at : n->w[l], sizeof(float) * nw);
+        at += nw;
+        memcpy(restore ? n->b[l] : buf + at, restore ? buf + at : n->b[l], sizeof(float) * nb);
+        at += nb;
+    }
+}
+
+static void reference_pipedream(stage_t *st, int S, int step) {
+    enum { MAXW = 8 * 8 * NL + 8 * NL };
+    static float stash[NL][MB][MAXW], cur[MAXW], fwd[NL][MB][ROWS * 8], bwd[NL][MB][ROWS * 8];
+    int ops[NL][2 * MB], pos[NL] = {0}, fdone[NL][MB] = {{0}}, bdone[NL][MB] = {{0}},
+                         left = 2 * MB * S;
+    for (int k = 0; k < S; k++)
+        pipedream_order(k, S, ops[k]);
+    while (left > 0) {
+        int moved = 0;
+        for (int k = 0; k < S; k++)
+            while (pos[k] < 2 * MB) {
+                stage_t *s = &st[k];
+                int op = ops[k][pos[k]], m = (op > 0 ? op : -op) - 1;
+                if (op > 0 ? (k > 0 && !fdone[k - 1][m]) : (k < S - 1 && !bdone[k + 1][m])) break;
+                s->step = step;
+                if (op > 0) {
+                    weights_copy(&s->net, s->l0, s->l1, stash[k][m], 0);
+                    stage_forward(s, m, k > 0 ? fwd[k - 1][m] : NULL, k < S - 1 ? fwd[k][m] : NULL);
+                    fdone[k][m] = 1;
+                } else {
+                    weights_copy(&s->net, s->l0, s->l1, cur, 0);
+                    weights_copy(&s->net, s->l0, s->l1, stash[k][m], 1);
+                    stage_backward(s, m, k < S - 1 ? bwd[k + 1][m] : NULL,
+                                   k > 0 ? bwd[k][m] : NULL);
+                    weights_copy(&s->net, s->l0, s->l1, cur, 1);
+                    sgd(&s->net, s->l0, s->l1);
+                    bdone[k][m] = 1;
+                }
+                pos[k]++;
+                left--;
+                moved = 1;
+            }
+        if (!moved) {
+            MT_FAIL("the PipeDream reference cannot proceed (a test bug)");
+            return;
+        }
+    }
+}
+
+static void part_pipedream(void) {
+    if (mt.rank == 0)
+        printf("-- 3 pipedream on %d stages: weight stashing, against a reference\n", mt.nranks);
+    gvqComm_t comm = mt_new_comm();
+    int S = mt.nranks, k = mt.rank;
+    stage_t st, ref[NL];
+    mlp_init(&st.net);
+    st.l0 = k * NL / S;
+    st.l1 = (k + 1) * NL / S;
+    float *wp[2 * NL];
+    size_t wc[2 * NL];
+    int nr = 0;
+    for (int l = st.l0; l < st.l1; l++) {
+        wp[nr] = st.net.w[l], wc[nr++] = (size_t)width[l + 1] * (size_t)width[l];
+        wp[nr] = st.net.b[l], wc[nr++] = (size_t)width[l + 1];
+    }
+    gvqPipeConfig_t cfg = stage_config(st.l0, st.l1);
+    cfg.schedule = gvqPipePipedream;
+    cfg.weightRanges = nr;
+    cfg.weights = wp;
+    cfg.weightCounts = wc;
+    cfg.update = stage_update;
+    gvqPipe_t p = NULL;
+    MT_OK(gvqPipeCreate(comm, &cfg, stage_forward, stage_backward, &st, &p));
+    for (int j = 0; j < S; j++) {
+        mlp_init(&ref[j].net);
+        ref[j].l0 = j * NL / S;
+        ref[j].l1 = (j + 1) * NL / S;
+    }
+    for (int step = 0; step < STEPS; step++) {
+        st.step = step;
+        MT_OK(gvqPipeStep(p));
+        reference_pipedream(ref, S, step);
+        for (int l = st.l0; l < st.l1; l++) {
+            size_t nw = (size_t)width[l + 1] * (size_t)width[l];
+            MT_CHECK(
+                memcmp(st.net.w[l], ref[k].net.w[l], sizeof(float) * nw) == 0 &&
+                    memcmp(st.net.b[l], ref[k].net.b[l], sizeof(float) * (size_t)width[l + 1]) == 0,
+                "pipedream step %d: stage %d's layer %d differs from the reference", step, k, l);
+        }
+    }
+    MT_OK(gvqPipeDestroy(p));
+    cfg.update = NULL; /* refused: PipeDream needs the update */
+    expect_refused(comm, &cfg, "pipedream without update");
+    for (int j = 0; j < S; j++)
+        mlp_free(&ref[j].net);
+    mlp_free(&st.net);
+    MT_OK(gvqCommDestroy(comm));
+}
+
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     part_gpipe();
     part_refusals();
+    part_pipedream();
     return mt_finish("test_pipeline");
 }
