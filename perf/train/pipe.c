@@ -85,7 +85,45 @@ typedef struct {
     float *acc;          /* gradients summed over the micro-batches (nparams) */
     double loss;
     long correct;
+    /* the update (GPipe: once a step; PipeDream: after every micro-batch's backward) */
+    const unsigned char *owned; /* the parameters this stage updates */
+    float *velocity;
+    double lr; /* this step's */
+    float mu, wd;
+    int replicas;
+    agg_t *agg; /* replicas > 1: their average through the training layer */
+    int wrank;
 } stage_t;
+
+/* SGD with momentum on the stage's parameters from the gradients summed in acc (averaged over
+ * the replicas first), acc cleared. */
+static gvqResult_t stage_apply(stage_t *s) {
+    net_t *net = s->net;
+    for (size_t j = 0; j < net->nparams; j++) /* where the training layer reads them */
+        if (s->owned[j]) net->grads[j] = s->acc[j];
+    if (s->replicas > 1) {
+        gvqResult_t gr = agg_ready_all_wait(s->agg);
+        if (gr != gvqSuccess) {
+            fprintf(stderr, "gvq-train: rank %d: averaging over the replicas: %s\n", s->wrank,
+                    gvqGetErrorString(gr));
+            return gr;
+        }
+    }
+    for (size_t j = 0; j < net->nparams; j++) {
+        if (!s->owned[j]) continue;
+        s->velocity[j] = s->mu * s->velocity[j] + net->grads[j] + s->wd * net->params[j];
+        net->params[j] -=
+            (float)(net->lr_scale != NULL ? s->lr * net->lr_scale[j] : s->lr) * s->velocity[j];
+        s->acc[j] = 0;
+    }
+    return gvqSuccess;
+}
+
+/* PipeDream's update callback: micro-batch m's gradients applied now. */
+static gvqResult_t stage_update(void *user, int m) {
+    (void)m;
+    return stage_apply(user);
+}
 
 /* Micro-batch m's input to the stage: its images on stage 0, else what forward(m) was given. */
 static const float *stage_input(const stage_t *s, int m) {
@@ -252,18 +290,51 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         for (int r = 0; r < n; r++)
             memset(owned + (ptr[r] - net.params), 1, len[r]);
     }
-    stage_t st = {&net,   first[rank], first[rank + 1], rank, S,   M, mb,
-                  images, labels,      in_of,           acc,  0.0, 0};
+    stage_t st;
+    memset(&st, 0, sizeof st);
+    st.net = &net;
+    st.l0 = first[rank];
+    st.l1 = first[rank + 1];
+    st.stage = rank;
+    st.nstages = S;
+    st.micro = M;
+    st.mb = mb;
+    st.images = images;
+    st.labels = labels;
+    st.in_of = in_of;
+    st.acc = acc;
+    st.owned = owned;
+    st.velocity = velocity;
+    st.mu = (float)o->momentum;
+    st.wd = (float)o->weight_decay;
+    st.replicas = R;
+    st.wrank = wrank;
+    float *wptr[64];
+    size_t wlen[64];
+    int nw = 0;
+    for (int i = st.l0; i < st.l1 && o->pipe_schedule == 1; i++) { /* PipeDream's versions */
+        float *ptr[4];
+        size_t len[4];
+        int n = layer_ranges(&net.layers[i], ptr, len);
+        for (int r = 0; r < n && nw < 64; r++)
+            wptr[nw] = ptr[r], wlen[nw++] = len[r];
+    }
     gvqComm_t gcomm = NULL;
     gvqPipe_t pipe = NULL;
     gvqPipeConfig_t pc = GVQ_PIPE_CONFIG_INITIALIZER;
     pc.microBatches = M;
-    pc.schedule = gvqPipeGpipe;
+    pc.schedule = o->pipe_schedule == 1 ? gvqPipePipedream : gvqPipeGpipe;
+    const char *sched = o->pipe_schedule == 1 ? "pipedream" : "gpipe";
+    pc.weightRanges = nw;
+    pc.weights = wptr;
+    pc.weightCounts = wlen;
+    pc.update = stage_update;
     pc.inCount = rank == 0 ? 0 : (size_t)mb * layer_in_size(&net.layers[st.l0]);
     pc.outCount = rank == S - 1 ? 0 : (size_t)mb * layer_out_size(&net.layers[st.l1 - 1]);
     gvqComm_t gstage = NULL;
     agg_t agg; /* R > 1: the stage's weights aggregated over its replicas by the training layer */
     memset(&agg, 0, sizeof agg);
+    st.agg = &agg;
     gvqResult_t gr = gvqCommInitMPI(&gcomm, pcomm, NULL);
     if (gr == gvqSuccess && R > 1) gr = gvqCommInitMPI(&gstage, scomm, NULL);
     if (gr == gvqSuccess && R > 1 &&
@@ -279,10 +350,10 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     }
     if (wrank == 0 && !o->quiet) {
         fprintf(out,
-                "# gvq-train: %d replica%s of a pipeline of %d stages (gpipe), global batch "
+                "# gvq-train: %d replica%s of a pipeline of %d stages (%s), global batch "
                 "%d, %d micro-batches of %d per replica, %ld steps, lr %g%s momentum %g seed "
                 "%llu\n",
-                R, R > 1 ? "s" : "", S, batch, M, mb, iters, o->lr,
+                R, R > 1 ? "s" : "", S, sched, batch, M, mb, iters, o->lr,
                 o->cosine ? " (cosine decay)" : "", o->momentum, o->seed);
         fprintf(out, "# stages:");
         for (int k = 0; k < S; k++)
@@ -307,29 +378,14 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         pos += batch;
         st.loss = 0;
         st.correct = 0;
-        gr = gvqPipeStep(pipe);
+        st.lr = o->cosine ? o->lr * 0.5 *
+                                (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
+                          : o->lr;
+        gr = gvqPipeStep(pipe); /* PipeDream updates inside it, after every backward */
+        if (gr == gvqSuccess && o->pipe_schedule == 0) gr = stage_apply(&st);
         if (gr != gvqSuccess) {
             fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", wrank, gvqGetErrorString(gr));
             MPI_Abort(comm, 1);
-        }
-        for (size_t j = 0; j < net.nparams; j++) /* the step's gradients where the layer reads */
-            if (owned[j]) net.grads[j] = acc[j];
-        if (R > 1 && (gr = agg_ready_all_wait(&agg)) != gvqSuccess) {
-            fprintf(stderr, "gvq-train: rank %d: averaging over the replicas: %s\n", wrank,
-                    gvqGetErrorString(gr));
-            MPI_Abort(comm, 1);
-        }
-        const double lr =
-            o->cosine
-                ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
-                : o->lr;
-        const float mu = (float)o->momentum, wd = (float)o->weight_decay;
-        for (size_t j = 0; j < net.nparams; j++) {
-            if (!owned[j]) continue;
-            velocity[j] = mu * velocity[j] + net.grads[j] + wd * net.params[j];
-            net.params[j] -=
-                (float)(net.lr_scale != NULL ? lr * net.lr_scale[j] : lr) * velocity[j];
-            acc[j] = 0;
         }
         win_loss += st.loss;
         win_correct += st.correct;
@@ -357,8 +413,8 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                         epoch, step + 1, loss, tacc, accs, ips);
             fflush(out);
             if (csv != NULL) {
-                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,0,0,1,gpipe\n", step + 1, epoch,
-                        train_s, loss, tacc, evaluated ? test_acc : -1.0, ips);
+                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,0,0,1,%s\n", step + 1, epoch, train_s,
+                        loss, tacc, evaluated ? test_acc : -1.0, ips, sched);
                 fflush(csv);
             }
             res->last_loss = loss;
