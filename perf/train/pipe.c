@@ -1,6 +1,8 @@
 /*
- * pipe.c -- gvq-train --stages S: pipeline model parallelism through the training layer's
- * gvqPipe (include/gvq_train.h). Every rank builds the whole network (the same seed) and runs
+ * pipe.c -- gvq-train --stages S [--schedule gpipe|pipedream]: pipeline model parallelism
+ * through the training layer's gvqPipe (include/gvq_train.h; GPipe, or PipeDream's 1F1B with an
+ * update after every micro-batch and weight stashing, the versions kept by the layer from the
+ * stage's parameter ranges). Every rank builds the whole network (the same seed) and runs
  * the layers of its stage; the layers are cut into S consecutive ranges of about equal compute
  * (a stage gets at least one layer). A step is one global batch cut into M micro-batches:
  *
@@ -9,7 +11,8 @@
  *                          layer keeps one batch's state), then backward; the last stage starts
  *                          from the loss (the mean over the global batch); gradients summed
  *                          over the micro-batches
- *             then SGD with momentum on the parameters it owns
+ *             then SGD with momentum on the parameters it owns (PipeDream: after every
+ *             micro-batch's backward, from gvqPipe's update callback)
  *
  * With R x S ranks (rank = replica x S + stage), R replicas of the pipeline each take a share of
  * the global batch, and every stage's gradients are averaged over its replicas through the
