@@ -259,8 +259,13 @@ GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);
  *   done (a flush). A forward's send and the next backward's receive (and a backward's send and
  *   the next forward's receive) go in one group, so no two neighbours wait on each other's send.
  *
- * Not yet: DualPipe, SpecTrain's weight prediction (those schedule values are reserved: refused
- * at create).
+ *   gvqPipeDualpipe and gvqPipeSpectrain (SpecTrain, Chen et al.): the same order of tasks, the
+ *   forward and backward of a time unit on the same weights, the update after both. DualPipe
+ *   runs both on the current (stale) weights. SpecTrain predicts the weights a micro-batch will
+ *   meet: with v the momentum-smoothed gradient (v <- gamma v + (1 - gamma) g after every
+ *   backward) and lr the step's learning rate, the forward at stage k of N runs on
+ *   W - s lr v with s = 2N - k - 2, the backward with s = k (ALGORITHMS.md section 6; k counts
+ *   from 0 here), and the current weights come back for the update.
  * ------------------------------------------------------------------------------------------ */
 
 typedef struct gvqPipe *gvqPipe_t;
@@ -270,8 +275,10 @@ typedef enum {
     gvqPipeGpipe     = 0, /* synchronous, flush per mini-batch */
     gvqPipePipedream = 1, /* one-forward-one-backward, weights updated after every micro-batch,
                              with weight stashing (below) */
-    gvqPipeDualpipe  = 2, /* reserved: refused */
-    gvqPipeSpectrain = 3  /* reserved: refused */
+    gvqPipeDualpipe  = 2, /* the same order, no stashing: every forward and backward on the
+                             current weights (stale by up to S-k-1 updates), the update after
+                             both tasks of a time unit (SpecTrain's DualPipe without prediction) */
+    gvqPipeSpectrain = 3  /* DualPipe with SpecTrain's weight prediction (below) */
 } gvqPipeSchedule_t;
 /* clang-format on */
 
@@ -287,20 +294,25 @@ typedef struct {
     size_t inCount;   /* floats of one micro-batch's input to this stage: 0 on stage 0, else
                          the previous stage's outCount */
     size_t outCount;  /* floats of one micro-batch's output: 0 on the last stage, else > 0 */
-    /* gvqPipePipedream: the stage's weights, as ranges the layer copies to keep versions, and
-     * the trainer's optimizer step on them (below) */
+    /* gvqPipePipedream, Dualpipe, Spectrain: the stage's weights, as ranges the layer copies
+     * (versions, predictions), and the trainer's optimizer step on them */
     int weightRanges;                             /* [0] */
     float *const *weights;                        /* weightRanges starts */
     const size_t *weightCounts;                   /* their lengths in floats */
     gvqResult_t (*update)(void *user, int micro); /* apply micro-batch `micro`'s gradients (what
                                                       its backward accumulated) to the weights,
                                                       and clear them */
+    /* gvqPipeSpectrain: the stage's gradients, ranges parallel to weights (what a backward
+     * accumulated, read before update clears it), and the smoothing gamma of
+     * v <- gamma v + (1 - gamma) g [0.9]; the learning rate comes from gvqPipeSetLearningRate */
+    float *const *gradients;
+    float smoothing;
 } gvqPipeConfig_t;
 
 #define GVQ_PIPE_CONFIG_INITIALIZER                                                        \
     {                                                                                      \
         sizeof(gvqPipeConfig_t), GVQ_PIPE_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
-            GVQ_CONFIG_UNDEF_INT, 0, 0, 0, NULL, NULL, NULL                                \
+            GVQ_CONFIG_UNDEF_INT, 0, 0, 0, NULL, NULL, NULL, NULL, -1.0f                   \
     }
 
 /* A stage's work on micro-batch `micro` (0 .. M-1). forward: in (inCount floats; NULL on stage 0,
@@ -318,7 +330,8 @@ typedef gvqResult_t (*gvqPipeBackwardFn_t)(void *user, int micro, const float *d
  * WARN naming both sides (microBatches or schedule differing, stage k's outCount not stage
  * k+1's inCount, an input on stage 0 or an output on the last stage, a stage whose own
  * arguments were refused: NULL config or pipe, NULL functions, M < 1, M x counts above 2^40, a
- * reserved schedule, gvqPipePipedream without weights or update, no memory for its buffers). */
+ * schedule outside gvqPipeSchedule_t, a PipeDream/DualPipe/SpecTrain stage without weights or
+ * update, SpecTrain without gradients or with a smoothing outside [0, 1), no memory). */
 GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
                                   gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
                                   void *user, gvqPipe_t *pipe);
@@ -329,6 +342,10 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
  * refuses later steps with gvqInvalidUsage (destroy it; gvqCommAbort releases neighbours still
  * waiting on it). */
 GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t pipe);
+
+/* The learning rate SpecTrain's prediction uses from the next step on (a schedule's current
+ * rate). Local. Errors: gvqInvalidArgument (not a pipe, lr not finite). */
+GVQ_API gvqResult_t gvqPipeSetLearningRate(gvqPipe_t pipe, float lr);
 
 /* Frees the stage. Local. */
 GVQ_API gvqResult_t gvqPipeDestroy(gvqPipe_t pipe);

@@ -18,6 +18,7 @@
  * Transfers are blocking gvqSend/gvqRecv between neighbours: within a phase the data flows one
  * way along the chain, so every send meets a receive its neighbour is already waiting in.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,10 @@ struct gvqPipe {
     int nversions;
     float *stash, *current; /* nversions x wtotal, wtotal */
     gvqResult_t (*update)(void *user, int micro);
+    /* gvqPipeSpectrain: the gradient ranges, the smoothed gradient v, gamma and lr */
+    float **gptr;
+    float *v;
+    float gamma, lr;
 };
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
@@ -65,12 +70,19 @@ static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqPipeForwardFn_t fwd,
         GVQ_WARN("%s: microBatches %d must be at least 1", fn, *micro);
         return gvqInvalidArgument;
     }
-    if (*schedule != gvqPipeGpipe && *schedule != gvqPipePipedream) {
-        GVQ_WARN("%s: schedule %d: only gvqPipeGpipe and gvqPipePipedream are implemented so far",
-                 fn, *schedule);
+    if (*schedule < gvqPipeGpipe || *schedule > gvqPipeSpectrain) {
+        GVQ_WARN("%s: schedule %d is not a gvqPipeSchedule_t", fn, *schedule);
         return gvqInvalidArgument;
     }
-    if (*schedule == gvqPipePipedream &&
+    if (*schedule == gvqPipeSpectrain &&
+        ((c->weightRanges > 0 && c->gradients == NULL) ||
+         (c->smoothing != -1.0f && !(c->smoothing >= 0 && c->smoothing < 1)))) {
+        GVQ_WARN("%s: gvqPipeSpectrain needs the gradient ranges and a smoothing in [0, 1) "
+                 "(gradients %p, smoothing %g)",
+                 fn, (const void *)c->gradients, (double)c->smoothing);
+        return gvqInvalidArgument;
+    }
+    if (*schedule != gvqPipeGpipe &&
         (c->update == NULL || c->weightRanges < 0 ||
          (c->weightRanges > 0 && (c->weights == NULL || c->weightCounts == NULL)))) {
         GVQ_WARN("%s: gvqPipePipedream needs update and the weights (weightRanges %d, weights %p, "
@@ -80,8 +92,9 @@ static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqPipeForwardFn_t fwd,
         return gvqInvalidArgument;
     }
     size_t total = 0;
-    for (int r = 0; *schedule == gvqPipePipedream && r < c->weightRanges; r++) {
-        if (c->weights[r] == NULL || c->weightCounts[r] > ((size_t)1 << 40) - total) {
+    for (int r = 0; *schedule != gvqPipeGpipe && r < c->weightRanges; r++) {
+        if (c->weights[r] == NULL || c->weightCounts[r] > ((size_t)1 << 40) - total ||
+            (*schedule == gvqPipeSpectrain && c->gradients[r] == NULL)) {
             GVQ_WARN("%s: weight range %d is NULL or the weights pass 2^40 floats", fn, r);
             return gvqInvalidArgument;
         }
@@ -137,6 +150,7 @@ static void pipe_free(gvqPipe_t p) {
     p->magic = 0;
     free(p->in), free(p->out), free(p->din), free(p->dout);
     free(p->wptr), free(p->wlen), free(p->stash), free(p->current);
+    free(p->gptr), free(p->v);
     free(p);
 }
 
@@ -160,7 +174,16 @@ static gvqResult_t alloc_versions(gvqPipe_t p, const gvqPipeConfig_t *c) {
                  p->wtotal);
         return gvqInvalidArgument;
     }
-    p->stash = malloc(sizeof(float) * (p->wtotal * (size_t)p->nversions + 1));
+    if (p->schedule == gvqPipeSpectrain) {
+        p->gamma = c->smoothing == -1.0f ? 0.9f : c->smoothing;
+        p->gptr = calloc((size_t)p->nw + 1, sizeof *p->gptr);
+        p->v = calloc(p->wtotal + 1, sizeof(float));
+        if (p->gptr == NULL || p->v == NULL) return gvqSystemError;
+        for (int r = 0; r < p->nw; r++)
+            p->gptr[r] = c->gradients[r];
+    }
+    size_t versions = p->schedule == gvqPipePipedream ? (size_t)p->nversions : 0;
+    p->stash = malloc(sizeof(float) * (p->wtotal * versions + 1));
     p->current = malloc(sizeof(float) * (p->wtotal + 1));
     if (p->stash == NULL || p->current == NULL) {
         GVQ_WARN("gvqPipeCreate: cannot allocate %d weight versions of %zu floats", p->nversions,
@@ -186,6 +209,11 @@ static gvqResult_t alloc_buffers(gvqPipe_t p) {
     return gvqSuccess;
 }
 
+static const char *schedule_name(int s) {
+    static const char *const names[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
+    return s >= 0 && s <= gvqPipeSpectrain ? names[s] : "?";
+}
+
 /* This stage, made and registered before the agreement (so that a failure here is this stage's
  * refusal, which every stage learns), or NULL with *res set. */
 static gvqPipe_t make_stage(gvqComm_t comm, const gvqPipeConfig_t *config, int micro, int schedule,
@@ -208,7 +236,7 @@ static gvqPipe_t make_stage(gvqComm_t comm, const gvqPipeConfig_t *config, int m
                           .backward = backward,
                           .user = user};
     *res = alloc_buffers(p);
-    if (*res == gvqSuccess && schedule == gvqPipePipedream) *res = alloc_versions(p, config);
+    if (*res == gvqSuccess && schedule != gvqPipeGpipe) *res = alloc_versions(p, config);
     if (*res == gvqSuccess) *res = gvq_handles_add(&live, p);
     if (*res == gvqSuccess) return p;
     pipe_free(p);
@@ -254,8 +282,7 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
         return own != gvqSuccess ? own : res;
     }
     GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule %s, in %zu out %zu floats", fn, me, S,
-             micro, schedule == gvqPipeGpipe ? "gpipe" : "pipedream", config->inCount,
-             config->outCount);
+             micro, schedule_name(schedule), config->inCount, config->outCount);
     *pipe = p;
     return gvqSuccess;
 }
@@ -338,17 +365,43 @@ static gvqResult_t exchange(gvqPipe_t p, const float *send, size_t scount, int s
     return a != gvqSuccess ? a : b != gvqSuccess ? b : c;
 }
 
+/* SpecTrain: the current weights aside, then W - s lr v in their place. */
+static void predict(gvqPipe_t p, int s) {
+    copy_weights(p, p->current, 0);
+    size_t at = 0;
+    float f = (float)s * p->lr;
+    for (int r = 0; r < p->nw; r++)
+        for (size_t i = 0; i < p->wlen[r]; i++, at++)
+            p->wptr[r][i] = p->current[at] - f * p->v[at];
+}
+
+/* SpecTrain: v <- gamma v + (1 - gamma) g, g what the backward left in the gradient ranges. */
+static void smooth_gradient(gvqPipe_t p) {
+    size_t at = 0;
+    for (int r = 0; r < p->nw; r++)
+        for (size_t i = 0; i < p->wlen[r]; i++, at++)
+            p->v[at] = p->gamma * p->v[at] + (1.0f - p->gamma) * p->gptr[r][i];
+}
+
 static gvqResult_t pd_forward(gvqPipe_t p, int m) {
-    copy_weights(p, version_of(p, m), 0);
-    return p->forward(p->user, m, in_of(p, m), out_of(p, m));
+    if (p->schedule == gvqPipePipedream) copy_weights(p, version_of(p, m), 0);
+    if (p->schedule == gvqPipeSpectrain) predict(p, 2 * p->nstages - p->stage - 2);
+    gvqResult_t res = p->forward(p->user, m, in_of(p, m), out_of(p, m));
+    if (p->schedule == gvqPipeSpectrain) copy_weights(p, p->current, 1);
+    return res;
 }
 
 static gvqResult_t pd_backward(gvqPipe_t p, int m) {
-    copy_weights(p, p->current, 0); /* the current weights aside, m's version in */
-    copy_weights(p, version_of(p, m), 1);
+    if (p->schedule == gvqPipePipedream) { /* the current weights aside, m's version in */
+        copy_weights(p, p->current, 0);
+        copy_weights(p, version_of(p, m), 1);
+    }
+    if (p->schedule == gvqPipeSpectrain) predict(p, p->stage);
     gvqResult_t res = p->backward(p->user, m, p->dout, p->din);
-    copy_weights(p, p->current, 1);
-    return res != gvqSuccess ? res : p->update(p->user, m);
+    if (p->schedule != gvqPipeDualpipe) copy_weights(p, p->current, 1);
+    if (res != gvqSuccess) return res;
+    if (p->schedule == gvqPipeSpectrain) smooth_gradient(p);
+    return p->update(p->user, m);
 }
 
 static gvqResult_t pipedream_step(gvqPipe_t p) {
@@ -386,7 +439,7 @@ GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t p) {
         return gvqInvalidUsage;
     }
     gvqResult_t res = gvqSuccess;
-    if (p->schedule == gvqPipePipedream) res = pipedream_step(p);
+    if (p->schedule != gvqPipeGpipe) res = pipedream_step(p);
     for (int m = 0; p->schedule == gvqPipeGpipe && m < p->micro && res == gvqSuccess; m++)
         res = gpipe_forward(p, m);
     for (int m = p->micro - 1; p->schedule == gvqPipeGpipe && m >= 0 && res == gvqSuccess; m--)
@@ -396,6 +449,16 @@ GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t p) {
         return res;
     }
     p->steps++;
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqPipeSetLearningRate(gvqPipe_t p, float lr) {
+    GVQCHECK(pipe_check("gvqPipeSetLearningRate", p));
+    if (!isfinite(lr)) {
+        GVQ_WARN("gvqPipeSetLearningRate: lr %g is not finite", (double)lr);
+        return gvqInvalidArgument;
+    }
+    p->lr = lr;
     return gvqSuccess;
 }
 

@@ -6,9 +6,11 @@
  *                 stage's weights equal bitwise those of single-process training of the whole
  *                 model, which every rank also runs here with the same layer code and the same
  *                 micro-batch order
- *   3 pipedream   the same MLP, weights updated after every micro-batch with weight stashing:
- *                 every stage's weights equal bitwise those of an in-process reference that runs
- *                 each stage's operations in the schedule's order with its own version copies
+ *   3 pipedream, dualpipe, spectrain   the same MLP, weights updated after every micro-batch:
+ *                 with weight stashing, on the current (stale) weights, on SpecTrain's predicted
+ *                 weights (the prediction computed by hand here); every stage's weights equal
+ *                 bitwise those of an in-process reference that runs each stage's operations in
+ *                 the schedule's order
  *   2 refusals    on every stage alike: stage k's outCount not stage k+1's inCount, an input on
  *                 stage 0, microBatches differing between stages, one stage's own refusal (a
  *                 reserved schedule, a NULL config); a NULL pipe to gvqPipeStep; on one stage, a
@@ -272,8 +274,8 @@ static void part_refusals(void) {
     if (k == 0) bad.inCount = 4;
     expect_refused(comm, &bad, "an input on stage 0");
     bad = c;
-    if (k == S - 1) bad.schedule = gvqPipeSpectrain; /* reserved: this stage refuses */
-    expect_refused(comm, &bad, "a reserved schedule on the last stage");
+    if (k == S - 1) bad.schedule = 7; /* not a schedule: this stage refuses */
+    expect_refused(comm, &bad, "an unknown schedule on the last stage");
     { /* the last stage passes no config: it still takes part, every stage refuses */
         gvqPipe_t q = NULL;
         gvqResult_t r =
@@ -337,8 +339,37 @@ static void weights_copy(mlp_t *n, int l0, int l1, float *buf, int restore) {
     }
 }
 
-static void reference_pipedream(stage_t *st, int S, int step) {
-    enum { MAXW = 8 * 8 * NL + 8 * NL };
+/* SpecTrain's prediction by hand: W <- W - s lr v over the stage's weights (v in weights_copy's
+ * order), s = 2S - k - 2 for a forward at stage k, k for a backward (ALGORITHMS.md section 6). */
+static void predict_by_hand(mlp_t *n, int l0, int l1, const float *v, int s) {
+    size_t at = 0;
+    float f = (float)s * LR;
+    for (int l = l0; l < l1; l++) {
+        for (int i = 0; i < width[l + 1] * width[l]; i++, at++)
+            n->w[l][i] = n->w[l][i] - f * v[at];
+        for (int i = 0; i < width[l + 1]; i++, at++)
+            n->b[l][i] = n->b[l][i] - f * v[at];
+    }
+}
+
+/* v <- gamma v + (1 - gamma) g, g the stage's accumulated gradients. */
+static void smooth_by_hand(mlp_t *n, int l0, int l1, float *v) {
+    size_t at = 0;
+    const float gamma = 0.9f;
+    for (int l = l0; l < l1; l++) {
+        for (int i = 0; i < width[l + 1] * width[l]; i++, at++)
+            v[at] = gamma * v[at] + (1.0f - gamma) * n->gw[l][i];
+        for (int i = 0; i < width[l + 1]; i++, at++)
+            v[at] = gamma * v[at] + (1.0f - gamma) * n->gb[l][i];
+    }
+}
+
+enum { MAXW = 8 * 8 * NL + 8 * NL };
+static float ref_v[NL][MAXW]; /* SpecTrain's smoothed gradients of the reference's stages */
+
+/* schedule: gvqPipePipedream (stashed versions), Dualpipe (current weights) or Spectrain
+ * (predicted weights). */
+static void reference_pipedream(stage_t *st, int S, int step, int schedule) {
     static float stash[NL][MB][MAXW], cur[MAXW], fwd[NL][MB][ROWS * 8], bwd[NL][MB][ROWS * 8];
     int ops[NL][2 * MB], pos[NL] = {0}, fdone[NL][MB] = {{0}}, bdone[NL][MB] = {{0}},
                          left = 2 * MB * S;
@@ -353,15 +384,24 @@ static void reference_pipedream(stage_t *st, int S, int step) {
                 if (op > 0 ? (k > 0 && !fdone[k - 1][m]) : (k < S - 1 && !bdone[k + 1][m])) break;
                 s->step = step;
                 if (op > 0) {
-                    weights_copy(&s->net, s->l0, s->l1, stash[k][m], 0);
+                    weights_copy(&s->net, s->l0, s->l1,
+                                 schedule == gvqPipeSpectrain ? cur : stash[k][m], 0);
+                    if (schedule == gvqPipeSpectrain)
+                        predict_by_hand(&s->net, s->l0, s->l1, ref_v[k], 2 * S - k - 2);
                     stage_forward(s, m, k > 0 ? fwd[k - 1][m] : NULL, k < S - 1 ? fwd[k][m] : NULL);
+                    if (schedule == gvqPipeSpectrain) weights_copy(&s->net, s->l0, s->l1, cur, 1);
                     fdone[k][m] = 1;
                 } else {
                     weights_copy(&s->net, s->l0, s->l1, cur, 0);
-                    weights_copy(&s->net, s->l0, s->l1, stash[k][m], 1);
+                    if (schedule == gvqPipePipedream)
+                        weights_copy(&s->net, s->l0, s->l1, stash[k][m], 1);
+                    if (schedule == gvqPipeSpectrain)
+                        predict_by_hand(&s->net, s->l0, s->l1, ref_v[k], k);
                     stage_backward(s, m, k < S - 1 ? bwd[k + 1][m] : NULL,
                                    k > 0 ? bwd[k][m] : NULL);
                     weights_copy(&s->net, s->l0, s->l1, cur, 1);
+                    if (schedule == gvqPipeSpectrain)
+                        smooth_by_hand(&s->net, s->l0, s->l1, ref_v[k]);
                     sgd(&s->net, s->l0, s->l1);
                     bdone[k][m] = 1;
                 }
@@ -376,30 +416,37 @@ static void reference_pipedream(stage_t *st, int S, int step) {
     }
 }
 
-static void part_pipedream(void) {
+static void part_pipedream(int schedule) {
+    static const char *const name[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
     if (mt.rank == 0)
-        printf("-- 3 pipedream on %d stages: weight stashing, against a reference\n", mt.nranks);
+        printf("-- 3 %s on %d stages, against an in-process reference\n", name[schedule],
+               mt.nranks);
+    memset(ref_v, 0, sizeof ref_v);
     gvqComm_t comm = mt_new_comm();
     int S = mt.nranks, k = mt.rank;
     stage_t st, ref[NL];
     mlp_init(&st.net);
     st.l0 = k * NL / S;
     st.l1 = (k + 1) * NL / S;
-    float *wp[2 * NL];
+    float *wp[2 * NL], *gp[2 * NL];
     size_t wc[2 * NL];
     int nr = 0;
     for (int l = st.l0; l < st.l1; l++) {
-        wp[nr] = st.net.w[l], wc[nr++] = (size_t)width[l + 1] * (size_t)width[l];
-        wp[nr] = st.net.b[l], wc[nr++] = (size_t)width[l + 1];
+        gp[nr] = st.net.gw[l], wp[nr] = st.net.w[l],
+        wc[nr++] = (size_t)width[l + 1] * (size_t)width[l];
+        gp[nr] = st.net.gb[l], wp[nr] = st.net.b[l], wc[nr++] = (size_t)width[l + 1];
     }
     gvqPipeConfig_t cfg = stage_config(st.l0, st.l1);
-    cfg.schedule = gvqPipePipedream;
+    cfg.schedule = schedule;
+    cfg.gradients = gp;
     cfg.weightRanges = nr;
     cfg.weights = wp;
     cfg.weightCounts = wc;
     cfg.update = stage_update;
     gvqPipe_t p = NULL;
     MT_OK(gvqPipeCreate(comm, &cfg, stage_forward, stage_backward, &st, &p));
+    MT_OK(gvqPipeSetLearningRate(p, LR));
+    MT_EXPECT_RES(gvqPipeSetLearningRate(p, NAN), gvqInvalidArgument);
     for (int j = 0; j < S; j++) {
         mlp_init(&ref[j].net);
         ref[j].l0 = j * NL / S;
@@ -408,18 +455,24 @@ static void part_pipedream(void) {
     for (int step = 0; step < STEPS; step++) {
         st.step = step;
         MT_OK(gvqPipeStep(p));
-        reference_pipedream(ref, S, step);
+        reference_pipedream(ref, S, step, schedule);
         for (int l = st.l0; l < st.l1; l++) {
             size_t nw = (size_t)width[l + 1] * (size_t)width[l];
             MT_CHECK(
                 memcmp(st.net.w[l], ref[k].net.w[l], sizeof(float) * nw) == 0 &&
                     memcmp(st.net.b[l], ref[k].net.b[l], sizeof(float) * (size_t)width[l + 1]) == 0,
-                "pipedream step %d: stage %d's layer %d differs from the reference", step, k, l);
+                "%s step %d: stage %d's layer %d differs from the reference", name[schedule], step,
+                k, l);
         }
     }
     MT_OK(gvqPipeDestroy(p));
-    cfg.update = NULL; /* refused: PipeDream needs the update */
-    expect_refused(comm, &cfg, "pipedream without update");
+    cfg.update = NULL; /* refused: these schedules need the update */
+    expect_refused(comm, &cfg, "a schedule with updates, without update");
+    if (schedule == gvqPipeSpectrain) {
+        cfg.update = stage_update;
+        cfg.smoothing = 1.0f; /* outside [0, 1) */
+        expect_refused(comm, &cfg, "spectrain with smoothing 1");
+    }
     for (int j = 0; j < S; j++)
         mlp_free(&ref[j].net);
     mlp_free(&st.net);
@@ -430,6 +483,8 @@ int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     part_gpipe();
     part_refusals();
-    part_pipedream();
+    part_pipedream(gvqPipePipedream);
+    part_pipedream(gvqPipeDualpipe);
+    part_pipedream(gvqPipeSpectrain);
     return mt_finish("test_pipeline");
 }
