@@ -96,8 +96,9 @@ static void usage(FILE *f) {
         "                        stage's gradients averaged over them with the codec options\n"
         "  --micro-batches M     micro-batches per step of the pipeline (default 4)\n"
         "  --schedule S          the pipeline's schedule: gpipe (synchronous, a flush per\n"
-        "                        step) or pipedream (1F1B, an update after every micro-batch,\n"
-        "                        weight stashing)\n"
+        "                        step), pipedream (1F1B, an update after every micro-batch,\n"
+        "                        weight stashing), dualpipe (the same on stale weights) or\n"
+        "                        spectrain (dualpipe on SpecTrain's predicted weights)\n"
         "  --basis fit|track     GradiVeQ's basis: fitted from sampling phases (the paper, the\n"
         "                        default) or tracked on every call (--max-dims d, default 4)\n"
         "  --int-bits B          0, 8 or 16: integer-summed wire for GradiVeQ and QSGD (0: "
@@ -353,12 +354,14 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         case OPT_STAGES:
             if (parse_int(optarg, 1, 64, &o->stages)) what = "--stages (1..64)";
             break;
-        case OPT_SCHEDULE: /* dualpipe, spectrain: not yet (gvqPipe refuses them) */
-            if (strcmp(optarg, "gpipe") == 0 || strcmp(optarg, "pipedream") == 0)
-                o->pipe_schedule = strcmp(optarg, "pipedream") == 0;
-            else
-                what = "--schedule (gpipe or pipedream so far)";
+        case OPT_SCHEDULE: { /* gvqPipeSchedule_t's order */
+            static const char *const names[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
+            o->pipe_schedule = -1;
+            for (int i = 0; i < 4; i++)
+                if (strcmp(optarg, names[i]) == 0) o->pipe_schedule = i;
+            if (o->pipe_schedule < 0) what = "--schedule (gpipe, pipedream, dualpipe, spectrain)";
             break;
+        }
         case OPT_MICRO:
             if (parse_int(optarg, 1, 1 << 16, &o->micro_batches)) what = "--micro-batches (>= 1)";
             break;

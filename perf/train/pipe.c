@@ -312,26 +312,30 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     st.wd = (float)o->weight_decay;
     st.replicas = R;
     st.wrank = wrank;
-    float *wptr[64];
+    float *wptr[64], *gptr[64];
     size_t wlen[64];
     int nw = 0;
-    for (int i = st.l0; i < st.l1 && o->pipe_schedule == 1; i++) { /* PipeDream's versions */
+    for (int i = st.l0; i < st.l1 && o->pipe_schedule > 0; i++) { /* versions, predictions */
         float *ptr[4];
         size_t len[4];
         int n = layer_ranges(&net.layers[i], ptr, len);
-        for (int r = 0; r < n && nw < 64; r++)
+        for (int r = 0; r < n && nw < 64; r++) {
+            gptr[nw] = acc + (ptr[r] - net.params); /* where backward sums the gradients */
             wptr[nw] = ptr[r], wlen[nw++] = len[r];
+        }
     }
     gvqComm_t gcomm = NULL;
     gvqPipe_t pipe = NULL;
     gvqPipeConfig_t pc = GVQ_PIPE_CONFIG_INITIALIZER;
     pc.microBatches = M;
-    pc.schedule = o->pipe_schedule == 1 ? gvqPipePipedream : gvqPipeGpipe;
-    const char *sched = o->pipe_schedule == 1 ? "pipedream" : "gpipe";
+    static const char *const names[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
+    pc.schedule = o->pipe_schedule; /* gvqPipeSchedule_t's order */
+    const char *sched = names[o->pipe_schedule];
     pc.weightRanges = nw;
     pc.weights = wptr;
     pc.weightCounts = wlen;
     pc.update = stage_update;
+    pc.gradients = gptr;
     pc.inCount = rank == 0 ? 0 : (size_t)mb * layer_in_size(&net.layers[st.l0]);
     pc.outCount = rank == S - 1 ? 0 : (size_t)mb * layer_out_size(&net.layers[st.l1 - 1]);
     gvqComm_t gstage = NULL;
@@ -384,7 +388,8 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         st.lr = o->cosine ? o->lr * 0.5 *
                                 (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
                           : o->lr;
-        gr = gvqPipeStep(pipe); /* PipeDream updates inside it, after every backward */
+        gr = gvqPipeSetLearningRate(pipe, (float)st.lr); /* SpecTrain's prediction */
+        if (gr == gvqSuccess) gr = gvqPipeStep(pipe);    /* all but GPipe update inside it */
         if (gr == gvqSuccess && o->pipe_schedule == 0) gr = stage_apply(&st);
         if (gr != gvqSuccess) {
             fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", wrank, gvqGetErrorString(gr));

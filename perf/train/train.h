@@ -66,7 +66,7 @@ typedef struct {
     int basis_track;   /* GradiVeQ's basis: 1 tracked (gvqBasisTrack), 0 fitted (the paper) */
     int stages;        /* pipeline stages (0: data parallel; S: R x S ranks, pipe.c) */
     int micro_batches; /* micro-batches per step of the pipeline (0: 4) */
-    int pipe_schedule; /* 0 gpipe, 1 pipedream (weight stashing) */
+    int pipe_schedule; /* gvqPipeSchedule_t: 0 gpipe, 1 pipedream, 2 dualpipe, 3 spectrain */
     int integer_bits;  /* integer-summed wire, 0, 8 or 16 (TRAIN_UNSET: the library's) */
     double ef_bound;   /* error-feedback residual clip (< 0: the library's) */
     /* what the user sees */

@@ -36,11 +36,13 @@ if out=$("$mpiexec" -n 8 --oversubscribe "$train" --model resnet --stages 8 --it
     echo "FAIL: 8 stages of a 7-layer network were accepted"; exit 1
 fi
 echo "$out" | grep -q 'cannot be cut into 8 stages' || { echo "FAIL: no reason for the bad cut: $out"; exit 1; }
-for np in 2 4; do # PipeDream (weight stashing): it trains, and 2 x 2 replicas stay identical
-    out=$(run $np --stages 2 --schedule pipedream)
+for sched in pipedream spectrain; do # they train, and 2 x 2 replicas stay identical
+  for np in 2 4; do
+    out=$(run $np --stages 2 --schedule $sched)
     first=$(echo "$out" | grep '^epoch' | head -1 | awk '{print $6}')
     last=$(echo "$out" | grep '^epoch' | tail -1 | awk '{print $6}')
-    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || { echo "FAIL: pipedream on $np ranks: loss $first -> $last"; exit 1; }
-    [ $np = 2 ] || echo "$out" | grep -q "identical across its replicas: yes" || { echo "FAIL: pipedream 2 x 2: replicas differ"; exit 1; }
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || { echo "FAIL: $sched on $np ranks: loss $first -> $last"; exit 1; }
+    [ $np = 2 ] || echo "$out" | grep -q "identical across its replicas: yes" || { echo "FAIL: $sched 2 x 2: replicas differ"; exit 1; }
+  done
 done
-echo "PASS: 2 and 3 stages reproduce 1 stage; 2 x 2 replicas agree; pipedream trains; bad stage counts refused"
+echo "PASS: 2 and 3 stages reproduce 1 stage; 2 x 2 replicas agree; pipedream and spectrain train; bad stage counts refused"
