@@ -11,6 +11,12 @@
  * The saved-state targets read their input as | selector | state bytes |: the selector's low
  * bits pick a handle, its bit 7 asks for the state's checksum to be recomputed before the load,
  * so the fuzzer reaches the field checks behind the checksum as a forged file would.
+ *
+ *   fuzz_state_init()   a saved-state target's LLVMFuzzerInitialize: its handles made, their
+ *                       states kept (or written as seeds)
+ *   fuzz_state_one()    its LLVMFuzzerTestOneInput: a refused load must be gvqInvalidArgument,
+ *                       an accepted one must leave the handle working; then the handle's own
+ *                       state is loaded back, so every input starts from the same state
  */
 #ifndef GVQ_FUZZ_COMMON_H_
 #define GVQ_FUZZ_COMMON_H_
@@ -91,6 +97,46 @@ static inline uint8_t *fuzz_state_input(const uint8_t *data, size_t size, int ns
     memcpy(buf, data + 1, *n);
     if ((data[0] & FUZZ_RESEAL) && *n >= checksum_at + 8) gvq_blob_seal(buf, *n, checksum_at);
     return buf;
+}
+
+/* A saved-state target: its handles (subjects) and what to do with them. */
+typedef struct {
+    int nsubj;
+    size_t checksum_at;    /* where the state's header keeps its checksum */
+    const char *load_name; /* the load call, for the abort message */
+    void (*make)(int k);   /* drive subject k into a real state, saved in orig[k], orig_n[k] */
+    const char *(*name)(int k);
+    gvqResult_t (*load)(int k, const void *buf, size_t n);
+    void (*exercise)(int k); /* after an accepted load: the handle must work (FUZZ_OK inside) */
+    char **orig;
+    size_t *orig_n;
+} fuzz_state_target_t;
+
+static inline void fuzz_state_init(const fuzz_state_target_t *t) {
+    fuzz_quiet();
+    for (int k = 0; k < t->nsubj; k++)
+        t->make(k);
+    const char *dir = fuzz_seed_dir();
+    if (dir != NULL) {
+        fuzz_write_state_seeds(dir, t->nsubj, t->name, t->orig, t->orig_n);
+        exit(0);
+    }
+}
+
+static inline void fuzz_state_one(const fuzz_state_target_t *t, const uint8_t *data, size_t size) {
+    int k;
+    size_t n;
+    uint8_t *buf = fuzz_state_input(data, size, t->nsubj, t->checksum_at, &k, &n);
+    if (buf == NULL) return;
+    gvqResult_t res = t->load(k, buf, n);
+    free(buf);
+    if (res == gvqSuccess) {
+        t->exercise(k);
+    } else if (res != gvqInvalidArgument) {
+        fprintf(stderr, "fuzz: %s returned %s\n", t->load_name, gvqGetErrorString(res));
+        abort();
+    }
+    FUZZ_OK(t->load(k, t->orig[k], t->orig_n[k]));
 }
 
 #endif /* GVQ_FUZZ_COMMON_H_ */

@@ -42,17 +42,13 @@ static char *orig[NSUBJ];
 static size_t orig_n[NSUBJ];
 static float *x, *y;
 
-/* compressor_save.c's header: the checksum is its last word. */
+/* compressor_save.c's header: the checksum is its last word (offsetof(comp_hdr_t, checksum)). */
 typedef struct {
     uint64_t magic, bytes;
     gvq_comp_cfg_t cfg;
     gvq_comp_state_t st;
     uint64_t ngroups, checksum;
 } comp_hdr_t;
-
-static size_t checksum_at(void) {
-    return offsetof(comp_hdr_t, checksum);
-}
 
 static void call(int k, int t) {
     for (size_t i = 0; i < subjects[k].count; i++) {
@@ -90,38 +86,38 @@ static const char *subject_name(int k) {
     return subjects[k].name;
 }
 
+static gvqResult_t load(int k, const void *buf, size_t n) {
+    return gvqCompressorLoad(comp[k], buf, n);
+}
+
+/* An accepted load must leave the handle working. */
+static void exercise(int k) {
+    call(k, 100);
+    size_t m = 0;
+    FUZZ_OK(gvqCompressorSave(comp[k], NULL, &m));
+    char *again = malloc(m);
+    FUZZ_OK(gvqCompressorSave(comp[k], again, &m));
+    free(again);
+}
+
+static const fuzz_state_target_t target = {NSUBJ,
+                                           offsetof(comp_hdr_t, checksum),
+                                           "gvqCompressorLoad",
+                                           make_subject,
+                                           subject_name,
+                                           load,
+                                           exercise,
+                                           orig,
+                                           orig_n};
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    fuzz_quiet();
     x = malloc(sizeof(float) * 256), y = malloc(sizeof(float) * 256);
-    for (int k = 0; k < NSUBJ; k++)
-        make_subject(k);
-    const char *dir = fuzz_seed_dir();
-    if (dir != NULL) {
-        fuzz_write_state_seeds(dir, NSUBJ, subject_name, orig, orig_n);
-        exit(0);
-    }
+    fuzz_state_init(&target);
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    int k;
-    size_t n;
-    uint8_t *buf = fuzz_state_input(data, size, NSUBJ, checksum_at(), &k, &n);
-    if (buf == NULL) return 0;
-    gvqResult_t res = gvqCompressorLoad(comp[k], buf, n);
-    free(buf);
-    if (res == gvqSuccess) { /* accepted: it must work */
-        call(k, 100);
-        size_t m = 0;
-        FUZZ_OK(gvqCompressorSave(comp[k], NULL, &m));
-        char *again = malloc(m);
-        FUZZ_OK(gvqCompressorSave(comp[k], again, &m));
-        free(again);
-    } else if (res != gvqInvalidArgument) {
-        fprintf(stderr, "fuzz: gvqCompressorLoad returned %s\n", gvqGetErrorString(res));
-        abort();
-    }
-    FUZZ_OK(gvqCompressorLoad(comp[k], orig[k], orig_n[k]));
+    fuzz_state_one(&target, data, size);
     return 0;
 }

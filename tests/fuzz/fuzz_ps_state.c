@@ -64,42 +64,35 @@ static const char *subject_name(int k) {
     return subjects[k].name;
 }
 
+static gvqResult_t load(int k, const void *buf, size_t n) {
+    return gvqPsLoad(ps[k], buf, n);
+}
+
+/* An accepted load must leave the handle working. */
+static void exercise(int k) {
+    const subject_cfg_t *s = &subjects[k];
+    int64_t all[16], a[2] = {0, 3};
+    for (size_t i = 0; i < s->rows; i++)
+        all[i] = (int64_t)i;
+    double vals[16 * 3];
+    FUZZ_OK(gvqPsApply(ps[k]));
+    push(k, a, 2, 2);
+    FUZZ_OK(gvqPsApply(ps[k]));
+    FUZZ_OK(gvqPsPull(ps[k], all, vals, s->rows));
+    size_t m = 0;
+    FUZZ_OK(gvqPsSave(ps[k], NULL, &m));
+}
+
+static const fuzz_state_target_t target = {
+    NSUBJ, CHECKSUM_AT, "gvqPsLoad", make_subject, subject_name, load, exercise, orig, orig_n};
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    fuzz_quiet();
-    for (int k = 0; k < NSUBJ; k++)
-        make_subject(k);
-    const char *dir = fuzz_seed_dir();
-    if (dir != NULL) {
-        fuzz_write_state_seeds(dir, NSUBJ, subject_name, orig, orig_n);
-        exit(0);
-    }
+    fuzz_state_init(&target);
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    int k;
-    size_t n;
-    uint8_t *buf = fuzz_state_input(data, size, NSUBJ, CHECKSUM_AT, &k, &n);
-    if (buf == NULL) return 0;
-    gvqResult_t res = gvqPsLoad(ps[k], buf, n);
-    free(buf);
-    if (res == gvqSuccess) { /* accepted: it must work */
-        const subject_cfg_t *s = &subjects[k];
-        int64_t all[16], a[2] = {0, 3};
-        for (size_t i = 0; i < s->rows; i++)
-            all[i] = (int64_t)i;
-        double vals[16 * 3];
-        FUZZ_OK(gvqPsApply(ps[k]));
-        push(k, a, 2, 2);
-        FUZZ_OK(gvqPsApply(ps[k]));
-        FUZZ_OK(gvqPsPull(ps[k], all, vals, s->rows));
-        size_t m = 0;
-        FUZZ_OK(gvqPsSave(ps[k], NULL, &m));
-    } else if (res != gvqInvalidArgument) {
-        fprintf(stderr, "fuzz: gvqPsLoad returned %s\n", gvqGetErrorString(res));
-        abort();
-    }
-    FUZZ_OK(gvqPsLoad(ps[k], orig[k], orig_n[k]));
+    fuzz_state_one(&target, data, size);
     return 0;
 }

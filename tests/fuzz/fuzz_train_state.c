@@ -101,37 +101,30 @@ static const char *subject_name(int k) {
     return names[k];
 }
 
+static gvqResult_t load(int k, const void *buf, size_t n) {
+    return gvqTrainLoad(layer[k], buf, n);
+}
+
+/* An accepted load must leave the handle working. */
+static void exercise(int k) {
+    step(k, 100);
+    size_t m = 0;
+    FUZZ_OK(gvqTrainSave(layer[k], NULL, &m));
+    char *again = malloc(m);
+    FUZZ_OK(gvqTrainSave(layer[k], again, &m));
+    free(again);
+}
+
+static const fuzz_state_target_t target = {
+    NSUBJ, CHECKSUM_AT, "gvqTrainLoad", make_subject, subject_name, load, exercise, orig, orig_n};
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    fuzz_quiet();
-    for (int k = 0; k < NSUBJ; k++)
-        make_subject(k);
-    const char *dir = fuzz_seed_dir();
-    if (dir != NULL) {
-        fuzz_write_state_seeds(dir, NSUBJ, subject_name, orig, orig_n);
-        exit(0);
-    }
+    fuzz_state_init(&target);
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    int k;
-    size_t n;
-    uint8_t *buf = fuzz_state_input(data, size, NSUBJ, CHECKSUM_AT, &k, &n);
-    if (buf == NULL) return 0;
-    gvqResult_t res = gvqTrainLoad(layer[k], buf, n);
-    free(buf);
-    if (res == gvqSuccess) { /* accepted: it must work */
-        step(k, 100);
-        size_t m = 0;
-        FUZZ_OK(gvqTrainSave(layer[k], NULL, &m));
-        char *again = malloc(m);
-        FUZZ_OK(gvqTrainSave(layer[k], again, &m));
-        free(again);
-    } else if (res != gvqInvalidArgument) {
-        fprintf(stderr, "fuzz: gvqTrainLoad returned %s\n", gvqGetErrorString(res));
-        abort();
-    }
-    FUZZ_OK(gvqTrainLoad(layer[k], orig[k], orig_n[k]));
+    fuzz_state_one(&target, data, size);
     return 0;
 }
