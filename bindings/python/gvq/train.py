@@ -24,10 +24,11 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from . import _structs
-from ._buffers import FLOAT32, INT64, DTYPE_NAMES, as_buffer
+from ._buffers import FLOAT32, DTYPE_NAMES, as_buffer
 from ._lib import call
 from .comm import AVG, Communicator, _comm, _op, version
 from .compressor import make_config
+from .sparse import _indices
 
 try:
     import torch
@@ -199,25 +200,21 @@ class Trainer:
         self._held += [ub.obj, vb.obj, g.obj]
         call("gvqTrainFactorsReady", self.handle, int(vid), ub.ptr, vb.ptr, batch, g.ptr)
 
+    def _rows(self, vid: int, indices: Any, rows: Any, name: str, func: str, writable: bool):
+        """The int64 indices and the n x dim float32 rows of sparse variable vid."""
+        self._count(vid, func)
+        ib = _indices(indices, "indices", func)
+        return ib, _floats(rows, name, func, ib.count * self._dims[int(vid)], writable)
+
     def sparse_lookup(self, vid: int, indices: Any, values: Any) -> Any:
         """Rows `indices` (int64) of sparse variable vid into values (n x dim float32)."""
-        f = "gvq.train.Trainer.sparse_lookup"
-        self._count(vid, f)
-        ib = as_buffer(indices, "indices", f)
-        if ib.dtype != INT64:
-            raise TypeError("%s: indices must be int64" % f)
-        vb = _floats(values, "values", f, ib.count * self._dims[int(vid)], True)
+        ib, vb = self._rows(vid, indices, values, "values", "gvq.train.Trainer.sparse_lookup", True)
         call("gvqTrainSparseLookup", self.handle, int(vid), ib.ptr, ib.count, vb.ptr)
         return values
 
     def sparse_ready(self, vid: int, indices: Any, grads: Any) -> None:
         """The gradient of rows `indices` of sparse variable vid (n x dim float32)."""
-        f = "gvq.train.Trainer.sparse_ready"
-        self._count(vid, f)
-        ib = as_buffer(indices, "indices", f)
-        if ib.dtype != INT64:
-            raise TypeError("%s: indices must be int64" % f)
-        gb = _floats(grads, "grads", f, ib.count * self._dims[int(vid)], False)
+        ib, gb = self._rows(vid, indices, grads, "grads", "gvq.train.Trainer.sparse_ready", False)
         self._held += [ib.obj, gb.obj]
         call("gvqTrainSparseReady", self.handle, int(vid), ib.ptr, gb.ptr, ib.count)
 
