@@ -166,10 +166,10 @@ static gvqResult_t resolve_basis(const gvqCompressorConfig_t *in, gvq_comp_cfg_t
                  c->codec);
         return gvqInvalidArgument;
     }
-    if (c->int_bits != 0 || c->fp16) {
-        GVQ_WARN("%s: basisUpdate gvqBasisTrack sends fp32 sums (integerBits=%d, wireType %s "
-                 "refused)",
-                 fn, c->int_bits, c->fp16 ? "gvqFloat16" : "gvqFloat32");
+    if (c->fp16) {
+        GVQ_WARN("%s: basisUpdate gvqBasisTrack sends fp32 or integer sums (wireType gvqFloat16 "
+                 "refused; integerBits 8 or 16 for a smaller wire)",
+                 fn);
         return gvqInvalidArgument;
     }
     if (undef(in->sliceSize)) { /* L the multiple of K nearest above sqrt(count) */

@@ -18,7 +18,11 @@
  *     ring 3: C = sum C_n                          nslices x d
  *     y = C U^T (gvqAvg: / N), uncollocated        ~ S projected on U
  *
- * Three plain fp32 rings of (2 nslices + L) d values in all. Rings 1-2 are one PowerSGD step on
+ * Three rings of (2 nslices + L) d values in all: fp32 sums, or with integerBits 8 or 16 the
+ * integer-summed wire (codec_intsum.c) with one shared scale per column of C0, B and C (the
+ * columns are contiguous: the products are column-major), agreed by a max-allreduce before
+ * each ring; its rounding is stochastic (unbiased) and, like a plain ring's, the same on every
+ * rank. Rings 1-2 are one PowerSGD step on
  * the slice matrix; what stays GradiVeQ's is the output: every slice projected on one shared
  * basis of slice space, its coefficients summed. Why a power iteration: on small-batch
  * gradients the samples of a sampling phase are noise-dominated and a PCA fit of them keeps
@@ -57,15 +61,34 @@ static void empty_slices(gvqCompressor_t c, float *out) {
         memcpy(out, c->ps_M, sizeof(float) * cfg->count);
 }
 
+/* Ring k (1-3) of the call: the sum of `rows` x d values (column-major) in place, plain fp32
+ * or on the integer-summed wire with a scale per column; k keys the rounding bits apart. */
+static gvqResult_t track_ring(gvqCompressor_t c, gvq_coll_ctx_t *ctx, int k, float *buf,
+                              size_t rows) {
+    size_t nv = rows * (size_t)c->cfg.dmax;
+    gvq_codec_t codec;
+    if (c->cfg.int_bits == 0) {
+        gvq_codec_identity_init(&codec, c->comm->dev, gvqFloat32, gvqSum);
+        return gvq_ring_allreduce(ctx, &codec, buf, buf, nv, gvqSum);
+    }
+    gvq_intsum_t *s = k == 2 ? &c->is_basis : &c->is_coef;
+    if (s->bits == 0)
+        GVQCHECK(gvq_intsum_init(s, c->cfg.int_bits, 0, rows, NULL, c->comm->dev, nv,
+                                 c->comm->nranks, (uint32_t)c->cfg.seed, (uint32_t)c->comm->rank));
+    s->call = (uint32_t)(c->st.iter * 3 + (uint64_t)k);
+    gvq_codec_intsum_init(&codec, c->comm->dev, s);
+    return gvq_ring_allreduce(ctx, &codec, buf, buf, nv, gvqSum);
+}
+
 /* The new basis: C0 = sum S_n U (ring 1), B = sum S_n^T C0 (ring 2), U = orth(B). */
-static gvqResult_t track_basis(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const gvq_codec_t *plain) {
+static gvqResult_t track_basis(gvqCompressor_t c, gvq_coll_ctx_t *ctx) {
     const gvq_device_ops_t *dev = c->comm->dev;
     size_t n = c->ps_n, L = c->ps_m, d = (size_t)c->cfg.dmax;
     float *C0 = c->ps_P, *B = c->ps_P + n * d;
     GVQCHECK(gvq_powersgd_project(dev, c->ps_M, n, L, d, c->ps_Q, C0));
-    GVQCHECK(gvq_ring_allreduce(ctx, plain, C0, C0, n * d, gvqSum));
+    GVQCHECK(track_ring(c, ctx, 1, C0, n));
     GVQCHECK(gvq_powersgd_back(dev, c->ps_M, n, L, d, C0, B));
-    GVQCHECK(gvq_ring_allreduce(ctx, plain, B, B, L * d, gvqSum));
+    GVQCHECK(track_ring(c, ctx, 2, B, L));
     memcpy(c->ps_Q, B, sizeof(float) * L * d);
     gvq_powersgd_orthonormalize(c->ps_Q, L, d);
     return gvqSuccess;
@@ -101,7 +124,7 @@ static gvqResult_t decode(gvqCompressor_t c, float *recv, gvqRedOp_t op) {
 gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, float *recv,
                                          gvqRedOp_t op) {
     const gvq_comp_cfg_t *cfg = &c->cfg;
-    size_t count = cfg->count, n = c->ps_n, L = c->ps_m, d = (size_t)cfg->dmax;
+    size_t count = cfg->count, n = c->ps_n, L = c->ps_m;
     unsigned long long sent = 0;
     gvq_coll_ctx_t ctx = gvq_comm_ctx(c->comm, &sent);
     gvq_codec_t plain;
@@ -119,10 +142,10 @@ gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, f
     unsigned long long agreed = sent; /* wireBytes counts the three rings */
     fill_slices(c, x);
     double xnorm = gvq_ef_norm(c->ps_M, n * L);
-    GVQCHECK(track_basis(c, &ctx, &plain));
+    GVQCHECK(track_basis(c, &ctx));
     GVQCHECK(encode(c));
     keep_residual(c, xnorm, gnorm);
-    GVQCHECK(gvq_ring_allreduce(&ctx, &plain, c->ps_P, c->ps_P, n * d, gvqSum));
+    GVQCHECK(track_ring(c, &ctx, 3, c->ps_P, n));
     GVQCHECK(decode(c, recv, op));
     return gvq_compressor_advance(c, &ctx, c->comm->dev, recv, sent - agreed, 0, 0);
 }

@@ -66,6 +66,8 @@ struct gvqCompressor {
     int have_qsgd;
     /* integer-summed wires (integerBits): QSGD's, and GradiVeQ's of fit is_gq_version */
     gvq_intsum_t is_qsgd, is_gq;
+    /* the tracked basis's integer-summed rings: coefficients (nslices x d), basis (L x d) */
+    gvq_intsum_t is_coef, is_basis;
     uint64_t is_gq_version; /* 0: none */
     size_t
         codec_chunk_bytes; /* ring chunk while a compressing codec runs (GVQ_CODEC_CHUNK_BYTES) */

@@ -11,11 +11,14 @@
  *                 bitwise identical on every rank; ratio and wire bytes; a conv tensor and a
  *                 flat one
  *   2 subspace    no error feedback: slices spanning two directions, d = 2: the tracked basis
- *                 finds them and the sum comes back exact; gvqAvg = gvqSum / N
+ *                 finds them and the sum comes back exact; gvqAvg = gvqSum / N; on the integer
+ *                 wires (integerBits 8, 16) within 4 N / lv of the sum (lv = (2^(b-1) - 1) / N
+ *                 levels a rank: codec_intsum.c), identical on every rank, and b / 32 of the
+ *                 fp32 wire's bytes (with the scales' agreement)
  *   (error feedback, bounded and helping: test_compressed_powersgd.c's part 3)
- *   3 save/load   a compressor restored from a saved state continues bitwise
+ *   3 save/load   a compressor restored from a saved state continues bitwise (fp32 and int8)
  *   4 NaN         a NaN on one rank: the plain sum on every rank, later calls finite
- *   5 config      refusals (codec, wire, d > L, unknown basisUpdate) and a tensor too small to
+ *   5 config      refusals (codec, fp16 wire, d > L, unknown basisUpdate) and a tensor too small to
  *                 pay for its basis sent exactly
  *   zerocode      (argument, GVQ_CODEC=gradiveq GVQ_GRADIVEQ_BASIS=track) plain gvqAllReduce
  *                 through a tracked basis: exact on two-direction data, identical, its stats
@@ -171,8 +174,8 @@ static void part_reference(const char *title, size_t count, int L, int d, int K,
 /* ---- part 2 -----------------------------------------------------------------------------------
  */
 
-static void part_subspace(void) {
-    if (mt.rank == 0) printf("-- 2 subspace: two directions found, the sum exact\n");
+/* The relative error of the last of 12 calls; *ratio: fp32 wire bytes over this one's. */
+static double subspace_run(int bits, double *wire) {
     gvqComm_t comm = mt_new_comm();
     const size_t L = 24, n = 40, count = L * n;
     int N = mt.nranks;
@@ -182,6 +185,7 @@ static void part_subspace(void) {
         v[i] = cref_rand(9, i, 0, 0);
     gvqCompressorConfig_t cfg = track_cfg(2, (int)L, 0, 0, 0, 0);
     cfg.errorFeedback = 0;
+    cfg.integerBits = bits;
     gvqCompressor_t cs = NULL, ca = NULL;
     MT_OK(gvqCompressorCreate(comm, count, &cfg, &cs));
     MT_OK(gvqCompressorCreate(comm, count, &cfg, &ca));
@@ -213,11 +217,36 @@ static void part_subspace(void) {
         MT_CHECK(avg_ok, "subspace call %d: gvqAvg is not gvqSum / N", t);
         err = sqrt(e2 / rn);
     }
-    MT_CHECK(err < 1e-5, "after 12 calls the two-direction sum is off by %g (relative)", err);
+    gvqCompressorStats_t st;
+    MT_OK(gvqCompressorGetStats(cs, &st));
+    *wire = (double)st.wireBytes;
     MT_OK(gvqCompressorDestroy(cs));
     MT_OK(gvqCompressorDestroy(ca));
     MT_OK(gvqCommDestroy(comm));
     free(v), free(ref), free(g), free(y), free(ya);
+    return err;
+}
+
+static void part_subspace(void) {
+    if (mt.rank == 0)
+        printf("-- 2 subspace: two directions found, the sum exact (fp32) or "
+               "within the integer wires' levels\n");
+    double w32 = 0, err = subspace_run(0, &w32);
+    MT_CHECK(err < 1e-5, "after 12 calls the two-direction sum is off by %g (relative)", err);
+    for (int bits = 8; bits <= 16; bits += 8) {
+        double w = 0, lv = (double)(((1 << (bits - 1)) - 1) / mt.nranks);
+        err = subspace_run(bits, &w);
+        if (mt.rank == 0)
+            printf("   int%d: relative error %.3g (bound %.3g), %.3f of fp32's bytes\n", bits, err,
+                   4.0 * mt.nranks / lv, w / w32);
+        MT_CHECK(err < 4.0 * mt.nranks / lv,
+                 "int%d wire: the two-direction sum is off by %g "
+                 "(relative), above 4 N / lv = %g",
+                 bits, err, 4.0 * mt.nranks / lv);
+        if (mt.nranks > 1) /* the payload shrinks by bits / 32; the scale agreement adds a bit */
+            MT_CHECK(w < w32 * (bits / 32.0 + 0.1) && w > w32 * bits / 32.0 * 0.9,
+                     "int%d wire: %.0f bytes against fp32's %.0f", bits, w, w32);
+    }
 }
 
 /* ---- part 3 -----------------------------------------------------------------------------------
@@ -241,8 +270,10 @@ static void part_saveload(void) {
     blob[sz - 3] ^= 0x10;
     MT_EXPECT_RES(gvqCompressorLoad(c, blob, sz), gvqInvalidArgument);
     MT_OK(gvqCompressorDestroy(c));
-    MT_OK(gvqCommDestroy(comm));
     free(blob);
+    cfg.integerBits = 8; /* the integer wire's rounding bits follow the call count */
+    free(cref_resume(comm, &cfg, count, 10, 4, fill_saveload, &sz));
+    MT_OK(gvqCommDestroy(comm));
 }
 
 /* ---- part 4 -----------------------------------------------------------------------------------
@@ -288,7 +319,7 @@ static void part_config(void) {
     cfg.codec = gvqCodecQsgd;
     MT_EXPECT_RES(gvqCompressorCreate(comm, 1000, &cfg, &c), gvqInvalidArgument);
     cfg = track_cfg(2, 0, 0, 0, 0, 0);
-    cfg.integerBits = 8;
+    cfg.integerBits = 12;
     MT_EXPECT_RES(gvqCompressorCreate(comm, 1000, &cfg, &c), gvqInvalidArgument);
     cfg = track_cfg(2, 0, 0, 0, 0, 0);
     cfg.wireType = gvqFloat16;
