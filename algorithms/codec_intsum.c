@@ -64,6 +64,7 @@ static void is_span(const gvq_intsum_t *s, size_t off, size_t count, size_t *y0,
 
 /* The block (scale index) of y value k. */
 static size_t is_block(const gvq_intsum_t *s, size_t k) {
+    if (s->blk != NULL) return s->blk[k];
     if (s->gq == NULL) return k / s->block;
     size_t d = s->gq->d, ncoef = s->gq->count / s->gq->L * d;
     if (k >= ncoef) return s->nscales - 1; /* the raw tail */
@@ -233,7 +234,34 @@ oom:
     return gvqSystemError;
 }
 
+gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col_len, size_t ncols,
+                                    const gvq_device_ops_t *dev, int nranks, uint32_t seed,
+                                    uint32_t rank) {
+    size_t ny = 0;
+    for (size_t j = 0; j < ncols; j++)
+        ny += col_len[j];
+    if (ncols == 0 || ny == 0 || ncols > UINT32_MAX) {
+        GVQ_WARN("integer-summed wire: %zu columns of %zu values in all", ncols, ny);
+        return gvqInvalidArgument;
+    }
+    GVQCHECK(gvq_intsum_init(s, bits, 0, ny, NULL, dev, ny, nranks, seed, rank));
+    free(s->scale);
+    s->nscales = ncols;
+    s->scale = calloc(ncols, sizeof(float));
+    s->blk = malloc(sizeof(uint32_t) * ny);
+    if (s->scale == NULL || s->blk == NULL) {
+        GVQ_WARN("integer-summed wire: cannot allocate the scales of %zu columns", ncols);
+        gvq_intsum_fini(s);
+        return gvqSystemError;
+    }
+    for (size_t j = 0, k = 0; j < ncols; j++)
+        for (size_t i = 0; i < col_len[j]; i++)
+            s->blk[k++] = (uint32_t)j;
+    return gvqSuccess;
+}
+
 void gvq_intsum_fini(gvq_intsum_t *s) {
+    free(s->blk);
     free(s->ybuf);
     free(s->scale);
     free(s->tmp);

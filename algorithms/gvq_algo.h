@@ -113,6 +113,7 @@ typedef struct {
     int bits;             /* 8 or 16 */
     int levels;           /* lv: each rank's |integer| <= lv */
     size_t block;         /* QSGD: values per scale */
+    uint32_t *blk;        /* columns (gvq_intsum_init_columns): each value's scale, else NULL */
     gvq_gradiveq_t *gq;   /* GradiVeQ's coefficients (NULL: the values themselves) */
     gvq_codec_t gq_codec; /* its fp32 codec: the coefficients at begin, x = U c + Z at decode */
     uint32_t seed, rank;
@@ -131,6 +132,11 @@ typedef struct {
 gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t block,
                             gvq_gradiveq_t *gq, const gvq_device_ops_t *dev, size_t count,
                             int nranks, uint32_t seed, uint32_t rank);
+/* Plain values in consecutive columns of col_len[0..ncols) values, one scale per column (the
+ * tracked basis's rings). */
+gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col_len, size_t ncols,
+                                    const gvq_device_ops_t *dev, int nranks, uint32_t seed,
+                                    uint32_t rank);
 void gvq_intsum_fini(gvq_intsum_t *s);
 void gvq_codec_intsum_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_intsum_t *s);
 /* Bytes on the wire for the chunk [off, off+count) (off on the codec's granule). */

@@ -199,8 +199,6 @@ static void compressor_free(gvqCompressor_t c) {
     if (c->have_qsgd) gvq_qsgd_fini(&c->qs);
     gvq_intsum_fini(&c->is_qsgd);
     gvq_intsum_fini(&c->is_gq);
-    gvq_intsum_fini(&c->is_coef);
-    gvq_intsum_fini(&c->is_basis);
     gvq_gradiveq_fini(&c->gq);
     gvq_compressor_device_free(c);
     free(c->samples);

@@ -61,39 +61,6 @@ static void empty_slices(gvqCompressor_t c, float *out) {
         memcpy(out, c->ps_M, sizeof(float) * cfg->count);
 }
 
-/* Ring k (1-3) of the call: the sum of `rows` x d values (column-major) in place, plain fp32
- * or on the integer-summed wire with a scale per column; k keys the rounding bits apart. */
-static gvqResult_t track_ring(gvqCompressor_t c, gvq_coll_ctx_t *ctx, int k, float *buf,
-                              size_t rows) {
-    size_t nv = rows * (size_t)c->cfg.dmax;
-    gvq_codec_t codec;
-    if (c->cfg.int_bits == 0) {
-        gvq_codec_identity_init(&codec, c->comm->dev, gvqFloat32, gvqSum);
-        return gvq_ring_allreduce(ctx, &codec, buf, buf, nv, gvqSum);
-    }
-    gvq_intsum_t *s = k == 2 ? &c->is_basis : &c->is_coef;
-    if (s->bits == 0)
-        GVQCHECK(gvq_intsum_init(s, c->cfg.int_bits, 0, rows, NULL, c->comm->dev, nv,
-                                 c->comm->nranks, (uint32_t)c->cfg.seed, (uint32_t)c->comm->rank));
-    s->call = (uint32_t)(c->st.iter * 3 + (uint64_t)k);
-    gvq_codec_intsum_init(&codec, c->comm->dev, s);
-    return gvq_ring_allreduce(ctx, &codec, buf, buf, nv, gvqSum);
-}
-
-/* The new basis: C0 = sum S_n U (ring 1), B = sum S_n^T C0 (ring 2), U = orth(B). */
-static gvqResult_t track_basis(gvqCompressor_t c, gvq_coll_ctx_t *ctx) {
-    const gvq_device_ops_t *dev = c->comm->dev;
-    size_t n = c->ps_n, L = c->ps_m, d = (size_t)c->cfg.dmax;
-    float *C0 = c->ps_P, *B = c->ps_P + n * d;
-    GVQCHECK(gvq_powersgd_project(dev, c->ps_M, n, L, d, c->ps_Q, C0));
-    GVQCHECK(track_ring(c, ctx, 1, C0, n));
-    GVQCHECK(gvq_powersgd_back(dev, c->ps_M, n, L, d, C0, B));
-    GVQCHECK(track_ring(c, ctx, 2, B, L));
-    memcpy(c->ps_Q, B, sizeof(float) * L * d);
-    gvq_powersgd_orthonormalize(c->ps_Q, L, d);
-    return gvqSuccess;
-}
-
 /* C_n = S_n U (U the new basis) into the ring's buffer, then S_n - C_n U^T left in ps_M. */
 static gvqResult_t encode(gvqCompressor_t c) {
     const gvq_device_ops_t *dev = c->comm->dev;
@@ -121,31 +88,186 @@ static gvqResult_t decode(gvqCompressor_t c, float *recv, gvqRedOp_t op) {
     return gvqSuccess;
 }
 
-gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, float *recv,
-                                         gvqRedOp_t op) {
-    const gvq_comp_cfg_t *cfg = &c->cfg;
-    size_t count = cfg->count, n = c->ps_n, L = c->ps_m;
-    unsigned long long sent = 0;
-    gvq_coll_ctx_t ctx = gvq_comm_ctx(c->comm, &sent);
+/* ---- one call of several tensors ---------------------------------------------------------- */
+
+/* The tensors of one fused call that compress (not too small, finite on every rank). */
+typedef struct {
+    gvqCompressor_t c;
+    const float *send;
+    float *recv;
+    double gnorm, xnorm;
+} track_item_t;
+
+typedef struct {
+    track_item_t *it;
+    size_t n;
+    float *buf; /* the rings' concatenated columns */
+    size_t *col_len;
+    gvq_coll_ctx_t ctx;
+} track_call_t;
+
+/* Rows of item i's factor in ring k: the coefficients (k 1, 3: nslices) or the basis (k 2: L). */
+static size_t ring_rows(const track_item_t *x, int k) {
+    return k == 2 ? x->c->ps_m : x->c->ps_n;
+}
+/* Where item x keeps ring k's factor (column-major, rows x d). */
+static float *ring_factor(const track_item_t *x, int k) {
+    size_t n = x->c->ps_n;
+    return k == 2 ? x->c->ps_P + n * (size_t)x->c->cfg.dmax : x->c->ps_P;
+}
+
+/* Ring k (1-3) of the call: every item's factor summed, all in one ring over their columns
+ * laid end to end: fp32, or the integer-summed wire with a scale per column (k keys the
+ * rounding bits apart within a call). */
+static gvqResult_t track_ring(track_call_t *t, int k) {
+    gvqCompressor_t c0 = t->it[0].c;
+    size_t nv = 0, ncol = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        size_t rows = ring_rows(&t->it[i], k), d = (size_t)t->it[i].c->cfg.dmax;
+        memcpy(t->buf + nv, ring_factor(&t->it[i], k), sizeof(float) * rows * d);
+        for (size_t j = 0; j < d; j++)
+            t->col_len[ncol++] = rows;
+        nv += rows * d;
+    }
+    gvq_codec_t codec;
+    gvq_intsum_t is = {0};
+    gvqResult_t res;
+    if (c0->cfg.int_bits == 0) {
+        gvq_codec_identity_init(&codec, c0->comm->dev, gvqFloat32, gvqSum);
+    } else {
+        GVQCHECK(gvq_intsum_init_columns(&is, c0->cfg.int_bits, t->col_len, ncol, c0->comm->dev,
+                                         c0->comm->nranks, (uint32_t)c0->cfg.seed,
+                                         (uint32_t)c0->comm->rank));
+        is.call = (uint32_t)(c0->st.iter * 3 + (uint64_t)k);
+        gvq_codec_intsum_init(&codec, c0->comm->dev, &is);
+    }
+    res = gvq_ring_allreduce(&t->ctx, &codec, t->buf, t->buf, nv, gvqSum);
+    gvq_intsum_fini(&is);
+    GVQCHECK(res);
+    for (size_t i = 0, off = 0; i < t->n; i++) {
+        size_t len = ring_rows(&t->it[i], k) * (size_t)t->it[i].c->cfg.dmax;
+        memcpy(ring_factor(&t->it[i], k), t->buf + off, sizeof(float) * len);
+        off += len;
+    }
+    return gvqSuccess;
+}
+
+/* The three rings and what lies between them, for every item at once. */
+static gvqResult_t track_compress(track_call_t *t, gvqRedOp_t op) {
+    for (size_t i = 0; i < t->n; i++) { /* C0 = S_n U */
+        gvqCompressor_t c = t->it[i].c;
+        GVQCHECK(gvq_powersgd_project(c->comm->dev, c->ps_M, c->ps_n, c->ps_m, (size_t)c->cfg.dmax,
+                                      c->ps_Q, ring_factor(&t->it[i], 1)));
+    }
+    GVQCHECK(track_ring(t, 1));
+    for (size_t i = 0; i < t->n; i++) { /* B = S_n^T C0 */
+        gvqCompressor_t c = t->it[i].c;
+        GVQCHECK(gvq_powersgd_back(c->comm->dev, c->ps_M, c->ps_n, c->ps_m, (size_t)c->cfg.dmax,
+                                   ring_factor(&t->it[i], 1), ring_factor(&t->it[i], 2)));
+    }
+    GVQCHECK(track_ring(t, 2));
+    for (size_t i = 0; i < t->n; i++) { /* U = orth(B); C_n; the residual */
+        gvqCompressor_t c = t->it[i].c;
+        size_t L = c->ps_m, d = (size_t)c->cfg.dmax;
+        memcpy(c->ps_Q, ring_factor(&t->it[i], 2), sizeof(float) * L * d);
+        gvq_powersgd_orthonormalize(c->ps_Q, L, d);
+        GVQCHECK(encode(c));
+        keep_residual(c, t->it[i].xnorm, t->it[i].gnorm);
+    }
+    GVQCHECK(track_ring(t, 3));
+    for (size_t i = 0; i < t->n; i++)
+        GVQCHECK(decode(t->it[i].c, t->it[i].recv, op));
+    return gvqSuccess;
+}
+
+/* A tensor too small to pay for its basis: the exact sum. */
+static gvqResult_t track_plain(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *send,
+                               float *recv, gvqRedOp_t op, unsigned long long *sent) {
+    size_t count = c->cfg.count;
+    unsigned long long before = *sent;
     gvq_codec_t plain;
     gvq_codec_identity_init(&plain, c->comm->dev, gvqFloat32, gvqSum);
-    if (c->track_plain) { /* the basis would cost more than the tensor: the exact sum */
-        GVQCHECK(gvq_ring_allreduce(&ctx, &plain, send, recv, count, gvqSum));
-        if (op == gvqAvg) GVQCHECK(c->comm->dev->divide(recv, count, gvqFloat32, c->comm->nranks));
-        return gvq_compressor_advance(c, &ctx, c->comm->dev, recv, sent, 0, 0);
+    GVQCHECK(gvq_ring_allreduce(ctx, &plain, send, recv, count, gvqSum));
+    if (op == gvqAvg) GVQCHECK(c->comm->dev->divide(recv, count, gvqFloat32, c->comm->nranks));
+    return gvq_compressor_advance(c, ctx, c->comm->dev, recv, *sent - before, 0, 0);
+}
+
+/* Each rank's own: which of the k inputs (with their residuals) hold NaN or Inf, agreed in one
+ * small allreduce, so every rank sends the same tensors plain. */
+static gvqResult_t agree_nonfinite(gvqCompressor_t const *cs, const float *const *x, size_t k,
+                                   gvq_coll_ctx_t *ctx, int32_t *bad) {
+    for (size_t i = 0; i < k; i++) {
+        bad[i] = 0;
+        for (size_t j = 0; x[i] != NULL && j < cs[i]->cfg.count && !bad[i]; j++)
+            bad[i] = !isfinite(x[i][j]);
     }
-    double gnorm = cfg->error_feedback ? gvq_ef_norm(send, count) : 0;
-    const float *x = cfg->error_feedback ? gvq_ef_input(c, send) : send;
-    int32_t bad = 0;
-    GVQCHECK(gvq_compressed_any_nonfinite(c, &ctx, x, &bad));
-    if (bad) return gvq_compressed_nonfinite(c, &ctx, send, recv, op);
-    unsigned long long agreed = sent; /* wireBytes counts the three rings */
-    fill_slices(c, x);
-    double xnorm = gvq_ef_norm(c->ps_M, n * L);
-    GVQCHECK(track_basis(c, &ctx));
-    GVQCHECK(encode(c));
-    keep_residual(c, xnorm, gnorm);
-    GVQCHECK(track_ring(c, &ctx, 3, c->ps_P, n));
-    GVQCHECK(decode(c, recv, op));
-    return gvq_compressor_advance(c, &ctx, c->comm->dev, recv, sent - agreed, 0, 0);
+    return gvq_agree_i32(ctx, bad, (int)k, gvqMax);
+}
+
+gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
+                                              float *const *recv, size_t k, gvqRedOp_t op) {
+    if (k == 0) return gvqSuccess;
+    unsigned long long sent = 0;
+    track_call_t t = {0};
+    t.ctx = gvq_comm_ctx(cs[0]->comm, &sent);
+    const float **x = calloc(k, sizeof *x);
+    int32_t *bad = calloc(k, sizeof *bad);
+    t.it = calloc(k, sizeof *t.it);
+    size_t nbuf = 0, ncol = 0;
+    gvqResult_t res = gvqSuccess;
+    if (x == NULL || bad == NULL || t.it == NULL) goto oom;
+    for (size_t i = 0; i < k; i++) {
+        const gvq_comp_cfg_t *cfg = &cs[i]->cfg;
+        if (cs[i]->track_plain) continue;
+        x[i] = cfg->error_feedback ? gvq_ef_input(cs[i], send[i]) : send[i];
+        nbuf += GVQ_MAX(cs[i]->ps_n, cs[i]->ps_m) * (size_t)cfg->dmax;
+        ncol += (size_t)cfg->dmax;
+    }
+    GVQCHECKGOTO(agree_nonfinite(cs, x, k, &t.ctx, bad), res, out);
+    for (size_t i = 0; i < k && res == gvqSuccess; i++) {
+        gvqCompressor_t c = cs[i];
+        if (c->track_plain)
+            res = track_plain(c, &t.ctx, send[i], recv[i], op, &sent);
+        else if (bad[i])
+            res = gvq_compressed_nonfinite(c, &t.ctx, send[i], recv[i], op);
+        if (c->track_plain || bad[i]) continue;
+        track_item_t *it = &t.it[t.n++];
+        *it = (track_item_t){c, send[i], recv[i], 0, 0};
+        it->gnorm = c->cfg.error_feedback ? gvq_ef_norm(send[i], c->cfg.count) : 0;
+        fill_slices(c, x[i]);
+        it->xnorm = gvq_ef_norm(c->ps_M, c->ps_n * c->ps_m);
+    }
+    if (res != gvqSuccess || t.n == 0) goto out;
+    t.buf = malloc(sizeof(float) * GVQ_MAX(nbuf, (size_t)1));
+    t.col_len = malloc(sizeof(size_t) * GVQ_MAX(ncol, (size_t)1));
+    if (t.buf == NULL || t.col_len == NULL) goto oom;
+    unsigned long long before = sent, total = 0;
+    GVQCHECKGOTO(track_compress(&t, op), res, out);
+    /* wireBytes: the three rings' bytes shared out by each tensor's part of the values */
+    for (size_t i = 0; i < t.n; i++) {
+        gvqCompressor_t c = t.it[i].c;
+        total += (2 * c->ps_n + c->ps_m) * (unsigned long long)c->cfg.dmax;
+    }
+    for (size_t i = 0; i < t.n && res == gvqSuccess; i++) {
+        gvqCompressor_t c = t.it[i].c;
+        unsigned long long part = (2 * c->ps_n + c->ps_m) * (unsigned long long)c->cfg.dmax;
+        res = gvq_compressor_advance(c, &t.ctx, c->comm->dev, t.it[i].recv,
+                                     (sent - before) * part / total, 0, 0);
+    }
+    goto out;
+oom:
+    GVQ_WARN("gvqAllReduceCompressed: out of memory for a tracked-basis call of %zu tensors", k);
+    res = gvqSystemError;
+out:
+    free(x);
+    free(bad);
+    free(t.it);
+    free(t.buf);
+    free(t.col_len);
+    return res;
+}
+
+gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, float *recv,
+                                         gvqRedOp_t op) {
+    return gvq_gradiveq_track_allreduce_many(&c, &send, &recv, 1, op);
 }

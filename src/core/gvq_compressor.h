@@ -66,8 +66,6 @@ struct gvqCompressor {
     int have_qsgd;
     /* integer-summed wires (integerBits): QSGD's, and GradiVeQ's of fit is_gq_version */
     gvq_intsum_t is_qsgd, is_gq;
-    /* the tracked basis's integer-summed rings: coefficients (nslices x d), basis (L x d) */
-    gvq_intsum_t is_coef, is_basis;
     uint64_t is_gq_version; /* 0: none */
     size_t
         codec_chunk_bytes; /* ring chunk while a compressing codec runs (GVQ_CODEC_CHUNK_BYTES) */
@@ -158,6 +156,10 @@ gvqResult_t gvq_compressed_any_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx,
  * arguments checked). */
 gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, float *recv,
                                          gvqRedOp_t op);
+/* The same for k tensors of one communicator in one call: each of the three rings carries all
+ * their factors at once (3 rings, not 3 k), one agreement on which inputs are finite. */
+gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
+                                              float *const *recv, size_t k, gvqRedOp_t op);
 
 /* error_feedback.c: a call whose gradient holds NaN or Inf on some rank (every rank takes
  * this path alike): the uncompressed sum of send into recv, counted and logged once, the
