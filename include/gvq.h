@@ -363,7 +363,7 @@ typedef enum {
 typedef enum {
     gvqBasisFit   = 0, /* the paper: sampling phases of exact (or QSGD) sums, then a PCA fit by
                           eigen-solve, then compressed phases with U fixed */
-    gvqBasisTrack = 1  /* streaming PCA: every call is compressed, in three plain rings: the
+    gvqBasisTrack = 1  /* streaming PCA: every call is compressed, in three rings: the
                           coefficients C0 = sum S_n U on the kept basis, then B = sum S_n^T C0,
                           U <- orth(B) (one power iteration on the covariance of the summed
                           slices, warm-started), then the coefficients on the new U, decoded.
@@ -410,7 +410,8 @@ typedef struct {
                             T x sampleSlices samples of the group (memory: T x count floats with
                             0). [1: the first slice, as the paper] */
     int integerBits;     /* 0: the ring adds floats. 8 or 16: integer-summed wire: GradiVeQ's
-                            coefficients and QSGD's levels are quantized with one scale per
+                            coefficients and QSGD's levels (with gvqBasisTrack: its three
+                            rings, one scale per column) are quantized with one scale per
                             block that every rank uses (agreed before the ring), and the ring
                             adds b-bit integers: exact, order-independent. Each rank's values
                             are limited to +-floor((2^(b-1) - 1) / N) for N ranks, so the sum of
@@ -484,9 +485,15 @@ GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t compressor, gvqCompres
  * host memory over MPI), and the PCA fit on the host from the copied-out samples; a compressor
  * with errorFeedback, mixed host/device buffers and GVQ_DEVICE_CODECS=0 stage the whole buffers
  * and run the host codecs. The call returns when the result is in place, except on host
- * buffers with a host stream (queued; the compressor must not be used until it has run). Not
- * allowed inside a group. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count, type or op
- * the compressor was not made for, gvqInvalidUsage inside a group. */
+ * buffers with a host stream (queued; the compressor must not be used until it has run).
+ * Inside gvqGroupStart/gvqGroupEnd the call is checked and queued like the plain collectives;
+ * at the group's end its consecutive compressed calls on one communicator agree once, and
+ * those with a tracked basis (gvqBasisTrack) on host buffers and the same op run as one call:
+ * three rings for all of them instead of three each (the computation of separate calls, but
+ * the ring's summation order and the integer wire's random draws differ, so the bits may; each
+ * compressor counts its share of the bytes). Every rank
+ * must group the same calls alike. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count,
+ * type or op the compressor was not made for. */
 GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
                                            gvqDataType_t datatype, gvqRedOp_t op,
                                            gvqCompressor_t compressor, gvqComm_t comm,

@@ -22,8 +22,9 @@
 #include "gvq_stream.h"
 #include "gvq_zero_code.h"
 
-static const char *op_fn[] = {"gvqAllReduce", "gvqBroadcast", "gvqReduce", "gvqReduceScatter",
-                              "gvqAllGather", "gvqSend",      "gvqRecv"};
+static const char *op_fn[] = {"gvqAllReduce",     "gvqBroadcast",          "gvqReduce",
+                              "gvqReduceScatter", "gvqAllGather",          "gvqSend",
+                              "gvqRecv",          "gvqAllReduceCompressed"};
 
 /* Point-to-point messages larger than this travel in pieces (one MPI message holds < 2 GiB). */
 #define P2P_PIECE ((size_t)1 << 30)
@@ -52,6 +53,7 @@ static void op_lengths(const gvq_op_t *o, size_t *slen, size_t *rlen) {
     *slen = *rlen = 0;
     switch (o->kind) {
     case GVQ_OP_ALLREDUCE:
+    case GVQ_OP_COMPRESSED:
         *slen = one;
         *rlen = one;
         break;
@@ -151,6 +153,7 @@ static gvqResult_t check_op(const gvq_op_t *o) {
 static gvq_algo_t op_algo(const gvq_op_t *o);
 
 static gvq_call_sig_t op_signature(const gvq_op_t *o, gvqResult_t refused) {
+    if (o->kind == GVQ_OP_COMPRESSED) return gvq_compressed_signature(o, refused);
     int reduces =
         o->kind == GVQ_OP_ALLREDUCE || o->kind == GVQ_OP_REDUCE || o->kind == GVQ_OP_REDUCE_SCATTER;
     int rooted = o->kind == GVQ_OP_BROADCAST || o->kind == GVQ_OP_REDUCE;
@@ -304,6 +307,15 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
     for (size_t i = 0; i < n; i++) {
         if (ops[i].kind == GVQ_OP_SEND || ops[i].kind == GVQ_OP_RECV) {
             nreq += p2p_pieces(&ops[i]);
+            continue;
+        }
+        if (ops[i].kind == GVQ_OP_COMPRESSED) { /* with the compressed calls right after it */
+            size_t m = 1;
+            while (i + m < n && ops[i + m].kind == GVQ_OP_COMPRESSED &&
+                   ops[i + m].comm == ops[i].comm)
+                m++;
+            GVQCHECK(gvq_compressed_run_group(&ops[i], m));
+            i += m - 1;
             continue;
         }
         GVQCHECK(gvq_comm_enter(ops[i].comm, op_fn[ops[i].kind]));
@@ -493,15 +505,15 @@ GVQ_API gvqResult_t gvqGroupEnd(void) {
 GVQ_API gvqResult_t gvqAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                  gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
                                  gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm, stream};
+    gvq_op_t o = {GVQ_OP_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm, stream, NULL};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                                  gvqDataType_t datatype, int root, gvqComm_t comm,
                                  gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_BROADCAST, sendbuff, recvbuff, count, datatype,
-                  gvqSum,           root,     comm,     stream};
+    gvq_op_t o = {GVQ_OP_BROADCAST, sendbuff, recvbuff, count,  datatype,
+                  gvqSum,           root,     comm,     stream, NULL};
     return submit(&o);
 }
 
@@ -513,7 +525,7 @@ GVQ_API gvqResult_t gvqBcast(void *buff, size_t count, gvqDataType_t datatype, i
 GVQ_API gvqResult_t gvqReduce(const void *sendbuff, void *recvbuff, size_t count,
                               gvqDataType_t datatype, gvqRedOp_t op, int root, gvqComm_t comm,
                               gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream};
+    gvq_op_t o = {GVQ_OP_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream, NULL};
     return submit(&o);
 }
 
@@ -521,25 +533,25 @@ GVQ_API gvqResult_t gvqReduceScatter(const void *sendbuff, void *recvbuff, size_
                                      gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
                                      gvqStream_t stream) {
     gvq_op_t o = {
-        GVQ_OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream};
+        GVQ_OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream, NULL};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                                  gvqDataType_t datatype, gvqComm_t comm, gvqStream_t stream) {
     gvq_op_t o = {GVQ_OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype,
-                  gvqSum,           0,        comm,     stream};
+                  gvqSum,           0,        comm,     stream,    NULL};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqSend(const void *sendbuff, size_t count, gvqDataType_t datatype, int peer,
                             gvqComm_t comm, gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_SEND, sendbuff, NULL, count, datatype, gvqSum, peer, comm, stream};
+    gvq_op_t o = {GVQ_OP_SEND, sendbuff, NULL, count, datatype, gvqSum, peer, comm, stream, NULL};
     return submit(&o);
 }
 
 GVQ_API gvqResult_t gvqRecv(void *recvbuff, size_t count, gvqDataType_t datatype, int peer,
                             gvqComm_t comm, gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_RECV, NULL, recvbuff, count, datatype, gvqSum, peer, comm, stream};
+    gvq_op_t o = {GVQ_OP_RECV, NULL, recvbuff, count, datatype, gvqSum, peer, comm, stream, NULL};
     return submit(&o);
 }

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "gvq_compressor.h"
+#include "gvq_group.h"
 #include "gvq_stream.h"
 
 /* ---- the vote -------------------------------------------------------------------------------- */
@@ -411,6 +412,88 @@ static gvqResult_t compressed_run(const compressed_args_t *a) {
     return res;
 }
 
+/* ---- groups: gvqAllReduceCompressed between gvqGroupStart and gvqGroupEnd ------------------ */
+
+gvq_call_sig_t gvq_compressed_signature(const gvq_op_t *o, gvqResult_t refused) {
+    return call_sig(o->count, o->op, o->compressor, refused);
+}
+
+/* The signature of n > 1 compressed calls run as one: their counts summed, their compressors'
+ * identities and counts mixed in call order, root the number of calls. A rank that groups the
+ * calls differently (or not at all) fails the agreement on every rank. */
+static gvq_call_sig_t group_sig(const gvq_op_t *ops, size_t n) {
+    gvq_call_sig_t sig = call_sig(0, ops[0].op, ops[0].compressor, gvqSuccess);
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < n; i++) {
+        sig.count += ops[i].count;
+        h = (h ^ gvq_compressor_identity(ops[i].compressor)) * 0x100000001B3ull;
+        h = (h ^ (uint64_t)ops[i].count ^ ((uint64_t)ops[i].op << 40)) * 0x100000001B3ull;
+    }
+    sig.identity = h;
+    sig.root = (int)GVQ_MIN(n, (size_t)INT32_MAX);
+    return sig;
+}
+
+/* Whether op o can join a fused tracked-basis call: host buffers, a tracked basis, o's op. */
+static int fusable(const gvq_op_t *o, gvqRedOp_t op) {
+    return o->compressor->cfg.track && o->op == op &&
+           gvq_device_of(o->sendbuff) == &gvq_host_device &&
+           gvq_device_of(o->recvbuff) == &gvq_host_device;
+}
+
+/* The group's calls under one agreement (all on host buffers): the others one by one in call
+ * order, then the tracked-basis ones of ops[0]'s op fused. */
+static gvqResult_t group_entered(const gvq_op_t *ops, size_t n) {
+    gvqCompressor_t *cs = calloc(n, sizeof *cs);
+    const float **send = calloc(n, sizeof *send);
+    float **recv = calloc(n, sizeof *recv);
+    gvqResult_t res = gvqSuccess;
+    size_t k = 0;
+    if (cs == NULL || send == NULL || recv == NULL) {
+        GVQ_WARN("gvqGroupEnd: out of memory for a group of %zu compressed calls", n);
+        res = gvqSystemError;
+    }
+    for (size_t i = 0; i < n && res == gvqSuccess; i++) {
+        if (fusable(&ops[i], ops[0].op)) {
+            cs[k] = ops[i].compressor;
+            send[k] = ops[i].sendbuff;
+            recv[k++] = ops[i].recvbuff;
+        } else {
+            res = gvq_compressed_allreduce_entered(ops[i].compressor, ops[i].sendbuff,
+                                                   ops[i].recvbuff, ops[i].op);
+        }
+    }
+    if (res == gvqSuccess) res = gvq_gradiveq_track_allreduce_many(cs, send, recv, k, ops[0].op);
+    free(cs);
+    free(send);
+    free(recv);
+    return res;
+}
+
+gvqResult_t gvq_compressed_run_group(const gvq_op_t *ops, size_t n) {
+    int host = 1;
+    for (size_t i = 0; i < n; i++)
+        host &= gvq_device_of(ops[i].sendbuff) == &gvq_host_device &&
+                gvq_device_of(ops[i].recvbuff) == &gvq_host_device;
+    if (n == 1 || !host) { /* one by one, each with its own agreement */
+        for (size_t i = 0; i < n; i++) {
+            compressed_args_t a = {ops[i].sendbuff,   ops[i].recvbuff, ops[i].count,  ops[i].op,
+                                   ops[i].compressor, ops[i].comm,     ops[i].stream, gvqSuccess};
+            if (gvq_stream_is_host(a.stream)) a.stream = NULL;
+            GVQCHECK(compressed_run(&a));
+        }
+        return gvqSuccess;
+    }
+    const char *fn = "gvqAllReduceCompressed";
+    gvqComm_t comm = ops[0].comm;
+    GVQCHECK(gvq_comm_enter(comm, fn));
+    gvq_call_sig_t sig = group_sig(ops, n);
+    gvqResult_t res = gvq_call_agree(comm, fn, &sig);
+    if (res == gvqSuccess) res = group_entered(ops, n);
+    gvq_comm_leave(comm);
+    return res;
+}
+
 /* The job of a call queued on a host stream (stream.c): the call, or its refusal. */
 static gvqResult_t compressed_job(void *arg) {
     const compressed_args_t *a = arg;
@@ -446,6 +529,23 @@ GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff,
                  "pass a cudaStream_t",
                  fn, stream);
         bad = gvqInvalidArgument;
+    }
+    if (gvq_group_active()) { /* queued; gvqGroupEnd runs it, fused where it can */
+        gvq_group_t *g = gvq_group_self();
+        if (bad != gvqSuccess) {
+            gvq_group_refuse(g, bad);
+            return bad;
+        }
+        gvq_op_t o = {.kind = GVQ_OP_COMPRESSED,
+                      .sendbuff = sendbuff,
+                      .recvbuff = recvbuff,
+                      .count = count,
+                      .dtype = gvqFloat32,
+                      .op = op,
+                      .comm = comm,
+                      .stream = stream,
+                      .compressor = compressor};
+        return gvq_group_push(g, &o);
     }
     if (bad != gvqSuccess) {
         a.refused = bad;

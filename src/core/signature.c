@@ -48,7 +48,10 @@ static void describe(const int64_t *row, int show_algo, char *buf, size_t len) {
             snprintf(buf + n, len - (size_t)n, ", %s", gvq_dtype_name((gvqDataType_t)row[F_DTYPE]));
     if (row[F_OP] >= 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", %s", gvq_op_name((gvqRedOp_t)row[F_OP]));
-    if (row[F_ROOT] >= 0 && n > 0 && (size_t)n < len)
+    if (row[F_ROOT] >= 0 && row[F_KIND] == GVQ_SIG_COMPRESSED && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, ", a group of %lld compressed calls in all",
+                      (long long)row[F_ROOT]);
+    else if (row[F_ROOT] >= 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", root %lld", (long long)row[F_ROOT]);
     static const char *const codec[] = {"none", "gradiveq", "qsgd", "powersgd"};
     uint64_t id = (uint64_t)row[F_IDENTITY];

@@ -20,6 +20,11 @@
  *   4 NaN         a NaN on one rank: the plain sum on every rank, later calls finite
  *   5 config      refusals (codec, fp16 wire, d > L, unknown basisUpdate) and a tensor too small to
  *                 pay for its basis sent exactly
+ *   6 group       tracked-basis calls inside gvqGroupStart/End run fused (one call, three
+ *                 rings): conv, flat, too-small and QSGD tensors together, fp32 and int8, a NaN
+ *                 in one tensor on one rank: identical on every rank, within 1e-4 of the same
+ *                 calls made one by one (fp32; the ring's summation order differs), the NaN
+ *                 tensor's plain sum, and a rank that groups differently fails on every rank
  *   zerocode      (argument, GVQ_CODEC=gradiveq GVQ_GRADIVEQ_BASIS=track) plain gvqAllReduce
  *                 through a tracked basis: exact on two-direction data, identical, its stats
  */
@@ -407,6 +412,124 @@ static void part_zerocode(void) {
     free(ref), free(x);
 }
 
+/* ---- part 6 -----------------------------------------------------------------------------------
+ */
+
+#define NG 4
+static const size_t g_count[NG] = {16 * 4 * 9, 1000, 40, 500}; /* conv, flat, too small, QSGD */
+
+static void group_make(gvqComm_t comm, int bits, gvqCompressor_t *c) {
+    for (int i = 0; i < NG; i++) {
+        gvqCompressorConfig_t cfg =
+            i == 0 ? track_cfg(3, 0, 16, 4, 3, 3) : track_cfg(2, 0, 0, 0, 0, 0);
+        cfg.integerBits = bits;
+        if (i == 3) {
+            cfg = cref_config(gvqCodecQsgd, 5, 0, 0, 0, 0);
+        }
+        MT_OK(gvqCompressorCreate(comm, g_count[i], &cfg, &c[i]));
+    }
+}
+
+static void group_calls(int bits) {
+    gvqComm_t comm = mt_new_comm();
+    gvqCompressor_t cg[NG], cs[NG];
+    group_make(comm, bits, cg);
+    group_make(comm, bits, cs);
+    float *g[NG], *yg[NG], *ys[NG];
+    for (int i = 0; i < NG; i++) {
+        g[i] = malloc(4 * g_count[i]);
+        yg[i] = malloc(4 * g_count[i]);
+        ys[i] = malloc(4 * g_count[i]);
+    }
+    double worst = 0;
+    for (int t = 0; t < 6; t++) {
+        for (int i = 0; i < NG; i++)
+            for (size_t j = 0; j < g_count[i]; j++)
+                g[i][j] = grad_val(mt.rank, t * NG + i, j);
+        if (t == 2 && mt.rank == mt.nranks - 1) g[1][5] = NAN;
+        MT_OK(gvqGroupStart());
+        for (int i = 0; i < NG; i++)
+            MT_OK(gvqAllReduceCompressed(g[i], yg[i], g_count[i], gvqFloat32, gvqAvg, cg[i], comm,
+                                         NULL));
+        MT_OK(gvqGroupEnd());
+        for (int i = 0; i < NG; i++)
+            MT_OK(gvqAllReduceCompressed(g[i], ys[i], g_count[i], gvqFloat32, gvqAvg, cs[i], comm,
+                                         NULL));
+        for (int i = 0; i < NG; i++) {
+            MT_CHECK(mt_identical(yg[i], 4 * g_count[i]),
+                     "int%d call %d tensor %d: grouped "
+                     "outputs differ between ranks",
+                     bits, t, i);
+            double e2 = 0, n2 = 0;
+            int nan_ok = 1;
+            for (size_t j = 0; j < g_count[i]; j++) {
+                if (t == 2 && i == 1 && j == 5) {
+                    nan_ok = isnan(yg[i][j]) && isnan(ys[i][j]);
+                    continue;
+                }
+                e2 += ((double)yg[i][j] - ys[i][j]) * ((double)yg[i][j] - ys[i][j]);
+                n2 += (double)ys[i][j] * ys[i][j];
+            }
+            MT_CHECK(nan_ok, "call %d: the NaN of tensor 1 is not in the grouped output", t);
+            if (bits == 0 && i != 3 && n2 > 0 && sqrt(e2 / n2) > worst) worst = sqrt(e2 / n2);
+        }
+    }
+    if (bits == 0)
+        MT_CHECK(worst < 1e-4, "grouped and one-by-one calls differ by %g (relative)", worst);
+    gvqCompressorStats_t a, b;
+    MT_OK(gvqCompressorGetStats(cg[1], &a));
+    MT_OK(gvqCompressorGetStats(cs[1], &b));
+    MT_CHECK(a.nonFiniteCalls == 1 && b.nonFiniteCalls == 1, "nonFiniteCalls %lld / %lld, want 1",
+             a.nonFiniteCalls, b.nonFiniteCalls);
+    MT_CHECK(a.iteration == b.iteration && a.iteration >= 5,
+             "grouped compressor counted %lld "
+             "calls, one by one %lld",
+             a.iteration, b.iteration);
+    for (int i = 0; i < NG; i++) {
+        MT_OK(gvqCompressorDestroy(cg[i]));
+        MT_OK(gvqCompressorDestroy(cs[i]));
+        free(g[i]), free(yg[i]), free(ys[i]);
+    }
+    MT_OK(gvqCommDestroy(comm));
+}
+
+/* Rank 0 groups two calls, the others make them one by one: every rank fails (the others at
+ * their first call), no data moves, and the communicator goes on. */
+static void group_mismatch(void) {
+    gvqComm_t comm = mt_new_comm();
+    gvqCompressor_t c[NG];
+    group_make(comm, 0, c);
+    float *g0 = calloc(g_count[0], 4), *g1 = calloc(g_count[1], 4);
+    gvqResult_t res;
+    if (mt.rank == 0) {
+        MT_OK(gvqGroupStart());
+        MT_OK(gvqAllReduceCompressed(g0, g0, g_count[0], gvqFloat32, gvqSum, c[0], comm, NULL));
+        MT_OK(gvqAllReduceCompressed(g1, g1, g_count[1], gvqFloat32, gvqSum, c[1], comm, NULL));
+        res = gvqGroupEnd();
+    } else {
+        res = gvqAllReduceCompressed(g0, g0, g_count[0], gvqFloat32, gvqSum, c[0], comm, NULL);
+        if (res == gvqSuccess)
+            res = gvqAllReduceCompressed(g1, g1, g_count[1], gvqFloat32, gvqSum, c[1], comm, NULL);
+    }
+    MT_CHECK(res == gvqInvalidArgument, "grouped on rank 0 only: %s, want gvqInvalidArgument",
+             gvqGetErrorString(res));
+    MT_OK(gvqGroupStart());
+    MT_OK(gvqAllReduceCompressed(g0, g0, g_count[0], gvqFloat32, gvqSum, c[0], comm, NULL));
+    MT_OK(gvqAllReduceCompressed(g1, g1, g_count[1], gvqFloat32, gvqSum, c[1], comm, NULL));
+    MT_OK(gvqGroupEnd());
+    for (int i = 0; i < NG; i++)
+        MT_OK(gvqCompressorDestroy(c[i]));
+    MT_OK(gvqCommDestroy(comm));
+    free(g0), free(g1);
+}
+
+static void part_group(void) {
+    if (mt.rank == 0) printf("-- 6 group: tracked-basis calls fused\n");
+    group_calls(0);
+    group_calls(8);
+    if (mt.nranks > 1) group_mismatch();
+}
+
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     if (argc > 1 && strcmp(argv[1], "zerocode") == 0) {
@@ -421,5 +544,6 @@ int main(int argc, char **argv) {
     part_saveload();
     part_nan();
     part_config();
+    part_group();
     return mt_finish("test_gradiveq_track");
 }

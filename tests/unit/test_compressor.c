@@ -404,10 +404,11 @@ static void rank_refusals(gvqComm_t comm, int rank, int nranks, void *arg) {
                gvqInvalidArgument);
     EXPECT_RES(gvqAllReduceCompressed(NULL, x, 64, gvqFloat32, gvqSum, c, comm, NULL),
                gvqInvalidArgument);
-    EXPECT_RES(gvqGroupStart(), gvqSuccess);
-    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat32, gvqSum, c, comm, NULL),
-               gvqInvalidUsage);
-    EXPECT_RES(gvqGroupEnd(), gvqSuccess);
+    EXPECT_RES(gvqGroupStart(), gvqSuccess); /* queued, run at the group's end */
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 64, gvqFloat32, gvqSum, c, comm, NULL), gvqSuccess);
+    EXPECT_RES(gvqAllReduceCompressed(x, x, 63, gvqFloat32, gvqSum, c, comm, NULL),
+               gvqInvalidArgument); /* refused at once: the group runs nothing */
+    EXPECT_RES(gvqGroupEnd(), gvqInvalidArgument);
     char small[8];
     size_t n = sizeof small;
     EXPECT_RES(gvqCompressorSave(c, small, &n), gvqInvalidArgument);
