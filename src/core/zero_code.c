@@ -387,17 +387,37 @@ static gvqResult_t run_plain(gvqComm_t comm, zc_entry_t *e, const float *send, f
     return gvqSuccess;
 }
 
+/* The plain part, then the compressed layers: those with a tracked basis in one fused call
+ * (three rings for all of them), the others one by one. */
 static gvqResult_t run_entry(gvqComm_t comm, zc_entry_t *e, const float *send, float *recv,
                              gvqRedOp_t op) {
     GVQCHECK(run_plain(comm, e, send, recv, op));
-    for (int i = 0; i < e->nparts; i++) {
-        const zc_part_t *p = &e->parts[i];
-        if (p->comp != NULL)
-            GVQCHECK(
-                gvq_compressed_allreduce_entered(p->comp, send + p->offset, recv + p->offset, op));
+    size_t n = (size_t)GVQ_MAX(e->nparts, 1), k = 0;
+    gvqCompressor_t *cs = malloc(n * sizeof *cs);
+    const float **s = malloc(n * sizeof *s);
+    float **r = malloc(n * sizeof *r);
+    gvqResult_t res = gvqSuccess;
+    if (cs == NULL || s == NULL || r == NULL) {
+        GVQ_WARN("GVQ_CODEC: out of memory for the %d layers of a call", e->nparts);
+        res = gvqSystemError;
     }
-    e->calls++;
-    return gvqSuccess;
+    for (int i = 0; i < e->nparts && res == gvqSuccess; i++) {
+        const zc_part_t *p = &e->parts[i];
+        if (p->comp == NULL) continue;
+        if (p->comp->cfg.track) {
+            cs[k] = p->comp;
+            s[k] = send + p->offset;
+            r[k++] = recv + p->offset;
+        } else {
+            res = gvq_compressed_allreduce_entered(p->comp, send + p->offset, recv + p->offset, op);
+        }
+    }
+    if (res == gvqSuccess) res = gvq_gradiveq_track_allreduce_many(cs, s, r, k, op);
+    free(cs);
+    free(s);
+    free(r);
+    if (res == gvqSuccess) e->calls++;
+    return res;
 }
 
 /* ---- statistics ----------------------------------------------------------------------------- */

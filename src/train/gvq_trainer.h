@@ -18,6 +18,7 @@ typedef struct {
     int has_ccfg;
     gvqCompressor_t comp;
     size_t bucket_off; /* floats into its bucket */
+    int fused;         /* its fused tracked-basis group (a bucket of fused kind), or -1 */
     float *grad;       /* this step's buffer; NULL: not ready yet */
     /* sufficient factors (gvqTrainFactorsReady) */
     int factors;          /* registered with factors */
@@ -32,7 +33,8 @@ typedef struct {
     int *members; /* variable ids, in registration order */
     int nmembers, pending;
     size_t count;
-    float *buf;
+    float *buf; /* NULL for a fused group: its members' compressed calls in one gvqGroupEnd */
+    int fused;
     double start, end;
 } tbucket_t;
 

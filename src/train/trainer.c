@@ -11,7 +11,11 @@
  * the communicator with every other call): the job takes its start time, runs the blocking
  * collective on the progress thread (gvqAllReduce or gvqAllReduceCompressed, stream NULL: the
  * job holds the communicator's turn), and takes its end time. A bucket is packed on the
- * caller's thread when its last member is ready, and unpacked by its job. Without waitFree the
+ * caller's thread when its last member is ready, and unpacked by its job. Tensors compressed
+ * by GradiVeQ with a tracked basis form one fused group (GVQ_TRAIN_FUSE_TRACK, on by default):
+ * its job runs their compressed calls inside one gvqGroupStart/End once the last is ready, so a
+ * step pays three rings for all of them instead of three each (on a small model the rings'
+ * latency outweighs the overlap lost; perf/RESULTS.md section 6). Without waitFree the
  * jobs are all queued at gvqTrainWaitAll, in registration order. Over a transport that cannot
  * run calls from two threads (MPI below MPI_THREAD_MULTIPLE) every job runs at once on the
  * caller's thread instead: the same calls in the same order, without overlap.
@@ -314,6 +318,34 @@ static gvqResult_t route_all(gvqTrainer_t t) {
 }
 
 /* Fuse the bucket-routed variables, in registration order, into buckets of <= bucketBytes. */
+/* Whether variable x goes through GradiVeQ with a tracked basis. */
+static int tracked(const tvar_t *x) {
+    return x->info.route == gvqRouteCompressed && x->ccfg.codec == gvqCodecGradiveq &&
+           x->ccfg.basisUpdate == gvqBasisTrack;
+}
+
+/* The fused group of the tracked-basis variables (two or more), after the plain buckets. */
+static gvqResult_t make_fused(gvqTrainer_t t) {
+    int n = 0;
+    for (int i = 0; i < t->nvars; i++) {
+        t->vars[i].fused = -1;
+        n += tracked(&t->vars[i]);
+    }
+    if (n < 2 || !gvq_param(GVQ_PARAM_TRAIN_FUSE_TRACK)) return gvqSuccess;
+    tbucket_t *b = &t->buckets[t->nbuckets];
+    if ((b->members = calloc((size_t)n, sizeof(int))) == NULL) return gvqSystemError;
+    b->fused = 1;
+    for (int i = 0; i < t->nvars; i++)
+        if (tracked(&t->vars[i])) {
+            t->vars[i].fused = t->nbuckets;
+            b->members[b->nmembers++] = i;
+            b->count += t->vars[i].info.count;
+        }
+    b->pending = b->nmembers;
+    t->nbuckets++;
+    return gvqSuccess;
+}
+
 static gvqResult_t make_buckets(gvqTrainer_t t) {
     t->buckets = calloc((size_t)t->nvars + 1, sizeof *t->buckets);
     if (t->buckets == NULL) return gvqSystemError;
@@ -335,7 +367,7 @@ static gvqResult_t make_buckets(gvqTrainer_t t) {
         bk->pending = bk->nmembers;
         if ((bk->buf = malloc(bk->count * sizeof(float))) == NULL) return gvqSystemError;
     }
-    return gvqSuccess;
+    return make_fused(t);
 }
 
 static void log_routes(gvqTrainer_t t) {
@@ -361,8 +393,9 @@ static void log_routes(gvqTrainer_t t) {
  * are caught at commit rather than as a mismatch or a hang at the first step. */
 static uint64_t settings_hash(const gvqTrainer_t t) {
     uint64_t h = 0xcbf29ce484222325ull;
-    uint64_t cfg[6] = {t->bucket_bytes,  (uint64_t)t->wait_free,    (uint64_t)t->op,
-                       (uint64_t)t->sfb, (uint64_t)t->sparse_route, (uint64_t)t->tune_partitions};
+    uint64_t cfg[7] = {t->bucket_bytes,  (uint64_t)t->wait_free,    (uint64_t)t->op,
+                       (uint64_t)t->sfb, (uint64_t)t->sparse_route, (uint64_t)t->tune_partitions,
+                       gvq_param(GVQ_PARAM_TRAIN_FUSE_TRACK)};
     h = fnv(h, cfg, sizeof cfg);
     h = fnv(h, &t->has_conv_cfg, sizeof t->has_conv_cfg);
     if (t->has_conv_cfg) h = fnv(h, &t->conv_cfg, CCFG_BYTES);
@@ -432,8 +465,8 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
     GVQCHECK(all_equal(t, settings_hash(t), &equal));
     if (!equal) {
         GVQ_WARN("%s: the ranks registered the same variables but with different settings "
-                 "(bucketBytes %zu here, GVQ_TRAIN_BUCKET_BYTES, waitFree, op, sfb, or a codec "
-                 "config)",
+                 "(bucketBytes %zu here, GVQ_TRAIN_BUCKET_BYTES, GVQ_TRAIN_FUSE_TRACK, waitFree, op, "
+                 "sfb, or a codec config)",
                  fn, t->bucket_bytes);
         return gvqInvalidArgument;
     }
@@ -499,6 +532,19 @@ static gvqResult_t train_job_run(void *arg) {
     gvqTrainer_t t = j->t;
     double start = now_s();
     gvqResult_t res;
+    if (j->bucket >= 0 && t->buckets[j->bucket].fused) {
+        tbucket_t *b = &t->buckets[j->bucket];
+        (void)gvqGroupStart();
+        for (int m = 0; m < b->nmembers; m++) {
+            tvar_t *x = &t->vars[b->members[m]];
+            (void)gvqAllReduceCompressed(x->grad, x->grad, x->info.count, gvqFloat32, t->op,
+                                         x->comp, t->comm, NULL); /* checked: the group's end */
+        }
+        res = gvqGroupEnd();
+        b->start = start;
+        b->end = now_s();
+        return res;
+    }
     if (j->bucket >= 0) {
         tbucket_t *b = &t->buckets[j->bucket];
         res = gvqAllReduce(b->buf, b->buf, b->count, gvqFloat32, t->op, t->comm, NULL);
@@ -533,7 +579,7 @@ static gvqResult_t issue(gvqTrainer_t t, int var, int bucket) {
         return gvqSystemError;
     }
     *j = (train_job_t){t, var, bucket};
-    if (bucket >= 0) { /* pack on the caller's thread: the members are all ready */
+    if (bucket >= 0 && !t->buckets[bucket].fused) { /* pack here: the members are all ready */
         tbucket_t *b = &t->buckets[bucket];
         for (int m = 0; m < b->nmembers; m++) {
             const tvar_t *x = &t->vars[b->members[m]];
@@ -555,6 +601,8 @@ static gvqResult_t issue(gvqTrainer_t t, int var, int bucket) {
 /* Issue variable id's aggregation, or its bucket's when it was the last member. */
 static gvqResult_t start_variable(gvqTrainer_t t, int id) {
     tvar_t *x = &t->vars[id];
+    if (x->fused >= 0 && !x->sfb_now)
+        return --t->buckets[x->fused].pending == 0 ? issue(t, -1, x->fused) : gvqSuccess;
     if (x->info.route != gvqRouteBucket || x->sfb_now) return issue(t, id, -1);
     tbucket_t *b = &t->buckets[x->info.bucket];
     return --b->pending == 0 ? issue(t, -1, x->info.bucket) : gvqSuccess;
@@ -654,8 +702,8 @@ static void end_step(gvqTrainer_t t) {
     for (int i = 0; i < t->nvars; i++) {
         tvar_t *x = &t->vars[i];
         if (x->grad != NULL) x->info.steps++;
-        if (x->info.route == gvqRouteBucket) {
-            const tbucket_t *b = &t->buckets[x->info.bucket];
+        if (x->info.route == gvqRouteBucket || x->fused >= 0) {
+            const tbucket_t *b = &t->buckets[x->fused >= 0 ? x->fused : x->info.bucket];
             x->info.startTime = b->start;
             x->info.endTime = b->end;
         }

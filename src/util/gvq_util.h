@@ -105,6 +105,9 @@ int gvq_thread_may_sleep(void);
     X(TRAIN_BUCKET_BYTES, "GVQ_TRAIN_BUCKET_BYTES", UINT, 262144, NULL,                        \
       "the training layer's default bucketBytes: plain tensors below it are fused into "       \
       "buckets of up to that size (0: no fusion)")                                             \
+    X(TRAIN_FUSE_TRACK, "GVQ_TRAIN_FUSE_TRACK", UINT, 1, NULL,                                 \
+      "1: the training layer aggregates its tracked-basis GradiVeQ tensors in one grouped "    \
+      "call (three rings a step) once the last is ready; 0: each when it is ready")            \
     X(PROGRESS_SLEEP_US, "GVQ_PROGRESS_SLEEP_US", UINT, 50, NULL,                              \
       "a host stream's progress thread waiting on the network sleeps this many microseconds "  \
       "between its rounds of polls, leaving the core to the caller's compute (0: it yields)")  \
