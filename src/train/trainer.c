@@ -393,8 +393,12 @@ static void log_routes(gvqTrainer_t t) {
  * are caught at commit rather than as a mismatch or a hang at the first step. */
 static uint64_t settings_hash(const gvqTrainer_t t) {
     uint64_t h = 0xcbf29ce484222325ull;
-    uint64_t cfg[7] = {t->bucket_bytes,  (uint64_t)t->wait_free,    (uint64_t)t->op,
-                       (uint64_t)t->sfb, (uint64_t)t->sparse_route, (uint64_t)t->tune_partitions,
+    uint64_t cfg[7] = {t->bucket_bytes,
+                       (uint64_t)t->wait_free,
+                       (uint64_t)t->op,
+                       (uint64_t)t->sfb,
+                       (uint64_t)t->sparse_route,
+                       (uint64_t)t->tune_partitions,
                        gvq_param(GVQ_PARAM_TRAIN_FUSE_TRACK)};
     h = fnv(h, cfg, sizeof cfg);
     h = fnv(h, &t->has_conv_cfg, sizeof t->has_conv_cfg);
@@ -464,10 +468,11 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
     }
     GVQCHECK(all_equal(t, settings_hash(t), &equal));
     if (!equal) {
-        GVQ_WARN("%s: the ranks registered the same variables but with different settings "
-                 "(bucketBytes %zu here, GVQ_TRAIN_BUCKET_BYTES, GVQ_TRAIN_FUSE_TRACK, waitFree, op, "
-                 "sfb, or a codec config)",
-                 fn, t->bucket_bytes);
+        GVQ_WARN(
+            "%s: the ranks registered the same variables but with different settings "
+            "(bucketBytes %zu here, GVQ_TRAIN_BUCKET_BYTES, GVQ_TRAIN_FUSE_TRACK, waitFree, op, "
+            "sfb, or a codec config)",
+            fn, t->bucket_bytes);
         return gvqInvalidArgument;
     }
     gvqResult_t res = route_all(t); /* the same on every rank unless memory runs out */
