@@ -3,7 +3,10 @@
  * and dense variables (QSGD on the convs, PowerSGD on the fc, the rest plain in buckets) for a
  * few steps with and without wait-free backprop. The plain variables must equal MPI_Allreduce's
  * average; every variable must be bitwise identical on every rank and bitwise the same with and
- * without wait-free backprop (the same calls in the same order).
+ * without wait-free backprop (the same calls in the same order). Then two conv variables with
+ * GradiVeQ's tracked basis (16-bit wire) beside a plain one: the layer aggregates them in one
+ * fused group (GVQ_TRAIN_FUSE_TRACK, default 1), whose results must be bitwise those of the same
+ * two calls made by hand inside gvqGroupStart/gvqGroupEnd on compressors of the same config.
  */
 #include <math.h>
 
@@ -83,6 +86,88 @@ static void run(gvqComm_t comm, int wait_free, float **out) {
     MT_OK(gvqTrainDestroy(t));
 }
 
+/* ---- tracked-basis variables, fused ------------------------------------------------------- */
+
+enum { NT = 3 };
+static const int track_shape[NT][4] = {{16, 8, 3, 3}, {32, 16, 3, 3}, {40, 0, 0, 0}};
+
+static size_t track_count(int v) {
+    return v == 2 ? 40 : (size_t)track_shape[v][0] * (size_t)track_shape[v][1] * 9;
+}
+
+static gvqCompressorConfig_t track_config(int v) {
+    gvqCompressorConfig_t cc = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cc.codec = gvqCodecGradiveq;
+    cc.basisUpdate = gvqBasisTrack;
+    cc.maxDims = 2;
+    cc.integerBits = 16;
+    cc.filters = track_shape[v][0];
+    cc.depth = track_shape[v][1];
+    cc.height = cc.width = 3;
+    return cc;
+}
+
+static void run_tracked(gvqComm_t comm) {
+    gvqTrainer_t t = NULL;
+    MT_OK(gvqTrainCreate(comm, NULL, &t));
+    gvqCompressorConfig_t cc[2] = {track_config(0), track_config(1)};
+    gvqCompressor_t hand[2];
+    int ids[NT];
+    for (int v = 0; v < NT; v++) {
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = v == 0 ? "conv1.w" : v == 1 ? "conv2.w" : "conv2.b";
+        var.kind = v < 2 ? gvqVarConv : gvqVarDense;
+        memcpy(var.shape, track_shape[v], sizeof var.shape);
+        if (v < 2) {
+            var.compressor = &cc[v];
+            MT_OK(gvqCompressorCreate(comm, track_count(v), &cc[v], &hand[v]));
+        }
+        MT_OK(gvqTrainAddVariable(t, &var, &ids[v]));
+    }
+    MT_OK(gvqTrainCommit(t));
+    float *g[NT], *h[2];
+    for (int v = 0; v < NT; v++)
+        g[v] = malloc(track_count(v) * sizeof(float));
+    for (int v = 0; v < 2; v++)
+        h[v] = malloc(track_count(v) * sizeof(float));
+    for (int step = 0; step < STEPS; step++) {
+        for (int v = NT - 1; v >= 0; v--) { /* backward order: the bias first */
+            for (size_t i = 0; i < track_count(v); i++)
+                g[v][i] = value(step, v + NV, i);
+            if (v < 2) memcpy(h[v], g[v], track_count(v) * sizeof(float));
+            MT_OK(gvqTrainGradReady(t, ids[v], g[v]));
+        }
+        MT_OK(gvqTrainWaitAll(t));
+        MT_OK(gvqGroupStart());
+        for (int v = 0; v < 2; v++) /* the layer's group: registration order */
+            MT_OK(gvqAllReduceCompressed(h[v], h[v], track_count(v), gvqFloat32, gvqAvg, hand[v],
+                                         comm, NULL));
+        MT_OK(gvqGroupEnd());
+        for (int v = 0; v < 2; v++) {
+            size_t n = track_count(v);
+            MT_CHECK(mt_identical(g[v], n * sizeof(float)),
+                     "step %d: tracked %d differs between "
+                     "ranks",
+                     step, v);
+            MT_CHECK(memcmp(g[v], h[v], n * sizeof(float)) == 0,
+                     "step %d: the layer's fused "
+                     "result of tracked variable %d is not the hand-made group's",
+                     step, v);
+        }
+    }
+    for (int v = 0; v < 2; v++) {
+        gvqTrainVariableInfo_t info;
+        MT_OK(gvqTrainGetVariableInfo(t, ids[v], &info));
+        MT_CHECK(info.route == gvqRouteCompressed && info.steps == STEPS,
+                 "tracked %d: route %d (%s), %lld steps", v, info.route, info.why, info.steps);
+        MT_OK(gvqCompressorDestroy(hand[v]));
+        free(h[v]);
+    }
+    for (int v = 0; v < NT; v++)
+        free(g[v]);
+    MT_OK(gvqTrainDestroy(t));
+}
+
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     gvqComm_t comm = mt_new_comm();
@@ -117,6 +202,8 @@ int main(int argc, char **argv) {
         free(seq[v]);
         free(ref[v]);
     }
+    mt_part("tracked basis, fused", 120);
+    run_tracked(comm);
     MT_OK(gvqCommDestroy(comm));
     return mt_finish("test_train_layer_mpi");
 }
