@@ -146,7 +146,9 @@ static gvqResult_t alloc_track(gvqCompressor_t c) {
     gvq_powersgd_init_q(c->ps_Q, L, d, (uint32_t)c->cfg.seed);
     gvq_powersgd_orthonormalize(c->ps_Q, L, d);
     c->track_plain = (2 * n + L) * d >= (size_t)c->cfg.count;
-    c->st.stats.ratio = c->track_plain ? 1.0 : (double)(n * L) / (double)((2 * n + L) * d);
+    double vbytes = c->cfg.int_bits ? c->cfg.int_bits / 8.0 : 4.0; /* a value on the wire */
+    c->st.stats.ratio =
+        c->track_plain ? 1.0 : 4.0 * (double)(n * L) / ((double)((2 * n + L) * d) * vbytes);
     if (c->track_plain)
         gvq_compressor_set_reason(c, "tracking d directions would send more than the tensor: "
                                      "sent uncompressed");
