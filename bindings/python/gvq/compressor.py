@@ -149,9 +149,11 @@ def allreduce_compressed(sendbuf: Any, recvbuf: Any, op: Op, compressor: Compres
                          comm: Communicator) -> Any:
     """Allreduce of float32 values through `compressor` (gvqAllReduceCompressed), op SUM or AVG.
     The result is the exact sum during warm-up and sampling with codec none, an approximation
-    otherwise, and bitwise identical on every rank. In place when recvbuf is sendbuf. Not allowed
-    inside a group. Returns recvbuf. Errors as gvq.allreduce, plus InvalidArgument for a count,
-    dtype or op the compressor was not made for, InvalidUsage inside a group."""
+    otherwise, and bitwise identical on every rank. In place when recvbuf is sendbuf. Inside
+    `with gvq.group():` the call is queued and runs at the block's end, the tracked-basis ones
+    (basis_update=gvq.Basis.TRACK) fused into one call of three rings; the buffers must stay
+    alive until then. Returns recvbuf. Errors as gvq.allreduce, plus InvalidArgument for a
+    count, dtype or op the compressor was not made for."""
     f = "gvq.allreduce_compressed"
     s = as_buffer(sendbuf, "sendbuf", f)
     r = as_buffer(recvbuf, "recvbuf", f, writable=True)
