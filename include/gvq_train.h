@@ -344,8 +344,29 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
 GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t pipe);
 
 /* The learning rate SpecTrain's prediction uses from the next step on (a schedule's current
- * rate). Local. Errors: gvqInvalidArgument (not a pipe, lr not finite). */
+ * rate). The layer's v is the damped average v <- gamma v + (1 - gamma) g, as in SpecTrain's
+ * paper, whose optimizer steps by lr v; an optimizer with heavy-ball momentum (u <- mu u + g,
+ * W <- W - lr u, as PyTorch's SGD) steps by lr u = lr / (1 - mu) v, so pass lr / (1 - mu). Local.
+ * Errors: gvqInvalidArgument (not a pipe, lr not finite). */
 GVQ_API gvqResult_t gvqPipeSetLearningRate(gvqPipe_t pipe, float lr);
+
+/* How far the weights a DualPipe or SpecTrain task ran on were from the weights this stage
+ * actually reached s updates later (s: the task's version distance, as SpecTrain's prediction
+ * uses it; SpecTrain's paper measures the same): the root-mean-square difference over the
+ * stage's weights, averaged over the tasks measured so far. */
+typedef struct {
+    long long steps;      /* gvqPipeStep calls that succeeded */
+    long long updates;    /* weight updates (update callbacks) so far */
+    long long samples;    /* tasks whose target version was reached and measured */
+    double rmseStale;     /* mean RMSE of the weights in place before any prediction (DualPipe
+                             runs on these) against the weights s updates later */
+    double rmsePredicted; /* the same for SpecTrain's W - s lr v (0 without SpecTrain) */
+    double rmsStep;       /* mean RMS of one update (the weights' change per update), for scale */
+} gvqPipeStats_t;
+
+/* This stage's statistics (local; the RMSE fields stay 0 for GPipe and PipeDream, whose tasks
+ * run on the weights of their own version). Errors: gvqInvalidArgument (not a pipe, NULL). */
+GVQ_API gvqResult_t gvqPipeGetStats(gvqPipe_t pipe, gvqPipeStats_t *stats);
 
 /* Frees the stage. Local. */
 GVQ_API gvqResult_t gvqPipeDestroy(gvqPipe_t pipe);

@@ -184,6 +184,28 @@ static gvqResult_t stage_backward(void *user, int m, const float *dout, float *d
  */
 
 /* Every stage sends its layers' parameters to every rank (for the evaluation). */
+/* GVQ_PIPE_RMSE=1 (DualPipe, SpecTrain): each stage's RMSE of the weights its tasks ran on
+ * against the weights reached s updates later, printed by the last stage of replica 0
+ * (world ranks r x S + k). */
+static void print_rmse(gvqPipe_t pipe, int S, int wrank, MPI_Comm comm, FILE *out) {
+    gvqPipeStats_t st;
+    double mine[4] = {0, 0, 0, 0}, *all = NULL;
+    if (gvqPipeGetStats(pipe, &st) == gvqSuccess)
+        mine[0] = (double)st.samples, mine[1] = st.rmseStale, mine[2] = st.rmsePredicted,
+        mine[3] = st.rmsStep;
+    int n = 0;
+    MPI_Comm_size(comm, &n);
+    if (wrank == S - 1) all = calloc((size_t)n * 4, sizeof(double));
+    MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, S - 1, comm);
+    for (int k = 0; all != NULL && out != NULL && k < S; k++)
+        if (all[4 * k] > 0)
+            fprintf(out,
+                    "# stage %d weights: RMSE against the weights s updates later: stale %.4g, "
+                    "predicted %.4g (one update moves them %.4g RMS; %.0f tasks)\n",
+                    k, all[4 * k + 1], all[4 * k + 2], all[4 * k + 3], all[4 * k]);
+    free(all);
+}
+
 static void share_parameters(net_t *net, const int *first, int S, MPI_Comm comm) {
     for (int k = 0; k < S; k++)
         for (int i = first[k]; i < first[k + 1]; i++) {
@@ -388,8 +410,11 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         st.lr = o->cosine ? o->lr * 0.5 *
                                 (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
                           : o->lr;
-        gr = gvqPipeSetLearningRate(pipe, (float)st.lr); /* SpecTrain's prediction */
-        if (gr == gvqSuccess) gr = gvqPipeStep(pipe);    /* all but GPipe update inside it */
+        /* SpecTrain's prediction: the layer's v is the (1 - gamma)-damped average of the
+         * gradients, this SGD's velocity the undamped one (v' = mu v' + g), so a step moves the
+         * weights lr v' = lr / (1 - mu) v: the rate the prediction needs */
+        gr = gvqPipeSetLearningRate(pipe, (float)(st.lr / (st.mu < 1 ? 1.0 - st.mu : 1.0)));
+        if (gr == gvqSuccess) gr = gvqPipeStep(pipe); /* all but GPipe update inside it */
         if (gr == gvqSuccess && o->pipe_schedule == 0) gr = stage_apply(&st);
         if (gr != gvqSuccess) {
             fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", wrank, gvqGetErrorString(gr));
@@ -452,6 +477,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                 step, train_s, 1000.0 * train_s / (double)(step > 0 ? step : 1),
                 (double)batch * (double)step / (train_s > 0 ? train_s : 1), test_acc,
                 res->time_to_stop >= 0 ? "; time to the target accuracy: reached" : "");
+    print_rmse(pipe, S, wrank, comm, o->quiet ? NULL : out);
     res->iters = step;
     res->test_acc = test_acc;
     res->train_s = train_s;

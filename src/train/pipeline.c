@@ -50,9 +50,20 @@ struct gvqPipe {
     float **gptr;
     float *v;
     float gamma, lr;
+    /* DualPipe and SpecTrain: tasks waiting for the weights of their target version */
+    struct pipe_rec {
+        long long target; /* the update count whose weights it is compared with; 0: free */
+        float *stale, *pred;
+    } * recs;
+    int nrecs;
+    float *prev; /* the weights before the last update */
+    long long updates, samples, steps_rms;
+    double sum_stale, sum_pred, sum_step;
 };
 
 static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
+
+static void copy_weights(gvqPipe_t p, float *buf, int to_ranges);
 
 enum { R_REFUSED, R_MICRO, R_SCHEDULE, R_IN, R_OUT, R_N };
 
@@ -151,7 +162,34 @@ static void pipe_free(gvqPipe_t p) {
     free(p->in), free(p->out), free(p->din), free(p->dout);
     free(p->wptr), free(p->wlen), free(p->stash), free(p->current);
     free(p->gptr), free(p->v);
+    for (int i = 0; p->recs != NULL && i < p->nrecs; i++)
+        free(p->recs[i].stale);
+    free(p->recs), free(p->prev);
     free(p);
+}
+
+/* GVQ_PIPE_RMSE=1 with DualPipe or SpecTrain: room for the tasks in flight between a version and
+ * its target (at most two a micro-batch over 2S updates), each with its weights (and prediction),
+ * and the weights before the last update. */
+static gvqResult_t alloc_records(gvqPipe_t p) {
+    if ((p->schedule != gvqPipeDualpipe && p->schedule != gvqPipeSpectrain) ||
+        !gvq_param(GVQ_PARAM_PIPE_RMSE))
+        return gvqSuccess;
+    p->nrecs = 4 * p->nstages + 4;
+    size_t per = p->schedule == gvqPipeSpectrain ? 2 : 1;
+    p->recs = calloc((size_t)p->nrecs, sizeof *p->recs);
+    p->prev = malloc(sizeof(float) * (p->wtotal + 1));
+    if (p->recs == NULL || p->prev == NULL) goto oom;
+    for (int i = 0; i < p->nrecs; i++) {
+        if ((p->recs[i].stale = malloc(sizeof(float) * (p->wtotal * per + 1))) == NULL) goto oom;
+        p->recs[i].pred = p->recs[i].stale + p->wtotal;
+    }
+    copy_weights(p, p->prev, 0);
+    return gvqSuccess;
+oom:
+    GVQ_WARN("gvqPipeCreate: GVQ_PIPE_RMSE: cannot keep %d weight copies of %zu floats", p->nrecs,
+             p->wtotal);
+    return gvqSystemError;
 }
 
 /* PipeDream's weights: the range list (the caller's arrays may be temporaries) and room for
@@ -190,7 +228,7 @@ static gvqResult_t alloc_versions(gvqPipe_t p, const gvqPipeConfig_t *c) {
                  p->wtotal);
         return gvqSystemError;
     }
-    return gvqSuccess;
+    return alloc_records(p);
 }
 
 /* in/out for every micro-batch, and one din/dout reused by the backward pass. */
@@ -383,9 +421,58 @@ static void smooth_gradient(gvqPipe_t p) {
             p->v[at] = p->gamma * p->v[at] + (1.0f - p->gamma) * p->gptr[r][i];
 }
 
+/* ---- the RMSE of stale and predicted weights (gvqPipeGetStats) ------------------------------ */
+
+static double rms_diff(const float *a, const float *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return n ? sqrt(s / (double)n) : 0;
+}
+
+/* A task at version distance s: p->current holds the weights in place before any prediction,
+ * the ranges what the task runs on. Kept until the stage has made s more updates (a task whose
+ * slot is not free is not measured). */
+static void record_task(gvqPipe_t p, int s) {
+    for (int i = 0; i < p->nrecs && s > 0; i++) {
+        struct pipe_rec *r = &p->recs[i];
+        if (r->target != 0) continue;
+        r->target = p->updates + s;
+        memcpy(r->stale, p->current, sizeof(float) * p->wtotal);
+        if (p->schedule == gvqPipeSpectrain) copy_weights(p, r->pred, 0);
+        return;
+    }
+}
+
+/* After an update: the tasks whose target it was, compared with the weights now. */
+static void measure_tasks(gvqPipe_t p) {
+    float *now = p->current; /* the ranges hold the new weights; current is free here */
+    copy_weights(p, now, 0);
+    p->sum_step += rms_diff(now, p->prev, p->wtotal);
+    p->steps_rms++;
+    memcpy(p->prev, now, sizeof(float) * p->wtotal);
+    for (int i = 0; i < p->nrecs; i++) {
+        struct pipe_rec *r = &p->recs[i];
+        if (r->target != p->updates) continue;
+        p->sum_stale += rms_diff(r->stale, now, p->wtotal);
+        if (p->schedule == gvqPipeSpectrain) p->sum_pred += rms_diff(r->pred, now, p->wtotal);
+        p->samples++;
+        r->target = 0;
+    }
+}
+
+static gvqResult_t pd_update(gvqPipe_t p, int m) {
+    GVQCHECK(p->update(p->user, m));
+    p->updates++;
+    if (p->recs != NULL) measure_tasks(p);
+    return gvqSuccess;
+}
+
 static gvqResult_t pd_forward(gvqPipe_t p, int m) {
     if (p->schedule == gvqPipePipedream) copy_weights(p, version_of(p, m), 0);
     if (p->schedule == gvqPipeSpectrain) predict(p, 2 * p->nstages - p->stage - 2);
+    if (p->schedule == gvqPipeDualpipe && p->recs != NULL) copy_weights(p, p->current, 0);
+    if (p->recs != NULL) record_task(p, 2 * p->nstages - p->stage - 2);
     gvqResult_t res = p->forward(p->user, m, in_of(p, m), out_of(p, m));
     if (p->schedule == gvqPipeSpectrain) copy_weights(p, p->current, 1);
     return res;
@@ -397,11 +484,13 @@ static gvqResult_t pd_backward(gvqPipe_t p, int m) {
         copy_weights(p, version_of(p, m), 1);
     }
     if (p->schedule == gvqPipeSpectrain) predict(p, p->stage);
+    if (p->schedule == gvqPipeDualpipe && p->recs != NULL) copy_weights(p, p->current, 0);
+    if (p->recs != NULL) record_task(p, p->stage);
     gvqResult_t res = p->backward(p->user, m, p->dout, p->din);
     if (p->schedule != gvqPipeDualpipe) copy_weights(p, p->current, 1);
     if (res != gvqSuccess) return res;
     if (p->schedule == gvqPipeSpectrain) smooth_gradient(p);
-    return p->update(p->user, m);
+    return pd_update(p, m);
 }
 
 static gvqResult_t pipedream_step(gvqPipe_t p) {
@@ -459,6 +548,19 @@ GVQ_API gvqResult_t gvqPipeSetLearningRate(gvqPipe_t p, float lr) {
         return gvqInvalidArgument;
     }
     p->lr = lr;
+    return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqPipeGetStats(gvqPipe_t p, gvqPipeStats_t *stats) {
+    GVQCHECK(pipe_check("gvqPipeGetStats", p));
+    if (stats == NULL) {
+        GVQ_WARN("gvqPipeGetStats: stats is NULL");
+        return gvqInvalidArgument;
+    }
+    double n = p->samples ? (double)p->samples : 1;
+    *stats = (gvqPipeStats_t){
+        p->steps,         p->updates,      p->samples,
+        p->sum_stale / n, p->sum_pred / n, p->steps_rms ? p->sum_step / (double)p->steps_rms : 0};
     return gvqSuccess;
 }
 

@@ -11,6 +11,10 @@
  *                 weights (the prediction computed by hand here); every stage's weights equal
  *                 bitwise those of an in-process reference that runs each stage's operations in
  *                 the schedule's order
+ *                 gvqPipeGetStats: with GVQ_PIPE_RMSE=1 (ctest's mpi_pipeline_rmse_*) the RMSE of
+ *                 each DualPipe/SpecTrain task's weights (stale, and predicted) against the
+ *                 weights its stage reached s updates later equals the one computed here from
+ *                 the callbacks' own record of the weights; without it, no samples
  *   2 refusals    on every stage alike: stage k's outCount not stage k+1's inCount, an input on
  *                 stage 0, microBatches differing between stages, one stage's own refusal (a
  *                 reserved schedule, a NULL config); a NULL pipe to gvqPipeStep; on one stage, a
@@ -153,10 +157,45 @@ static void reference_step(mlp_t *n, int step) {
 typedef struct {
     mlp_t net;
     int l0, l1, step;
+    int track; /* part 3: record the tasks' weights (rt) */
 } stage_t;
+
+/* Part 3's record for the RMSE check: the weights after every update, and every task's weights
+ * (in place when it ran) with its version distance s and the update count it ran at. */
+enum { RT_W = 8 * 8 * NL + 8 * NL, RT_TASKS = 2 * STEPS * MB };
+static struct {
+    int s_fwd, s_bwd;
+    long long updates;
+    float hist[STEPS * MB + 1][RT_W];
+    struct {
+        long long at;
+        int s;
+        float w[RT_W];
+    } task[RT_TASKS];
+    int ntask;
+} rt;
+
+/* The stage's weights in the order of its weight ranges (each layer's w, then b). */
+static void stage_weights(const stage_t *s, float *buf) {
+    size_t at = 0;
+    for (int l = s->l0; l < s->l1; l++) {
+        size_t nw = (size_t)width[l + 1] * (size_t)width[l];
+        memcpy(buf + at, s->net.w[l], sizeof(float) * nw);
+        memcpy(buf + at + nw, s->net.b[l], sizeof(float) * (size_t)width[l + 1]);
+        at += nw + (size_t)width[l + 1];
+    }
+}
+
+static void rt_task(const stage_t *s, int dist) {
+    if (!s->track || rt.ntask >= RT_TASKS) return;
+    rt.task[rt.ntask].at = rt.updates;
+    rt.task[rt.ntask].s = dist;
+    stage_weights(s, rt.task[rt.ntask++].w);
+}
 
 static gvqResult_t stage_forward(void *user, int m, const float *in, float *out) {
     stage_t *s = user;
+    rt_task(s, rt.s_fwd);
     if (in == NULL)
         input_of(s->step, m, s->net.act[m][0]);
     else
@@ -169,6 +208,7 @@ static gvqResult_t stage_forward(void *user, int m, const float *in, float *out)
 
 static gvqResult_t stage_backward(void *user, int m, const float *dout, float *din) {
     stage_t *s = user;
+    rt_task(s, rt.s_bwd);
     float dy[ROWS * 8], dx[ROWS * 8];
     if (dout == NULL)
         loss_grad(s->step, m, s->net.act[m][NL], dy);
@@ -196,7 +236,7 @@ static void part_gpipe(void) {
     gvqComm_t comm = mt_new_comm();
     int S = mt.nranks, k = mt.rank;
     MT_CHECK(S <= NL, "this test cuts %d layers into at most %d stages", NL, NL);
-    stage_t st;
+    stage_t st = {0};
     mlp_init(&st.net);
     st.l0 = k * NL / S;
     st.l1 = (k + 1) * NL / S;
@@ -312,7 +352,50 @@ static gvqResult_t stage_update(void *user, int m) {
     stage_t *s = user;
     (void)m;
     sgd(&s->net, s->l0, s->l1);
+    if (s->track && rt.updates < STEPS * MB) stage_weights(s, rt.hist[++rt.updates]);
     return gvqSuccess;
+}
+
+static double rt_rms(const float *a, const float *b, size_t n) {
+    double e = 0;
+    for (size_t i = 0; i < n; i++)
+        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return sqrt(e / (double)n);
+}
+
+/* gvqPipeGetStats against the record: the tasks with s > 0 whose target was reached. */
+static void rt_check(gvqPipe_t p, const stage_t *st, int schedule) {
+    gvqPipeStats_t ps;
+    MT_OK(gvqPipeGetStats(p, &ps));
+    MT_EXPECT_RES(gvqPipeGetStats(p, NULL), gvqInvalidArgument);
+    MT_CHECK(ps.steps == STEPS && ps.updates == STEPS * MB, "steps %lld updates %lld", ps.steps,
+             ps.updates);
+    const char *env = getenv("GVQ_PIPE_RMSE");
+    if (env == NULL || strcmp(env, "1") != 0 || schedule == gvqPipePipedream) {
+        MT_CHECK(ps.samples == 0 && ps.rmseStale == 0, "no measurement asked, but %lld samples",
+                 ps.samples);
+        return;
+    }
+    size_t n = 0;
+    for (int l = st->l0; l < st->l1; l++)
+        n += (size_t)width[l + 1] * (size_t)width[l] + (size_t)width[l + 1];
+    long long cnt = 0;
+    double stale = 0, pred = 0;
+    for (int i = 0; i < rt.ntask; i++) {
+        long long to = rt.task[i].at + rt.task[i].s;
+        if (rt.task[i].s <= 0 || to > rt.updates) continue;
+        stale += rt_rms(rt.hist[rt.task[i].at], rt.hist[to], n);
+        pred += rt_rms(rt.task[i].w, rt.hist[to], n);
+        cnt++;
+    }
+    if (cnt > 0) stale /= (double)cnt, pred /= (double)cnt;
+    if (schedule != gvqPipeSpectrain) pred = 0;
+    MT_CHECK(ps.samples == cnt && fabs(ps.rmseStale - stale) <= 1e-6 * stale + 1e-12 &&
+                 fabs(ps.rmsePredicted - pred) <= 1e-6 * pred + 1e-12,
+             "stage %d: stats %lld samples, RMSE stale %.9g predicted %.9g; recorded %lld, %.9g, "
+             "%.9g",
+             mt.rank, ps.samples, ps.rmseStale, ps.rmsePredicted, cnt, stale, pred);
+    MT_CHECK(cnt > 0 || mt.nranks == 1, "stage %d: no task measured", mt.rank);
 }
 
 /* Stage k's operations: +m+1 a forward of micro-batch m, -(m+1) its backward. */
@@ -424,7 +507,7 @@ static void part_pipedream(int schedule) {
     memset(ref_v, 0, sizeof ref_v);
     gvqComm_t comm = mt_new_comm();
     int S = mt.nranks, k = mt.rank;
-    stage_t st, ref[NL];
+    stage_t st = {0}, ref[NL] = {0};
     mlp_init(&st.net);
     st.l0 = k * NL / S;
     st.l1 = (k + 1) * NL / S;
@@ -437,6 +520,11 @@ static void part_pipedream(int schedule) {
         gp[nr] = st.net.gb[l], wp[nr] = st.net.b[l], wc[nr++] = (size_t)width[l + 1];
     }
     gvqPipeConfig_t cfg = stage_config(st.l0, st.l1);
+    memset(&rt, 0, sizeof rt);
+    st.track = 1;
+    rt.s_fwd = 2 * S - k - 2; /* SpecTrain's version distances (include/gvq_train.h) */
+    rt.s_bwd = k;
+    stage_weights(&st, rt.hist[0]);
     cfg.schedule = schedule;
     cfg.gradients = gp;
     cfg.weightRanges = nr;
@@ -465,6 +553,7 @@ static void part_pipedream(int schedule) {
                 k, l);
         }
     }
+    rt_check(p, &st, schedule);
     MT_OK(gvqPipeDestroy(p));
     cfg.update = NULL; /* refused: these schedules need the update */
     expect_refused(comm, &cfg, "a schedule with updates, without update");
