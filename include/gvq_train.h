@@ -284,6 +284,17 @@ typedef enum {
 
 #define GVQ_PIPE_CONFIG_MAGIC 0x6776714cu /* 'gvqL' */
 
+/* SpecTrain's version distance s (the weights are predicted s updates ahead). */
+typedef enum {
+    gvqPredictPaper = 0,   /* the paper's (ALGORITHMS.md section 6): forward at stage k of N
+                              s = 2N - k - 2, backward s = k: the version at the end of the
+                              round trip of a pipeline that never flushes */
+    gvqPredictSchedule = 1 /* this layer's schedule, which flushes every step: the forward of
+                              micro-batch m at stage k predicts the weights its own backward
+                              will run on, s = min(m, w) updates ahead (w = min(N - k - 1, M)
+                              forwards in flight), the backward runs on the current weights */
+} gvqPipePredictDistance_t;
+
 /* Versioned pipeline configuration of this rank's stage (GVQ_PIPE_CONFIG_INITIALIZER). */
 typedef struct {
     size_t size;
@@ -307,12 +318,13 @@ typedef struct {
      * v <- gamma v + (1 - gamma) g [0.9]; the learning rate comes from gvqPipeSetLearningRate */
     float *const *gradients;
     float smoothing;
+    int predictDistance; /* gvqPipePredictDistance_t: SpecTrain's s [gvqPredictPaper] */
 } gvqPipeConfig_t;
 
-#define GVQ_PIPE_CONFIG_INITIALIZER                                                        \
-    {                                                                                      \
-        sizeof(gvqPipeConfig_t), GVQ_PIPE_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
-            GVQ_CONFIG_UNDEF_INT, 0, 0, 0, NULL, NULL, NULL, NULL, -1.0f                   \
+#define GVQ_PIPE_CONFIG_INITIALIZER                                                            \
+    {                                                                                          \
+        sizeof(gvqPipeConfig_t), GVQ_PIPE_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,     \
+            GVQ_CONFIG_UNDEF_INT, 0, 0, 0, NULL, NULL, NULL, NULL, -1.0f, GVQ_CONFIG_UNDEF_INT \
     }
 
 /* A stage's work on micro-batch `micro` (0 .. M-1). forward: in (inCount floats; NULL on stage 0,

@@ -99,6 +99,9 @@ static void usage(FILE *f) {
         "                        step), pipedream (1F1B, an update after every micro-batch,\n"
         "                        weight stashing), dualpipe (the same on stale weights) or\n"
         "                        spectrain (dualpipe on SpecTrain's predicted weights)\n"
+        "  --predict-distance D  SpecTrain's s: paper (forward 2N-k-2, backward k; default)\n"
+        "                        or schedule (to the micro-batch's own backward, which this\n"
+        "                        flushed schedule runs min(m, N-k-1) updates later)\n"
         "  --basis fit|track     GradiVeQ's basis: fitted from sampling phases (the paper, the\n"
         "                        default) or tracked on every call (--max-dims d, default 4)\n"
         "  --int-bits B          0, 8 or 16: integer-summed wire for GradiVeQ and QSGD (0: "
@@ -235,6 +238,7 @@ enum {
     OPT_BASIS,
     OPT_STAGES,
     OPT_SCHEDULE,
+    OPT_PREDICT_DISTANCE,
     OPT_MICRO,
     OPT_INT_BITS,
     OPT_EF_BOUND,
@@ -300,6 +304,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"basis", required_argument, NULL, OPT_BASIS},
         {"stages", required_argument, NULL, OPT_STAGES},
         {"schedule", required_argument, NULL, OPT_SCHEDULE},
+        {"predict-distance", required_argument, NULL, OPT_PREDICT_DISTANCE},
         {"micro-batches", required_argument, NULL, OPT_MICRO},
         {"int-bits", required_argument, NULL, OPT_INT_BITS},
         {"ef-bound", required_argument, NULL, OPT_EF_BOUND},
@@ -362,6 +367,12 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             if (o->pipe_schedule < 0) what = "--schedule (gpipe, pipedream, dualpipe, spectrain)";
             break;
         }
+        case OPT_PREDICT_DISTANCE: /* gvqPipePredictDistance_t's order */
+            o->predict_distance = strcmp(optarg, "paper") == 0      ? 0
+                                  : strcmp(optarg, "schedule") == 0 ? 1
+                                                                    : -1;
+            if (o->predict_distance < 0) what = "--predict-distance (paper, schedule)";
+            break;
         case OPT_MICRO:
             if (parse_int(optarg, 1, 1 << 16, &o->micro_batches)) what = "--micro-batches (>= 1)";
             break;

@@ -352,6 +352,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     pc.microBatches = M;
     static const char *const names[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
     pc.schedule = o->pipe_schedule; /* gvqPipeSchedule_t's order */
+    pc.predictDistance = o->predict_distance;
     const char *sched = names[o->pipe_schedule];
     pc.weightRanges = nw;
     pc.weights = wptr;

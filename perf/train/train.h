@@ -61,14 +61,15 @@ typedef struct {
     int wire_fp16, error_feedback, max_dims;
     int sample_slices; /* TRAIN_UNSET: the library default */
     double eps;
-    double vote;       /* GradiVeQ early-exit threshold (0: the library's, = eps) */
-    int power_rank;    /* PowerSGD's r (TRAIN_UNSET: the library's) */
-    int basis_track;   /* GradiVeQ's basis: 1 tracked (gvqBasisTrack), 0 fitted (the paper) */
-    int stages;        /* pipeline stages (0: data parallel; S: R x S ranks, pipe.c) */
-    int micro_batches; /* micro-batches per step of the pipeline (0: 4) */
-    int pipe_schedule; /* gvqPipeSchedule_t: 0 gpipe, 1 pipedream, 2 dualpipe, 3 spectrain */
-    int integer_bits;  /* integer-summed wire, 0, 8 or 16 (TRAIN_UNSET: the library's) */
-    double ef_bound;   /* error-feedback residual clip (< 0: the library's) */
+    double vote;          /* GradiVeQ early-exit threshold (0: the library's, = eps) */
+    int power_rank;       /* PowerSGD's r (TRAIN_UNSET: the library's) */
+    int basis_track;      /* GradiVeQ's basis: 1 tracked (gvqBasisTrack), 0 fitted (the paper) */
+    int stages;           /* pipeline stages (0: data parallel; S: R x S ranks, pipe.c) */
+    int micro_batches;    /* micro-batches per step of the pipeline (0: 4) */
+    int pipe_schedule;    /* gvqPipeSchedule_t: 0 gpipe, 1 pipedream, 2 dualpipe, 3 spectrain */
+    int predict_distance; /* gvqPipePredictDistance_t */
+    int integer_bits;     /* integer-summed wire, 0, 8 or 16 (TRAIN_UNSET: the library's) */
+    double ef_bound;      /* error-feedback residual clip (< 0: the library's) */
     /* what the user sees */
     int print_every; /* progress line every N steps (and a CSV row) */
     int eval_every;  /* test accuracy every N steps (a multiple of print_every; 0: at the end) */

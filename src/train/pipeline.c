@@ -50,6 +50,7 @@ struct gvqPipe {
     float **gptr;
     float *v;
     float gamma, lr;
+    int predict_distance; /* gvqPipePredictDistance_t */
     /* DualPipe and SpecTrain: tasks waiting for the weights of their target version */
     struct pipe_rec {
         long long target; /* the update count whose weights it is compared with; 0: free */
@@ -91,6 +92,12 @@ static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqPipeForwardFn_t fwd,
         GVQ_WARN("%s: gvqPipeSpectrain needs the gradient ranges and a smoothing in [0, 1) "
                  "(gradients %p, smoothing %g)",
                  fn, (const void *)c->gradients, (double)c->smoothing);
+        return gvqInvalidArgument;
+    }
+    if (c->predictDistance != GVQ_CONFIG_UNDEF_INT && c->predictDistance != gvqPredictPaper &&
+        c->predictDistance != gvqPredictSchedule) {
+        GVQ_WARN("%s: predictDistance %d is not a gvqPipePredictDistance_t", fn,
+                 c->predictDistance);
         return gvqInvalidArgument;
     }
     if (*schedule != gvqPipeGpipe &&
@@ -212,6 +219,8 @@ static gvqResult_t alloc_versions(gvqPipe_t p, const gvqPipeConfig_t *c) {
                  p->wtotal);
         return gvqInvalidArgument;
     }
+    p->predict_distance = /* SpecTrain's, and DualPipe's measured distances (GVQ_PIPE_RMSE) */
+        c->predictDistance == GVQ_CONFIG_UNDEF_INT ? gvqPredictPaper : c->predictDistance;
     if (p->schedule == gvqPipeSpectrain) {
         p->gamma = c->smoothing == -1.0f ? 0.9f : c->smoothing;
         p->gptr = calloc((size_t)p->nw + 1, sizeof *p->gptr);
@@ -468,11 +477,19 @@ static gvqResult_t pd_update(gvqPipe_t p, int m) {
     return gvqSuccess;
 }
 
+/* SpecTrain's version distance of micro-batch m's forward (fwd) or backward at this stage. */
+static int distance(const gvqPipe_t p, int m, int fwd) {
+    int S = p->nstages, k = p->stage;
+    if (p->predict_distance == gvqPredictPaper) return fwd ? 2 * S - k - 2 : k;
+    int w = S - k - 1 < p->micro ? S - k - 1 : p->micro;
+    return fwd ? (m < w ? m : w) : 0;
+}
+
 static gvqResult_t pd_forward(gvqPipe_t p, int m) {
     if (p->schedule == gvqPipePipedream) copy_weights(p, version_of(p, m), 0);
-    if (p->schedule == gvqPipeSpectrain) predict(p, 2 * p->nstages - p->stage - 2);
+    if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, m, 1));
     if (p->schedule == gvqPipeDualpipe && p->recs != NULL) copy_weights(p, p->current, 0);
-    if (p->recs != NULL) record_task(p, 2 * p->nstages - p->stage - 2);
+    if (p->recs != NULL) record_task(p, distance(p, m, 1));
     gvqResult_t res = p->forward(p->user, m, in_of(p, m), out_of(p, m));
     if (p->schedule == gvqPipeSpectrain) copy_weights(p, p->current, 1);
     return res;
@@ -483,9 +500,9 @@ static gvqResult_t pd_backward(gvqPipe_t p, int m) {
         copy_weights(p, p->current, 0);
         copy_weights(p, version_of(p, m), 1);
     }
-    if (p->schedule == gvqPipeSpectrain) predict(p, p->stage);
+    if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, m, 0));
     if (p->schedule == gvqPipeDualpipe && p->recs != NULL) copy_weights(p, p->current, 0);
-    if (p->recs != NULL) record_task(p, p->stage);
+    if (p->recs != NULL) record_task(p, distance(p, m, 0));
     gvqResult_t res = p->backward(p->user, m, p->dout, p->din);
     if (p->schedule != gvqPipeDualpipe) copy_weights(p, p->current, 1);
     if (res != gvqSuccess) return res;

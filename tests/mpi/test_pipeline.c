@@ -164,7 +164,7 @@ typedef struct {
  * (in place when it ran) with its version distance s and the update count it ran at. */
 enum { RT_W = 8 * 8 * NL + 8 * NL, RT_TASKS = 2 * STEPS * MB };
 static struct {
-    int s_fwd, s_bwd;
+    int k, S, mode; /* the stage, the stage count, gvqPipePredictDistance_t */
     long long updates;
     float hist[STEPS * MB + 1][RT_W];
     struct {
@@ -186,6 +186,14 @@ static void stage_weights(const stage_t *s, float *buf) {
     }
 }
 
+/* SpecTrain's version distance of micro-batch m's forward (fwd) or backward at stage k of S
+ * (include/gvq_train.h's gvqPipePredictDistance_t). */
+static int ref_distance(int mode, int k, int S, int m, int fwd) {
+    if (mode == gvqPredictPaper) return fwd ? 2 * S - k - 2 : k;
+    int w = S - k - 1 < MB ? S - k - 1 : MB;
+    return fwd ? (m < w ? m : w) : 0;
+}
+
 static void rt_task(const stage_t *s, int dist) {
     if (!s->track || rt.ntask >= RT_TASKS) return;
     rt.task[rt.ntask].at = rt.updates;
@@ -195,7 +203,7 @@ static void rt_task(const stage_t *s, int dist) {
 
 static gvqResult_t stage_forward(void *user, int m, const float *in, float *out) {
     stage_t *s = user;
-    rt_task(s, rt.s_fwd);
+    rt_task(s, ref_distance(rt.mode, rt.k, rt.S, m, 1));
     if (in == NULL)
         input_of(s->step, m, s->net.act[m][0]);
     else
@@ -208,7 +216,7 @@ static gvqResult_t stage_forward(void *user, int m, const float *in, float *out)
 
 static gvqResult_t stage_backward(void *user, int m, const float *dout, float *din) {
     stage_t *s = user;
-    rt_task(s, rt.s_bwd);
+    rt_task(s, ref_distance(rt.mode, rt.k, rt.S, m, 0));
     float dy[ROWS * 8], dx[ROWS * 8];
     if (dout == NULL)
         loss_grad(s->step, m, s->net.act[m][NL], dy);
@@ -395,7 +403,8 @@ static void rt_check(gvqPipe_t p, const stage_t *st, int schedule) {
              "stage %d: stats %lld samples, RMSE stale %.9g predicted %.9g; recorded %lld, %.9g, "
              "%.9g",
              mt.rank, ps.samples, ps.rmseStale, ps.rmsePredicted, cnt, stale, pred);
-    MT_CHECK(cnt > 0 || mt.nranks == 1, "stage %d: no task measured", mt.rank);
+    int some = rt.mode == gvqPredictPaper ? mt.nranks > 1 : rt.k < rt.S - 1; /* a distance > 0 */
+    MT_CHECK(cnt > 0 || !some, "stage %d: no task measured", mt.rank);
 }
 
 /* Stage k's operations: +m+1 a forward of micro-batch m, -(m+1) its backward. */
@@ -452,7 +461,7 @@ static float ref_v[NL][MAXW]; /* SpecTrain's smoothed gradients of the reference
 
 /* schedule: gvqPipePipedream (stashed versions), Dualpipe (current weights) or Spectrain
  * (predicted weights). */
-static void reference_pipedream(stage_t *st, int S, int step, int schedule) {
+static void reference_pipedream(stage_t *st, int S, int step, int schedule, int mode) {
     static float stash[NL][MB][MAXW], cur[MAXW], fwd[NL][MB][ROWS * 8], bwd[NL][MB][ROWS * 8];
     int ops[NL][2 * MB], pos[NL] = {0}, fdone[NL][MB] = {{0}}, bdone[NL][MB] = {{0}},
                          left = 2 * MB * S;
@@ -470,7 +479,8 @@ static void reference_pipedream(stage_t *st, int S, int step, int schedule) {
                     weights_copy(&s->net, s->l0, s->l1,
                                  schedule == gvqPipeSpectrain ? cur : stash[k][m], 0);
                     if (schedule == gvqPipeSpectrain)
-                        predict_by_hand(&s->net, s->l0, s->l1, ref_v[k], 2 * S - k - 2);
+                        predict_by_hand(&s->net, s->l0, s->l1, ref_v[k],
+                                        ref_distance(mode, k, S, m, 1));
                     stage_forward(s, m, k > 0 ? fwd[k - 1][m] : NULL, k < S - 1 ? fwd[k][m] : NULL);
                     if (schedule == gvqPipeSpectrain) weights_copy(&s->net, s->l0, s->l1, cur, 1);
                     fdone[k][m] = 1;
@@ -479,7 +489,8 @@ static void reference_pipedream(stage_t *st, int S, int step, int schedule) {
                     if (schedule == gvqPipePipedream)
                         weights_copy(&s->net, s->l0, s->l1, stash[k][m], 1);
                     if (schedule == gvqPipeSpectrain)
-                        predict_by_hand(&s->net, s->l0, s->l1, ref_v[k], k);
+                        predict_by_hand(&s->net, s->l0, s->l1, ref_v[k],
+                                        ref_distance(mode, k, S, m, 0));
                     stage_backward(s, m, k < S - 1 ? bwd[k + 1][m] : NULL,
                                    k > 0 ? bwd[k][m] : NULL);
                     weights_copy(&s->net, s->l0, s->l1, cur, 1);
@@ -499,11 +510,11 @@ static void reference_pipedream(stage_t *st, int S, int step, int schedule) {
     }
 }
 
-static void part_pipedream(int schedule) {
+static void part_pipedream(int schedule, int mode) {
     static const char *const name[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
     if (mt.rank == 0)
-        printf("-- 3 %s on %d stages, against an in-process reference\n", name[schedule],
-               mt.nranks);
+        printf("-- 3 %s on %d stages (%s distances), against an in-process reference\n",
+               name[schedule], mt.nranks, mode == gvqPredictPaper ? "paper" : "schedule");
     memset(ref_v, 0, sizeof ref_v);
     gvqComm_t comm = mt_new_comm();
     int S = mt.nranks, k = mt.rank;
@@ -522,10 +533,10 @@ static void part_pipedream(int schedule) {
     gvqPipeConfig_t cfg = stage_config(st.l0, st.l1);
     memset(&rt, 0, sizeof rt);
     st.track = 1;
-    rt.s_fwd = 2 * S - k - 2; /* SpecTrain's version distances (include/gvq_train.h) */
-    rt.s_bwd = k;
+    rt.k = k, rt.S = S, rt.mode = mode;
     stage_weights(&st, rt.hist[0]);
     cfg.schedule = schedule;
+    cfg.predictDistance = mode;
     cfg.gradients = gp;
     cfg.weightRanges = nr;
     cfg.weights = wp;
@@ -543,7 +554,7 @@ static void part_pipedream(int schedule) {
     for (int step = 0; step < STEPS; step++) {
         st.step = step;
         MT_OK(gvqPipeStep(p));
-        reference_pipedream(ref, S, step, schedule);
+        reference_pipedream(ref, S, step, schedule, mode);
         for (int l = st.l0; l < st.l1; l++) {
             size_t nw = (size_t)width[l + 1] * (size_t)width[l];
             MT_CHECK(
@@ -561,6 +572,9 @@ static void part_pipedream(int schedule) {
         cfg.update = stage_update;
         cfg.smoothing = 1.0f; /* outside [0, 1) */
         expect_refused(comm, &cfg, "spectrain with smoothing 1");
+        cfg.smoothing = 0.9f;
+        cfg.predictDistance = 2;
+        expect_refused(comm, &cfg, "spectrain with predictDistance 2");
     }
     for (int j = 0; j < S; j++)
         mlp_free(&ref[j].net);
@@ -572,8 +586,10 @@ int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     part_gpipe();
     part_refusals();
-    part_pipedream(gvqPipePipedream);
-    part_pipedream(gvqPipeDualpipe);
-    part_pipedream(gvqPipeSpectrain);
+    part_pipedream(gvqPipePipedream, gvqPredictPaper);
+    part_pipedream(gvqPipeDualpipe, gvqPredictPaper);
+    part_pipedream(gvqPipeSpectrain, gvqPredictPaper);
+    part_pipedream(gvqPipeDualpipe, gvqPredictSchedule);
+    part_pipedream(gvqPipeSpectrain, gvqPredictSchedule);
     return mt_finish("test_pipeline");
 }
