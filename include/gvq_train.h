@@ -265,7 +265,8 @@ GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);
  *   meet: with v the momentum-smoothed gradient (v <- gamma v + (1 - gamma) g after every
  *   backward) and lr the step's learning rate, the forward at stage k of N runs on
  *   W - s lr v with s = 2N - k - 2, the backward with s = k (ALGORITHMS.md section 6; k counts
- *   from 0 here), and the current weights come back for the update.
+ *   from 0 here; predictDistance gvqPredictSchedule: the schedule's own distances), and the
+ *   current weights come back for the update.
  * ------------------------------------------------------------------------------------------ */
 
 typedef struct gvqPipe *gvqPipe_t;
