@@ -101,8 +101,7 @@ typedef struct {
 typedef struct {
     track_item_t *it;
     size_t n;
-    float *buf; /* the rings' concatenated columns */
-    size_t *col_len;
+    gvq_factor_t *f; /* a ring's factors, one per item */
     gvq_coll_ctx_t ctx;
 } track_call_t;
 
@@ -116,40 +115,15 @@ static float *ring_factor(const track_item_t *x, int k) {
     return k == 2 ? x->c->ps_P + n * (size_t)x->c->cfg.dmax : x->c->ps_P;
 }
 
-/* Ring k (1-3) of the call: every item's factor summed, all in one ring over their columns
- * laid end to end: fp32, or the integer-summed wire with a scale per column (k keys the
- * rounding bits apart within a call). */
+/* Ring k (1-3) of the call: every item's factor summed, all in one ring (factor_ring.c): fp32,
+ * or the integer-summed wire with a scale per column (k keys the rounding bits apart). */
 static gvqResult_t track_ring(track_call_t *t, int k) {
+    for (size_t i = 0; i < t->n; i++)
+        t->f[i] = (gvq_factor_t){ring_factor(&t->it[i], k), ring_rows(&t->it[i], k),
+                                 (size_t)t->it[i].c->cfg.dmax};
     gvqCompressor_t c0 = t->it[0].c;
-    size_t nv = 0, ncol = 0;
-    for (size_t i = 0; i < t->n; i++) {
-        size_t rows = ring_rows(&t->it[i], k), d = (size_t)t->it[i].c->cfg.dmax;
-        memcpy(t->buf + nv, ring_factor(&t->it[i], k), sizeof(float) * rows * d);
-        for (size_t j = 0; j < d; j++)
-            t->col_len[ncol++] = rows;
-        nv += rows * d;
-    }
-    gvq_codec_t codec;
-    gvq_intsum_t is = {0};
-    gvqResult_t res;
-    if (c0->cfg.int_bits == 0) {
-        gvq_codec_identity_init(&codec, c0->comm->dev, gvqFloat32, gvqSum);
-    } else {
-        GVQCHECK(gvq_intsum_init_columns(&is, c0->cfg.int_bits, t->col_len, ncol, c0->comm->dev,
-                                         c0->comm->nranks, (uint32_t)c0->cfg.seed,
-                                         (uint32_t)c0->comm->rank));
-        is.call = (uint32_t)(c0->st.iter * 3 + (uint64_t)k);
-        gvq_codec_intsum_init(&codec, c0->comm->dev, &is);
-    }
-    res = gvq_ring_allreduce(&t->ctx, &codec, t->buf, t->buf, nv, gvqSum);
-    gvq_intsum_fini(&is);
-    GVQCHECK(res);
-    for (size_t i = 0, off = 0; i < t->n; i++) {
-        size_t len = ring_rows(&t->it[i], k) * (size_t)t->it[i].c->cfg.dmax;
-        memcpy(ring_factor(&t->it[i], k), t->buf + off, sizeof(float) * len);
-        off += len;
-    }
-    return gvqSuccess;
+    return gvq_factor_ring(&t->ctx, c0, c0->cfg.int_bits, t->f, t->n,
+                           (uint32_t)(c0->st.iter * 3 + (uint64_t)k));
 }
 
 /* The three rings and what lies between them, for every item at once. */
@@ -192,18 +166,6 @@ static gvqResult_t track_plain(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const flo
     return gvq_compressor_advance(c, ctx, c->comm->dev, recv, *sent - before, 0, 0);
 }
 
-/* Each rank's own: which of the k inputs (with their residuals) hold NaN or Inf, agreed in one
- * small allreduce, so every rank sends the same tensors plain. */
-static gvqResult_t agree_nonfinite(gvqCompressor_t const *cs, const float *const *x, size_t k,
-                                   gvq_coll_ctx_t *ctx, int32_t *bad) {
-    for (size_t i = 0; i < k; i++) {
-        bad[i] = 0;
-        for (size_t j = 0; x[i] != NULL && j < cs[i]->cfg.count && !bad[i]; j++)
-            bad[i] = !isfinite(x[i][j]);
-    }
-    return gvq_agree_i32(ctx, bad, (int)k, gvqMax);
-}
-
 gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
                                               float *const *recv, size_t k, gvqRedOp_t op) {
     if (k == 0) return gvqSuccess;
@@ -213,17 +175,15 @@ gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const f
     const float **x = calloc(k, sizeof *x);
     int32_t *bad = calloc(k, sizeof *bad);
     t.it = calloc(k, sizeof *t.it);
-    size_t nbuf = 0, ncol = 0;
+    t.f = calloc(k, sizeof *t.f);
     gvqResult_t res = gvqSuccess;
-    if (x == NULL || bad == NULL || t.it == NULL) goto oom;
+    if (x == NULL || bad == NULL || t.it == NULL || t.f == NULL) goto oom;
     for (size_t i = 0; i < k; i++) {
         const gvq_comp_cfg_t *cfg = &cs[i]->cfg;
         if (cs[i]->track_plain) continue;
         x[i] = cfg->error_feedback ? gvq_ef_input(cs[i], send[i]) : send[i];
-        nbuf += GVQ_MAX(cs[i]->ps_n, cs[i]->ps_m) * (size_t)cfg->dmax;
-        ncol += (size_t)cfg->dmax;
     }
-    GVQCHECKGOTO(agree_nonfinite(cs, x, k, &t.ctx, bad), res, out);
+    GVQCHECKGOTO(gvq_factor_agree_nonfinite(cs, x, k, &t.ctx, bad), res, out);
     for (size_t i = 0; i < k && res == gvqSuccess; i++) {
         gvqCompressor_t c = cs[i];
         if (c->track_plain)
@@ -238,9 +198,6 @@ gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const f
         it->xnorm = gvq_ef_norm(c->ps_M, c->ps_n * c->ps_m);
     }
     if (res != gvqSuccess || t.n == 0) goto out;
-    t.buf = malloc(sizeof(float) * GVQ_MAX(nbuf, (size_t)1));
-    t.col_len = malloc(sizeof(size_t) * GVQ_MAX(ncol, (size_t)1));
-    if (t.buf == NULL || t.col_len == NULL) goto oom;
     unsigned long long before = sent, total = 0;
     GVQCHECKGOTO(track_compress(&t, op), res, out);
     /* wireBytes: the three rings' bytes shared out by each tensor's part of the values */
@@ -262,8 +219,7 @@ out:
     free(x);
     free(bad);
     free(t.it);
-    free(t.buf);
-    free(t.col_len);
+    free(t.f);
     return res;
 }
 

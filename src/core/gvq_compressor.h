@@ -156,6 +156,18 @@ gvqResult_t gvq_compressed_any_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx,
  * arguments checked). */
 gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, float *recv,
                                          gvqRedOp_t op);
+/* factor_ring.c: one ring over several tensors' factors (column-major rows x cols, in place),
+ * fp32 (bits 0) or integer-summed with a scale per column, c0's communicator, seed and rank,
+ * the rounding keyed by call; and which of k inputs x (NULL: skipped) hold NaN or Inf on any
+ * rank (one small allreduce; bad[i] alike on every rank). */
+typedef struct {
+    float *buf;
+    size_t rows, cols;
+} gvq_factor_t;
+gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, gvqCompressor_t c0, int bits,
+                            const gvq_factor_t *f, size_t n, uint32_t call);
+gvqResult_t gvq_factor_agree_nonfinite(gvqCompressor_t const *cs, const float *const *x, size_t k,
+                                       gvq_coll_ctx_t *ctx, int32_t *bad);
 /* The same for k tensors of one communicator in one call: each of the three rings carries all
  * their factors at once (3 rings, not 3 k), one agreement on which inputs are finite. */
 gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
