@@ -61,8 +61,8 @@ out:
     return res;
 }
 
-gvqResult_t gvq_factor_agree_nonfinite(gvqCompressor_t const *cs, const float *const *x,
-                                       size_t k, gvq_coll_ctx_t *ctx, int32_t *bad) {
+gvqResult_t gvq_factor_agree_nonfinite(gvqCompressor_t const *cs, const float *const *x, size_t k,
+                                       gvq_coll_ctx_t *ctx, int32_t *bad) {
     for (size_t i = 0; i < k; i++) {
         bad[i] = 0;
         for (size_t j = 0; x[i] != NULL && j < cs[i]->cfg.count && !bad[i]; j++)

@@ -147,10 +147,9 @@ size_t gvq_compressor_factor_cols(gvqCompressor_t c);
 /* powersgd_call.c: one PowerSGD allreduce on host buffers (entered, arguments checked). */
 gvqResult_t gvq_powersgd_allreduce(gvqCompressor_t c, const float *send, float *recv,
                                    gvqRedOp_t op);
-/* Whether any rank's input x (count floats) holds NaN or Inf: agreed, every rank learns the
- * same. */
-gvqResult_t gvq_compressed_any_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *x,
-                                         int32_t *bad);
+/* The same for k PowerSGD tensors of one communicator: its two rings carry all their factors. */
+gvqResult_t gvq_powersgd_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
+                                        float *const *recv, size_t k, gvqRedOp_t op);
 
 /* gradiveq_track.c: one GradiVeQ allreduce with a tracked basis, host buffers (entered,
  * arguments checked). */

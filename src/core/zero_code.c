@@ -387,15 +387,15 @@ static gvqResult_t run_plain(gvqComm_t comm, zc_entry_t *e, const float *send, f
     return gvqSuccess;
 }
 
-/* The plain part, then the compressed layers: those with a tracked basis in one fused call
- * (three rings for all of them), the others one by one. */
+/* The plain part, then the compressed layers: the tracked-basis ones in one fused call (three
+ * rings for all of them), the PowerSGD ones in another (two rings), the others one by one. */
 static gvqResult_t run_entry(gvqComm_t comm, zc_entry_t *e, const float *send, float *recv,
                              gvqRedOp_t op) {
     GVQCHECK(run_plain(comm, e, send, recv, op));
-    size_t n = (size_t)GVQ_MAX(e->nparts, 1), k = 0;
-    gvqCompressor_t *cs = malloc(n * sizeof *cs);
-    const float **s = malloc(n * sizeof *s);
-    float **r = malloc(n * sizeof *r);
+    size_t n = (size_t)GVQ_MAX(e->nparts, 1), k = 0, kp = 0; /* tracked in 0.., PowerSGD in n.. */
+    gvqCompressor_t *cs = malloc(2 * n * sizeof *cs);
+    const float **s = malloc(2 * n * sizeof *s);
+    float **r = malloc(2 * n * sizeof *r);
     gvqResult_t res = gvqSuccess;
     if (cs == NULL || s == NULL || r == NULL) {
         GVQ_WARN("GVQ_CODEC: out of memory for the %d layers of a call", e->nparts);
@@ -404,15 +404,17 @@ static gvqResult_t run_entry(gvqComm_t comm, zc_entry_t *e, const float *send, f
     for (int i = 0; i < e->nparts && res == gvqSuccess; i++) {
         const zc_part_t *p = &e->parts[i];
         if (p->comp == NULL) continue;
-        if (p->comp->cfg.track) {
-            cs[k] = p->comp;
-            s[k] = send + p->offset;
-            r[k++] = recv + p->offset;
+        if (p->comp->cfg.track || p->comp->cfg.codec == gvqCodecPowersgd) {
+            size_t at = p->comp->cfg.track ? k++ : n + kp++;
+            cs[at] = p->comp;
+            s[at] = send + p->offset;
+            r[at] = recv + p->offset;
         } else {
             res = gvq_compressed_allreduce_entered(p->comp, send + p->offset, recv + p->offset, op);
         }
     }
     if (res == gvqSuccess) res = gvq_gradiveq_track_allreduce_many(cs, s, r, k, op);
+    if (res == gvqSuccess) res = gvq_powersgd_allreduce_many(cs + n, s + n, r + n, kp, op);
     free(cs);
     free(s);
     free(r);
