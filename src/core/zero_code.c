@@ -177,6 +177,11 @@ static int layer_codec(int master, const gvqLayer_t *l) {
     return 4 * r * (rows + cols) <= rows * cols ? gvqCodecPowersgd : gvqCodecQsgd;
 }
 
+/* GVQ_INTEGER_BITS: 0, 8 or 16 (the param's choices 0, 1, 2). */
+static int integer_bits(void) {
+    return (int)gvq_param(GVQ_PARAM_INTEGER_BITS) * 8;
+}
+
 /* The compressor config of a part (l: its layer, NULL for the whole buffer). */
 static void part_config(const zc_part_t *p, const gvqLayer_t *l, gvqCompressorConfig_t *cfg) {
     gvqCompressorConfig_t init = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
@@ -188,13 +193,18 @@ static void part_config(const zc_part_t *p, const gvqLayer_t *l, gvqCompressorCo
         cfg->lossThreshold = (float)gvq_param_real(GVQ_PARAM_GRADIVEQ_EPS);
         cfg->voteThreshold = vote == -1 ? 1.0f : (float)vote; /* zero-code: no early exit */
         cfg->sampleSlices = slices == GVQ_CONFIG_UNDEF_INT ? ZC_SAMPLE_SLICES : (int)slices;
-        if (gvq_param(GVQ_PARAM_GRADIVEQ_BASIS) == 1) cfg->basisUpdate = gvqBasisTrack;
+        if (gvq_param(GVQ_PARAM_GRADIVEQ_BASIS) == 1) {
+            cfg->basisUpdate = gvqBasisTrack;
+            cfg->integerBits = integer_bits();
+        }
         if (l != NULL && l->kind == gvqLayerConv) {
             cfg->filters = l->dims[0];
             cfg->depth = l->dims[1];
             cfg->height = l->dims[2];
             cfg->width = l->dims[3];
         }
+    } else if (p->codec == gvqCodecQsgd) {
+        cfg->integerBits = integer_bits();
     } else if (p->codec == gvqCodecPowersgd) {
         size_t rows, cols;
         power_shape(l, p->count, &rows, &cols);
@@ -514,7 +524,8 @@ uint64_t gvq_zero_code_identity(gvqDataType_t dtype, gvqRedOp_t op) {
     if (master == gvqCodecNone || dtype != gvqFloat32 || (op != gvqSum && op != gvqAvg)) return 0;
     const gvq_param_id_t knobs[] = {GVQ_PARAM_CODEC_CONV,       GVQ_PARAM_CODEC_FC,
                                     GVQ_PARAM_POWER_RANK,       GVQ_PARAM_GRADIVEQ_SAMPLE_SLICES,
-                                    GVQ_PARAM_LAYOUT_MIN_COUNT, GVQ_PARAM_GRADIVEQ_BASIS};
+                                    GVQ_PARAM_LAYOUT_MIN_COUNT, GVQ_PARAM_GRADIVEQ_BASIS,
+                                    GVQ_PARAM_INTEGER_BITS};
     uint64_t h = 1469598103934665603ull; /* FNV-1a over the knobs' values */
     for (size_t k = 0; k < sizeof knobs / sizeof knobs[0]; k++) {
         uint64_t v = (uint64_t)gvq_param(knobs[k]);

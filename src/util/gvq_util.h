@@ -142,6 +142,8 @@ int gvq_thread_may_sleep(void);
     X(GRADIVEQ_BASIS, "GVQ_GRADIVEQ_BASIS", CHOICE, 0, "fit,track",                             \
       "zero-code mode: GradiVeQ's basisUpdate (fit: sampling phases, the paper; track: a "      \
       "power iteration every call, gvqBasisTrack)")                                             \
+    X(INTEGER_BITS, "GVQ_INTEGER_BITS", CHOICE, 0, "0,8,16",                                    \
+      "zero-code mode: integerBits of QSGD and of the tracked GradiVeQ basis (0: float sums)")  \
     X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL,    \
       "zero-code mode: GradiVeQ's sampleSlices (unset: 64 spread over each reuse group)")       \
     X(LAYOUT, "GVQ_LAYOUT", TEXT, 0, NULL,                                                      \
