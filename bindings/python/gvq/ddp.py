@@ -20,7 +20,9 @@ What each codec does with a bucket:
             `min_conv_elems` values) gets a GradiVeQ compressor that knows its [K][D][H][W]
             shape, so filter-collocated slicing applies; the rest of the bucket (biases, norms,
             fc weights) is packed once and goes through one plain allreduce (rest="plain") or a
-            QSGD compressor (rest="qsgd").
+            QSGD compressor (rest="qsgd"). A bucket's conv calls run in one gvq.group(): with
+            basis_update=gvq.Basis.TRACK (and integer_bits=16) they fuse into one call of three
+            rings, gvq's fastest setting on real gradients (perf/RESULTS.md section 6).
 A conv weight's GradiVeQ compressor belongs to the parameter (known by its name in the model),
 so it keeps its schedule when DDP rebuilds its buckets after the first iteration and across a
 checkpoint; the QSGD compressors belong to a bucket (its index and its parameters' shapes).
@@ -34,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .comm import AVG, Communicator
+from .comm import AVG, Communicator, group
 from .compressor import Codec, Compressor
 
 CODECS = ("plain", "qsgd", "gradiveq")
@@ -119,8 +121,9 @@ class BucketCompressor:
         if buf.numel() != self.count:
             raise ValueError("gvq.ddp: bucket buffer has %d values, its parameters %d" %
                              (buf.numel(), self.count))
-        for _, off, n, comp in self.parts:
-            comp.allreduce(buf[off:off + n])
+        with group():  # tracked-basis convs (basis_update=Basis.TRACK) fuse into one call
+            for _, off, n, comp in self.parts:
+                comp.allreduce(buf[off:off + n])
         if not self.rest:
             return buf
         if len(self.rest) == 1 and self.rest_comp is None:

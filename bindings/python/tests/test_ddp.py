@@ -148,6 +148,21 @@ def test_compressed_hooks_keep_ranks_identical(pg, mpi, comm, codec):
     state.close()
 
 
+def test_tracked_basis_hook_keeps_ranks_identical(pg, mpi, comm):
+    """GradiVeQ with a tracked basis on the 16-bit wire through the DDP hook: each bucket's conv
+    compressors run in one gvq.group() (fused), the weights train and stay identical."""
+    model, state = make(hook="gradiveq", comm=comm, min_conv_elems=100, rest="qsgd",
+                        basis_update=gvq.Basis.TRACK, max_dims=2, integer_bits=16)
+    before = flat(model).copy()
+    train(model, batches(mpi.Get_rank(), 6))
+    w = flat(model)
+    assert np.all(np.isfinite(w)) and not np.array_equal(w, before)
+    assert identical_on_all_ranks(mpi, w)
+    conv = [s for s in state.stats()["compressors"].values() if s["codec"] == gvq.Codec.GRADIVEQ]
+    assert conv and all(s["iteration"] >= 1 for s in conv)
+    state.close()
+
+
 def test_gradiveq_state_through_checkpoint(pg, mpi, comm):
     """Saving the model and the hook state, then loading both into fresh ones, continues as the
     run that never stopped (up to the rounding of DDP's first, unrebuilt bucket layout); loading
