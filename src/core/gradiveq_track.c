@@ -22,9 +22,11 @@
  * integer-summed wire (codec_intsum.c) with one shared scale per column of C0, B and C (the
  * columns are contiguous: the products are column-major), agreed by a max-allreduce before
  * each ring; its rounding is stochastic (unbiased) and, like a plain ring's, the same on every
- * rank. Rings 1-2 are one PowerSGD step on
- * the slice matrix; what stays GradiVeQ's is the output: every slice projected on one shared
- * basis of slice space, its coefficients summed. Why a power iteration: on small-batch
+ * rank. One call may carry several tensors (a group of compressed calls, a zero-code layout,
+ * the training layer): each ring then sums all their factors at once (factor_ring.c), three
+ * rings and one finite-input agreement for all of them. Rings 1-2 are one PowerSGD step on the
+ * slice matrix; what stays GradiVeQ's is the output: every slice projected on one shared basis
+ * of slice space, its coefficients summed. Why a power iteration: on small-batch
  * gradients the samples of a sampling phase are noise-dominated and a PCA fit of them keeps
  * most of the L dimensions (perf/RESULTS.md section 6), while a few tracked directions plus
  * error feedback carry what matters. Two cheaper variants measured worse on the ResNet (RESULTS
