@@ -490,8 +490,9 @@ GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t compressor, gvqCompres
  * Inside gvqGroupStart/gvqGroupEnd the call is checked and queued like the plain collectives;
  * at the group's end its consecutive compressed calls on one communicator agree once, and
  * those with a tracked basis (gvqBasisTrack) on host buffers and the same op run as one call
- * (three rings for all of them instead of three each), the PowerSGD ones likewise (two rings)
- * (the computation of separate calls, but
+ * (three rings for all of them instead of three each), the PowerSGD ones likewise (two rings),
+ * and the QSGD ones of equal QSGD settings without error feedback or integer wire in one ring
+ * (each tensor padded to whole buckets) (the computation of separate calls, but
  * the ring's summation order and the integer wire's random draws differ, so the bits may; each
  * compressor counts its share of the bytes). Every rank
  * must group the same calls alike. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count,

@@ -239,6 +239,67 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
     return finish_output(c, dev, dst, recv, op);
 }
 
+/* ---- several QSGD tensors in one ring --------------------------------------------------------
+ * Their values laid end to end, each tensor padded with zeros to a whole number of buckets (so
+ * that no bucket, and no bucket's norm, spans two tensors), one ring with cs[0]'s QSGD codec,
+ * then per tensor what one call does: a non-finite result sent again uncompressed (the
+ * ring's output is the same on every rank, so every rank decides alike), gvqAvg's divide, the
+ * bytes shared out by values. For compressors of the same QSGD settings, without error feedback
+ * or an integer wire (gvq_compressed_qsgd_fusable). */
+
+int gvq_compressed_qsgd_fusable(gvqCompressor_t c, gvqCompressor_t c0) {
+    const gvq_comp_cfg_t *a = &c->cfg, *b = &c0->cfg;
+    return a->codec == gvqCodecQsgd && !a->error_feedback && a->int_bits == 0 &&
+           b->codec == gvqCodecQsgd && a->qbits == b->qbits && a->qbucket == b->qbucket &&
+           a->qmaxnorm == b->qmaxnorm && a->seed == b->seed;
+}
+
+gvqResult_t gvq_qsgd_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
+                                    float *const *recv, size_t k, gvqRedOp_t op) {
+    if (k == 0) return gvqSuccess;
+    size_t bucket = (size_t)cs[0]->cfg.qbucket, total = 0;
+    size_t *off = malloc(sizeof(size_t) * (k + 1));
+    if (off == NULL) goto oom;
+    for (size_t i = 0; i < k; i++) {
+        off[i] = total;
+        total += GVQ_DIV_UP((size_t)cs[i]->cfg.count, bucket) * bucket;
+    }
+    off[k] = total;
+    float *in = calloc(2 * total, sizeof(float)), *out = in + total;
+    if (in == NULL) {
+        free(off);
+        goto oom;
+    }
+    for (size_t i = 0; i < k; i++)
+        memcpy(in + off[i], send[i], sizeof(float) * (size_t)cs[i]->cfg.count);
+    call_plan_t p;
+    gvqResult_t res = plan_call(cs[0], &gvq_host_device, &p);
+    if (res == gvqSuccess)
+        res = gvq_ring_allreduce_tally(&p.ring, &p.codec, in, out, total, gvqSum, NULL);
+    unsigned long long sent = p.sent;
+    for (size_t i = 0; i < k && res == gvqSuccess; i++) {
+        gvqCompressor_t c = cs[i];
+        size_t count = (size_t)c->cfg.count;
+        if (!all_finite(out + off[i], count)) {
+            res = gvq_compressed_nonfinite(c, &p.comm, send[i], recv[i], op);
+            continue;
+        }
+        memcpy(recv[i], out + off[i], sizeof(float) * count);
+        if (op == gvqAvg) res = gvq_host_device.divide(recv[i], count, gvqFloat32, c->comm->nranks);
+        c->st.stats.ratio =
+            (double)(count * 4) / (double)p.codec.wire_bytes(&p.codec, 0, off[i + 1] - off[i]);
+        if (res == gvqSuccess)
+            res = gvq_compressor_advance(c, &p.comm, &gvq_host_device, recv[i],
+                                         sent * (off[i + 1] - off[i]) / total, 0, 0);
+    }
+    free(off);
+    free(in);
+    return res;
+oom:
+    GVQ_WARN("gvqAllReduceCompressed: out of memory for a QSGD call of %zu tensors", k);
+    return gvqSystemError;
+}
+
 gvqResult_t gvq_compressed_allreduce_entered(gvqCompressor_t c, const void *send, void *recv,
                                              gvqRedOp_t op) {
     if (c->cfg.codec == gvqCodecPowersgd) return gvq_powersgd_allreduce(c, send, recv, op);
@@ -434,36 +495,52 @@ static gvq_call_sig_t group_sig(const gvq_op_t *ops, size_t n) {
     return sig;
 }
 
-/* Whether op o can join a fused tracked-basis call: host buffers, a tracked basis, o's op. */
-static int fusable(const gvq_op_t *o, gvqRedOp_t op) {
-    return o->compressor->cfg.track && o->op == op &&
-           gvq_device_of(o->sendbuff) == &gvq_host_device &&
-           gvq_device_of(o->recvbuff) == &gvq_host_device;
+/* Which fused call op o can join (ops[0]'s op, host buffers): 1 a tracked basis, 2 PowerSGD,
+ * 3 QSGD of the first QSGD call's settings (q0), 0 none (it runs alone). */
+static int fusable(const gvq_op_t *o, gvqRedOp_t op, gvqCompressor_t q0) {
+    if (o->op != op || gvq_device_of(o->sendbuff) != &gvq_host_device ||
+        gvq_device_of(o->recvbuff) != &gvq_host_device)
+        return 0;
+    gvqCompressor_t c = o->compressor;
+    if (c->cfg.track) return 1;
+    if (c->cfg.codec == gvqCodecPowersgd) return 2;
+    return q0 != NULL && gvq_compressed_qsgd_fusable(c, q0) ? 3 : 0;
 }
 
 /* The group's calls under one agreement (all on host buffers): the others one by one in call
- * order, then the tracked-basis ones of ops[0]'s op fused. */
+ * order, then the tracked-basis ones of ops[0]'s op in one call, the PowerSGD ones in another,
+ * the QSGD ones of the first QSGD call's settings in a third. */
 static gvqResult_t group_entered(const gvq_op_t *ops, size_t n) {
-    gvqCompressor_t *cs = calloc(n, sizeof *cs);
-    const float **send = calloc(n, sizeof *send);
-    float **recv = calloc(n, sizeof *recv);
+    gvqCompressor_t *cs = calloc(3 * n, sizeof *cs), q0 = NULL;
+    const float **send = calloc(3 * n, sizeof *send);
+    float **recv = calloc(3 * n, sizeof *recv);
     gvqResult_t res = gvqSuccess;
-    size_t k = 0;
+    size_t k[4] = {0, 0, 0, 0}; /* tracked in slots 0.., PowerSGD in n.., QSGD in 2n.. */
     if (cs == NULL || send == NULL || recv == NULL) {
         GVQ_WARN("gvqGroupEnd: out of memory for a group of %zu compressed calls", n);
         res = gvqSystemError;
     }
+    for (size_t i = 0; i < n && q0 == NULL; i++)
+        if (ops[i].op == ops[0].op &&
+            gvq_compressed_qsgd_fusable(ops[i].compressor, ops[i].compressor))
+            q0 = ops[i].compressor;
     for (size_t i = 0; i < n && res == gvqSuccess; i++) {
-        if (fusable(&ops[i], ops[0].op)) {
-            cs[k] = ops[i].compressor;
-            send[k] = ops[i].sendbuff;
-            recv[k++] = ops[i].recvbuff;
-        } else {
+        int f = fusable(&ops[i], ops[0].op, q0);
+        if (f == 0) {
             res = gvq_compressed_allreduce_entered(ops[i].compressor, ops[i].sendbuff,
                                                    ops[i].recvbuff, ops[i].op);
+            continue;
         }
+        size_t at = (size_t)(f - 1) * n + k[f]++;
+        cs[at] = ops[i].compressor;
+        send[at] = ops[i].sendbuff;
+        recv[at] = ops[i].recvbuff;
     }
-    if (res == gvqSuccess) res = gvq_gradiveq_track_allreduce_many(cs, send, recv, k, ops[0].op);
+    if (res == gvqSuccess) res = gvq_gradiveq_track_allreduce_many(cs, send, recv, k[1], ops[0].op);
+    if (res == gvqSuccess)
+        res = gvq_powersgd_allreduce_many(cs + n, send + n, recv + n, k[2], ops[0].op);
+    if (res == gvqSuccess)
+        res = gvq_qsgd_allreduce_many(cs + 2 * n, send + 2 * n, recv + 2 * n, k[3], ops[0].op);
     free(cs);
     free(send);
     free(recv);

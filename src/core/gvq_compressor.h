@@ -178,6 +178,12 @@ gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const f
 gvqResult_t gvq_compressed_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *send,
                                      float *recv, gvqRedOp_t op);
 
+/* compressed_call.c: whether compressor c's QSGD calls can share one ring with c0's (same QSGD
+ * settings, no error feedback, no integer wire). */
+int gvq_compressed_qsgd_fusable(gvqCompressor_t c, gvqCompressor_t c0);
+/* k such QSGD tensors (cs[1..] fusable with cs[0]) in one ring, each padded to whole buckets. */
+gvqResult_t gvq_qsgd_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
+                                    float *const *recv, size_t k, gvqRedOp_t op);
 /* compressed_call.c: one compressed allreduce on host buffers, for a caller that has entered
  * the communicator and checked the arguments. */
 gvqResult_t gvq_compressed_allreduce_entered(gvqCompressor_t c, const void *send, void *recv,

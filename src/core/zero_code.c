@@ -398,14 +398,16 @@ static gvqResult_t run_plain(gvqComm_t comm, zc_entry_t *e, const float *send, f
 }
 
 /* The plain part, then the compressed layers: the tracked-basis ones in one fused call (three
- * rings for all of them), the PowerSGD ones in another (two rings), the others one by one. */
+ * rings for all of them), the PowerSGD ones in another (two rings), the QSGD ones of the first
+ * one's settings in a third (one ring), the others one by one. */
 static gvqResult_t run_entry(gvqComm_t comm, zc_entry_t *e, const float *send, float *recv,
                              gvqRedOp_t op) {
     GVQCHECK(run_plain(comm, e, send, recv, op));
-    size_t n = (size_t)GVQ_MAX(e->nparts, 1), k = 0, kp = 0; /* tracked in 0.., PowerSGD in n.. */
-    gvqCompressor_t *cs = malloc(2 * n * sizeof *cs);
-    const float **s = malloc(2 * n * sizeof *s);
-    float **r = malloc(2 * n * sizeof *r);
+    size_t n = (size_t)GVQ_MAX(e->nparts, 1), k = 0, kp = 0, kq = 0; /* tracked in 0..,
+                                                                        PowerSGD n.., QSGD 2n.. */
+    gvqCompressor_t *cs = malloc(3 * n * sizeof *cs), q0 = NULL;
+    const float **s = malloc(3 * n * sizeof *s);
+    float **r = malloc(3 * n * sizeof *r);
     gvqResult_t res = gvqSuccess;
     if (cs == NULL || s == NULL || r == NULL) {
         GVQ_WARN("GVQ_CODEC: out of memory for the %d layers of a call", e->nparts);
@@ -414,8 +416,10 @@ static gvqResult_t run_entry(gvqComm_t comm, zc_entry_t *e, const float *send, f
     for (int i = 0; i < e->nparts && res == gvqSuccess; i++) {
         const zc_part_t *p = &e->parts[i];
         if (p->comp == NULL) continue;
-        if (p->comp->cfg.track || p->comp->cfg.codec == gvqCodecPowersgd) {
-            size_t at = p->comp->cfg.track ? k++ : n + kp++;
+        if (q0 == NULL && gvq_compressed_qsgd_fusable(p->comp, p->comp)) q0 = p->comp;
+        int qs = q0 != NULL && gvq_compressed_qsgd_fusable(p->comp, q0);
+        if (p->comp->cfg.track || p->comp->cfg.codec == gvqCodecPowersgd || qs) {
+            size_t at = p->comp->cfg.track ? k++ : qs ? 2 * n + kq++ : n + kp++;
             cs[at] = p->comp;
             s[at] = send + p->offset;
             r[at] = recv + p->offset;
@@ -425,6 +429,7 @@ static gvqResult_t run_entry(gvqComm_t comm, zc_entry_t *e, const float *send, f
     }
     if (res == gvqSuccess) res = gvq_gradiveq_track_allreduce_many(cs, s, r, k, op);
     if (res == gvqSuccess) res = gvq_powersgd_allreduce_many(cs + n, s + n, r + n, kp, op);
+    if (res == gvqSuccess) res = gvq_qsgd_allreduce_many(cs + 2 * n, s + 2 * n, r + 2 * n, kq, op);
     free(cs);
     free(s);
     free(r);

@@ -11,12 +11,13 @@
  * the communicator with every other call): the job takes its start time, runs the blocking
  * collective on the progress thread (gvqAllReduce or gvqAllReduceCompressed, stream NULL: the
  * job holds the communicator's turn), and takes its end time. A bucket is packed on the
- * caller's thread when its last member is ready, and unpacked by its job. Tensors compressed
- * by a low-rank codec (GradiVeQ with a tracked basis, PowerSGD) form one fused group
- * (GVQ_TRAIN_FUSE_LOWRANK, on by default): its job runs their compressed calls inside one
- * gvqGroupStart/End once the last is ready, so a step pays three rings (two for PowerSGD) for
- * all of them instead of that many each (on a small model the rings' latency outweighs the
- * overlap lost; perf/RESULTS.md section 6). Without waitFree the
+ * caller's thread when its last member is ready, and unpacked by its job. Tensors whose codec
+ * fuses (GradiVeQ with a tracked basis, PowerSGD, QSGD without error feedback or an integer
+ * wire) form one fused group (GVQ_TRAIN_FUSE_COMPRESSED, on by default): its job runs their
+ * compressed calls inside one gvqGroupStart/End once the last is ready, so a step pays three
+ * rings for all tracked ones, two for all PowerSGD ones and one for all QSGD ones instead of
+ * that many each (on a small model the rings' latency outweighs the overlap lost;
+ * perf/RESULTS.md section 6). Without waitFree the
  * jobs are all queued at gvqTrainWaitAll, in registration order. Over a transport that cannot
  * run calls from two threads (MPI below MPI_THREAD_MULTIPLE) every job runs at once on the
  * caller's thread instead: the same calls in the same order, without overlap.
@@ -319,22 +320,26 @@ static gvqResult_t route_all(gvqTrainer_t t) {
 }
 
 /* Fuse the bucket-routed variables, in registration order, into buckets of <= bucketBytes. */
-/* Whether variable x goes through a low-rank codec whose calls fuse: GradiVeQ with a tracked
- * basis, or PowerSGD. */
+/* Whether variable x goes through a codec whose calls fuse in a group: GradiVeQ with a tracked
+ * basis, PowerSGD, or QSGD without error feedback and integer wire (the library checks the
+ * QSGD settings again; QSGD calls of other settings run alone inside the group). */
 static int tracked(const tvar_t *x) {
+    const gvqCompressorConfig_t *c = &x->ccfg;
+    int qsgd = c->codec == gvqCodecQsgd && c->errorFeedback != 1 &&
+               (c->integerBits == GVQ_CONFIG_UNDEF_INT || c->integerBits == 0);
     return x->info.route == gvqRouteCompressed &&
-           ((x->ccfg.codec == gvqCodecGradiveq && x->ccfg.basisUpdate == gvqBasisTrack) ||
-            x->ccfg.codec == gvqCodecPowersgd);
+           ((c->codec == gvqCodecGradiveq && c->basisUpdate == gvqBasisTrack) ||
+            c->codec == gvqCodecPowersgd || qsgd);
 }
 
-/* The fused group of the low-rank variables (two or more), after the plain buckets. */
+/* The fused group of the fusable compressed variables (two or more), after the plain buckets. */
 static gvqResult_t make_fused(gvqTrainer_t t) {
     int n = 0;
     for (int i = 0; i < t->nvars; i++) {
         t->vars[i].fused = -1;
         n += tracked(&t->vars[i]);
     }
-    if (n < 2 || !gvq_param(GVQ_PARAM_TRAIN_FUSE_LOWRANK)) return gvqSuccess;
+    if (n < 2 || !gvq_param(GVQ_PARAM_TRAIN_FUSE_COMPRESSED)) return gvqSuccess;
     tbucket_t *b = &t->buckets[t->nbuckets];
     if ((b->members = calloc((size_t)n, sizeof(int))) == NULL) return gvqSystemError;
     b->fused = 1;
@@ -402,7 +407,7 @@ static uint64_t settings_hash(const gvqTrainer_t t) {
                        (uint64_t)t->sfb,
                        (uint64_t)t->sparse_route,
                        (uint64_t)t->tune_partitions,
-                       gvq_param(GVQ_PARAM_TRAIN_FUSE_LOWRANK)};
+                       gvq_param(GVQ_PARAM_TRAIN_FUSE_COMPRESSED)};
     h = fnv(h, cfg, sizeof cfg);
     h = fnv(h, &t->has_conv_cfg, sizeof t->has_conv_cfg);
     if (t->has_conv_cfg) h = fnv(h, &t->conv_cfg, CCFG_BYTES);
@@ -471,11 +476,11 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
     }
     GVQCHECK(all_equal(t, settings_hash(t), &equal));
     if (!equal) {
-        GVQ_WARN(
-            "%s: the ranks registered the same variables but with different settings "
-            "(bucketBytes %zu here, GVQ_TRAIN_BUCKET_BYTES, GVQ_TRAIN_FUSE_LOWRANK, waitFree, op, "
-            "sfb, or a codec config)",
-            fn, t->bucket_bytes);
+        GVQ_WARN("%s: the ranks registered the same variables but with different settings "
+                 "(bucketBytes %zu here, GVQ_TRAIN_BUCKET_BYTES, GVQ_TRAIN_FUSE_COMPRESSED, "
+                 "waitFree, op, "
+                 "sfb, or a codec config)",
+                 fn, t->bucket_bytes);
         return gvqInvalidArgument;
     }
     gvqResult_t res = route_all(t); /* the same on every rank unless memory runs out */

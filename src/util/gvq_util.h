@@ -105,7 +105,7 @@ int gvq_thread_may_sleep(void);
     X(TRAIN_BUCKET_BYTES, "GVQ_TRAIN_BUCKET_BYTES", UINT, 262144, NULL,                         \
       "the training layer's default bucketBytes: plain tensors below it are fused into "        \
       "buckets of up to that size (0: no fusion)")                                              \
-    X(TRAIN_FUSE_LOWRANK, "GVQ_TRAIN_FUSE_LOWRANK", UINT, 1, NULL,                              \
+    X(TRAIN_FUSE_COMPRESSED, "GVQ_TRAIN_FUSE_COMPRESSED", UINT, 1, NULL,                        \
       "1: the training layer aggregates its tracked-basis GradiVeQ tensors in one grouped "     \
       "call (three rings a step) once the last is ready; 0: each when it is ready")             \
     X(PIPE_RMSE, "GVQ_PIPE_RMSE", UINT, 0, NULL,                                                \

@@ -5,8 +5,8 @@
  * average; every variable must be bitwise identical on every rank and bitwise the same with and
  * without wait-free backprop (the same calls in the same order). Then two conv variables with
  * GradiVeQ's tracked basis (16-bit wire) beside a plain one: the layer aggregates them in one
- * fused group (GVQ_TRAIN_FUSE_LOWRANK, default 1), whose results must be bitwise those of the same
- * two calls made by hand inside gvqGroupStart/gvqGroupEnd on compressors of the same config.
+ * fused group (GVQ_TRAIN_FUSE_COMPRESSED, default 1), whose results must be bitwise those of the
+ * same two calls made by hand inside gvqGroupStart/gvqGroupEnd on compressors of the same config.
  */
 #include <math.h>
 
