@@ -126,6 +126,7 @@ void train_opts_default(train_opts_t *o) {
     o->epochs = 2;
     o->lr = 0.05;
     o->momentum = 0.9;
+    o->predict_distance = 1; /* gvqPredictSchedule: the paper's diverges on this flushed pipeline */
     o->seed = 1;
     o->codec = TRAIN_CODEC_GRADIVEQ;
     o->rest_codec = TRAIN_CODEC_NONE;
