@@ -254,8 +254,8 @@ int gvq_compressed_qsgd_fusable(gvqCompressor_t c, gvqCompressor_t c0) {
            a->qmaxnorm == b->qmaxnorm && a->seed == b->seed;
 }
 
-gvqResult_t gvq_qsgd_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
-                                    float *const *recv, size_t k, gvqRedOp_t op) {
+static gvqResult_t qsgd_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
+                                       float *const *recv, size_t k, gvqRedOp_t op) {
     if (k == 0) return gvqSuccess;
     size_t bucket = (size_t)cs[0]->cfg.qbucket, total = 0;
     size_t *off = malloc(sizeof(size_t) * (k + 1));
@@ -495,55 +495,65 @@ static gvq_call_sig_t group_sig(const gvq_op_t *ops, size_t n) {
     return sig;
 }
 
-/* Which fused call op o can join (ops[0]'s op, host buffers): 1 a tracked basis, 2 PowerSGD,
- * 3 QSGD of the first QSGD call's settings (q0), 0 none (it runs alone). */
-static int fusable(const gvq_op_t *o, gvqRedOp_t op, gvqCompressor_t q0) {
-    if (o->op != op || gvq_device_of(o->sendbuff) != &gvq_host_device ||
-        gvq_device_of(o->recvbuff) != &gvq_host_device)
-        return 0;
-    gvqCompressor_t c = o->compressor;
+/* Which fused call compressor c can join: 1 a tracked basis, 2 PowerSGD, 3 QSGD of the first
+ * fusable QSGD call's settings (q0), 0 none (it runs alone). */
+static int fuse_kind(gvqCompressor_t c, gvqCompressor_t q0) {
     if (c->cfg.track) return 1;
     if (c->cfg.codec == gvqCodecPowersgd) return 2;
     return q0 != NULL && gvq_compressed_qsgd_fusable(c, q0) ? 3 : 0;
 }
 
-/* The group's calls under one agreement (all on host buffers): the others one by one in call
- * order, then the tracked-basis ones of ops[0]'s op in one call, the PowerSGD ones in another,
- * the QSGD ones of the first QSGD call's settings in a third. */
-static gvqResult_t group_entered(const gvq_op_t *ops, size_t n) {
-    gvqCompressor_t *cs = calloc(3 * n, sizeof *cs), q0 = NULL;
-    const float **send = calloc(3 * n, sizeof *send);
-    float **recv = calloc(3 * n, sizeof *recv);
+gvqResult_t gvq_compressed_allreduce_set(gvqCompressor_t const *c, const float *const *send,
+                                         float *const *recv, const gvqRedOp_t *ops, gvqRedOp_t op,
+                                         size_t n) {
+    gvqCompressor_t *cs = calloc(3 * n + 1, sizeof *cs), q0 = NULL;
+    const float **s = calloc(3 * n + 1, sizeof *s);
+    float **r = calloc(3 * n + 1, sizeof *r);
     gvqResult_t res = gvqSuccess;
     size_t k[4] = {0, 0, 0, 0}; /* tracked in slots 0.., PowerSGD in n.., QSGD in 2n.. */
-    if (cs == NULL || send == NULL || recv == NULL) {
-        GVQ_WARN("gvqGroupEnd: out of memory for a group of %zu compressed calls", n);
+    if (cs == NULL || s == NULL || r == NULL) {
+        GVQ_WARN("gvqAllReduceCompressed: out of memory for a set of %zu compressed calls", n);
         res = gvqSystemError;
     }
     for (size_t i = 0; i < n && q0 == NULL; i++)
-        if (ops[i].op == ops[0].op &&
-            gvq_compressed_qsgd_fusable(ops[i].compressor, ops[i].compressor))
-            q0 = ops[i].compressor;
+        if ((ops == NULL || ops[i] == op) && gvq_compressed_qsgd_fusable(c[i], c[i])) q0 = c[i];
     for (size_t i = 0; i < n && res == gvqSuccess; i++) {
-        int f = fusable(&ops[i], ops[0].op, q0);
+        gvqRedOp_t o = ops != NULL ? ops[i] : op;
+        int f = o == op ? fuse_kind(c[i], q0) : 0;
         if (f == 0) {
-            res = gvq_compressed_allreduce_entered(ops[i].compressor, ops[i].sendbuff,
-                                                   ops[i].recvbuff, ops[i].op);
+            res = gvq_compressed_allreduce_entered(c[i], send[i], recv[i], o);
             continue;
         }
         size_t at = (size_t)(f - 1) * n + k[f]++;
-        cs[at] = ops[i].compressor;
-        send[at] = ops[i].sendbuff;
-        recv[at] = ops[i].recvbuff;
+        cs[at] = c[i];
+        s[at] = send[i];
+        r[at] = recv[i];
     }
-    if (res == gvqSuccess) res = gvq_gradiveq_track_allreduce_many(cs, send, recv, k[1], ops[0].op);
-    if (res == gvqSuccess)
-        res = gvq_powersgd_allreduce_many(cs + n, send + n, recv + n, k[2], ops[0].op);
-    if (res == gvqSuccess)
-        res = gvq_qsgd_allreduce_many(cs + 2 * n, send + 2 * n, recv + 2 * n, k[3], ops[0].op);
+    if (res == gvqSuccess) res = gvq_gradiveq_track_allreduce_many(cs, s, r, k[1], op);
+    if (res == gvqSuccess) res = gvq_powersgd_allreduce_many(cs + n, s + n, r + n, k[2], op);
+    if (res == gvqSuccess) res = qsgd_allreduce_many(cs + 2 * n, s + 2 * n, r + 2 * n, k[3], op);
     free(cs);
-    free(send);
-    free(recv);
+    free(s);
+    free(r);
+    return res;
+}
+
+/* The group's calls under one agreement (all on host buffers), as one set fused by ops[0]'s op. */
+static gvqResult_t group_entered(const gvq_op_t *ops, size_t n) {
+    gvqCompressor_t *c = calloc(n, sizeof *c);
+    const float **send = calloc(n, sizeof *send);
+    float **recv = calloc(n, sizeof *recv);
+    gvqRedOp_t *op = calloc(n, sizeof *op);
+    gvqResult_t res = gvqSystemError;
+    if (c == NULL || send == NULL || recv == NULL || op == NULL) {
+        GVQ_WARN("gvqGroupEnd: out of memory for a group of %zu compressed calls", n);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            c[i] = ops[i].compressor, send[i] = ops[i].sendbuff, recv[i] = ops[i].recvbuff,
+            op[i] = ops[i].op;
+        res = gvq_compressed_allreduce_set(c, send, recv, op, ops[0].op, n);
+    }
+    free(c), free(send), free(recv), free(op);
     return res;
 }
 

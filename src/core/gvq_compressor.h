@@ -181,9 +181,13 @@ gvqResult_t gvq_compressed_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, con
 /* compressed_call.c: whether compressor c's QSGD calls can share one ring with c0's (same QSGD
  * settings, no error feedback, no integer wire). */
 int gvq_compressed_qsgd_fusable(gvqCompressor_t c, gvqCompressor_t c0);
-/* k such QSGD tensors (cs[1..] fusable with cs[0]) in one ring, each padded to whole buckets. */
-gvqResult_t gvq_qsgd_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
-                                    float *const *recv, size_t k, gvqRedOp_t op);
+/* compressed_call.c: n compressed allreduces of one communicator on host buffers (entered,
+ * agreed), call i with ops[i] (ops NULL: all op): those with op whose codec fuses run fused (the
+ * tracked-basis ones in one call, the PowerSGD ones in another, the QSGD ones of the first
+ * fusable one's settings in a third), after the others, which run one by one in order. */
+gvqResult_t gvq_compressed_allreduce_set(gvqCompressor_t const *c, const float *const *send,
+                                         float *const *recv, const gvqRedOp_t *ops, gvqRedOp_t op,
+                                         size_t n);
 /* compressed_call.c: one compressed allreduce on host buffers, for a caller that has entered
  * the communicator and checked the arguments. */
 gvqResult_t gvq_compressed_allreduce_entered(gvqCompressor_t c, const void *send, void *recv,

@@ -397,42 +397,28 @@ static gvqResult_t run_plain(gvqComm_t comm, zc_entry_t *e, const float *send, f
     return gvqSuccess;
 }
 
-/* The plain part, then the compressed layers: the tracked-basis ones in one fused call (three
- * rings for all of them), the PowerSGD ones in another (two rings), the QSGD ones of the first
- * one's settings in a third (one ring), the others one by one. */
+/* The plain part, then the compressed layers as one set (gvq_compressed_allreduce_set: the
+ * tracked-basis, PowerSGD and QSGD layers each fused into one call, the others one by one). */
 static gvqResult_t run_entry(gvqComm_t comm, zc_entry_t *e, const float *send, float *recv,
                              gvqRedOp_t op) {
     GVQCHECK(run_plain(comm, e, send, recv, op));
-    size_t n = (size_t)GVQ_MAX(e->nparts, 1), k = 0, kp = 0, kq = 0; /* tracked in 0..,
-                                                                        PowerSGD n.., QSGD 2n.. */
-    gvqCompressor_t *cs = malloc(3 * n * sizeof *cs), q0 = NULL;
-    const float **s = malloc(3 * n * sizeof *s);
-    float **r = malloc(3 * n * sizeof *r);
-    gvqResult_t res = gvqSuccess;
+    size_t n = (size_t)GVQ_MAX(e->nparts, 1), k = 0;
+    gvqCompressor_t *cs = malloc(n * sizeof *cs);
+    const float **s = malloc(n * sizeof *s);
+    float **r = malloc(n * sizeof *r);
+    gvqResult_t res = gvqSystemError;
     if (cs == NULL || s == NULL || r == NULL) {
         GVQ_WARN("GVQ_CODEC: out of memory for the %d layers of a call", e->nparts);
-        res = gvqSystemError;
+    } else {
+        for (int i = 0; i < e->nparts; i++)
+            if (e->parts[i].comp != NULL) {
+                cs[k] = e->parts[i].comp;
+                s[k] = send + e->parts[i].offset;
+                r[k++] = recv + e->parts[i].offset;
+            }
+        res = gvq_compressed_allreduce_set(cs, s, r, NULL, op, k);
     }
-    for (int i = 0; i < e->nparts && res == gvqSuccess; i++) {
-        const zc_part_t *p = &e->parts[i];
-        if (p->comp == NULL) continue;
-        if (q0 == NULL && gvq_compressed_qsgd_fusable(p->comp, p->comp)) q0 = p->comp;
-        int qs = q0 != NULL && gvq_compressed_qsgd_fusable(p->comp, q0);
-        if (p->comp->cfg.track || p->comp->cfg.codec == gvqCodecPowersgd || qs) {
-            size_t at = p->comp->cfg.track ? k++ : qs ? 2 * n + kq++ : n + kp++;
-            cs[at] = p->comp;
-            s[at] = send + p->offset;
-            r[at] = recv + p->offset;
-        } else {
-            res = gvq_compressed_allreduce_entered(p->comp, send + p->offset, recv + p->offset, op);
-        }
-    }
-    if (res == gvqSuccess) res = gvq_gradiveq_track_allreduce_many(cs, s, r, k, op);
-    if (res == gvqSuccess) res = gvq_powersgd_allreduce_many(cs + n, s + n, r + n, kp, op);
-    if (res == gvqSuccess) res = gvq_qsgd_allreduce_many(cs + 2 * n, s + 2 * n, r + 2 * n, kq, op);
-    free(cs);
-    free(s);
-    free(r);
+    free(cs), free(s), free(r);
     if (res == gvqSuccess) e->calls++;
     return res;
 }

@@ -323,7 +323,7 @@ static gvqResult_t route_all(gvqTrainer_t t) {
 /* Whether variable x goes through a codec whose calls fuse in a group: GradiVeQ with a tracked
  * basis, PowerSGD, or QSGD without error feedback and integer wire (the library checks the
  * QSGD settings again; QSGD calls of other settings run alone inside the group). */
-static int tracked(const tvar_t *x) {
+static int fusable(const tvar_t *x) {
     const gvqCompressorConfig_t *c = &x->ccfg;
     int qsgd = c->codec == gvqCodecQsgd && c->errorFeedback != 1 &&
                (c->integerBits == GVQ_CONFIG_UNDEF_INT || c->integerBits == 0);
@@ -337,14 +337,14 @@ static gvqResult_t make_fused(gvqTrainer_t t) {
     int n = 0;
     for (int i = 0; i < t->nvars; i++) {
         t->vars[i].fused = -1;
-        n += tracked(&t->vars[i]);
+        n += fusable(&t->vars[i]);
     }
     if (n < 2 || !gvq_param(GVQ_PARAM_TRAIN_FUSE_COMPRESSED)) return gvqSuccess;
     tbucket_t *b = &t->buckets[t->nbuckets];
     if ((b->members = calloc((size_t)n, sizeof(int))) == NULL) return gvqSystemError;
     b->fused = 1;
     for (int i = 0; i < t->nvars; i++)
-        if (tracked(&t->vars[i])) {
+        if (fusable(&t->vars[i])) {
             t->vars[i].fused = t->nbuckets;
             b->members[b->nmembers++] = i;
             b->count += t->vars[i].info.count;
