@@ -227,6 +227,29 @@ gvqResult_t gvq_ring_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *
 gvqResult_t gvq_ring_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                                gvqDataType_t dtype);
 
+/* Cut count elements into n segments on granule boundaries (seg_off: n+1 element offsets), as
+ * the ring cuts a tensor. */
+void gvq_ring_partition(size_t *seg_off, int n, size_t count, size_t granule);
+
+/* The ring allreduce's reduce-scatter half (nranks >= 2) over the segments seg_off, its result
+ * kept in library memory: on return *own points at this rank's segment of the sum in the
+ * context's scratch (valid until the scratch is next asked for), and every send after step 0's
+ * came from scratch. The segment is also written into dst (the tensor's layout), chunk by chunk
+ * as it is finished. gvqAvg is not divided. src may equal dst. */
+gvqResult_t gvq_ring_reduce_scatter_keep(gvq_coll_ctx_t *ctx, const void *src, void *dst,
+                                         size_t count, gvqDataType_t dtype, gvqRedOp_t op,
+                                         const size_t *seg_off, char **own);
+
+/* ---- sends from library memory only (direct.c) ----------------------------------------------
+ * For transports that copy a send out of the caller's memory (t->stages_sends): the ring's
+ * reduce-scatter into scratch, then every rank's block sent straight to every other rank, so
+ * N blocks' copies at most where the ring pays 2(N-1). Same results as the ring, bitwise
+ * identical on every rank; not for FIFO transports. src may equal dst. */
+gvqResult_t gvq_direct_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                 gvqDataType_t dtype, gvqRedOp_t op);
+gvqResult_t gvq_direct_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                 gvqDataType_t dtype);
+
 /* Pipelined chain broadcast from `root` (root -> root+1 -> ... ), in chunks. */
 gvqResult_t gvq_chain_broadcast(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t bytes,
                                 int root);

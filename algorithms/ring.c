@@ -21,7 +21,8 @@
  * Where step k's result for (segment s, chunk c) lives:
  *   OUT_DST       the output buffer in the tensor's layout (allreduce, identity codec)
  *   OUT_PINGPONG  two scratch segments alternating by step; the block of the last step is the
- *                 output (reduce-scatter, whose output holds one block only)
+ *                 output (reduce-scatter, whose output holds one block only), or stays in
+ *                 scratch when there is no output (gvq_ring_reduce_scatter_keep)
  *   OUT_WIRE      one wire slot per (segment, chunk) in scratch (codecs whose wire is not the
  *                 values); decoded into the output when final
  * Reduce-scatter receives land in two alternating scratch areas (tmp) and are combined with the
@@ -62,6 +63,8 @@ typedef struct {
     const char *src; /* local contribution in the tensor's layout (reduce-scatter), or NULL */
     char *dst;       /* output: tensor layout (allreduce, allgather) or one block (RS) */
     out_mode_t mode;
+    char *also; /* OUT_PINGPONG without dst: the finished segment is copied here too (tensor
+                 * layout) as each chunk is done, while it is in cache */
     char *wire, *tmp[2], *pp[2];
     gvq_req_t *rreq[2], *sreq[2];
     int posted[2];      /* step whose receives sit in rreq[parity], -1 none */
@@ -111,7 +114,7 @@ static char *result_ptr(const ring_t *g, int k, int s, size_t c) {
     case OUT_DST:
         return g->dst + chunk_off(g, s, c) * g->esize;
     case OUT_PINGPONG:
-        return (k == g->nrs - 1 ? g->dst : g->pp[k & 1]) + c * g->ce * g->esize;
+        return (k == g->nrs - 1 && g->dst != NULL ? g->dst : g->pp[k & 1]) + c * g->ce * g->esize;
     case OUT_WIRE:
     default:
         return g->wire + ((size_t)s * g->maxchunks + c) * g->wire_cap;
@@ -194,6 +197,8 @@ static gvqResult_t process_chunk(ring_t *g, int k, size_t c) {
         if (forward) GVQCHECK(send_chunk(g, k + 1, c, res));
         if (k == g->nrs - 1 && g->mode == OUT_WIRE) /* this rank's finished segment */
             GVQCHECK(g->codec->decode(g->codec, off, len, res, g->dst + off * g->esize));
+        if (k == g->nrs - 1 && g->also != NULL)
+            GVQCHECK(g->ctx->dev->copy(g->also + off * g->esize, res, len * g->esize));
     } else {
         if (forward) GVQCHECK(send_chunk(g, k + 1, c, res));
         if (g->tally != NULL && last) {
@@ -231,7 +236,7 @@ static gvqResult_t ring_steps(ring_t *g) {
 }
 
 /* Cut count elements into n segments on granule boundaries. */
-static void ring_partition(size_t *seg_off, int n, size_t count, size_t granule) {
+void gvq_ring_partition(size_t *seg_off, int n, size_t count, size_t granule) {
     size_t units = GVQ_DIV_UP(count, granule), base = units / (size_t)n, rem = units % (size_t)n;
     size_t u = 0;
     for (int s = 0; s <= n; s++) {
@@ -242,7 +247,8 @@ static void ring_partition(size_t *seg_off, int n, size_t count, size_t granule)
 
 static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                             void *dst, size_t count, int nrs, int nag, int shift, out_mode_t mode,
-                            const size_t *given_off, gvq_tally_t *tally) {
+                            const size_t *given_off, gvq_tally_t *tally, char **kept,
+                            char *also) {
     ring_t g;
     memset(&g, 0, sizeof g);
     gvqResult_t res = gvqSuccess;
@@ -258,13 +264,14 @@ static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const
     g.src = src;
     g.dst = dst;
     g.mode = mode;
+    g.also = also;
     g.posted[0] = g.posted[1] = -1;
     g.seg_off = malloc(sizeof(size_t) * (size_t)(g.n + 1));
     if (g.seg_off == NULL) return gvqSystemError;
     if (given_off != NULL)
         memcpy(g.seg_off, given_off, sizeof(size_t) * (size_t)(g.n + 1));
     else
-        ring_partition(g.seg_off, g.n, count, codec->granule);
+        gvq_ring_partition(g.seg_off, g.n, count, codec->granule);
 
     size_t gran = codec->granule;
     g.ce = GVQ_MAX(gran, (ctx->chunk_bytes / g.esize) / gran * gran);
@@ -309,6 +316,7 @@ static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const
     if (mode == OUT_WIRE) g.wire = sc;
 
     res = ring_steps(&g);
+    if (kept != NULL) *kept = g.pp[(nrs - 1) & 1];
     if (res != gvqSuccess) gvq_xport_cancelall(g.t, g.rreq[0], (int)nreq);
 err_free_req:
     free(g.rreq[0]);
@@ -348,7 +356,7 @@ gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *cod
         }
     } else {
         GVQCHECK(ring_run(ctx, codec, src, dst, count, n - 1, n - 1, -1,
-                          codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, tally));
+                          codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, tally, NULL, NULL));
         if (tally != NULL && !tally->carried) tally->sum = tally->value(tally->arg);
     }
     if (op == gvqAvg) GVQCHECK(dev->divide(dst, count, codec->dtype, n));
@@ -378,7 +386,7 @@ gvqResult_t gvq_ring_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *
         if (off == NULL) return gvqSystemError;
         /* shift -1: after n-1 steps rank r owns segment r, its own block */
         gvqResult_t res = ring_run(ctx, &codec, src, dst, (size_t)n * recvcount, n - 1, 0, -1,
-                                   OUT_PINGPONG, off, NULL);
+                                   OUT_PINGPONG, off, NULL, NULL, NULL);
         free(off);
         GVQCHECK(res);
     }
@@ -398,7 +406,19 @@ gvqResult_t gvq_ring_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, 
     size_t *off = block_offsets(n, count);
     if (off == NULL) return gvqSystemError;
     gvqResult_t res =
-        ring_run(ctx, &codec, NULL, dst, (size_t)n * count, 0, n - 1, 0, OUT_DST, off, NULL);
+        ring_run(ctx, &codec, NULL, dst, (size_t)n * count, 0, n - 1, 0, OUT_DST, off, NULL, NULL, NULL);
     free(off);
     return res;
+}
+
+gvqResult_t gvq_ring_reduce_scatter_keep(gvq_coll_ctx_t *ctx, const void *src, void *dst,
+                                         size_t count, gvqDataType_t dtype, gvqRedOp_t op,
+                                         const size_t *seg_off, char **own) {
+    gvq_codec_t codec;
+    gvq_codec_identity_init(&codec, ctx->dev, dtype, op);
+    int n = ctx->xport->nranks;
+    *own = NULL;
+    /* shift -1: after n-1 steps rank r owns segment r */
+    return ring_run(ctx, &codec, src, NULL, count, n - 1, 0, -1, OUT_PINGPONG, seg_off, NULL, own,
+                    dst);
 }

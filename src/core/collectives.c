@@ -191,7 +191,8 @@ static gvq_algo_t op_algo(const gvq_op_t *o) {
     size_t bytes = o->count * gvq_dtype_size(o->dtype);
     if (o->kind == GVQ_OP_REDUCE_SCATTER || o->kind == GVQ_OP_ALLGATHER)
         bytes *= (size_t)o->comm->nranks;
-    return gvq_select_algo(o->kind, o->comm->nranks, bytes, o->dtype, o->comm->xport->fifo);
+    return gvq_select_algo(o->kind, o->comm->nranks, bytes, o->dtype, o->comm->xport->fifo,
+                           o->comm->xport->stages_sends);
 }
 
 static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_algo_t algo) {
@@ -199,6 +200,8 @@ static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_alg
         return gvq_rd_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     if (algo == GVQ_ALGO_RAB)
         return gvq_rab_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
+    if (algo == GVQ_ALGO_DIRECT)
+        return gvq_direct_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     gvq_codec_t codec;
     gvq_codec_identity_init(&codec, ctx->dev, o->dtype, o->op);
     return gvq_ring_allreduce(ctx, &codec, o->sendbuff, o->recvbuff, o->count, o->op);
@@ -234,6 +237,8 @@ static gvqResult_t run_collective(const gvq_op_t *o, int allow_auto) {
     case GVQ_OP_ALLGATHER:
         if (algo == GVQ_ALGO_RD)
             return gvq_bruck_allgather(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype);
+        if (algo == GVQ_ALGO_DIRECT)
+            return gvq_direct_allgather(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype);
         return gvq_ring_allgather(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype);
     default:
         return gvqInternalError;

@@ -8,9 +8,9 @@
  *
  * Algorithms per collective (gvq_algo.h):
  *
- *   allreduce       ring, rd (recursive doubling), rab (Rabenseifner)
+ *   allreduce       ring, rd (recursive doubling), rab (Rabenseifner), direct
  *   reducescatter   ring, rab (recursive halving)
- *   allgather       ring, rd (Bruck)
+ *   allgather       ring, rd (Bruck), direct
  *   broadcast       ring (the pipelined chain), tree (binomial)
  *   reduce          ring (the pipelined chain), tree (binomial)
  *
@@ -35,16 +35,17 @@
 #define KIB ((size_t)1 << 10)
 #define NCOLL 5 /* GVQ_OP_ALLREDUCE .. GVQ_OP_ALLGATHER */
 
-static const char *const algo_names[GVQ_ALGO_COUNT] = {"auto", "ring", "rd", "rab", "tree"};
+static const char *const algo_names[GVQ_ALGO_COUNT] = {"auto", "ring", "rd", "rab", "tree",
+                                                              "direct"};
 static const char *const coll_names[NCOLL] = {"allreduce", "broadcast", "reduce", "reducescatter",
                                               "allgather"};
 #define B(a) (1u << (a))
 static const unsigned coll_algos[NCOLL] = {
-    [GVQ_OP_ALLREDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_RAB),
+    [GVQ_OP_ALLREDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_DIRECT),
     [GVQ_OP_BROADCAST] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE),
     [GVQ_OP_REDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE),
     [GVQ_OP_REDUCE_SCATTER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RAB),
-    [GVQ_OP_ALLGATHER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD),
+    [GVQ_OP_ALLGATHER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_DIRECT),
 };
 
 /* Datatype classes: 16-bit floats reduce through float conversions, so their reductions cost
@@ -81,6 +82,9 @@ static const select_row_t table[] = {
 };
 /* clang-format on */
 
+/* Where the ring's rows go to direct when the transport stages sends (see the header). */
+#define DIRECT_MIN_BYTES (1024 * KIB)
+
 static gvq_algo_t forced[NCOLL]; /* GVQ_ALGO; GVQ_ALGO_AUTO: the table */
 static int reported[NCOLL][GVQ_ALGO_COUNT];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
@@ -103,7 +107,7 @@ static void parse_item(const char *item, size_t len, const char *spec) {
     int a = name_index(algo_names, GVQ_ALGO_COUNT, an, alen);
     int k = eq != NULL ? name_index(coll_names, NCOLL, item, (size_t)(eq - item)) : -1;
     if (a < 0 || (eq != NULL && k < 0)) {
-        GVQ_WARN("GVQ_ALGO='%s': '%.*s' is not an algorithm (auto, ring, rd, rab, tree) or "
+        GVQ_WARN("GVQ_ALGO='%s': '%.*s' is not an algorithm (auto, ring, rd, rab, tree, direct) or "
                  "collective=algorithm (allreduce, broadcast, reduce, reducescatter, allgather); "
                  "ignored",
                  spec, (int)len, item);
@@ -154,12 +158,15 @@ static gvq_algo_t from_table(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDa
 }
 
 gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
-                           int fifo) {
+                           int fifo, int staged) {
     pthread_once(&env_once, env_init);
     if ((int)kind < 0 || (int)kind >= NCOLL || nranks <= 1 || fifo) return GVQ_ALGO_RING;
     gvq_algo_t a = forced[kind];
     int from_env = a != GVQ_ALGO_AUTO;
     if (!from_env) a = from_table(kind, nranks, bytes, dtype);
+    if (!from_env && staged && a == GVQ_ALGO_RING && (coll_algos[kind] & B(GVQ_ALGO_DIRECT)) &&
+        bytes >= DIRECT_MIN_BYTES)
+        a = GVQ_ALGO_DIRECT;
     if (!__atomic_load_n(&reported[kind][a], __ATOMIC_RELAXED) && /* no write once reported */
         __atomic_exchange_n(&reported[kind][a], 1, __ATOMIC_RELAXED) == 0)
         GVQ_INFO("%s: algorithm %s (%s; first at %zu bytes on %d ranks)", coll_names[kind],

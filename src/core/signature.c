@@ -114,6 +114,6 @@ gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t 
     GVQ_WARN("%s: rank %d called %s but rank %d called %s; nothing ran on any rank (collective "
              "call %llu of this communicator)%s",
              fn, lo_rank, a, hi_rank, b, (unsigned long long)lo[F_CALL],
-             show_algo ? "; GVQ_ALGO differs between the ranks" : "");
+             show_algo ? "; GVQ_ALGO or GVQ_SEND_COPY differs between the ranks" : "");
     return gvqInvalidArgument;
 }

@@ -68,6 +68,10 @@ typedef struct gvq_transport {
      * communicator broke): *own_mem, *own_mem_bytes long (NULL: none). A transport that copies
      * sends out of the caller's memory (MPI) sends from here without a copy. */
     void *const *own_mem;
+    /* The transport copies a send out of the caller's memory, one pass over its bytes, unless it
+     * lies in own_mem (MPI with GVQ_SEND_COPY=1): algorithms that forward received data then
+     * prefer to send from scratch (direct.c). Part of the algorithm choice (select.c). */
+    int stages_sends;
     const size_t *own_mem_bytes;
     void *impl;
 } gvq_transport_t;

@@ -555,6 +555,7 @@ static gvqResult_t mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     m->comm = comm;
     m->send_copy = gvq_param(GVQ_PARAM_SEND_COPY) != 0;
+    t->stages_sends = m->send_copy;
     t->ops = &mpi_ops;
     t->impl = m;
     t->cancel_keeps_buffers = 1;

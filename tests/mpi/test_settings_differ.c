@@ -7,6 +7,8 @@
  *                    sampling calls and timing out on call 101;
  *   algo             GVQ_ALGO=allreduce=rab on rank 0 only: the ranks would run different
  *                    algorithms whose messages cannot pair; the text names algorithm rab.
+ *   sendcopy         GVQ_SEND_COPY=0 on rank 0 only: at 2 MiB the staging ranks run direct,
+ *                    rank 0 the ring; the text names GVQ_SEND_COPY.
  * Set before gvq reads its environment. Calls the setting does not touch still work after.
  */
 #include <stdlib.h>
@@ -18,15 +20,19 @@
 
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
-    int algo = argc > 1 && strcmp(argv[1], "algo") == 0;
-    const char *want = algo ? "algorithm rab" : "GVQ_CODEC=qsgd";
-    if (mt.rank == 0) setenv(algo ? "GVQ_ALGO" : "GVQ_CODEC", algo ? "allreduce=rab" : "qsgd", 1);
+    const char *mode = argc > 1 ? argv[1] : "codec";
+    int sendcopy = strcmp(mode, "sendcopy") == 0;
+    int algo = sendcopy || strcmp(mode, "algo") == 0; /* both differ in the algorithm */
+    const char *want = sendcopy ? "GVQ_SEND_COPY" : algo ? "algorithm rab" : "GVQ_CODEC=qsgd";
+    if (mt.rank == 0 && sendcopy) setenv("GVQ_SEND_COPY", "0", 1);
+    if (mt.rank == 0 && !sendcopy)
+        setenv(algo ? "GVQ_ALGO" : "GVQ_CODEC", algo ? "allreduce=rab" : "qsgd", 1);
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     cfg.timeoutMs = TIMEOUT_MS;
     gvqComm_t comm = NULL;
     MT_OK(gvqCommInitMPI(&comm, MPI_COMM_WORLD, &cfg));
     if (comm == NULL || mt.nranks < 2) return mt_finish("test_settings_differ");
-    const size_t n = 8192;
+    const size_t n = sendcopy ? (size_t)512 << 10 : 8192;
     float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
     for (size_t i = 0; i < n; i++)
         x[i] = (float)(mt.rank + 1);

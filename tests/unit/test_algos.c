@@ -150,7 +150,7 @@ static void check_same(const case_t *c, int nranks) {
                c->order_values ? " (order-sensitive values)" : "", r);
 }
 
-static const char *const algos[] = {"ring", "rd", "rab", "tree"};
+static const char *const algos[] = {"ring", "rd", "rab", "tree", "direct"};
 
 /* Every collective with every algorithm forced, all datatypes and ops, 1..5 ranks. */
 static void test_forced(void) {
@@ -202,12 +202,13 @@ static void test_values_are_order_sensitive(void) {
 static void test_identical(void) {
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     const gvqRedOp_t ops[] = {gvqSum, gvqAvg, gvqMax, gvqMin};
-    for (size_t a = 0; a < 3; a++) {
-        gvq_select_override(algos[a]);
+    const char *const ar[] = {"ring", "rd", "rab", "direct"};
+    for (size_t a = 0; a < 4; a++) {
+        gvq_select_override(ar[a]);
         for (int n = 2; n <= 5; n++)
             for (size_t o = 0; o < 4; o++)
                 for (int ip = 0; ip < 2; ip++) {
-                    case_t c = {algos[a], 4099, gvqFloat32, ops[o], ip, 0, 1, {0}};
+                    case_t c = {ar[a], 4099, gvqFloat32, ops[o], ip, 0, 1, {0}};
                     gvq_test_run(n, &cfg, rank_allreduce, &c);
                     check_same(&c, n);
                 }
@@ -215,26 +216,56 @@ static void test_identical(void) {
     gvq_select_override(NULL);
 }
 
+/* direct is the ring's reduce-scatter with another allgather: the same sums, so the same bits
+ * as the ring on order-sensitive values (and chunk boundaries that differ from the segments'). */
+static void test_direct_is_ring(void) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    cfg.chunkBytes = 1000;
+    for (int n = 2; n <= 5; n++)
+        for (int ip = 0; ip < 2; ip++) {
+            case_t ring = {"ring", 4099, gvqFloat32, gvqSum, ip, 0, 1, {0}}, direct = ring;
+            direct.algo = "direct";
+            gvq_select_override("ring");
+            gvq_test_run(n, &cfg, rank_allreduce, &ring);
+            gvq_select_override("direct");
+            gvq_test_run(n, &cfg, rank_allreduce, &direct);
+            for (int r = 0; r < n; r++)
+                EXPECT(ring.hash[r] == direct.hash[r],
+                       "n=%d %s: rank %d's direct allreduce differs from the ring's", n,
+                       ip ? "in-place" : "out-of-place", r);
+        }
+    gvq_select_override(NULL);
+}
+
 /* Malformed or unsupported GVQ_ALGO items are ignored (WARN), the rest applies. */
 static void test_spec(void) {
     gvq_select_override("allreduce=tree,bogus,allgather=rd");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1 << 30, gvqFloat32, 0) == GVQ_ALGO_RING,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1 << 30, gvqFloat32, 0, 0) == GVQ_ALGO_RING,
            "allreduce=tree is not an allreduce algorithm: the table (ring at 1 GiB) must stay");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLGATHER, 4, 1 << 30, gvqFloat32, 0) == GVQ_ALGO_RD,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLGATHER, 4, 1 << 30, gvqFloat32, 0, 0) == GVQ_ALGO_RD,
            "allgather=rd must force Bruck");
     gvq_select_override("rab");
-    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 3, 1, gvqInt8, 0) == GVQ_ALGO_RAB, "rab for RS");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1) == GVQ_ALGO_RING,
+    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 3, 1, gvqInt8, 0, 0) == GVQ_ALGO_RAB, "rab for RS");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1, 0) == GVQ_ALGO_RING,
            "FIFO transports keep the ring");
     gvq_select_override(NULL);
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0) == GVQ_ALGO_RING,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 0) == GVQ_ALGO_RING,
            "the table gives the ring at 1 GiB");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 1) ==
+               GVQ_ALGO_DIRECT,
+           "a transport that stages sends gets direct where the table gives the ring");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 1) == GVQ_ALGO_RD,
+           "staging leaves the small sizes' rows alone");
+    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 4, (size_t)1 << 30, gvqFloat32, 0, 1) ==
+               GVQ_ALGO_RING,
+           "reduce-scatter has no direct algorithm");
 }
 
 int main(void) {
     test_values_are_order_sensitive();
     test_spec();
     test_identical();
+    test_direct_is_ring();
     test_forced();
     return gvq_test_finish("test_algos");
 }
