@@ -4,7 +4,10 @@
 # time with and without the send staging, in interleaved rounds so that the machine's drift hits
 # every configuration alike, and the median per size.
 #
-#   bash perf/sendcopy-cost.sh [-B BUILD] [-r ROUNDS] [-n "2 3 4"] [-b 1M] [-e 256M]
+#   bash perf/sendcopy-cost.sh [-B BUILD] [-r ROUNDS] [-n "2 3 4"] [-b 1M] [-e 256M] [-E RATE]
+#
+# -E RATE runs every rank on its own emulated host with RATE links (perf/emulate-cluster.sh,
+# TCP): where the network, not memory bandwidth, bounds the call.
 #
 # Configurations (GVQ_SEND_COPY, GVQ_ALGO):
 #   nocopy      0, auto   sends in place: the speed without the guarantee (the reference)
@@ -18,13 +21,15 @@ ROUNDS=5
 RANKS="2 3 4"
 BEGIN=1M
 END=256M
-while getopts "B:r:n:b:e:" o; do
+RATE=
+while getopts "B:r:n:b:e:E:" o; do
     case "$o" in
     B) BUILD=$OPTARG ;;
     r) ROUNDS=$OPTARG ;;
     n) RANKS=$OPTARG ;;
     b) BEGIN=$OPTARG ;;
     e) END=$OPTARG ;;
+    E) RATE=$OPTARG ;;
     *) exit 2 ;;
     esac
 done
@@ -37,9 +42,16 @@ for np in $RANKS; do
     for ((round = 0; round < ROUNDS; round++)); do
         for cfg in "${CONFIGS[@]}"; do
             read -r name copy algo <<<"$cfg"
-            GVQ_SEND_COPY=$copy GVQ_ALGO=$algo mpirun -np "$np" --oversubscribe \
-                -x GVQ_SEND_COPY -x GVQ_ALGO -x OPENBLAS_NUM_THREADS \
-                "$BUILD/perf/gvq-perf" -b "$BEGIN" -e "$END" -f 4 -n 10 -w 3 -C none 2>/dev/null |
+            export GVQ_SEND_COPY=$copy GVQ_ALGO=$algo
+            if [ -n "$RATE" ]; then
+                GVQ_EMU_MPIRUN_ARGS="-x GVQ_SEND_COPY -x GVQ_ALGO -x OPENBLAS_NUM_THREADS" \
+                    bash "$(dirname "$0")/emulate-cluster.sh" -n "$np" -r "$RATE" -- \
+                    "$BUILD/perf/gvq-perf" -b "$BEGIN" -e "$END" -f 4 -n 5 -w 2 -C none
+            else
+                mpirun -np "$np" --oversubscribe -x GVQ_SEND_COPY -x GVQ_ALGO \
+                    -x OPENBLAS_NUM_THREADS \
+                    "$BUILD/perf/gvq-perf" -b "$BEGIN" -e "$END" -f 4 -n 10 -w 3 -C none
+            fi 2>/dev/null |
                 awk -v np="$np" -v name="$name" '/^ *[0-9]+ /{print np, name, $1, $6}' \
                     >>"$OUT/times"
         done
