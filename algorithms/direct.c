@@ -83,8 +83,7 @@ gvqResult_t gvq_direct_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst
     if (seg_off == NULL) return gvqSystemError;
     gvq_ring_partition(seg_off, n, count, 1);
     char *own = NULL;
-    gvqResult_t res =
-        gvq_ring_reduce_scatter_keep(ctx, src, dst, count, dtype, op, seg_off, &own);
+    gvqResult_t res = gvq_ring_reduce_scatter_keep(ctx, src, dst, count, dtype, op, seg_off, &own);
     if (res == gvqSuccess) res = exchange_blocks(ctx, own, dst, seg_off, esize);
     free(seg_off);
     GVQCHECK(res);

@@ -247,8 +247,7 @@ void gvq_ring_partition(size_t *seg_off, int n, size_t count, size_t granule) {
 
 static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                             void *dst, size_t count, int nrs, int nag, int shift, out_mode_t mode,
-                            const size_t *given_off, gvq_tally_t *tally, char **kept,
-                            char *also) {
+                            const size_t *given_off, gvq_tally_t *tally, char **kept, char *also) {
     ring_t g;
     memset(&g, 0, sizeof g);
     gvqResult_t res = gvqSuccess;
@@ -405,8 +404,8 @@ gvqResult_t gvq_ring_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, 
     gvq_codec_identity_init(&codec, ctx->dev, dtype, gvqSum);
     size_t *off = block_offsets(n, count);
     if (off == NULL) return gvqSystemError;
-    gvqResult_t res =
-        ring_run(ctx, &codec, NULL, dst, (size_t)n * count, 0, n - 1, 0, OUT_DST, off, NULL, NULL, NULL);
+    gvqResult_t res = ring_run(ctx, &codec, NULL, dst, (size_t)n * count, 0, n - 1, 0, OUT_DST, off,
+                               NULL, NULL, NULL);
     free(off);
     return res;
 }

@@ -8,11 +8,11 @@
 #include "gvq_group.h"
 
 typedef enum {
-    GVQ_ALGO_AUTO, /* the table */
-    GVQ_ALGO_RING, /* the pipelined ring (broadcast and reduce: the chain) */
-    GVQ_ALGO_RD,   /* recursive doubling (allgather: Bruck) */
-    GVQ_ALGO_RAB,  /* Rabenseifner's recursive halving/doubling */
-    GVQ_ALGO_TREE, /* binomial tree */
+    GVQ_ALGO_AUTO,   /* the table */
+    GVQ_ALGO_RING,   /* the pipelined ring (broadcast and reduce: the chain) */
+    GVQ_ALGO_RD,     /* recursive doubling (allgather: Bruck) */
+    GVQ_ALGO_RAB,    /* Rabenseifner's recursive halving/doubling */
+    GVQ_ALGO_TREE,   /* binomial tree */
     GVQ_ALGO_DIRECT, /* ring reduce-scatter, direct allgather: sends from library memory only */
     GVQ_ALGO_COUNT
 } gvq_algo_t;
@@ -20,8 +20,8 @@ typedef enum {
 /* The algorithm for a collective of `kind` (GVQ_OP_ALLREDUCE .. GVQ_OP_ALLGATHER) on nranks
  * ranks moving `bytes` (nccl-tests' size: the whole buffer, all blocks for reduce-scatter and
  * allgather) of dtype. FIFO transports always get the ring; `staged`: the transport copies sends
- * out of the caller's memory (gvq_transport_t.stages_sends), which moves the ring's rows to
- * direct. The first use of each (collective,
+ * out of the caller's memory and every rank is on one host (gvq_transport_t.stages_sends and
+ * one_host), which moves the ring's rows to direct. The first use of each (collective,
  * algorithm) is reported at INFO. Never GVQ_ALGO_AUTO. */
 gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
                            int fifo, int staged);

@@ -14,6 +14,17 @@
  *   broadcast       ring (the pipelined chain), tree (binomial)
  *   reduce          ring (the pipelined chain), tree (binomial)
  *
+ * When the transport copies sends out of the caller's memory (MPI with GVQ_SEND_COPY=1, the
+ * default) and all ranks share one host (memory-bound transfers), allreduce and allgather run
+ * direct where the table gives the ring, from 4 MiB: it
+ * sends from library memory only, so it pays N blocks' copies where the ring pays 2(N-1)
+ * (direct.c). Measured with perf/sendcopy-cost.sh at 3 and 4 ranks, 16-256 MiB: +7-27% over
+ * sends in place, against +21-43% for the ring with staging; at 1 MiB direct was slower at 2
+ * and 3 ranks, at 4 MiB level. Across hosts (the emulated 1 Gbit/s cluster) the ring with
+ * staging costs nothing over sends in place (1.00x at 16-64 MiB) while direct, whose steps do
+ * not overlap as the ring's pipeline does, was 1.20x: there the ring stays (perf/RESULTS.md
+ * section 7).
+ *
  * A name a collective does not have, or a malformed item, is reported at WARN and that item
  * ignored. The choice is reported at INFO the first time each (collective, algorithm) runs.
  * The algorithms other than the ring post receives ahead of their sends, so a FIFO transport
@@ -35,8 +46,8 @@
 #define KIB ((size_t)1 << 10)
 #define NCOLL 5 /* GVQ_OP_ALLREDUCE .. GVQ_OP_ALLGATHER */
 
-static const char *const algo_names[GVQ_ALGO_COUNT] = {"auto", "ring", "rd", "rab", "tree",
-                                                              "direct"};
+static const char *const algo_names[GVQ_ALGO_COUNT] = {"auto", "ring", "rd",
+                                                       "rab",  "tree", "direct"};
 static const char *const coll_names[NCOLL] = {"allreduce", "broadcast", "reduce", "reducescatter",
                                               "allgather"};
 #define B(a) (1u << (a))
@@ -83,7 +94,7 @@ static const select_row_t table[] = {
 /* clang-format on */
 
 /* Where the ring's rows go to direct when the transport stages sends (see the header). */
-#define DIRECT_MIN_BYTES (1024 * KIB)
+#define DIRECT_MIN_BYTES (4096 * KIB)
 
 static gvq_algo_t forced[NCOLL]; /* GVQ_ALGO; GVQ_ALGO_AUTO: the table */
 static int reported[NCOLL][GVQ_ALGO_COUNT];
@@ -164,12 +175,16 @@ gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqData
     gvq_algo_t a = forced[kind];
     int from_env = a != GVQ_ALGO_AUTO;
     if (!from_env) a = from_table(kind, nranks, bytes, dtype);
-    if (!from_env && staged && a == GVQ_ALGO_RING && (coll_algos[kind] & B(GVQ_ALGO_DIRECT)) &&
-        bytes >= DIRECT_MIN_BYTES)
-        a = GVQ_ALGO_DIRECT;
+    int moved = !from_env && staged && a == GVQ_ALGO_RING &&
+                (coll_algos[kind] & B(GVQ_ALGO_DIRECT)) && bytes >= DIRECT_MIN_BYTES;
+    if (moved) a = GVQ_ALGO_DIRECT;
     if (!__atomic_load_n(&reported[kind][a], __ATOMIC_RELAXED) && /* no write once reported */
         __atomic_exchange_n(&reported[kind][a], 1, __ATOMIC_RELAXED) == 0)
         GVQ_INFO("%s: algorithm %s (%s; first at %zu bytes on %d ranks)", coll_names[kind],
-                 algo_names[a], from_env ? "GVQ_ALGO" : "the size table", bytes, nranks);
+                 algo_names[a],
+                 from_env ? "GVQ_ALGO"
+                 : moved  ? "the size table; sends are staged and the ranks share one host"
+                          : "the size table",
+                 bytes, nranks);
     return a;
 }

@@ -543,6 +543,14 @@ static const gvq_transport_ops_t mpi_ops = {
     .iallgatherv = mpi_iallgatherv,
 };
 
+/* Whether the whole job runs on this host, from what Open MPI's launcher tells every process
+ * (no collective call: transport creation stays bounded by the bootstrap's timeout). A job
+ * started otherwise counts as spread over hosts. */
+static int one_host(void) {
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"), *all = getenv("OMPI_COMM_WORLD_SIZE");
+    return local != NULL && all != NULL && atoi(local) > 0 && atoi(local) == atoi(all);
+}
+
 static gvqResult_t mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {
     gvq_transport_t *t = calloc(1, sizeof *t);
     mpi_impl_t *m = calloc(1, sizeof *m);
@@ -556,6 +564,7 @@ static gvqResult_t mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {
     m->comm = comm;
     m->send_copy = gvq_param(GVQ_PARAM_SEND_COPY) != 0;
     t->stages_sends = m->send_copy;
+    t->one_host = one_host();
     t->ops = &mpi_ops;
     t->impl = m;
     t->cancel_keeps_buffers = 1;

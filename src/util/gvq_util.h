@@ -94,8 +94,9 @@ int gvq_thread_may_sleep(void);
       "ring and chain pipeline chunk size in bytes")                                            \
     X(ALGO, "GVQ_ALGO", TEXT, 0, NULL,                                                          \
       "algorithm of the plain collectives, as NCCL_ALGO: ring, rd (recursive doubling; "        \
-      "allgather: Bruck), rab (Rabenseifner), tree (binomial broadcast/reduce) or auto (the "   \
-      "measured table, src/core/select.c), for all or per collective, e.g. "                    \
+      "allgather: Bruck), rab (Rabenseifner), tree (binomial broadcast/reduce), direct "        \
+      "(allreduce/allgather sending from library memory only) or auto (the measured table, "    \
+      "src/core/select.c), for all or per collective, e.g. "                                    \
       "'allreduce=rd,broadcast=tree' (allreduce, broadcast, reduce, reducescatter, "            \
       "allgather)")                                                                             \
     X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", UINT, 1 << 18, NULL,                          \

@@ -7,7 +7,7 @@
  *                    sampling calls and timing out on call 101;
  *   algo             GVQ_ALGO=allreduce=rab on rank 0 only: the ranks would run different
  *                    algorithms whose messages cannot pair; the text names algorithm rab.
- *   sendcopy         GVQ_SEND_COPY=0 on rank 0 only: at 2 MiB the staging ranks run direct,
+ *   sendcopy         GVQ_SEND_COPY=0 on rank 0 only: at 8 MiB the staging ranks run direct,
  *                    rank 0 the ring; the text names GVQ_SEND_COPY.
  * Set before gvq reads its environment. Calls the setting does not touch still work after.
  */
@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
     gvqComm_t comm = NULL;
     MT_OK(gvqCommInitMPI(&comm, MPI_COMM_WORLD, &cfg));
     if (comm == NULL || mt.nranks < 2) return mt_finish("test_settings_differ");
-    const size_t n = sendcopy ? (size_t)512 << 10 : 8192;
+    const size_t n = sendcopy ? (size_t)2 << 20 : 8192;
     float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
     for (size_t i = 0; i < n; i++)
         x[i] = (float)(mt.rank + 1);

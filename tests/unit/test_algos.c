@@ -245,7 +245,8 @@ static void test_spec(void) {
     EXPECT(gvq_select_algo(GVQ_OP_ALLGATHER, 4, 1 << 30, gvqFloat32, 0, 0) == GVQ_ALGO_RD,
            "allgather=rd must force Bruck");
     gvq_select_override("rab");
-    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 3, 1, gvqInt8, 0, 0) == GVQ_ALGO_RAB, "rab for RS");
+    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 3, 1, gvqInt8, 0, 0) == GVQ_ALGO_RAB,
+           "rab for RS");
     EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1, 0) == GVQ_ALGO_RING,
            "FIFO transports keep the ring");
     gvq_select_override(NULL);
