@@ -192,7 +192,7 @@ static gvq_algo_t op_algo(const gvq_op_t *o) {
     if (o->kind == GVQ_OP_REDUCE_SCATTER || o->kind == GVQ_OP_ALLGATHER)
         bytes *= (size_t)o->comm->nranks;
     return gvq_select_algo(o->kind, o->comm->nranks, bytes, o->dtype, o->comm->xport->fifo,
-                           o->comm->xport->stages_sends && o->comm->xport->one_host);
+                           o->comm->xport->stages_sends, o->comm->xport->one_host);
 }
 
 static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_algo_t algo) {

@@ -19,12 +19,13 @@ typedef enum {
 
 /* The algorithm for a collective of `kind` (GVQ_OP_ALLREDUCE .. GVQ_OP_ALLGATHER) on nranks
  * ranks moving `bytes` (nccl-tests' size: the whole buffer, all blocks for reduce-scatter and
- * allgather) of dtype. FIFO transports always get the ring; `staged`: the transport copies sends
- * out of the caller's memory and every rank is on one host (gvq_transport_t.stages_sends and
- * one_host), which moves the ring's rows to direct. The first use of each (collective,
- * algorithm) is reported at INFO. Never GVQ_ALGO_AUTO. */
+ * allgather) of dtype. FIFO transports always get the ring. `one_host`: every rank runs on one
+ * host (gvq_transport_t.one_host), which picks the rows measured on shared memory, else those
+ * measured across hosts; `staged`: the transport copies sends out of the caller's memory
+ * (stages_sends), which on one host moves the ring's rows to direct. The first use of each
+ * (collective, algorithm) is reported at INFO. Never GVQ_ALGO_AUTO. */
 gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
-                           int fifo, int staged);
+                           int fifo, int staged, int one_host);
 const char *gvq_algo_name(gvq_algo_t a);
 /* Replace GVQ_ALGO's setting with spec (same syntax; NULL: the environment's again). For tests;
  * not while collectives run. */

@@ -30,7 +30,9 @@
  * The algorithms other than the ring post receives ahead of their sends, so a FIFO transport
  * (NCCL's) always runs the ring.
  *
- * The allreduce bounds were measured on the development machine (2 cores shared with other
+ * Rows hold on one host (H_ONE: shared memory, transfers are memory copies), across hosts
+ * (H_MANY: the network bounds a call) or both; gvq_transport_t.one_host tells which. The
+ * allreduce bounds on one host were measured on the development machine (2 cores shared with other
  * jobs, load 10-17 at the time: the bounds are rough): gvq-perf -b 1K -e 4M -f 2 -n 50 -w 10
  * with GVQ_ALGO forced per algorithm, 2 to 5 ranks, medians over 3 runs of the per-size time;
  * a bound is the largest size at which the row's algorithm had the lowest median. Rows marked
@@ -63,33 +65,43 @@ static const unsigned coll_algos[NCOLL] = {
  * more per byte and the crossovers of reducing collectives may sit elsewhere. */
 enum { DC_ANY, DC_HALF };
 
+/* Where the ranks run: rows measured on one host (shared memory: memory-bound transfers) or
+ * across hosts (the network bounds a call), or rows for both. */
+enum { H_ANY, H_ONE, H_MANY };
+
 typedef struct {
     gvq_op_kind_t kind;
     int min_ranks, max_ranks; /* inclusive */
     int dclass;               /* DC_ANY: every datatype */
+    int hosts;                /* H_ANY, H_ONE or H_MANY */
     size_t max_bytes;         /* the row holds up to this size */
     gvq_algo_t algo;
 } select_row_t;
 
 /* clang-format off */
 static const select_row_t table[] = {
-    /* kind                  ranks    dtypes  up to        algorithm      measured (see above) */
-    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, 2 * KIB,     GVQ_ALGO_RD},
-    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, 4 * KIB,     GVQ_ALGO_RING}, /* rd's one 4 KiB
-                                                                            * message: 0.24x */
-    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, 32 * KIB,    GVQ_ALGO_RD},   /* rd best to 32K */
-    {GVQ_OP_ALLREDUCE,       3, 3,    DC_ANY, 16 * KIB,    GVQ_ALGO_RD},   /* ring from 32K */
-    {GVQ_OP_ALLREDUCE,       4, 4,    DC_ANY, 16 * KIB,    GVQ_ALGO_RD},   /* undecidable < 16K */
-    {GVQ_OP_ALLREDUCE,       4, 4,    DC_ANY, 256 * KIB,   GVQ_ALGO_RING},
-    {GVQ_OP_ALLREDUCE,       4, 4,    DC_ANY, 4096 * KIB,  GVQ_ALGO_RAB},  /* rab best 512K..4M */
-    {GVQ_OP_ALLREDUCE,       5, 5,    DC_ANY, 64 * KIB,    GVQ_ALGO_RD},
-    {GVQ_OP_ALLREDUCE,       5, 5,    DC_ANY, 512 * KIB,   GVQ_ALGO_RAB},  /* rab best 128K..512K */
-    {GVQ_OP_ALLREDUCE,       6, 1024, DC_ANY, 16 * KIB,    GVQ_ALGO_RD},   /* not measured */
+    /* kind                  ranks    dtypes  hosts   up to        algorithm   measured (above) */
+    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, H_ONE,  2 * KIB,     GVQ_ALGO_RD},
+    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, H_ONE,  4 * KIB,     GVQ_ALGO_RING}, /* rd's one
+                                                                     * 4 KiB message: 0.24x */
+    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, H_ONE,  32 * KIB,    GVQ_ALGO_RD},   /* to 32K */
+    {GVQ_OP_ALLREDUCE,       3, 3,    DC_ANY, H_ONE,  16 * KIB,    GVQ_ALGO_RD},   /* ring 32K+ */
+    {GVQ_OP_ALLREDUCE,       4, 4,    DC_ANY, H_ONE,  16 * KIB,    GVQ_ALGO_RD},   /* < 16K:
+                                                                     * undecidable */
+    {GVQ_OP_ALLREDUCE,       4, 4,    DC_ANY, H_ONE,  256 * KIB,   GVQ_ALGO_RING},
+    {GVQ_OP_ALLREDUCE,       4, 4,    DC_ANY, H_ONE,  4096 * KIB,  GVQ_ALGO_RAB},  /* 512K-4M */
+    {GVQ_OP_ALLREDUCE,       5, 5,    DC_ANY, H_ONE,  64 * KIB,    GVQ_ALGO_RD},
+    {GVQ_OP_ALLREDUCE,       5, 5,    DC_ANY, H_ONE,  512 * KIB,   GVQ_ALGO_RAB},  /* 128K-512K */
+    {GVQ_OP_ALLREDUCE,       6, 1024, DC_ANY, H_ONE,  16 * KIB,    GVQ_ALGO_RD},   /* not measured */
+    /* across hosts: 4 ranks on the emulated 1 Gbit/s cluster (perf/RESULTS.md section 7; rab
+     * and ring level at 64-256K, the ring 1.2-1.4x rab from 1 MiB); other counts not measured */
+    {GVQ_OP_ALLREDUCE,       2, 1024, DC_ANY, H_MANY, 16 * KIB,    GVQ_ALGO_RD},
+    {GVQ_OP_ALLREDUCE,       2, 1024, DC_ANY, H_MANY, 256 * KIB,   GVQ_ALGO_RAB},
     /* not measured yet (gvq-perf times allreduce only): bounds from the step counts */
-    {GVQ_OP_REDUCE_SCATTER,  2, 1024, DC_ANY, 64 * KIB,    GVQ_ALGO_RAB},
-    {GVQ_OP_ALLGATHER,       2, 1024, DC_ANY, 64 * KIB,    GVQ_ALGO_RD},
-    {GVQ_OP_BROADCAST,       3, 1024, DC_ANY, 64 * KIB,    GVQ_ALGO_TREE},
-    {GVQ_OP_REDUCE,          3, 1024, DC_ANY, 64 * KIB,    GVQ_ALGO_TREE},
+    {GVQ_OP_REDUCE_SCATTER,  2, 1024, DC_ANY, H_ANY,  64 * KIB,    GVQ_ALGO_RAB},
+    {GVQ_OP_ALLGATHER,       2, 1024, DC_ANY, H_ANY,  64 * KIB,    GVQ_ALGO_RD},
+    {GVQ_OP_BROADCAST,       3, 1024, DC_ANY, H_ANY,  64 * KIB,    GVQ_ALGO_TREE},
+    {GVQ_OP_REDUCE,          3, 1024, DC_ANY, H_ANY,  64 * KIB,    GVQ_ALGO_TREE},
 };
 /* clang-format on */
 
@@ -157,25 +169,28 @@ void gvq_select_override(const char *spec) {
     parse_spec(spec != NULL ? spec : gvq_param_text(GVQ_PARAM_ALGO));
 }
 
-static gvq_algo_t from_table(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype) {
+static gvq_algo_t from_table(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
+                             int one_host) {
     int half = dtype == gvqFloat16 || dtype == gvqBfloat16;
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         const select_row_t *row = &table[i];
         if (row->kind == kind && nranks >= row->min_ranks && nranks <= row->max_ranks &&
-            (row->dclass == DC_ANY || (row->dclass == DC_HALF && half)) && bytes <= row->max_bytes)
+            (row->dclass == DC_ANY || (row->dclass == DC_HALF && half)) &&
+            (row->hosts == H_ANY || row->hosts == (one_host ? H_ONE : H_MANY)) &&
+            bytes <= row->max_bytes)
             return row->algo;
     }
     return GVQ_ALGO_RING;
 }
 
 gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
-                           int fifo, int staged) {
+                           int fifo, int staged, int one_host) {
     pthread_once(&env_once, env_init);
     if ((int)kind < 0 || (int)kind >= NCOLL || nranks <= 1 || fifo) return GVQ_ALGO_RING;
     gvq_algo_t a = forced[kind];
     int from_env = a != GVQ_ALGO_AUTO;
-    if (!from_env) a = from_table(kind, nranks, bytes, dtype);
-    int moved = !from_env && staged && a == GVQ_ALGO_RING &&
+    if (!from_env) a = from_table(kind, nranks, bytes, dtype, one_host);
+    int moved = !from_env && staged && one_host && a == GVQ_ALGO_RING &&
                 (coll_algos[kind] & B(GVQ_ALGO_DIRECT)) && bytes >= DIRECT_MIN_BYTES;
     if (moved) a = GVQ_ALGO_DIRECT;
     if (!__atomic_load_n(&reported[kind][a], __ATOMIC_RELAXED) && /* no write once reported */

@@ -240,26 +240,35 @@ static void test_direct_is_ring(void) {
 /* Malformed or unsupported GVQ_ALGO items are ignored (WARN), the rest applies. */
 static void test_spec(void) {
     gvq_select_override("allreduce=tree,bogus,allgather=rd");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1 << 30, gvqFloat32, 0, 0) == GVQ_ALGO_RING,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1 << 30, gvqFloat32, 0, 0, 1) == GVQ_ALGO_RING,
            "allreduce=tree is not an allreduce algorithm: the table (ring at 1 GiB) must stay");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLGATHER, 4, 1 << 30, gvqFloat32, 0, 0) == GVQ_ALGO_RD,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLGATHER, 4, 1 << 30, gvqFloat32, 0, 0, 1) == GVQ_ALGO_RD,
            "allgather=rd must force Bruck");
     gvq_select_override("rab");
-    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 3, 1, gvqInt8, 0, 0) == GVQ_ALGO_RAB,
+    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 3, 1, gvqInt8, 0, 0, 1) == GVQ_ALGO_RAB,
            "rab for RS");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1, 0) == GVQ_ALGO_RING,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1, 0, 1) == GVQ_ALGO_RING,
            "FIFO transports keep the ring");
     gvq_select_override(NULL);
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 0) == GVQ_ALGO_RING,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 0, 1) ==
+               GVQ_ALGO_RING,
            "the table gives the ring at 1 GiB");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 1) ==
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 1, 1) ==
                GVQ_ALGO_DIRECT,
            "a transport that stages sends gets direct where the table gives the ring");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 1) == GVQ_ALGO_RD,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 1, 1) == GVQ_ALGO_RD,
            "staging leaves the small sizes' rows alone");
-    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 4, (size_t)1 << 30, gvqFloat32, 0, 1) ==
+    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 4, (size_t)1 << 30, gvqFloat32, 0, 1, 1) ==
                GVQ_ALGO_RING,
            "reduce-scatter has no direct algorithm");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 1, 0) ==
+               GVQ_ALGO_RING,
+           "across hosts staged sends keep the ring");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 20, gvqFloat32, 0, 0, 0) ==
+               GVQ_ALGO_RING,
+           "across hosts the ring from 512 KiB (the one-host rows give rab at 1 MiB)");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 0, 0) == GVQ_ALGO_RD,
+           "across hosts recursive doubling at 1 KiB");
 }
 
 int main(void) {
