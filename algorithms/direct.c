@@ -1,5 +1,5 @@
 /*
- * direct.c -- allreduce and allgather that send only from library memory: for transports that
+ * direct.c -- allreduce and allgather whose forwards leave from library memory: for transports that
  * copy a send out of the caller's memory (MPI's default, docs/RELIABILITY.md), where the ring's
  * every forward from the output would cost one more pass over the bytes.
  *
@@ -47,7 +47,7 @@ static gvqResult_t exchange_step(gvq_coll_ctx_t *ctx, int j, const char *own, ch
         if (ctx->bytes_sent != NULL) *ctx->bytes_sent += bytes;
         res = t->ops->isend(t, to, GVQ_TAG_COLL, own + off * esize, bytes, &req[nreq++]);
     }
-    if (res == gvqSuccess) res = gvq_xport_waitall(t, req, nreq, "direct allgather");
+    if (res == gvqSuccess) res = gvq_xport_waitall(t, req, nreq, "direct exchange");
     if (res != gvqSuccess) gvq_xport_cancelall(t, req, nreq);
     return res;
 }

@@ -240,10 +240,12 @@ gvqResult_t gvq_ring_reduce_scatter_keep(gvq_coll_ctx_t *ctx, const void *src, v
                                          size_t count, gvqDataType_t dtype, gvqRedOp_t op,
                                          const size_t *seg_off, char **own);
 
-/* ---- sends from library memory only (direct.c) ----------------------------------------------
+/* ---- forwards from library memory (direct.c) -----------------------------------------------
  * For transports that copy a send out of the caller's memory (t->stages_sends): the ring's
- * reduce-scatter into scratch, then every rank's block sent straight to every other rank, so
- * N blocks' copies at most where the ring pays 2(N-1). Same results as the ring, bitwise
+ * reduce-scatter into scratch, then every rank's block sent straight to every other rank: every
+ * send after step 0's comes from library memory, so the caller's bytes are copied twice per
+ * rank (one block each: step 0's staged send, the own block into dst; allgather: once) where
+ * the staged ring copies 2(N-1) blocks. Same results as the ring, bitwise
  * identical on every rank; not for FIFO transports. src may equal dst. */
 gvqResult_t gvq_direct_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                                  gvqDataType_t dtype, gvqRedOp_t op);

@@ -11,7 +11,7 @@
 #
 # Configurations (GVQ_SEND_COPY, GVQ_ALGO):
 #   nocopy      0, auto   sends in place: the speed without the guarantee (the reference)
-#   default     1, auto   the default: staged sends, direct allreduce from 1 MiB (select.c)
+#   default     1, auto   the default: staged sends, direct allreduce from 4 MiB at 3+ ranks on one host (select.c)
 #   ring-staged 1, ring   staged sends through the ring (the default before direct.c)
 # Prints, per rank count and size, the median time of each and its ratio to nocopy.
 set -euo pipefail

@@ -357,6 +357,9 @@ GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUnique
         for (int r = 0; r < nranks; r++)
             keys[r] = all[r].host_key;
         (*comm)->host_keys = keys;
+        int nhosts = 0, leader = 0;
+        if (gvq_comm_hosts(*comm, &nhosts, &leader, NULL) == gvqSuccess) /* no transfer: known */
+            (*comm)->xport->one_host = nhosts == 1;
     }
 out_free:
     free(all);

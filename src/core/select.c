@@ -16,8 +16,9 @@
  *
  * When the transport copies sends out of the caller's memory (MPI with GVQ_SEND_COPY=1, the
  * default) and all ranks share one host (memory-bound transfers), allreduce and allgather run
- * direct where the table gives the ring, from 4 MiB: it
- * sends from library memory only, so it pays N blocks' copies where the ring pays 2(N-1)
+ * direct where the table gives the ring, from 3 ranks (at 2 it copies what the ring copies and
+ * has no pipeline) and 4 MiB: it
+ * sends from library memory after step 0, so it copies 2 blocks where the ring copies 2(N-1)
  * (direct.c). Measured with perf/sendcopy-cost.sh at 3 and 4 ranks, 16-256 MiB: +7-27% over
  * sends in place, against +21-43% for the ring with staging; at 1 MiB direct was slower at 2
  * and 3 ranks, at 4 MiB level. Across hosts (the emulated 1 Gbit/s cluster) the ring with
@@ -190,7 +191,7 @@ gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqData
     gvq_algo_t a = forced[kind];
     int from_env = a != GVQ_ALGO_AUTO;
     if (!from_env) a = from_table(kind, nranks, bytes, dtype, one_host);
-    int moved = !from_env && staged && one_host && a == GVQ_ALGO_RING &&
+    int moved = !from_env && staged && one_host && nranks >= 3 && a == GVQ_ALGO_RING &&
                 (coll_algos[kind] & B(GVQ_ALGO_DIRECT)) && bytes >= DIRECT_MIN_BYTES;
     if (moved) a = GVQ_ALGO_DIRECT;
     if (!__atomic_load_n(&reported[kind][a], __ATOMIC_RELAXED) && /* no write once reported */

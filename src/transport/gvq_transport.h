@@ -72,10 +72,11 @@ typedef struct gvq_transport {
      * lies in own_mem (MPI with GVQ_SEND_COPY=1): algorithms that forward received data then
      * prefer to send from scratch (direct.c). Part of the algorithm choice (select.c). */
     int stages_sends;
-    /* Every rank of the job runs on one host (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE equals
-     * OMPI_COMM_WORLD_SIZE): transfers are memory copies, so a copy more costs as much as a
+    /* Every rank of the communicator runs on one host (set at creation: MPI_COMM_TYPE_SHARED
+     * for gvqCommInitMPI, the bootstrap's host keys for gvqCommInitRank; the in-process
+     * transport always): transfers are memory copies, so a copy more costs as much as a
      * transfer; across hosts the network bounds a call and a staging copy hides behind it.
-     * The same on every rank. */
+     * The same on every rank (a rank that differs fails the signature agreement). */
     int one_host;
     const size_t *own_mem_bytes;
     void *impl;

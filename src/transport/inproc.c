@@ -216,6 +216,7 @@ gvqResult_t gvq_inproc_transport_create(void *world, int rank, gvq_transport_t *
     t->rank = rank;
     t->nranks = w->nranks;
     t->concurrent = 1; /* the world's queues are under its lock */
+    t->one_host = 1;
     t->impl = me;
     *out = t;
     return gvqSuccess;

@@ -543,14 +543,6 @@ static const gvq_transport_ops_t mpi_ops = {
     .iallgatherv = mpi_iallgatherv,
 };
 
-/* Whether the whole job runs on this host, from what Open MPI's launcher tells every process
- * (no collective call: transport creation stays bounded by the bootstrap's timeout). A job
- * started otherwise counts as spread over hosts. */
-static int one_host(void) {
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"), *all = getenv("OMPI_COMM_WORLD_SIZE");
-    return local != NULL && all != NULL && atoi(local) > 0 && atoi(local) == atoi(all);
-}
-
 static gvqResult_t mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {
     gvq_transport_t *t = calloc(1, sizeof *t);
     mpi_impl_t *m = calloc(1, sizeof *m);
@@ -564,7 +556,6 @@ static gvqResult_t mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {
     m->comm = comm;
     m->send_copy = gvq_param(GVQ_PARAM_SEND_COPY) != 0;
     t->stages_sends = m->send_copy;
-    t->one_host = one_host();
     t->ops = &mpi_ops;
     t->impl = m;
     t->cancel_keeps_buffers = 1;
@@ -696,5 +687,15 @@ gvqResult_t gvq_mpi_transport_from_world(const int *world_ranks, int nranks, int
 gvqResult_t gvq_mpi_transport_dup(const void *mpi_comm, gvq_transport_t **t) {
     MPI_Comm dup;
     MPICHECK(MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &dup), "gvqCommInitMPI");
-    return mpi_wrap(dup, t);
+    GVQCHECK(mpi_wrap(dup, t));
+    /* one host: the shared-memory part of the communicator is all of it (the same answer on
+     * every rank; collective like the dup) */
+    MPI_Comm node;
+    int local = 0;
+    if (MPI_Comm_split_type(dup, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_size(node, &local);
+        MPI_Comm_free(&node);
+    }
+    (*t)->one_host = local == (*t)->nranks;
+    return gvqSuccess;
 }

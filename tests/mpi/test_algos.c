@@ -1,8 +1,8 @@
 /*
  * test_algos.c -- the plain collectives with one algorithm forced: the argument is GVQ_ALGO
- * (ring, rd, rab, tree, auto), set before the library reads it. Every datatype and op at odd
- * counts against a reference computed from the inputs (a pure function of rank and index), every
- * root; allreduce outputs bitwise identical on every rank, also for float values whose sum
+ * (ring, rd, rab, tree, direct, auto), set before the library reads it. Every datatype and op at
+ * odd counts against a reference computed from the inputs (a pure function of rank and index),
+ * every root; allreduce outputs bitwise identical on every rank, also for float values whose sum
  * depends on the order of the additions and for max/min over +0 and -0.
  */
 #include <math.h>

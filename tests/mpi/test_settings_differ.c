@@ -8,7 +8,8 @@
  *   algo             GVQ_ALGO=allreduce=rab on rank 0 only: the ranks would run different
  *                    algorithms whose messages cannot pair; the text names algorithm rab.
  *   sendcopy         GVQ_SEND_COPY=0 on rank 0 only: at 8 MiB the staging ranks run direct,
- *                    rank 0 the ring; the text names GVQ_SEND_COPY.
+ *                    rank 0 the ring; the text names GVQ_SEND_COPY. Needs 3+ ranks on one
+ *                    host (direct's conditions, select.c).
  * Set before gvq reads its environment. Calls the setting does not touch still work after.
  */
 #include <stdlib.h>

@@ -256,6 +256,9 @@ static void test_spec(void) {
     EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 1, 1) ==
                GVQ_ALGO_DIRECT,
            "a transport that stages sends gets direct where the table gives the ring");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 2, (size_t)1 << 30, gvqFloat32, 0, 1, 1) ==
+               GVQ_ALGO_RING,
+           "2 ranks keep the ring (direct copies the same bytes there)");
     EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 1, 1) == GVQ_ALGO_RD,
            "staging leaves the small sizes' rows alone");
     EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 4, (size_t)1 << 30, gvqFloat32, 0, 1, 1) ==
