@@ -19,8 +19,8 @@
  * direct where the table gives the ring, from 3 ranks (at 2 it copies what the ring copies and
  * has no pipeline) and 4 MiB: it
  * sends from library memory after step 0, so it copies 2 blocks where the ring copies 2(N-1)
- * (direct.c). Measured with perf/sendcopy-cost.sh at 3 and 4 ranks, 16-256 MiB: +7-27% over
- * sends in place, against +21-43% for the ring with staging; at 1 MiB direct was slower at 2
+ * (direct.c). Measured with perf/sendcopy-cost.sh at 3 and 4 ranks, 16-256 MiB, two runs: +1-41%
+ * over sends in place, against +21-47% for the ring with staging; at 1 MiB direct was slower at 2
  * and 3 ranks, at 4 MiB level. Across hosts (the emulated 1 Gbit/s cluster) the ring with
  * staging costs nothing over sends in place (1.00x at 16-64 MiB) while direct, whose steps do
  * not overlap as the ring's pipeline does, was 1.20x: there the ring stays (perf/RESULTS.md
