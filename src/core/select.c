@@ -94,10 +94,13 @@ static const select_row_t table[] = {
     {GVQ_OP_ALLREDUCE,       5, 5,    DC_ANY, H_ONE,  64 * KIB,    GVQ_ALGO_RD},
     {GVQ_OP_ALLREDUCE,       5, 5,    DC_ANY, H_ONE,  512 * KIB,   GVQ_ALGO_RAB},  /* 128K-512K */
     {GVQ_OP_ALLREDUCE,       6, 1024, DC_ANY, H_ONE,  16 * KIB,    GVQ_ALGO_RD},   /* not measured */
-    /* across hosts: 4 ranks on the emulated 1 Gbit/s cluster (perf/RESULTS.md section 7; rab
-     * and ring level at 64-256K, the ring 1.2-1.4x rab from 1 MiB); other counts not measured */
+    /* across hosts: 4 and 2 ranks on the emulated 1 Gbit/s cluster (perf/RESULTS.md section 7;
+     * 4 ranks: rab and ring level at 64-256K, the ring 1.2-1.4x rab from 1 MiB); 3 and 5+ ranks
+     * not measured */
     {GVQ_OP_ALLREDUCE,       2, 1024, DC_ANY, H_MANY, 16 * KIB,    GVQ_ALGO_RD},
     {GVQ_OP_ALLREDUCE,       2, 1024, DC_ANY, H_MANY, 256 * KIB,   GVQ_ALGO_RAB},
+    {GVQ_OP_ALLREDUCE,       2, 2,    DC_ANY, H_MANY, 4096 * KIB,  GVQ_ALGO_RAB},  /* 2 ranks:
+                                                 * rab 1.2-1.4x the ring at 4M, level above */
     /* not measured yet (gvq-perf times allreduce only): bounds from the step counts */
     {GVQ_OP_REDUCE_SCATTER,  2, 1024, DC_ANY, H_ANY,  64 * KIB,    GVQ_ALGO_RAB},
     {GVQ_OP_ALLGATHER,       2, 1024, DC_ANY, H_ANY,  64 * KIB,    GVQ_ALGO_RD},

@@ -272,6 +272,9 @@ static void test_spec(void) {
            "across hosts the ring from 512 KiB (the one-host rows give rab at 1 MiB)");
     EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 0, 0) == GVQ_ALGO_RD,
            "across hosts recursive doubling at 1 KiB");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 2, (size_t)4 << 20, gvqFloat32, 0, 0, 0) ==
+               GVQ_ALGO_RAB,
+           "across hosts 2 ranks run rab up to 4 MiB");
 }
 
 int main(void) {
