@@ -250,36 +250,46 @@ static void test_spec(void) {
     EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1, 0, 1) == GVQ_ALGO_RING,
            "FIFO transports keep the ring");
     gvq_select_override(NULL);
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 0, 1) ==
-               GVQ_ALGO_RING,
-           "the table gives the ring at 1 GiB");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 1, 1) ==
-               GVQ_ALGO_DIRECT,
-           "a transport that stages sends gets direct where the table gives the ring");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 2, (size_t)1 << 30, gvqFloat32, 0, 1, 1) ==
-               GVQ_ALGO_RING,
-           "2 ranks keep the ring (direct copies the same bytes there)");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 1, 1) == GVQ_ALGO_RD,
-           "staging leaves the small sizes' rows alone");
-    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 4, (size_t)1 << 30, gvqFloat32, 0, 1, 1) ==
-               GVQ_ALGO_RING,
-           "reduce-scatter has no direct algorithm");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 30, gvqFloat32, 0, 1, 0) ==
-               GVQ_ALGO_RING,
-           "across hosts staged sends keep the ring");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, (size_t)1 << 20, gvqFloat32, 0, 0, 0) ==
-               GVQ_ALGO_RING,
-           "across hosts the ring from 512 KiB (the one-host rows give rab at 1 MiB)");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 0, 0) == GVQ_ALGO_RD,
-           "across hosts recursive doubling at 1 KiB");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 2, (size_t)4 << 20, gvqFloat32, 0, 0, 0) ==
-               GVQ_ALGO_RAB,
-           "across hosts 2 ranks run rab up to 4 MiB");
+}
+
+/* The table without GVQ_ALGO: by size, rank count, staged sends and one host or several. */
+static void test_table(void) {
+    const size_t G = (size_t)1 << 30, M = (size_t)1 << 20;
+    static const struct {
+        gvq_op_kind_t kind;
+        int n;
+        size_t bytes;
+        int staged, one_host;
+        gvq_algo_t want;
+        const char *why;
+    } rows[] = {
+        {GVQ_OP_ALLREDUCE, 4, G, 0, 1, GVQ_ALGO_RING, "the table gives the ring at 1 GiB"},
+        {GVQ_OP_ALLREDUCE, 4, G, 1, 1, GVQ_ALGO_DIRECT,
+         "a transport that stages sends gets direct where the table gives the ring"},
+        {GVQ_OP_ALLREDUCE, 2, G, 1, 1, GVQ_ALGO_RING,
+         "2 ranks keep the ring (direct copies the same bytes there)"},
+        {GVQ_OP_ALLREDUCE, 4, 1024, 1, 1, GVQ_ALGO_RD,
+         "staging leaves the small sizes' rows alone"},
+        {GVQ_OP_REDUCE_SCATTER, 4, G, 1, 1, GVQ_ALGO_RING,
+         "reduce-scatter has no direct algorithm"},
+        {GVQ_OP_ALLREDUCE, 4, G, 1, 0, GVQ_ALGO_RING, "across hosts staged sends keep the ring"},
+        {GVQ_OP_ALLREDUCE, 4, M, 0, 0, GVQ_ALGO_RING,
+         "across hosts the ring from 512 KiB (the one-host rows give rab at 1 MiB)"},
+        {GVQ_OP_ALLREDUCE, 4, 1024, 0, 0, GVQ_ALGO_RD, "across hosts recursive doubling at 1 KiB"},
+        {GVQ_OP_ALLREDUCE, 2, 4 * M, 0, 0, GVQ_ALGO_RAB,
+         "across hosts 2 ranks run rab up to 4 MiB"},
+    };
+    gvq_select_override(NULL);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        EXPECT(gvq_select_algo(rows[i].kind, rows[i].n, rows[i].bytes, gvqFloat32, 0,
+                               rows[i].staged, rows[i].one_host) == rows[i].want,
+               "%s", rows[i].why);
 }
 
 int main(void) {
     test_values_are_order_sensitive();
     test_spec();
+    test_table();
     test_identical();
     test_direct_is_ring();
     test_forced();
