@@ -40,6 +40,7 @@ B=$d/bin
 step gpu_probe 60 $B/test_gpu_probe
 step gpu_device 240 $B/test_gpu_device
 step gpu_bench 240 $B/gvq-gpu-bench
+step gpu_bench_2 240 $B/gvq-gpu-bench # the second run is the one recorded
 for np in 1 2 3; do
     for nccl in 1 0; do
         step gpu_collectives_nccl${nccl}_np$np 120 env GVQ_NCCL=$nccl $B/mpirun -np $np --oversubscribe $B/test_gpu_collectives
