@@ -56,34 +56,21 @@ gvqResult_t gvq_agree_fields(gvq_coll_ctx_t *ctx, const char *fn, const int64_t 
  *   N = 4, round 0:  0 -> 1 -> 2 -> 3 -> 0     round 1:  0 -> 2, 1 -> 3, 2 -> 0, 3 -> 1
  *
  * Rows compare lexicographically, ties by rank, so the extremes are one (row, rank) pair each,
- * the same on every rank. Every message has the same size, so no round can read a later one. */
+ * the same on every rank. Every message has the same size, so no round can read a later one.
+ *
+ * Transports with irecv_upto (MPI, in-process) run recursive.c's signed exchange instead: the
+ * pattern of recursive doubling, which a small allreduce shares, so that its data can ride along
+ * with the signature. Dissemination stays for the others (FIFO transports). */
 
-enum { AGREE_TAG = 3, AGREE_MAX_FIELDS = 16 }; /* 1 and 2 are gvq_transport.h's */
-
-/* Whether (a, ra) comes before (b, rb). */
-static int row_less(const int64_t *a, int ra, const int64_t *b, int rb, int n) {
-    for (int f = 0; f < n; f++)
-        if (a[f] != b[f]) return a[f] < b[f];
-    return ra < rb;
-}
-
-/* A message: [lo rank, lo row (n), hi rank, hi row (n)]; merge `in` into `have`. */
-static void merge_extremes(int64_t *have, const int64_t *in, int n) {
-    if (row_less(in + 1, (int)in[0], have + 1, (int)have[0], n))
-        for (int f = 0; f <= n; f++)
-            have[f] = in[f];
-    const int64_t *ih = in + n + 1;
-    int64_t *hh = have + n + 1;
-    if (row_less(hh + 1, (int)hh[0], ih + 1, (int)ih[0], n))
-        for (int f = 0; f <= n; f++)
-            hh[f] = ih[f];
-}
+enum { AGREE_TAG = GVQ_TAG_SIGNED, AGREE_MAX_FIELDS = 16 }; /* 1 and 2 are gvq_transport.h's */
 
 gvqResult_t gvq_agree_extremes(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
                                int *lo_rank, int64_t *hi, int *hi_rank) {
     gvq_transport_t *t = ctx->xport;
     int N = t->nranks, r = t->rank;
     if (n < 1 || n > AGREE_MAX_FIELDS) return gvqInternalError;
+    if (t->ops->irecv_upto != NULL) /* the pattern that small allreduces share (recursive.c) */
+        return gvq_rd_signed(ctx, mine, n, lo, lo_rank, hi, hi_rank, NULL);
     size_t len = 2 * ((size_t)n + 1), bytes = len * sizeof(int64_t);
     int64_t have[2 * (AGREE_MAX_FIELDS + 1)];
     /* the wire on the heap: after a failure the transport may still touch it (then it is left) */
@@ -105,7 +92,7 @@ gvqResult_t gvq_agree_extremes(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, 
             if (!t->cancel_keeps_buffers) free(out);
             return res;
         }
-        merge_extremes(have, in, n);
+        gvq_extremes_merge(have, in, n);
     }
     free(out);
     *lo_rank = (int)have[0];

@@ -302,6 +302,30 @@ gvqResult_t gvq_agree_fields(gvq_coll_ctx_t *ctx, const char *fn, const int64_t 
 gvqResult_t gvq_agree_extremes(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
                                int *lo_rank, int64_t *hi, int *hi_rank);
 
+/* ---- the signed exchange (recursive.c): the call agreement with a small allreduce riding along
+ * On transports with irecv_upto, gvq_agree_extremes runs it with no payload; a plain allreduce
+ * of at most GVQ_SIGNED_MAX_BYTES that would run recursive doubling runs it with its vector, so
+ * that the agreement costs no round of its own. Every message of it, with or without a payload,
+ * follows the same pattern and tag, so ranks whose calls differ still read each other. */
+enum { GVQ_TAG_SIGNED = 3, GVQ_SIGNED_MAX_BYTES = 64 * 1024 };
+typedef struct {
+    const void *src;
+    void *dst; /* written only when every rank's row is equal */
+    size_t count;
+    gvqDataType_t dtype;
+    gvqRedOp_t op;
+} gvq_signed_payload_t;
+/* gvq_agree_extremes's result for the rows mine[0..n) and, when pay is not NULL (count * size
+ * <= GVQ_SIGNED_MAX_BYTES), the recursive-doubling allreduce of pay->src into pay->dst,
+ * bitwise identical to gvq_rd_allreduce's. The rows must define the payload's length (count
+ * and datatype among them). */
+gvqResult_t gvq_rd_signed(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
+                          int *lo_rank, int64_t *hi, int *hi_rank, const gvq_signed_payload_t *pay);
+/* Extremes as gvq_agree_extremes keeps them: [lo rank, lo row (n), hi rank, hi row (n)].
+ * Merge another rank's `in` into `have` (min and max are idempotent: rows seen twice do no
+ * harm). */
+void gvq_extremes_merge(int64_t *have, const int64_t *in, int n);
+
 /* ---- PowerSGD (powersgd.c) -----------------------------------------------------------------
  * One power iteration of PowerSGD (Vogels et al. 2019) on an n x m matrix M stored row-major
  * (M[i][j] at i*m + j), with P (n x r) and Q (m x r) column-major. The caller sums P and Q over

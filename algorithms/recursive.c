@@ -41,6 +41,7 @@
  * receives posted ahead of sends: the selection keeps the ring on FIFO transports.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "gvq_algo.h"
 
@@ -186,6 +187,184 @@ gvqResult_t gvq_rd_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, si
     }
     if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, count, dtype, g.n));
     return gvqSuccess;
+}
+
+/* ---- the signed exchange (gvq_algo.h) ----------------------------------------------------------
+ *
+ * Recursive doubling with the fold, where every message is a header and an optional payload:
+ *
+ *     [ magic | lo rank, lo row (n) | hi rank, hi row (n) | vector (count elements) ]
+ *
+ *     fold in:   2i   -> 2i+1         2i+1 merges the header, combines the vector (2i's first)
+ *     round k:   v   <-> v ^ 2^k      both merge, both combine (lower group first)
+ *     fold out:  2i+1 -> 2i           2i takes the final header and result
+ *
+ * so every rank ends with the extremes of all rows (gvq_agree_extremes's result) and, riding
+ * along, the recursive-doubling allreduce of the vectors, in gvq_rd_allreduce's operand order.
+ * Receives accept any length up to a header and GVQ_SIGNED_MAX_BYTES (irecv_upto): a rank
+ * whose call differs (another count, a refusal, a signature-only agreement) sends the same
+ * messages with another payload or none, is read all the same, and every rank still learns the
+ * extremes in the same rounds; no message is left for a later call. A payload of another length
+ * than this rank's is not combined, and the vector is copied to dst only when all rows agree.
+ */
+
+/* Whether (a, ra) comes before (b, rb). */
+static int row_less(const int64_t *a, int ra, const int64_t *b, int rb, int n) {
+    for (int f = 0; f < n; f++)
+        if (a[f] != b[f]) return a[f] < b[f];
+    return ra < rb;
+}
+
+/* Extremes: [lo rank, lo row (n), hi rank, hi row (n)]; merge `in` into `have` (also agree.c's
+ * dissemination). Rows compare field by field, ties by rank. */
+void gvq_extremes_merge(int64_t *have, const int64_t *in, int n) {
+    if (row_less(in + 1, (int)in[0], have + 1, (int)have[0], n))
+        for (int f = 0; f <= n; f++)
+            have[f] = in[f];
+    const int64_t *ih = in + n + 1;
+    int64_t *hh = have + n + 1;
+    if (row_less(hh + 1, (int)hh[0], ih + 1, (int)ih[0], n))
+        for (int f = 0; f <= n; f++)
+            hh[f] = ih[f];
+}
+
+#define SIGNED_MAGIC 0x6776715369676e00ull /* "gvqSign" and the row's field count */
+
+typedef struct {
+    rec_t g;
+    int n;                 /* fields of a row */
+    size_t hbytes, pbytes; /* header, this rank's payload */
+    int64_t *out, *in;     /* out: header + vector (sent, combined into); in: header + room */
+    size_t count;
+    int mismatch; /* a payload came with another length than this rank's */
+} signed_t;
+
+static size_t signed_header_bytes(int n) {
+    return (size_t)(1 + 2 * (n + 1)) * sizeof(int64_t);
+}
+
+static char *signed_vector(int64_t *msg, const signed_t *s) {
+    return (char *)msg + s->hbytes;
+}
+
+/* Send out to `to` and/or receive into in from `from` (-1: none); *got is the received length. */
+static gvqResult_t signed_sendrecv(signed_t *s, int to, int from, size_t *got, const char *what) {
+    gvq_transport_t *t = s->g.t;
+    gvq_req_t req[2];
+    memset(req, 0, sizeof req);
+    gvqResult_t res = gvqSuccess;
+    if (from >= 0)
+        res = t->ops->irecv_upto(t, from, GVQ_TAG_SIGNED, s->in, s->hbytes + GVQ_SIGNED_MAX_BYTES,
+                                 &req[0]);
+    if (res == gvqSuccess && to >= 0)
+        res = t->ops->isend(t, to, GVQ_TAG_SIGNED, s->out, s->hbytes + s->pbytes, &req[1]);
+    if (res == gvqSuccess) res = gvq_xport_waitall(t, req, 2, what);
+    if (res != gvqSuccess) {
+        gvq_xport_cancelall(t, req, 2);
+        return res;
+    }
+    *got = from >= 0 ? req[0].bytes : 0;
+    return gvqSuccess;
+}
+
+/* Take in (got bytes from `from`): merge its header into out's and, when its payload has this
+ * rank's length, combine (in_is_lower: its values first) or adopt (replace) its vector. */
+static gvqResult_t signed_take(signed_t *s, int from, size_t got, int in_is_lower, int replace) {
+    if (got < s->hbytes || (uint64_t)s->in[0] != (SIGNED_MAGIC | (uint64_t)s->n)) {
+        GVQ_WARN("call agreement: rank %d sent %zu bytes that are not a call signature of this "
+                 "gvq (another version or another program on this communicator?)",
+                 from, got);
+        return gvqRemoteError;
+    }
+    if (replace)
+        memcpy(s->out + 1, s->in + 1, s->hbytes - sizeof(int64_t));
+    else
+        gvq_extremes_merge(s->out + 1, s->in + 1, s->n);
+    if (got - s->hbytes != s->pbytes) {
+        s->mismatch = 1;
+        return gvqSuccess;
+    }
+    if (s->pbytes == 0) return gvqSuccess;
+    if (replace)
+        return s->g.dev->copy(signed_vector(s->out, s), signed_vector(s->in, s), s->pbytes);
+    return combine(&s->g, signed_vector(s->out, s), signed_vector(s->in, s), s->count, in_is_lower);
+}
+
+static gvqResult_t signed_rounds(signed_t *s) {
+    rec_t *g = &s->g;
+    size_t got = 0;
+    if (g->r < 2 * g->rem && g->v < 0) { /* the even rank of a fold pair */
+        GVQCHECK(signed_sendrecv(s, g->r + 1, -1, &got, "call agreement (fold)"));
+        GVQCHECK(signed_sendrecv(s, -1, g->r + 1, &got, "call agreement (fold result)"));
+        return signed_take(s, g->r + 1, got, 0, 1);
+    }
+    if (g->r < 2 * g->rem) {
+        GVQCHECK(signed_sendrecv(s, -1, g->r - 1, &got, "call agreement (fold)"));
+        GVQCHECK(signed_take(s, g->r - 1, got, 1, 0));
+    }
+    for (int mask = 1; mask < g->p; mask <<= 1) {
+        int pv = g->v ^ mask, peer = real_rank(g, pv);
+        GVQCHECK(signed_sendrecv(s, peer, peer, &got, "call agreement"));
+        GVQCHECK(signed_take(s, peer, got, pv < g->v, 0));
+    }
+    if (g->r < 2 * g->rem)
+        GVQCHECK(signed_sendrecv(s, g->r - 1, -1, &got, "call agreement (fold result)"));
+    return gvqSuccess;
+}
+
+/* Whether the extremes (out's header) are one row: every rank passed the same. */
+static int signed_agreed(const signed_t *s) {
+    const int64_t *lo = s->out + 2, *hi = s->out + 2 + s->n + 1;
+    return memcmp(lo, hi, (size_t)s->n * sizeof(int64_t)) == 0;
+}
+
+gvqResult_t gvq_rd_signed(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
+                          int *lo_rank, int64_t *hi, int *hi_rank,
+                          const gvq_signed_payload_t *pay) {
+    signed_t s;
+    memset(&s, 0, sizeof s);
+    rec_init(&s.g, ctx, pay != NULL ? pay->dtype : gvqInt8, pay != NULL ? pay->op : gvqSum);
+    s.n = n;
+    s.hbytes = signed_header_bytes(n);
+    s.count = pay != NULL ? pay->count : 0;
+    s.pbytes = s.count * s.g.esize;
+    if (n < 1 || s.pbytes > GVQ_SIGNED_MAX_BYTES || ctx->xport->ops->irecv_upto == NULL)
+        return gvqInternalError;
+    size_t room = 2 * s.hbytes + s.pbytes + GVQ_SIGNED_MAX_BYTES + 8;
+    /* with a payload the communicator's scratch (sent without a staging copy); the signature
+     * alone on the heap, left to the transport after a failure if it may still touch it */
+    void *mem = NULL;
+    if (s.pbytes > 0)
+        GVQCHECK(gvq_coll_scratch(ctx, room, &mem));
+    else if ((mem = malloc(room)) == NULL)
+        return gvqSystemError;
+    s.out = mem;
+    s.in = (int64_t *)((char *)mem + GVQ_DIV_UP(s.hbytes + s.pbytes, 8) * 8);
+    s.out[0] = (int64_t)(SIGNED_MAGIC | (uint64_t)n);
+    s.out[1] = s.out[2 + n] = s.g.r;
+    memcpy(s.out + 2, mine, (size_t)n * sizeof(int64_t));
+    memcpy(s.out + 3 + n, mine, (size_t)n * sizeof(int64_t));
+    gvqResult_t res = gvqSuccess;
+    if (s.pbytes > 0) res = s.g.dev->copy(signed_vector(s.out, &s), pay->src, s.pbytes);
+    if (res == gvqSuccess && s.g.n > 1) res = signed_rounds(&s);
+    if (res == gvqSuccess) {
+        *lo_rank = (int)s.out[1];
+        *hi_rank = (int)s.out[2 + n];
+        memcpy(lo, s.out + 2, (size_t)n * sizeof(int64_t));
+        memcpy(hi, s.out + 3 + n, (size_t)n * sizeof(int64_t));
+    }
+    if (res == gvqSuccess && s.pbytes > 0 && signed_agreed(&s)) {
+        if (s.mismatch) { /* equal rows define equal lengths */
+            GVQ_WARN("call agreement: the rows agree but a payload's length differs");
+            res = gvqInternalError;
+        } else {
+            res = s.g.dev->copy(pay->dst, signed_vector(s.out, &s), s.pbytes);
+            if (res == gvqSuccess && pay->op == gvqAvg)
+                res = s.g.dev->divide(pay->dst, s.count, pay->dtype, s.g.n);
+        }
+    }
+    if (s.pbytes == 0 && (res == gvqSuccess || !ctx->xport->cancel_keeps_buffers)) free(mem);
+    return res;
 }
 
 gvqResult_t gvq_rab_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,

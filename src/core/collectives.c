@@ -305,6 +305,28 @@ static gvqResult_t p2p_post(const gvq_op_t *o, gvq_req_t *reqs) {
     return gvqSuccess;
 }
 
+/* On one host a message that outgrows Open MPI's shared-memory eager limit (4 KiB) takes a
+ * rendezvous, which costs more than the agreement's own round: the vector rides along only
+ * while vector and signature (168 bytes) fit in one eager message. Across hosts (TCP: 64 KiB
+ * eager) every size that recursive doubling runs rides along. */
+enum { SIGNED_ONE_HOST_BYTES = 3840 };
+
+/* Whether o, a collective with signature sig, is a small allreduce whose vector can ride along
+ * with its signature (gvq_call_agree_allreduce): recursive doubling on host buffers over a
+ * transport that reads messages of any length, no zero-code compression. Decided from what sig
+ * holds and the transport (the same on every rank), so that ranks with equal signatures choose
+ * alike; ranks that choose differently have different signatures and still read each other. */
+static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_payload_t *pay) {
+    size_t bytes = o->count * gvq_dtype_size(o->dtype);
+    size_t max = o->comm->xport->one_host ? SIGNED_ONE_HOST_BYTES : GVQ_SIGNED_MAX_BYTES;
+    if (o->kind != GVQ_OP_ALLREDUCE || sig->algo != GVQ_ALGO_RD || sig->identity != 0 ||
+        o->comm->nranks < 2 || o->count == 0 || bytes > max ||
+        o->comm->xport->ops->irecv_upto == NULL || op_device(o) != &gvq_host_device)
+        return 0;
+    *pay = (gvq_signed_payload_t){o->sendbuff, o->recvbuff, o->count, o->dtype, o->op};
+    return 1;
+}
+
 /* Run a batch of operations: collectives in order, then all point-to-point together. */
 static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
     gvqResult_t res = gvqSuccess;
@@ -325,8 +347,13 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
         }
         GVQCHECK(gvq_comm_enter(ops[i].comm, op_fn[ops[i].kind]));
         gvq_call_sig_t sig = op_signature(&ops[i], gvqSuccess);
-        res = gvq_call_agree(ops[i].comm, op_fn[ops[i].kind], &sig);
-        if (res == gvqSuccess) res = run_collective_any(&ops[i]);
+        gvq_signed_payload_t pay;
+        if (rides_along(&ops[i], &sig, &pay)) { /* the agreement and the data in one exchange */
+            res = gvq_call_agree_allreduce(ops[i].comm, op_fn[ops[i].kind], &sig, &pay);
+        } else {
+            res = gvq_call_agree(ops[i].comm, op_fn[ops[i].kind], &sig);
+            if (res == gvqSuccess) res = run_collective_any(&ops[i]);
+        }
         gvq_comm_leave(ops[i].comm);
         GVQCHECK(res);
     }

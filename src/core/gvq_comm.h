@@ -117,7 +117,8 @@ void gvq_comm_leave(gvqComm_t comm);
 
 /* ---- call signatures (signature.c) ---------------------------------------------------------
  * Every collective call agrees on its signature with the other ranks before any data moves
- * (gvq_agree_extremes: ceil(log2 N) small messages), so that a call whose arguments differ
+ * (gvq_agree_extremes: about log2 N small messages; a small allreduce's data rides along with
+ * them, written out only once all agree), so that a call whose arguments differ
  * between ranks fails on every rank with a WARN naming both sides, never pairs with another
  * rank's different call and never leaves a message for the next call. */
 typedef enum {
@@ -147,6 +148,12 @@ typedef struct {
  * moved); gvqInvalidUsage when the ranks are out of step (different call numbers: one rank
  * skipped a call), which also breaks the communicator. */
 gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig);
+/* gvq_call_agree with a small allreduce riding along (gvq_rd_signed: sig describes a plain
+ * allreduce that runs recursive doubling on host buffers, at most GVQ_SIGNED_MAX_BYTES, on more
+ * than one rank, over a transport with irecv_upto): on gvqSuccess pay->dst holds the result;
+ * on any other result it was not written. pay NULL: gvq_call_agree. */
+gvqResult_t gvq_call_agree_allreduce(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig,
+                                     const gvq_signed_payload_t *pay);
 /* A compressor's identity for its call signature: a hash of its config and creation order
  * (compressor.c), the same on every rank for the same tensor's compressor. */
 uint64_t gvq_compressor_identity(gvqCompressor_t c);

@@ -12,9 +12,11 @@
  * compressed allreduce's compressor config); algorithm is the one a plain collective will run
  * (GVQ_ALGO or the size table: a rank with a different GVQ_ALGO would otherwise pair its
  * messages with another algorithm's and time out). gvq_agree_extremes gives every rank the smallest
- * and the largest row of all ranks in ceil(log2 N) small messages; equal means every rank made
- * the same call. Otherwise both extremes are named in the WARN, which reads the same on every
- * rank:
+ * and the largest row of all ranks in about log2 N small messages; equal means every rank made
+ * the same call. A small allreduce that runs recursive doubling sends its vector in the same
+ * messages (gvq_call_agree_allreduce, recursive.c's signed exchange): one exchange instead of
+ * an agreement and then the data, and the result is written only once the rows agree. Otherwise
+ * both extremes are named in the WARN, which reads the same on every rank:
  *
  *   gvqAllReduce: rank 0 called gvqAllReduce(count 256, float, sum) but rank 1 called
  *   gvqAllReduce(count 8192, float, sum) (collective call 3 on this communicator)
@@ -67,24 +69,43 @@ static void describe(const int64_t *row, int show_algo, char *buf, size_t len) {
     if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, ")");
 }
 
+static void sig_row(gvqComm_t comm, const gvq_call_sig_t *sig, int64_t *row) {
+    row[F_CALL] = (int64_t)comm->calls;
+    row[F_REFUSED] = (int64_t)sig->refused;
+    row[F_KIND] = (int64_t)sig->kind;
+    row[F_COUNT] = (int64_t)sig->count;
+    row[F_DTYPE] = sig->dtype;
+    row[F_OP] = sig->op;
+    row[F_ROOT] = sig->root;
+    row[F_IDENTITY] = (int64_t)sig->identity;
+    row[F_ALGO] = sig->algo;
+}
+
+static gvqResult_t judge(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig,
+                         const int64_t *lo, int lo_rank, const int64_t *hi, int hi_rank);
+
 gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig) {
+    return gvq_call_agree_allreduce(comm, fn, sig, NULL);
+}
+
+gvqResult_t gvq_call_agree_allreduce(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig,
+                                     const gvq_signed_payload_t *pay) {
     if (comm->nranks == 1) return sig->refused;
-    int64_t row[F_N] = {
-        [F_CALL] = (int64_t)comm->calls,
-        [F_REFUSED] = (int64_t)sig->refused,
-        [F_KIND] = (int64_t)sig->kind,
-        [F_COUNT] = (int64_t)sig->count,
-        [F_DTYPE] = sig->dtype,
-        [F_OP] = sig->op,
-        [F_ROOT] = sig->root,
-        [F_IDENTITY] = (int64_t)sig->identity,
-        [F_ALGO] = sig->algo,
-    };
-    int64_t lo[F_N], hi[F_N];
+    int64_t row[F_N], lo[F_N], hi[F_N];
     int lo_rank = 0, hi_rank = 0;
+    sig_row(comm, sig, row);
     gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
-    GVQCHECK(gvq_agree_extremes(&ctx, row, F_N, lo, &lo_rank, hi, &hi_rank));
+    if (pay != NULL)
+        GVQCHECK(gvq_rd_signed(&ctx, row, F_N, lo, &lo_rank, hi, &hi_rank, pay));
+    else
+        GVQCHECK(gvq_agree_extremes(&ctx, row, F_N, lo, &lo_rank, hi, &hi_rank));
     comm->calls++;
+    return judge(comm, fn, sig, lo, lo_rank, hi, hi_rank);
+}
+
+/* The call's result from the extremes of all ranks' rows, and the WARN when they differ. */
+static gvqResult_t judge(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig,
+                         const int64_t *lo, int lo_rank, const int64_t *hi, int hi_rank) {
     int differ = 0;
     for (int f = 0; f < F_N; f++)
         differ |= lo[f] != hi[f];

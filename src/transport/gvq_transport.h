@@ -32,6 +32,11 @@ typedef struct gvq_transport_ops {
                          gvq_req_t *req);
     gvqResult_t (*irecv)(struct gvq_transport *t, int peer, int tag, void *buf, size_t bytes,
                          gvq_req_t *req);
+    /* Optional (NULL: not offered): like irecv, but the message may be shorter than `bytes`;
+     * at completion req->bytes holds its length. A longer one fails as irecv's would. The
+     * signed exchange of recursive.c needs it (a mismatched peer's message is still read). */
+    gvqResult_t (*irecv_upto)(struct gvq_transport *t, int peer, int tag, void *buf, size_t bytes,
+                              gvq_req_t *req);
     /* *done = 1 when complete (the request is then inactive). A receive whose message is not
      * `bytes` long completes with gvqRemoteError. */
     gvqResult_t (*test)(struct gvq_transport *t, gvq_req_t *req, int *done);

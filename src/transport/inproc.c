@@ -31,6 +31,8 @@ typedef struct inproc_recv {
     struct inproc_recv *next;
     void *buf;
     size_t bytes;
+    size_t got;
+    int upto; /* any size up to bytes (irecv_upto) */
     int peer;
     int tag;
     int done;
@@ -102,11 +104,12 @@ static gvqResult_t inproc_isend(gvq_transport_t *t, int peer, int tag, const voi
     return gvqSuccess;
 }
 
-static gvqResult_t inproc_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
-                                gvq_req_t *req) {
+static gvqResult_t post_recv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                             int upto, gvq_req_t *req) {
     inproc_rank_t *me = t->impl;
     inproc_recv_t *r = calloc(1, sizeof *r);
     if (r == NULL) return gvqSystemError;
+    r->upto = upto;
     r->buf = buf;
     r->bytes = bytes;
     r->peer = peer;
@@ -120,6 +123,16 @@ static gvqResult_t inproc_irecv(gvq_transport_t *t, int peer, int tag, void *buf
     req->bytes = bytes;
     req->active = 1;
     return gvqSuccess;
+}
+
+static gvqResult_t inproc_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                                gvq_req_t *req) {
+    return post_recv(t, peer, tag, buf, bytes, 0, req);
+}
+
+static gvqResult_t inproc_irecv_upto(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                                     gvq_req_t *req) {
+    return post_recv(t, peer, tag, buf, bytes, 1, req);
 }
 
 /* Deliver mailbox messages to posted receives, oldest receive first. */
@@ -141,7 +154,8 @@ static void inproc_progress(gvq_transport_t *t) {
             w->head[t->rank] = m->next;
         if (w->tail[t->rank] == m) w->tail[t->rank] = prev;
         r->done = 1;
-        if (m->bytes != r->bytes) {
+        r->got = m->bytes;
+        if (m->bytes != r->bytes && !(r->upto && m->bytes < r->bytes)) {
             GVQ_WARN("inproc: message from rank %d has %zu bytes, receiver expected %zu", m->src,
                      m->bytes, r->bytes);
             r->res = gvqRemoteError;
@@ -170,6 +184,7 @@ static gvqResult_t inproc_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
     if (!r->done) inproc_progress(t);
     if (!r->done) return gvqSuccess;
     gvqResult_t res = r->res;
+    if (res == gvqSuccess) req->bytes = r->got;
     inproc_unlink(t->impl, r);
     req->active = 0;
     *done = 1;
@@ -196,6 +211,7 @@ static const gvq_transport_ops_t inproc_ops = {
     .name = "inproc",
     .isend = inproc_isend,
     .irecv = inproc_irecv,
+    .irecv_upto = inproc_irecv_upto,
     .test = inproc_test,
     .cancel = inproc_cancel,
     .destroy = inproc_destroy,

@@ -74,7 +74,8 @@ typedef struct mpi_op {
     void *stage; /* send: the staged copy; drain: the message (cap bytes, owned by the op) */
     size_t cap;
     size_t bytes; /* expected (receive) or sent */
-    int got;      /* OP_RECV_BAD: the message's size */
+    int got;      /* OP_RECV_BAD, upto: the message's size */
+    int upto;     /* receive: any size up to `bytes` (irecv_upto) */
     int direct;   /* OP_SEND from the transport's own_mem, not staged */
     MPI_Request r;
 } mpi_op_t;
@@ -197,6 +198,7 @@ static mpi_op_t *op_get(mpi_impl_t *m) {
     }
     op->next = NULL;
     op->direct = 0;
+    op->upto = 0;
     op->r = MPI_REQUEST_NULL;
     return op;
 }
@@ -282,13 +284,14 @@ static gvqResult_t mpi_isend(gvq_transport_t *t, int peer, int tag, const void *
     return gvqSuccess;
 }
 
-static gvqResult_t mpi_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
-                             gvq_req_t *req) {
+static gvqResult_t post_recv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                             int upto, gvq_req_t *req) {
     mpi_impl_t *m = t->impl;
     GVQCHECK(check_size(bytes));
     mpi_op_t *op = op_get(m);
     if (op == NULL) return gvqSystemError;
     op->kind = OP_RECV_WAIT;
+    op->upto = upto;
     op->peer = peer;
     op->tag = tag;
     op->buf = buf;
@@ -299,6 +302,16 @@ static gvqResult_t mpi_irecv(gvq_transport_t *t, int peer, int tag, void *buf, s
     *pp = op;
     req_fill(req, op, peer, bytes);
     return gvqSuccess;
+}
+
+static gvqResult_t mpi_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                             gvq_req_t *req) {
+    return post_recv(t, peer, tag, buf, bytes, 0, req);
+}
+
+static gvqResult_t mpi_irecv_upto(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                                  gvq_req_t *req) {
+    return post_recv(t, peer, tag, buf, bytes, 1, req);
 }
 
 static void unlink_waiting(mpi_impl_t *m, mpi_op_t *op) {
@@ -325,8 +338,9 @@ static gvqResult_t match_one(gvq_transport_t *t, mpi_op_t *op, int *matched) {
     *matched = 1;
     unlink_waiting(m, op);
     MPI_Get_count(&st, MPI_BYTE, &got);
-    if (got >= 0 && (size_t)got == op->bytes) {
+    if (got >= 0 && ((size_t)got == op->bytes || (op->upto && (size_t)got < op->bytes))) {
         op->kind = OP_RECV_DATA;
+        op->got = got;
         MPICHECK(MPI_Imrecv(op->buf, got, MPI_BYTE, &msg, &op->r), "mpi receive");
         return gvqSuccess;
     }
@@ -425,6 +439,7 @@ static gvqResult_t mpi_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
         return gvqRemoteError;
     }
     if (!flag) return op->kind == OP_RECV_DATA ? gvqSuccess : progress_waiting(t);
+    if (op->kind == OP_RECV_DATA) req->bytes = (size_t)op->got;
     req->active = 0;
     *done = 1;
     op_put(m, op);
@@ -537,6 +552,7 @@ static const gvq_transport_ops_t mpi_ops = {
     .name = "mpi",
     .isend = mpi_isend,
     .irecv = mpi_irecv,
+    .irecv_upto = mpi_irecv_upto,
     .test = mpi_test,
     .cancel = mpi_cancel,
     .destroy = mpi_destroy,

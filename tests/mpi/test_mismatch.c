@@ -108,10 +108,30 @@ int main(int argc, char **argv) {
                gvqInvalidArgument, "count 8192", "count 256");
         next_call_works("a count mismatch");
     }
+    if (part("small counts")) {
+        /* both small enough for the vector to ride along with the signature (recursive.c): the
+         * messages differ in length, every rank still reads them, and nothing is written */
+        for (int i = 0; i < 512; i++)
+            rbuf[i] = -7.0f;
+        FAILED("allreduce small counts",
+               gvqAllReduce(sbuf, rbuf, r == 0 ? 512 : 256, gvqFloat32, gvqSum, comm, NULL),
+               gvqInvalidArgument, "count 512", "count 256");
+        int written = 0;
+        for (int i = 0; i < 512; i++)
+            written += rbuf[i] != -7.0f;
+        MT_CHECK(written == 0, "a failed small allreduce wrote %d values of its output", written);
+        next_call_works("a small count mismatch");
+    }
     if (part("same-width datatype")) {
+        for (int i = 0; i < 256; i++)
+            rbuf[i] = -7.0f;
         FAILED("allreduce dtype",
                gvqAllReduce(sbuf, rbuf, 256, r == 0 ? gvqFloat32 : gvqInt32, gvqSum, comm, NULL),
                gvqInvalidArgument, "float", "int32");
+        int written = 0; /* equal lengths: the vectors were exchanged, but none was written */
+        for (int i = 0; i < 256; i++)
+            written += rbuf[i] != -7.0f;
+        MT_CHECK(written == 0, "a failed allreduce wrote %d values of its output", written);
         next_call_works("a datatype mismatch");
     }
     if (part("op")) {

@@ -302,6 +302,11 @@ static inline gvqResult_t sim_guard_irecv(gvq_transport_t *t, int peer, int tag,
     SIM_HOST("transport irecv", buf);
     return sim_inner_xport->irecv(t, peer, tag, buf, bytes, req);
 }
+static inline gvqResult_t sim_guard_irecv_upto(gvq_transport_t *t, int peer, int tag, void *buf,
+                                               size_t bytes, gvq_req_t *req) {
+    SIM_HOST("transport irecv_upto", buf);
+    return sim_inner_xport->irecv_upto(t, peer, tag, buf, bytes, req);
+}
 /* Called by every rank thread; all in-process transports share one ops table. */
 static inline void sim_guard_transport(gvqComm_t comm) {
     pthread_mutex_lock(&sim_lock);
@@ -310,6 +315,7 @@ static inline void sim_guard_transport(gvqComm_t comm) {
         sim_guard_ops = *sim_inner_xport;
         sim_guard_ops.isend = sim_guard_isend;
         sim_guard_ops.irecv = sim_guard_irecv;
+        if (sim_inner_xport->irecv_upto != NULL) sim_guard_ops.irecv_upto = sim_guard_irecv_upto;
     }
     if (comm->xport->ops == sim_inner_xport) comm->xport->ops = &sim_guard_ops;
     pthread_mutex_unlock(&sim_lock);

@@ -7,6 +7,7 @@
  * gives every rank the same bits.
  */
 #include <math.h>
+#include <string.h>
 
 #include "gvq_select.h"
 #include "gvq_test.h"
@@ -237,6 +238,88 @@ static void test_direct_is_ring(void) {
     gvq_select_override(NULL);
 }
 
+/* The signed exchange (recursive.c): its riding allreduce has gvq_rd_allreduce's bits on every
+ * rank; a row that differs is seen by every rank alike and leaves dst unwritten, also when one
+ * rank sends its signature alone (a refused or larger call) and the others their vectors. */
+typedef struct {
+    size_t count;
+    gvqRedOp_t op;
+    int odd_rank;  /* -1: every row equal; else this rank's row differs */
+    int bare_rank; /* -1: every rank sends its vector; else this one its signature alone */
+    int64_t ext[8][2 * 3];
+    int same[8], untouched[8];
+} signed_case_t;
+
+static void rank_signed(gvqComm_t comm, int rank, int nranks, void *arg) {
+    signed_case_t *c = arg;
+    (void)nranks;
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
+    float *s = malloc(c->count * 4), *want = malloc(c->count * 4), *got = malloc(c->count * 4);
+    for (size_t i = 0; i < c->count; i++) {
+        s[i] = order_value(rank, i, c->op);
+        got[i] = -7.0f;
+    }
+    int64_t row[3] = {42, (int64_t)c->count, rank == c->odd_rank ? 5 : 4}, lo[3], hi[3];
+    int lo_rank = -1, hi_rank = -1;
+    gvq_signed_payload_t pay = {s, got, c->count, gvqFloat32, c->op};
+    EXPECT_RES(
+        gvq_rd_signed(&ctx, row, 3, lo, &lo_rank, hi, &hi_rank, rank == c->bare_rank ? NULL : &pay),
+        gvqSuccess);
+    if (c->odd_rank < 0 && c->bare_rank < 0)
+        EXPECT_RES(gvq_rd_allreduce(&ctx, s, want, c->count, gvqFloat32, c->op), gvqSuccess);
+    c->same[rank] = c->odd_rank < 0 && c->bare_rank < 0 && memcmp(got, want, c->count * 4) == 0;
+    int untouched = 1;
+    for (size_t i = 0; i < c->count; i++)
+        untouched &= got[i] == -7.0f;
+    c->untouched[rank] = untouched;
+    for (int f = 0; f < 3; f++) {
+        c->ext[rank][f] = lo[f];
+        c->ext[rank][3 + f] = hi[f];
+    }
+    c->ext[rank][0] += 1000 * lo_rank; /* the call number field carries the ranks along */
+    c->ext[rank][3] += 1000 * hi_rank;
+    free(s);
+    free(want);
+    free(got);
+}
+
+static void test_signed(void) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    const size_t counts[] = {1, 7, 300, 960};
+    for (int n = 1; n <= 5; n++)
+        for (size_t ci = 0; ci < 4; ci++)
+            for (int k = 0; k < 4;
+                 k++) { /* equal rows (sum; avg or max); a differing row; a bare one */
+                if (n == 1 && k >= 2) continue; /* one rank's rows always agree */
+                gvqRedOp_t op = k != 1 ? gvqSum : ci % 2 ? gvqMax : gvqAvg; /* max: +0 vs -0 */
+                signed_case_t c = {counts[ci], op, -1, -1, {{0}}, {0}, {0}};
+                if (k == 2) c.odd_rank = (int)(ci % (size_t)n);
+                if (k == 3 && n > 1) c.bare_rank = (int)((ci + 1) % (size_t)n), c.odd_rank = 0;
+                gvq_test_run(n, &cfg, rank_signed, &c);
+                for (int r = 0; r < n; r++) {
+                    EXPECT(memcmp(c.ext[r], c.ext[0], sizeof c.ext[0]) == 0,
+                           "n=%d count=%zu case %d: rank %d's extremes differ from rank 0's", n,
+                           c.count, k, r);
+                    if (c.odd_rank < 0 && c.bare_rank < 0)
+                        EXPECT(c.same[r],
+                               "n=%d count=%zu %s: rank %d's result differs from "
+                               "gvq_rd_allreduce's",
+                               n, c.count, gvq_op_name(c.op), r);
+                    else
+                        EXPECT(c.untouched[r],
+                               "n=%d count=%zu case %d: rank %d wrote its output "
+                               "although the rows differ",
+                               n, c.count, k, r);
+                }
+                if (c.odd_rank >= 0 && n > 1) { /* the odd row (5) is the highest, rank odd's */
+                    EXPECT(c.ext[0][5] == 5 && c.ext[0][3] == 42 + 1000 * c.odd_rank,
+                           "n=%d case %d: the highest row is not rank %d's", n, k, c.odd_rank);
+                    EXPECT(c.ext[0][2] == 4, "n=%d case %d: the lowest row is not a common one", n,
+                           k);
+                }
+            }
+}
+
 /* Malformed or unsupported GVQ_ALGO items are ignored (WARN), the rest applies. */
 static void test_spec(void) {
     gvq_select_override("allreduce=tree,bogus,allgather=rd");
@@ -292,6 +375,7 @@ int main(void) {
     test_table();
     test_identical();
     test_direct_is_ring();
+    test_signed();
     test_forced();
     return gvq_test_finish("test_algos");
 }
