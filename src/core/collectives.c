@@ -327,6 +327,70 @@ static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_
     return 1;
 }
 
+/* ---- point-to-point on CUDA buffers: staged through pinned host memory ----------------------
+ * A send's bytes are copied into pinned memory behind its stream before anything is posted; a
+ * receive lands in pinned memory and is copied into its buffer once every transfer of the batch
+ * completed, so the call returns with the data in place (as the staged collectives do). The
+ * block comes from the communicator of the batch's first such call. After a failed transfer the
+ * transport may still touch it: it is then abandoned, never reused or freed. */
+
+static int p2p_on_device(const gvq_op_t *o) {
+    return (o->kind == GVQ_OP_SEND || o->kind == GVQ_OP_RECV) && op_device(o) != &gvq_host_device;
+}
+
+/* posted[i] = ops[i], with a CUDA buffer replaced by its place in the pinned block (a send's
+ * bytes copied there); *pin: the block's owner, NULL when no call needs one. */
+static gvqResult_t p2p_stage_in(const gvq_op_t *ops, size_t n, gvq_op_t *posted,
+                                gvq_pinned_t **pin) {
+    const gvq_op_t *lead = NULL;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        posted[i] = ops[i];
+        if (!p2p_on_device(&ops[i])) continue;
+        if (lead == NULL) lead = &ops[i];
+        total += GVQ_DIV_UP(ops[i].count * gvq_dtype_size(ops[i].dtype), 64) * 64;
+    }
+    if (lead == NULL) return gvqSuccess;
+    const gvq_device_ops_t *dev = op_device(lead);
+    char *h = gvq_pinned_reserve(&lead->comm->pinned, dev, total);
+    if (h == NULL) {
+        GVQ_WARN("%s: cannot allocate %zu bytes of pinned host memory to stage CUDA buffers",
+                 op_fn[lead->kind], total);
+        return gvqSystemError;
+    }
+    *pin = &lead->comm->pinned;
+    for (size_t i = 0; i < n; i++) {
+        if (!p2p_on_device(&ops[i])) continue;
+        size_t bytes = ops[i].count * gvq_dtype_size(ops[i].dtype);
+        if (ops[i].kind == GVQ_OP_SEND) {
+            GVQCHECK(gvq_device_copy_behind(op_device(&ops[i]), ops[i].stream, h, ops[i].sendbuff,
+                                            bytes, 1));
+            posted[i].sendbuff = h;
+        } else {
+            posted[i].recvbuff = h;
+        }
+        h += GVQ_DIV_UP(bytes, 64) * 64;
+    }
+    return gvqSuccess;
+}
+
+/* After every transfer completed: the receives' bytes into their CUDA buffers. */
+static gvqResult_t p2p_stage_out(const gvq_op_t *ops, const gvq_op_t *posted, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].kind == GVQ_OP_RECV && p2p_on_device(&ops[i]))
+            GVQCHECK(gvq_device_copy_behind(op_device(&ops[i]), ops[i].stream, ops[i].recvbuff,
+                                            posted[i].recvbuff,
+                                            ops[i].count * gvq_dtype_size(ops[i].dtype), 0));
+    return gvqSuccess;
+}
+
+/* A failed batch's block: the transport may still read or write it. */
+static void p2p_stage_abandon(gvq_pinned_t *pin) {
+    pin->p = NULL;
+    pin->bytes = 0;
+    pin->dev = NULL;
+}
+
 /* Run a batch of operations: collectives in order, then all point-to-point together. */
 static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
     gvqResult_t res = gvqSuccess;
@@ -360,8 +424,10 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
     if (nreq == 0) return gvqSuccess;
     gvq_req_t *reqs = calloc(nreq, sizeof *reqs);
     size_t *first = calloc(n + 1, sizeof *first);
+    gvq_op_t *posted = malloc(n * sizeof *posted); /* ops with CUDA buffers staged */
+    gvq_pinned_t *pin = NULL;
     size_t entered = 0;
-    if (reqs == NULL || first == NULL) {
+    if (reqs == NULL || first == NULL || posted == NULL) {
         res = gvqSystemError;
         goto out_free;
     }
@@ -370,17 +436,12 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
         if (i < n && (ops[i].kind == GVQ_OP_SEND || ops[i].kind == GVQ_OP_RECV))
             q += p2p_pieces(&ops[i]);
     }
+    GVQCHECKGOTO(p2p_stage_in(ops, n, posted, &pin), res, out_free);
     for (size_t i = 0; i < n; i++) {
         if (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV) continue;
-        if (op_device(&ops[i]) != &gvq_host_device) {
-            GVQ_WARN("%s: point-to-point on CUDA buffers is not supported yet (peer %d)",
-                     op_fn[ops[i].kind], ops[i].root);
-            res = gvqInvalidUsage;
-            goto out_leave;
-        }
         GVQCHECKGOTO(gvq_comm_enter(ops[i].comm, op_fn[ops[i].kind]), res, out_leave);
         entered = i + 1;
-        GVQCHECKGOTO(p2p_post(&ops[i], reqs + first[i]), res, out_leave);
+        GVQCHECKGOTO(p2p_post(&posted[i], reqs + first[i]), res, out_leave);
     }
     for (size_t i = 0; i < n; i++) {
         if (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV) continue;
@@ -388,6 +449,7 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
                                        (int)(first[i + 1] - first[i]), op_fn[ops[i].kind]),
                      res, out_leave);
     }
+    res = p2p_stage_out(ops, posted, n);
 out_leave:
     for (size_t i = 0; i < entered; i++) {
         if (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV) continue;
@@ -396,9 +458,11 @@ out_leave:
                                 (int)(first[i + 1] - first[i]));
         gvq_comm_leave(ops[i].comm);
     }
+    if (res != gvqSuccess && entered > 0 && pin != NULL) p2p_stage_abandon(pin);
 out_free:
     free(reqs);
     free(first);
+    free(posted);
     return res;
 }
 

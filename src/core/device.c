@@ -63,8 +63,7 @@ void gvq_pinned_free(gvq_pinned_t *pin) {
     pin->dev = NULL;
 }
 
-/* At least `bytes` of dev's pinned memory in pin (contents not kept). */
-static void *pinned_reserve(gvq_pinned_t *pin, const gvq_device_ops_t *dev, size_t bytes) {
+void *gvq_pinned_reserve(gvq_pinned_t *pin, const gvq_device_ops_t *dev, size_t bytes) {
     if (pin->p != NULL && pin->dev == dev && pin->bytes >= bytes) return pin->p;
     gvq_pinned_free(pin);
     if ((pin->p = dev->host_alloc(bytes)) == NULL) return NULL;
@@ -82,7 +81,7 @@ gvqResult_t gvq_device_staged(const gvq_device_ops_t *dev, void *stream, const c
     char *h = NULL;
     gvqResult_t res = gvqSuccess;
     GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, stream), &prev));
-    if ((sdev || rdev) && (h = pinned_reserve(pin, dev, soff + (rdev ? rlen : 0))) == NULL) {
+    if ((sdev || rdev) && (h = gvq_pinned_reserve(pin, dev, soff + (rdev ? rlen : 0))) == NULL) {
         GVQ_WARN("%s: cannot allocate %zu + %zu bytes of pinned host memory to stage CUDA buffers",
                  fn, slen, rlen);
         res = gvqSystemError;
@@ -92,6 +91,16 @@ gvqResult_t gvq_device_staged(const gvq_device_ops_t *dev, void *stream, const c
     GVQCHECKGOTO(run(arg, sdev ? h : send, rdev ? h + soff : recv), res, out);
     if (rdev) GVQCHECKGOTO(dev->copy_from_host(recv, h + soff, rlen), res, out);
 out:;
+    gvqResult_t r2 = dev->set_stream(prev, NULL);
+    return res != gvqSuccess ? res : r2;
+}
+
+gvqResult_t gvq_device_copy_behind(const gvq_device_ops_t *dev, void *stream, void *dst,
+                                   const void *src, size_t bytes, int to_host) {
+    void *prev = NULL;
+    GVQCHECK(dev->set_stream(gvq_device_user_stream(dev, stream), &prev));
+    gvqResult_t res =
+        to_host ? dev->copy_to_host(dst, src, bytes) : dev->copy_from_host(dst, src, bytes);
     gvqResult_t r2 = dev->set_stream(prev, NULL);
     return res != gvqSuccess ? res : r2;
 }

@@ -40,6 +40,13 @@ typedef struct {
     const gvq_device_ops_t *dev; /* whose host_alloc made p */
 } gvq_pinned_t;
 void gvq_pinned_free(gvq_pinned_t *pin);
+/* At least `bytes` of dev's pinned memory in pin (contents not kept; NULL when out of memory). */
+void *gvq_pinned_reserve(gvq_pinned_t *pin, const gvq_device_ops_t *dev, size_t bytes);
+/* Copy between a buffer of dev and host memory behind `stream` (the caller's; NULL: as
+ * gvq_device_user_stream says), returning when the bytes are in place: to_host 1 copies dev's
+ * src into host dst, 0 host src into dev's dst. */
+gvqResult_t gvq_device_copy_behind(const gvq_device_ops_t *dev, void *stream, void *dst,
+                                   const void *src, size_t bytes, int to_host);
 gvqResult_t gvq_device_staged(const gvq_device_ops_t *dev, void *stream, const char *fn,
                               gvq_pinned_t *pin, const void *send, size_t slen, void *recv,
                               size_t rlen, gvq_staged_fn_t run, void *arg);

@@ -3,8 +3,9 @@
  * GPU (or takes device rank % count). The result of each call on cudaMalloc buffers must equal
  * the same call on host buffers (bit for bit with <= 2 ranks, where every path adds the same two
  * values; within rounding beyond). With NCCL usable (a device per rank) the calls run on NCCL,
- * otherwise -- and with GVQ_NCCL=0 -- they are staged through pinned host memory. Without a CUDA
- * device every rank reports itself skipped (exit 77).
+ * otherwise -- and with GVQ_NCCL=0 -- they are staged through pinned host memory. gvqSend and
+ * gvqRecv on CUDA buffers (always staged) move a ring of values between the ranks. Without a
+ * CUDA device every rank reports itself skipped (exit 77).
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -198,11 +199,44 @@ int main(int argc, char **argv) {
         if (ch) gvqCompressorDestroy(ch);
         if (cd) gvqCompressorDestroy(cd);
     }
-    float *dv = NULL;
-    cudaMalloc((void **)&dv, 16);
-    CHECK(gvqSend(dv, 4, gvqFloat32, 0, comm, s) == gvqInvalidUsage,
-          "p2p on device buffers is refused");
-    cudaFree(dv);
+    /* point-to-point on CUDA buffers (staged through pinned memory): a ring in a group, each
+     * rank to the next, device to device and device to host, with an odd size */
+    {
+        const size_t pn = 300007;
+        float *hs = malloc(pn * 4), *hr = malloc(pn * 4), *hr2 = malloc(pn * 4);
+        float *ds = NULL, *dr = NULL;
+        cudaMalloc((void **)&ds, pn * 4);
+        cudaMalloc((void **)&dr, pn * 4);
+        for (size_t i = 0; i < pn; i++)
+            hs[i] = (float)(rank * 1000003 + (int)i);
+        cudaMemcpy(ds, hs, pn * 4, cudaMemcpyHostToDevice);
+        cudaMemset(dr, 0, pn * 4);
+        memset(hr2, 0, pn * 4);
+        int to = (rank + 1) % n, from = (rank + n - 1) % n;
+        gvqGroupStart();
+        gvqSend(ds, pn, gvqFloat32, to, comm, s);
+        gvqRecv(dr, pn, gvqFloat32, from, comm, s);
+        gvqSend(ds, pn, gvqFloat32, to, comm, s);
+        gvqRecv(hr2, pn, gvqFloat32, from, comm, NULL);
+        gvqResult_t pr = gvqGroupEnd();
+        CHECK(pr == gvqSuccess, "p2p on CUDA buffers: %s (%s)", gvqGetErrorString(pr),
+              gvqGetLastError(comm));
+        cudaStreamSynchronize(s);
+        cudaMemcpy(hr, dr, pn * 4, cudaMemcpyDeviceToHost);
+        size_t bad = 0, bad2 = 0;
+        for (size_t i = 0; i < pn; i++) {
+            float want = (float)(from * 1000003 + (int)i);
+            bad += hr[i] != want;
+            bad2 += hr2[i] != want;
+        }
+        CHECK(bad == 0, "p2p device to device: %zu of %zu values wrong", bad, pn);
+        CHECK(bad2 == 0, "p2p device to host: %zu of %zu values wrong", bad2, pn);
+        cudaFree(ds);
+        cudaFree(dr);
+        free(hs);
+        free(hr);
+        free(hr2);
+    }
     cudaStreamDestroy(s);
     gvqCommDestroy(comm);
     int all = 0;
