@@ -62,7 +62,7 @@ gvqResult_t gvq_agree_fields(gvq_coll_ctx_t *ctx, const char *fn, const int64_t 
  * pattern of recursive doubling, which a small allreduce shares, so that its data can ride along
  * with the signature. Dissemination stays for the others (FIFO transports). */
 
-enum { AGREE_TAG = GVQ_TAG_SIGNED, AGREE_MAX_FIELDS = 16 }; /* 1 and 2 are gvq_transport.h's */
+enum { AGREE_TAG = GVQ_TAG_SIGNED, AGREE_MAX_FIELDS = 16 };
 
 gvqResult_t gvq_agree_extremes(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
                                int *lo_rank, int64_t *hi, int *hi_rank) {

@@ -307,7 +307,7 @@ gvqResult_t gvq_agree_extremes(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, 
  * of at most GVQ_SIGNED_MAX_BYTES that would run recursive doubling runs it with its vector, so
  * that the agreement costs no round of its own. Every message of it, with or without a payload,
  * follows the same pattern and tag, so ranks whose calls differ still read each other. */
-enum { GVQ_TAG_SIGNED = 3, GVQ_SIGNED_MAX_BYTES = 64 * 1024 };
+enum { GVQ_SIGNED_MAX_BYTES = 64 * 1024 }; /* on the tag GVQ_TAG_SIGNED */
 typedef struct {
     const void *src;
     void *dst; /* written only when every rank's row is equal */

@@ -193,7 +193,7 @@ gvqResult_t gvq_rd_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, si
  *
  * Recursive doubling with the fold, where every message is a header and an optional payload:
  *
- *     [ magic | lo rank, lo row (n) | hi rank, hi row (n) | vector (count elements) ]
+ *     [ magic | flags | lo rank, lo row (n) | hi rank, hi row (n) | vector (count elements) ]
  *
  *     fold in:   2i   -> 2i+1         2i+1 merges the header, combines the vector (2i's first)
  *     round k:   v   <-> v ^ 2^k      both merge, both combine (lower group first)
@@ -206,6 +206,9 @@ gvqResult_t gvq_rd_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, si
  * messages with another payload or none, is read all the same, and every rank still learns the
  * extremes in the same rounds; no message is left for a later call. A payload of another length
  * than this rank's is not combined, and the vector is copied to dst only when all rows agree.
+ * Rows that define the payload's length make equal rows mean equal lengths; should a length
+ * differ all the same, the receiver sets a flag that travels with the extremes (OR), and every
+ * rank fails the call alike instead of passing on a partial sum.
  */
 
 /* Whether (a, ra) comes before (b, rb). */
@@ -229,6 +232,7 @@ void gvq_extremes_merge(int64_t *have, const int64_t *in, int n) {
 }
 
 #define SIGNED_MAGIC 0x6776715369676e00ull /* "gvqSign" and the row's field count */
+enum { SIGNED_LENGTH_DIFFERS = 1 };        /* flags: a payload's length differed somewhere */
 
 typedef struct {
     rec_t g;
@@ -236,11 +240,10 @@ typedef struct {
     size_t hbytes, pbytes; /* header, this rank's payload */
     int64_t *out, *in;     /* out: header + vector (sent, combined into); in: header + room */
     size_t count;
-    int mismatch; /* a payload came with another length than this rank's */
 } signed_t;
 
 static size_t signed_header_bytes(int n) {
-    return (size_t)(1 + 2 * (n + 1)) * sizeof(int64_t);
+    return (size_t)(2 + 2 * (n + 1)) * sizeof(int64_t);
 }
 
 static char *signed_vector(int64_t *msg, const signed_t *s) {
@@ -276,12 +279,14 @@ static gvqResult_t signed_take(signed_t *s, int from, size_t got, int in_is_lowe
                  from, got);
         return gvqRemoteError;
     }
-    if (replace)
+    if (replace) {
         memcpy(s->out + 1, s->in + 1, s->hbytes - sizeof(int64_t));
-    else
-        gvq_extremes_merge(s->out + 1, s->in + 1, s->n);
+    } else {
+        s->out[1] |= s->in[1];
+        gvq_extremes_merge(s->out + 2, s->in + 2, s->n);
+    }
     if (got - s->hbytes != s->pbytes) {
-        s->mismatch = 1;
+        s->out[1] |= SIGNED_LENGTH_DIFFERS;
         return gvqSuccess;
     }
     if (s->pbytes == 0) return gvqSuccess;
@@ -314,7 +319,7 @@ static gvqResult_t signed_rounds(signed_t *s) {
 
 /* Whether the extremes (out's header) are one row: every rank passed the same. */
 static int signed_agreed(const signed_t *s) {
-    const int64_t *lo = s->out + 2, *hi = s->out + 2 + s->n + 1;
+    const int64_t *lo = s->out + 3, *hi = s->out + 4 + s->n;
     return memcmp(lo, hi, (size_t)s->n * sizeof(int64_t)) == 0;
 }
 
@@ -341,29 +346,32 @@ gvqResult_t gvq_rd_signed(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64
     s.out = mem;
     s.in = (int64_t *)((char *)mem + GVQ_DIV_UP(s.hbytes + s.pbytes, 8) * 8);
     s.out[0] = (int64_t)(SIGNED_MAGIC | (uint64_t)n);
-    s.out[1] = s.out[2 + n] = s.g.r;
-    memcpy(s.out + 2, mine, (size_t)n * sizeof(int64_t));
-    memcpy(s.out + 3 + n, mine, (size_t)n * sizeof(int64_t));
+    s.out[1] = 0;
+    s.out[2] = s.out[3 + n] = s.g.r;
+    memcpy(s.out + 3, mine, (size_t)n * sizeof(int64_t));
+    memcpy(s.out + 4 + n, mine, (size_t)n * sizeof(int64_t));
     gvqResult_t res = gvqSuccess;
+    int kept = 0; /* a transfer failed: the transport may still touch mem */
     if (s.pbytes > 0) res = s.g.dev->copy(signed_vector(s.out, &s), pay->src, s.pbytes);
-    if (res == gvqSuccess && s.g.n > 1) res = signed_rounds(&s);
+    if (res == gvqSuccess && s.g.n > 1) kept = (res = signed_rounds(&s)) != gvqSuccess;
     if (res == gvqSuccess) {
-        *lo_rank = (int)s.out[1];
-        *hi_rank = (int)s.out[2 + n];
-        memcpy(lo, s.out + 2, (size_t)n * sizeof(int64_t));
-        memcpy(hi, s.out + 3 + n, (size_t)n * sizeof(int64_t));
+        *lo_rank = (int)s.out[2];
+        *hi_rank = (int)s.out[3 + n];
+        memcpy(lo, s.out + 3, (size_t)n * sizeof(int64_t));
+        memcpy(hi, s.out + 4 + n, (size_t)n * sizeof(int64_t));
     }
-    if (res == gvqSuccess && s.pbytes > 0 && signed_agreed(&s)) {
-        if (s.mismatch) { /* equal rows define equal lengths */
-            GVQ_WARN("call agreement: the rows agree but a payload's length differs");
+    if (res == gvqSuccess && signed_agreed(&s)) {
+        if (s.out[1] & SIGNED_LENGTH_DIFFERS) { /* equal rows should define equal lengths */
+            GVQ_WARN("call agreement: every rank's signature agrees but the data that rode along "
+                     "differs in length between ranks; nothing was written");
             res = gvqInternalError;
-        } else {
+        } else if (s.pbytes > 0) {
             res = s.g.dev->copy(pay->dst, signed_vector(s.out, &s), s.pbytes);
             if (res == gvqSuccess && pay->op == gvqAvg)
                 res = s.g.dev->divide(pay->dst, s.count, pay->dtype, s.g.n);
         }
     }
-    if (s.pbytes == 0 && (res == gvqSuccess || !ctx->xport->cancel_keeps_buffers)) free(mem);
+    if (s.pbytes == 0 && !(kept && ctx->xport->cancel_keeps_buffers)) free(mem);
     return res;
 }
 

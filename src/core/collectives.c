@@ -151,6 +151,7 @@ static gvqResult_t check_op(const gvq_op_t *o) {
  * its own arguments still takes part (with its refusal), so the others fail at once. */
 
 static gvq_algo_t op_algo(const gvq_op_t *o);
+static const gvq_device_ops_t *op_device(const gvq_op_t *o);
 
 static gvq_call_sig_t op_signature(const gvq_op_t *o, gvqResult_t refused) {
     if (o->kind == GVQ_OP_COMPRESSED) return gvq_compressed_signature(o, refused);
@@ -166,6 +167,7 @@ static gvq_call_sig_t op_signature(const gvq_op_t *o, gvqResult_t refused) {
                                             ? gvq_zero_code_identity(o->dtype, o->op)
                                             : 0, /* GVQ_CODEC alike on every rank */
                             .algo = refused == gvqSuccess ? (int)op_algo(o) : -1,
+                            .device = op_device(o) != &gvq_host_device,
                             .refused = refused};
 }
 
@@ -307,7 +309,7 @@ static gvqResult_t p2p_post(const gvq_op_t *o, gvq_req_t *reqs) {
 
 /* On one host a message that outgrows Open MPI's shared-memory eager limit (4 KiB) takes a
  * rendezvous, which costs more than the agreement's own round: the vector rides along only
- * while vector and signature (168 bytes) fit in one eager message. Across hosts (TCP: 64 KiB
+ * while vector and signature (176 bytes) fit in one eager message. Across hosts (TCP: 64 KiB
  * eager) every size that recursive doubling runs rides along. */
 enum { SIGNED_ONE_HOST_BYTES = 3840 };
 

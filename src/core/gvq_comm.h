@@ -138,6 +138,7 @@ typedef struct {
     int root;            /* -1: none (all but broadcast and reduce) */
     uint64_t identity;   /* what else defines the call (a compressor's config); 0: nothing */
     int algo;            /* the plain collective's algorithm (gvq_algo_t, GVQ_ALGO); -1: none */
+    int device;          /* the buffers are a device's (CUDA), 0: host memory */
     gvqResult_t refused; /* this rank's own refusal of its arguments, gvqSuccess if none */
 } gvq_call_sig_t;
 

@@ -4,14 +4,16 @@
  * A call's signature is a row of integers, the same on every rank when the ranks made the same
  * call:
  *
- *   [ call number | refused | kind | count | datatype | op | root | identity | algorithm ]
+ *   [ call number | refused | kind | count | datatype | op | root | identity | algorithm | device ]
  *
  * The call number counts the collectives agreed on this communicator; `refused` is the result
  * with which this rank refused its own arguments (the rank still takes part, so that the others
  * fail at once instead of waiting out the timeout); identity is what else defines the call (a
  * compressed allreduce's compressor config); algorithm is the one a plain collective will run
  * (GVQ_ALGO or the size table: a rank with a different GVQ_ALGO would otherwise pair its
- * messages with another algorithm's and time out). gvq_agree_extremes gives every rank the smallest
+ * messages with another algorithm's and time out); device says the buffers are CUDA memory (a
+ * rank with host buffers would take another path: NCCL or staging, and the small allreduce's
+ * data rides along on host buffers only). gvq_agree_extremes gives every rank the smallest
  * and the largest row of all ranks in about log2 N small messages; equal means every rank made
  * the same call. A small allreduce that runs recursive doubling sends its vector in the same
  * messages (gvq_call_agree_allreduce, recursive.c's signed exchange): one exchange instead of
@@ -23,7 +25,8 @@
  *
  * The order of the fields decides which difference is reported: ranks out of step first (the
  * communicator is then broken: every later call would pair with another rank's different one),
- * then a rank's own refusal, then the arguments. No data moved, so after a refusal or different
+ * then a rank's own refusal, then the arguments. No output was written (a small allreduce's data
+ * may have ridden along, into library memory only), so after a refusal or different
  * arguments the communicator stays usable.
  */
 #include <stdio.h>
@@ -31,7 +34,19 @@
 #include "gvq_comm.h"
 #include "gvq_select.h"
 
-enum { F_CALL, F_REFUSED, F_KIND, F_COUNT, F_DTYPE, F_OP, F_ROOT, F_IDENTITY, F_ALGO, F_N };
+enum {
+    F_CALL,
+    F_REFUSED,
+    F_KIND,
+    F_COUNT,
+    F_DTYPE,
+    F_OP,
+    F_ROOT,
+    F_IDENTITY,
+    F_ALGO,
+    F_DEVICE,
+    F_N
+};
 
 static const char *kind_fn[] = {"gvqAllReduce",     "gvqBroadcast", "gvqReduce",
                                 "gvqReduceScatter", "gvqAllGather", "gvqAllReduceCompressed"};
@@ -63,6 +78,8 @@ static void describe(const int64_t *row, int show_algo, char *buf, size_t len) {
     else if (id != 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", compressor config %016llx",
                       (unsigned long long)id);
+    if (row[F_DEVICE] != 0 && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, ", CUDA buffers");
     if (show_algo && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", algorithm %s",
                       gvq_algo_name((gvq_algo_t)row[F_ALGO]));
@@ -79,6 +96,7 @@ static void sig_row(gvqComm_t comm, const gvq_call_sig_t *sig, int64_t *row) {
     row[F_ROOT] = sig->root;
     row[F_IDENTITY] = (int64_t)sig->identity;
     row[F_ALGO] = sig->algo;
+    row[F_DEVICE] = sig->device;
 }
 
 static gvqResult_t judge(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig,
@@ -90,7 +108,7 @@ gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t 
 
 gvqResult_t gvq_call_agree_allreduce(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig,
                                      const gvq_signed_payload_t *pay) {
-    if (comm->nranks == 1) return sig->refused;
+    if (comm->nranks == 1 && pay == NULL) return sig->refused;
     int64_t row[F_N], lo[F_N], hi[F_N];
     int lo_rank = 0, hi_rank = 0;
     sig_row(comm, sig, row);

@@ -14,11 +14,11 @@
 #include "gvq_util.h"
 
 /* Tags separate the traffic of collectives from user point-to-point messages. */
-enum { GVQ_TAG_P2P = 1, GVQ_TAG_COLL = 2 };
+enum { GVQ_TAG_P2P = 1, GVQ_TAG_COLL = 2, GVQ_TAG_SIGNED = 3 /* the call agreement */ };
 
 typedef struct {
     uint64_t handle[2]; /* owned by the transport */
-    size_t bytes;       /* expected (recv) or sent size */
+    size_t bytes;       /* expected (recv) or sent size; irecv_upto: the received length */
     int peer;
     int active; /* posted and not completed */
 } gvq_req_t;
@@ -38,7 +38,7 @@ typedef struct gvq_transport_ops {
     gvqResult_t (*irecv_upto)(struct gvq_transport *t, int peer, int tag, void *buf, size_t bytes,
                               gvq_req_t *req);
     /* *done = 1 when complete (the request is then inactive). A receive whose message is not
-     * `bytes` long completes with gvqRemoteError. */
+     * `bytes` long (irecv_upto: longer than `bytes`) completes with gvqRemoteError. */
     gvqResult_t (*test)(struct gvq_transport *t, gvq_req_t *req, int *done);
     /* Give up on a request that will not complete (after a timeout or an abort). */
     void (*cancel)(struct gvq_transport *t, gvq_req_t *req);

@@ -417,8 +417,8 @@ static gvqResult_t mpi_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
     }
     if (op->kind == OP_RECV_BAD) {
         GVQ_WARN("mpi transport: the message from peer %d has %d bytes, this rank's receive "
-                 "expects %zu (mismatched calls on the ranks?); it was discarded",
-                 op->peer, op->got, op->bytes);
+                 "expects %s%zu (mismatched calls on the ranks?); it was discarded",
+                 op->peer, op->got, op->upto ? "at most " : "", op->bytes);
         req->active = 0;
         *done = 1;
         op_put(m, op);

@@ -246,6 +246,7 @@ typedef struct {
     gvqRedOp_t op;
     int odd_rank;  /* -1: every row equal; else this rank's row differs */
     int bare_rank; /* -1: every rank sends its vector; else this one its signature alone */
+    gvqResult_t want;
     int64_t ext[8][2 * 3];
     int same[8], untouched[8];
 } signed_case_t;
@@ -264,7 +265,7 @@ static void rank_signed(gvqComm_t comm, int rank, int nranks, void *arg) {
     gvq_signed_payload_t pay = {s, got, c->count, gvqFloat32, c->op};
     EXPECT_RES(
         gvq_rd_signed(&ctx, row, 3, lo, &lo_rank, hi, &hi_rank, rank == c->bare_rank ? NULL : &pay),
-        gvqSuccess);
+        c->want);
     if (c->odd_rank < 0 && c->bare_rank < 0)
         EXPECT_RES(gvq_rd_allreduce(&ctx, s, want, c->count, gvqFloat32, c->op), gvqSuccess);
     c->same[rank] = c->odd_rank < 0 && c->bare_rank < 0 && memcmp(got, want, c->count * 4) == 0;
@@ -286,15 +287,17 @@ static void rank_signed(gvqComm_t comm, int rank, int nranks, void *arg) {
 static void test_signed(void) {
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     const size_t counts[] = {1, 7, 300, 960};
-    for (int n = 1; n <= 5; n++)
+    for (int n = 1; n <= 6; n++)
         for (size_t ci = 0; ci < 4; ci++)
-            for (int k = 0; k < 4;
-                 k++) { /* equal rows (sum; avg or max); a differing row; a bare one */
+            for (int k = 0; k < 5; k++) {       /* equal rows (sum; avg or max), a differing row, a
+                                                 * bare rank beside a differing row, beside equal rows */
                 if (n == 1 && k >= 2) continue; /* one rank's rows always agree */
                 gvqRedOp_t op = k != 1 ? gvqSum : ci % 2 ? gvqMax : gvqAvg; /* max: +0 vs -0 */
-                signed_case_t c = {counts[ci], op, -1, -1, {{0}}, {0}, {0}};
+                signed_case_t c = {counts[ci], op, -1, -1, gvqSuccess, {{0}}, {0}, {0}};
                 if (k == 2) c.odd_rank = (int)(ci % (size_t)n);
-                if (k == 3 && n > 1) c.bare_rank = (int)((ci + 1) % (size_t)n), c.odd_rank = 0;
+                if (k == 3) c.bare_rank = (int)((ci + 1) % (size_t)n), c.odd_rank = 0;
+                if (k == 4) /* rows that do not define the length: every rank fails alike */
+                    c.bare_rank = (int)((ci + 1) % (size_t)n), c.want = gvqInternalError;
                 gvq_test_run(n, &cfg, rank_signed, &c);
                 for (int r = 0; r < n; r++) {
                     EXPECT(memcmp(c.ext[r], c.ext[0], sizeof c.ext[0]) == 0,

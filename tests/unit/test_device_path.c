@@ -203,6 +203,47 @@ static void rank_p2p(gvqComm_t comm, int rank, int nranks, void *arg) {
     free(hr);
 }
 
+/* A small allreduce where one rank passes device buffers and the others host buffers (which
+ * gvq.h's rule forbids): the signature says which, so every rank fails at once naming both
+ * sides, nothing is written, and the next call works. (The host ranks' data would otherwise
+ * ride along with the agreement while the device rank staged its own: partial sums.) */
+typedef struct {
+    int device_rank;
+    gvqResult_t res[8];
+} mixed_t;
+
+static void rank_mixed(gvqComm_t comm, int rank, int nranks, void *arg) {
+    mixed_t *m = arg;
+    int dev = rank == m->device_rank;
+    float *s = dev ? sim_alloc(64) : malloc(64), *d = dev ? sim_alloc(64) : malloc(64);
+    for (int i = 0; i < 16; i++) {
+        s[i] = (float)(1 << rank);
+        d[i] = -7.0f;
+    }
+    m->res[rank] = gvqAllReduce(s, d, 16, gvqFloat32, gvqSum, comm, NULL);
+    const char *last = gvqGetLastError(comm);
+    EXPECT(last != NULL && strstr(last, "CUDA buffers") != NULL,
+           "mixed buffers, rank %d: the WARN does not name the device buffers (\"%s\")", rank,
+           last ? last : "(null)");
+    int written = 0;
+    for (int i = 0; i < 16; i++)
+        written += d[i] != -7.0f;
+    EXPECT(written == 0, "mixed buffers, rank %d: %d values written by a failed call", rank,
+           written);
+    for (int i = 0; i < 16; i++)
+        s[i] = dev ? 0.0f : (float)(1 << rank); /* now every rank on the host */
+    float hs[16], hd[16];
+    memcpy(hs, s, sizeof hs);
+    EXPECT_RES(gvqAllReduce(hs, hd, 16, gvqFloat32, gvqSum, comm, NULL), gvqSuccess);
+    float want = (float)((1 << nranks) - 1 - (1 << m->device_rank));
+    EXPECT(hd[0] == want && hd[15] == want, "mixed buffers, rank %d: the next call gave %g, not %g",
+           rank, hd[0], want);
+    if (dev)
+        sim_free(s), sim_free(d);
+    else
+        free(s), free(d);
+}
+
 static gvqCompressorConfig_t base_cfg(int L) {
     gvqCompressorConfig_t c = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
     c.sliceSize = L;
@@ -324,6 +365,15 @@ int main(void) {
     for (int nr = 1; nr <= 4; nr++)
         gvq_test_run(nr, NULL, rank_p2p, NULL);
     printf("%-40s 1-4 ranks: gvqSend/gvqRecv on device buffers, staged\n", "point-to-point");
+    for (int nr = 2; nr <= 6; nr++) {
+        mixed_t m = {nr - 1, {gvqSuccess}};
+        gvq_test_run(nr, NULL, rank_mixed, &m);
+        for (int r = 0; r < nr; r++)
+            EXPECT(m.res[r] == gvqInvalidArgument,
+                   "mixed buffers at %d ranks: rank %d returned %s, not invalid argument", nr, r,
+                   gvqGetErrorString(m.res[r]));
+    }
+    printf("%-40s 2-6 ranks: host and device buffers in one call refused\n", "mixed buffers");
     EXPECT(sim_violations == 0, "%d breaches of the device contract", sim_violations);
     EXPECT(sim_nblocks == 0, "%d device allocations leaked", sim_nblocks);
     gvq_device_register(NULL, NULL);
