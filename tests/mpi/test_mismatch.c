@@ -121,6 +121,11 @@ int main(int argc, char **argv) {
             written += rbuf[i] != -7.0f;
         MT_CHECK(written == 0, "a failed small allreduce wrote %d values of its output", written);
         next_call_works("a small count mismatch");
+        /* 8 KiB does not ride along on one host (its signature alone) against 1 KiB riding */
+        FAILED("allreduce counts, one riding",
+               gvqAllReduce(sbuf, rbuf, r == 0 ? 2048 : 256, gvqFloat32, gvqSum, comm, NULL),
+               gvqInvalidArgument, "count 2048", "count 256");
+        next_call_works("a count mismatch, one riding");
     }
     if (part("same-width datatype")) {
         for (int i = 0; i < 256; i++)
