@@ -326,6 +326,25 @@ gvqResult_t gvq_rd_signed(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64
  * harm). */
 void gvq_extremes_merge(int64_t *have, const int64_t *in, int n);
 
+/* ---- the shared-memory exchange (shm.c): the same on ranks of one host ---------------------
+ * Memory every rank of the communicator maps (made by the core: src/core/shm.c): per rank two
+ * slots (alternate calls), each a header [call number, length, row] and GVQ_SHM_MAX_BYTES of
+ * vector. */
+enum { GVQ_SHM_MAX_BYTES = 64 * 1024, GVQ_SHM_MAX_FIELDS = 16, GVQ_SHM_HEADER = 192 };
+typedef struct {
+    char *base; /* nranks x 2 slots of GVQ_SHM_HEADER + GVQ_SHM_MAX_BYTES */
+    int nranks, rank;
+    uint64_t calls; /* exchanges made through it so far (this rank's count) */
+} gvq_shm_t;
+/* gvq_rd_signed's result through shared memory: every rank posts its row (and vector) in its
+ * slot and reads all the others', so every rank holds every row; with pay the allreduce of the
+ * vectors in rank order ((v0 op v1) op v2 ..., bitwise the same on every rank), written to
+ * pay->dst only when every row agrees. Waits are bounded by the transport's timeout and abort
+ * flag (then the communicator is broken). */
+gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *shm, const int64_t *mine, int n,
+                           int64_t *lo, int *lo_rank, int64_t *hi, int *hi_rank,
+                           const gvq_signed_payload_t *pay);
+
 /* ---- PowerSGD (powersgd.c) -----------------------------------------------------------------
  * One power iteration of PowerSGD (Vogels et al. 2019) on an n x m matrix M stored row-major
  * (M[i][j] at i*m + j), with P (n x r) and Q (m x r) column-major. The caller sums P and Q over

@@ -193,12 +193,13 @@ static gvq_algo_t op_algo(const gvq_op_t *o) {
     size_t bytes = o->count * gvq_dtype_size(o->dtype);
     if (o->kind == GVQ_OP_REDUCE_SCATTER || o->kind == GVQ_OP_ALLGATHER)
         bytes *= (size_t)o->comm->nranks;
+    int hosts = !o->comm->xport->one_host ? 0 : o->comm->shm_state == 1 ? 2 : 1;
     return gvq_select_algo(o->kind, o->comm->nranks, bytes, o->dtype, o->comm->xport->fifo,
-                           o->comm->xport->stages_sends, o->comm->xport->one_host);
+                           o->comm->xport->stages_sends, hosts);
 }
 
 static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_algo_t algo) {
-    if (algo == GVQ_ALGO_RD)
+    if (algo == GVQ_ALGO_RD || algo == GVQ_ALGO_SHM) /* shm: when it did not ride along */
         return gvq_rd_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     if (algo == GVQ_ALGO_RAB)
         return gvq_rab_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
@@ -320,9 +321,11 @@ enum { SIGNED_ONE_HOST_BYTES = 3840 };
  * alike; ranks that choose differently have different signatures and still read each other. */
 static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_payload_t *pay) {
     size_t bytes = o->count * gvq_dtype_size(o->dtype);
-    size_t max = o->comm->xport->one_host ? SIGNED_ONE_HOST_BYTES : GVQ_SIGNED_MAX_BYTES;
-    if (o->kind != GVQ_OP_ALLREDUCE || sig->algo != GVQ_ALGO_RD || sig->identity != 0 ||
-        o->comm->nranks < 2 || o->count == 0 || bytes > max ||
+    size_t max = sig->algo == GVQ_ALGO_SHM  ? GVQ_SHM_MAX_BYTES
+                 : o->comm->xport->one_host ? SIGNED_ONE_HOST_BYTES
+                                            : GVQ_SIGNED_MAX_BYTES;
+    if (o->kind != GVQ_OP_ALLREDUCE || (sig->algo != GVQ_ALGO_RD && sig->algo != GVQ_ALGO_SHM) ||
+        sig->identity != 0 || o->comm->nranks < 2 || o->count == 0 || bytes > max ||
         o->comm->xport->ops->irecv_upto == NULL || op_device(o) != &gvq_host_device)
         return 0;
     *pay = (gvq_signed_payload_t){o->sendbuff, o->recvbuff, o->count, o->dtype, o->op};
@@ -412,6 +415,12 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
             continue;
         }
         GVQCHECK(gvq_comm_enter(ops[i].comm, op_fn[ops[i].kind]));
+        gvq_shm_t *shm = NULL; /* made at the first collective: the algorithm depends on it */
+        res = gvq_comm_shm(ops[i].comm, &shm);
+        if (res != gvqSuccess) {
+            gvq_comm_leave(ops[i].comm);
+            return res;
+        }
         gvq_call_sig_t sig = op_signature(&ops[i], gvqSuccess);
         gvq_signed_payload_t pay;
         if (rides_along(&ops[i], &sig, &pay)) { /* the agreement and the data in one exchange */

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "gvq_comm.h"
@@ -417,6 +418,7 @@ static void comm_free(gvqComm_t c) {
     int broken = gvq_broken_get(&c->broken) != gvqSuccess;
     int keep = broken && c->xport->cancel_keeps_buffers;
     c->xport->ops->destroy(c->xport);
+    if (c->shm_state == 1) munmap(c->shm.base, c->shm_bytes);  /* shm.c */
     if (c->dxport != NULL) c->dxport->ops->destroy(c->dxport); /* before the NCCL comm it uses */
     if (!keep) gvq_pinned_free(&c->pinned); /* a broken MPI transport may still read from it */
     if (!keep && c->pscratch != NULL) c->pinned_ops.free(c->pscratch);

@@ -54,6 +54,11 @@ struct gvqComm {
     const gvq_device_ops_t *pinned_ops_for;
     void *pscratch;
     size_t pscratch_bytes;
+    /* Shared memory of ranks on one host (shm.c), made at the first collective: shm_state 0 not
+     * tried, 1 mapped (shm_bytes long), -1 unavailable (messages only) */
+    gvq_shm_t shm;
+    int shm_state;
+    size_t shm_bytes;
 };
 
 /* The host device allocating dev's pinned memory (comm->pinned_ops), for a ring's host scratch
@@ -68,6 +73,12 @@ gvq_transport_t *gvq_comm_device_transport(gvqComm_t comm, const gvq_device_ops_
  * abort flag and broken state, and is destroyed with comm. */
 void gvq_comm_adopt_device_transport(gvqComm_t comm, gvq_transport_t *t,
                                      const gvq_device_ops_t *dev);
+
+/* comm's shared memory (shm.c), made the first time: collective then, as every collective's
+ * first step (all ranks of one host, GVQ_SHM=1 on every rank, the segment made and opened
+ * everywhere; else none, the same on every rank). *shm is NULL without it. The caller has
+ * entered the communicator. */
+gvqResult_t gvq_comm_shm(gvqComm_t comm, gvq_shm_t **shm);
 
 /* The collective context of comm's own transport, device and scratch; `sent` (may be NULL)
  * adds up the bytes the ring sends. */

@@ -14,6 +14,7 @@ typedef enum {
     GVQ_ALGO_RAB,    /* Rabenseifner's recursive halving/doubling */
     GVQ_ALGO_TREE,   /* binomial tree */
     GVQ_ALGO_DIRECT, /* ring reduce-scatter, direct allgather: sends from library memory only */
+    GVQ_ALGO_SHM,    /* allreduce through the communicator's shared memory (algorithms/shm.c) */
     GVQ_ALGO_COUNT
 } gvq_algo_t;
 
@@ -21,7 +22,8 @@ typedef enum {
  * ranks moving `bytes` (nccl-tests' size: the whole buffer, all blocks for reduce-scatter and
  * allgather) of dtype. FIFO transports always get the ring. `one_host`: every rank runs on one
  * host (gvq_transport_t.one_host), which picks the rows measured on shared memory, else those
- * measured across hosts; `staged`: the transport copies sends out of the caller's memory
+ * measured across hosts, and 2 the same with the communicator's shared memory mapped (then
+ * allreduce up to 64 KiB runs shm); `staged`: the transport copies sends out of the caller's memory
  * (stages_sends), which on one host moves the ring's rows to direct. The first use of each
  * (collective, algorithm) is reported at INFO. Never GVQ_ALGO_AUTO. */
 gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,

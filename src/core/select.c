@@ -26,6 +26,11 @@
  * not overlap as the ring's pipeline does, was 1.20x: there the ring stays (perf/RESULTS.md
  * section 7).
  *
+ * With a shared-memory segment mapped by every rank (one host, GVQ_SHM=1; src/core/shm.c) an
+ * allreduce of up to 64 KiB runs `shm` before any row: every rank writes its vector into its
+ * slot and reads the others', the call agreement in the same exchange (algorithms/shm.c).
+ * GVQ_ALGO=shm without the segment, or above 64 KiB, falls back to the table.
+ *
  * A name a collective does not have, or a malformed item, is reported at WARN and that item
  * ignored. The choice is reported at INFO the first time each (collective, algorithm) runs.
  * The algorithms other than the ring post receives ahead of their sends, so a FIFO transport
@@ -49,13 +54,14 @@
 #define KIB ((size_t)1 << 10)
 #define NCOLL 5 /* GVQ_OP_ALLREDUCE .. GVQ_OP_ALLGATHER */
 
-static const char *const algo_names[GVQ_ALGO_COUNT] = {"auto", "ring", "rd",
-                                                       "rab",  "tree", "direct"};
+static const char *const algo_names[GVQ_ALGO_COUNT] = {"auto", "ring",   "rd", "rab",
+                                                       "tree", "direct", "shm"};
 static const char *const coll_names[NCOLL] = {"allreduce", "broadcast", "reduce", "reducescatter",
                                               "allgather"};
 #define B(a) (1u << (a))
 static const unsigned coll_algos[NCOLL] = {
-    [GVQ_OP_ALLREDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_DIRECT),
+    [GVQ_OP_ALLREDUCE] =
+        B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_DIRECT) | B(GVQ_ALGO_SHM),
     [GVQ_OP_BROADCAST] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE),
     [GVQ_OP_REDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE),
     [GVQ_OP_REDUCE_SCATTER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RAB),
@@ -111,6 +117,8 @@ static const select_row_t table[] = {
 
 /* Where the ring's rows go to direct when the transport stages sends (see the header). */
 #define DIRECT_MIN_BYTES (4096 * KIB)
+/* With a shared-memory segment (one_host 2) the allreduce runs shm up to its slots' size. */
+#define SHM_MAX_BYTES (64 * KIB)
 
 static gvq_algo_t forced[NCOLL]; /* GVQ_ALGO; GVQ_ALGO_AUTO: the table */
 static int reported[NCOLL][GVQ_ALGO_COUNT];
@@ -134,7 +142,8 @@ static void parse_item(const char *item, size_t len, const char *spec) {
     int a = name_index(algo_names, GVQ_ALGO_COUNT, an, alen);
     int k = eq != NULL ? name_index(coll_names, NCOLL, item, (size_t)(eq - item)) : -1;
     if (a < 0 || (eq != NULL && k < 0)) {
-        GVQ_WARN("GVQ_ALGO='%s': '%.*s' is not an algorithm (auto, ring, rd, rab, tree, direct) or "
+        GVQ_WARN("GVQ_ALGO='%s': '%.*s' is not an algorithm (auto, ring, rd, rab, tree, direct, "
+                 "shm) or "
                  "collective=algorithm (allreduce, broadcast, reduce, reducescatter, allgather); "
                  "ignored",
                  spec, (int)len, item);
@@ -180,7 +189,7 @@ static gvq_algo_t from_table(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDa
         const select_row_t *row = &table[i];
         if (row->kind == kind && nranks >= row->min_ranks && nranks <= row->max_ranks &&
             (row->dclass == DC_ANY || (row->dclass == DC_HALF && half)) &&
-            (row->hosts == H_ANY || row->hosts == (one_host ? H_ONE : H_MANY)) &&
+            (row->hosts == H_ANY || row->hosts == (one_host != 0 ? H_ONE : H_MANY)) &&
             bytes <= row->max_bytes)
             return row->algo;
     }
@@ -192,8 +201,12 @@ gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqData
     pthread_once(&env_once, env_init);
     if ((int)kind < 0 || (int)kind >= NCOLL || nranks <= 1 || fifo) return GVQ_ALGO_RING;
     gvq_algo_t a = forced[kind];
+    int shm = one_host == 2 && bytes <= SHM_MAX_BYTES;
+    if (a == GVQ_ALGO_SHM && !shm) a = GVQ_ALGO_AUTO; /* no shared memory, or too large */
     int from_env = a != GVQ_ALGO_AUTO;
-    if (!from_env) a = from_table(kind, nranks, bytes, dtype, one_host);
+    if (!from_env)
+        a = shm && kind == GVQ_OP_ALLREDUCE ? GVQ_ALGO_SHM
+                                            : from_table(kind, nranks, bytes, dtype, one_host);
     int moved = !from_env && staged && one_host && nranks >= 3 && a == GVQ_ALGO_RING &&
                 (coll_algos[kind] & B(GVQ_ALGO_DIRECT)) && bytes >= DIRECT_MIN_BYTES;
     if (moved) a = GVQ_ALGO_DIRECT;

@@ -111,9 +111,13 @@ gvqResult_t gvq_call_agree_allreduce(gvqComm_t comm, const char *fn, const gvq_c
     if (comm->nranks == 1 && pay == NULL) return sig->refused;
     int64_t row[F_N], lo[F_N], hi[F_N];
     int lo_rank = 0, hi_rank = 0;
+    gvq_shm_t *shm = NULL;
+    GVQCHECK(gvq_comm_shm(comm, &shm));
     sig_row(comm, sig, row);
     gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
-    if (pay != NULL)
+    if (shm != NULL)
+        GVQCHECK(gvq_shm_signed(&ctx, shm, row, F_N, lo, &lo_rank, hi, &hi_rank, pay));
+    else if (pay != NULL)
         GVQCHECK(gvq_rd_signed(&ctx, row, F_N, lo, &lo_rank, hi, &hi_rank, pay));
     else
         GVQCHECK(gvq_agree_extremes(&ctx, row, F_N, lo, &lo_rank, hi, &hi_rank));

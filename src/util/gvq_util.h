@@ -166,6 +166,10 @@ int gvq_thread_may_sleep(void);
       "MPI transport: 1 copies every send from the caller's memory into library memory, so "    \
       "no transfer reads it after a call failed; 0 sends in place (faster at large sizes; "     \
       "after a failure MPI may still read the caller's buffers until the process exits)")       \
+    X(SHM, "GVQ_SHM", UINT, 1, NULL,                                                            \
+      "ranks on one host: 1 maps a shared memory segment per communicator for the call "        \
+      "agreement and allreduces up to 64 KiB (one exchange of cache lines instead of "          \
+      "messages); 0 on any rank: messages only")                                                \
     X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                        \
       "network interface whose IPv4 address the bootstrap root listens on (unset: the first "   \
       "non-loopback interface that is up)")

@@ -10,6 +10,8 @@
  *   sendcopy         GVQ_SEND_COPY=0 on rank 0 only: at 8 MiB the staging ranks run direct,
  *                    rank 0 the ring; the text names GVQ_SEND_COPY. Needs 3+ ranks on one
  *                    host (direct's conditions, select.c).
+ *   shm              GVQ_SHM=0 on rank 0 only: no rank maps the shared memory (the choice is
+ *                    agreed at the first collective), every call works over messages.
  * Set before gvq reads its environment. Calls the setting does not touch still work after.
  */
 #include <stdlib.h>
@@ -19,9 +21,38 @@
 
 #define TIMEOUT_MS 20000
 
+/* GVQ_SHM=0 on rank 0 only: allreduces of 1 KiB and 32 KiB and a broadcast give every rank the
+ * right values (no rank uses the shared memory). */
+static int shm_differs(void) {
+    if (mt.rank == 0) setenv("GVQ_SHM", "0", 1);
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    cfg.timeoutMs = TIMEOUT_MS;
+    gvqComm_t comm = NULL;
+    MT_OK(gvqCommInitMPI(&comm, MPI_COMM_WORLD, &cfg));
+    if (comm == NULL) return mt_finish("test_settings_differ");
+    const size_t counts[] = {256, 8192};
+    float *x = malloc(sizeof(float) * 8192), *y = malloc(sizeof(float) * 8192);
+    for (int c = 0; c < 2; c++) {
+        for (size_t i = 0; i < counts[c]; i++)
+            x[i] = (float)(mt.rank + 1);
+        MT_OK(gvqAllReduce(x, y, counts[c], gvqFloat32, gvqSum, comm, NULL));
+        int wrong = 0;
+        for (size_t i = 0; i < counts[c]; i++)
+            wrong += y[i] != (float)(mt.nranks * (mt.nranks + 1) / 2);
+        MT_CHECK(wrong == 0, "GVQ_SHM=0 on rank 0, count %zu: %d wrong values", counts[c], wrong);
+    }
+    MT_OK(gvqBroadcast(x, y, 64, gvqFloat32, 1 % mt.nranks, comm, NULL));
+    MT_CHECK(y[0] == (float)(1 % mt.nranks + 1), "GVQ_SHM=0 on rank 0: broadcast gave %g", y[0]);
+    MT_OK(gvqCommDestroy(comm));
+    free(x);
+    free(y);
+    return mt_finish("test_settings_differ");
+}
+
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     const char *mode = argc > 1 ? argv[1] : "codec";
+    if (strcmp(mode, "shm") == 0) return shm_differs();
     int sendcopy = strcmp(mode, "sendcopy") == 0;
     int algo = sendcopy || strcmp(mode, "algo") == 0; /* both differ in the algorithm */
     const char *want = sendcopy ? "GVQ_SEND_COPY" : algo ? "algorithm rab" : "GVQ_CODEC=qsgd";

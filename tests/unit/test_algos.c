@@ -151,7 +151,7 @@ static void check_same(const case_t *c, int nranks) {
                c->order_values ? " (order-sensitive values)" : "", r);
 }
 
-static const char *const algos[] = {"ring", "rd", "rab", "tree", "direct"};
+static const char *const algos[] = {"ring", "rd", "rab", "tree", "direct", "shm"};
 
 /* Every collective with every algorithm forced, all datatypes and ops, 1..5 ranks. */
 static void test_forced(void) {
@@ -203,8 +203,8 @@ static void test_values_are_order_sensitive(void) {
 static void test_identical(void) {
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     const gvqRedOp_t ops[] = {gvqSum, gvqAvg, gvqMax, gvqMin};
-    const char *const ar[] = {"ring", "rd", "rab", "direct"};
-    for (size_t a = 0; a < 4; a++) {
+    const char *const ar[] = {"ring", "rd", "rab", "direct", "shm"};
+    for (size_t a = 0; a < 5; a++) {
         gvq_select_override(ar[a]);
         for (int n = 2; n <= 5; n++)
             for (size_t o = 0; o < 4; o++)
@@ -364,6 +364,11 @@ static void test_table(void) {
         {GVQ_OP_ALLREDUCE, 4, 1024, 0, 0, GVQ_ALGO_RD, "across hosts recursive doubling at 1 KiB"},
         {GVQ_OP_ALLREDUCE, 2, 4 * M, 0, 0, GVQ_ALGO_RAB,
          "across hosts 2 ranks run rab up to 4 MiB"},
+        {GVQ_OP_ALLREDUCE, 4, 1024, 1, 2, GVQ_ALGO_SHM, "shared memory: shm at 1 KiB"},
+        {GVQ_OP_ALLREDUCE, 2, 64 * 1024, 1, 2, GVQ_ALGO_SHM, "shared memory: shm up to 64 KiB"},
+        {GVQ_OP_ALLREDUCE, 5, 64 * 1024 + 4, 0, 2, GVQ_ALGO_RAB,
+         "shared memory: the one-host rows above 64 KiB"},
+        {GVQ_OP_ALLGATHER, 4, 1024, 0, 2, GVQ_ALGO_RD, "shared memory: allreduce only"},
     };
     gvq_select_override(NULL);
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)

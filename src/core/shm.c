@@ -1,0 +1,110 @@
+/*
+ * shm.c -- the shared memory of a communicator whose ranks share one host (gvq_comm.h), for the
+ * call agreement and the small allreduces of algorithms/shm.c.
+ *
+ *   first collective:  rank 0 creates a POSIX shared memory object (a fresh name, mode 0600)
+ *                      -> chain broadcast of (ok, name) -> every other rank opens and maps it
+ *                      -> agree: min(ok) -> rank 0 unlinks the name (nobody can open it after)
+ *                      -> all ok: every rank uses it; else none does (messages only)
+ *
+ * The agreement makes the choice the same on every rank; a rank with GVQ_SHM=0 takes part with
+ * ok = 0. The memory is nranks x 2 slots of GVQ_SHM_HEADER + GVQ_SHM_MAX_BYTES (about 130 KiB a
+ * rank), mapped until the communicator is freed (comm.c unmaps it).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gvq_comm.h"
+
+enum { SHM_MAX_RANKS = 64, SHM_NAME = 64 };
+
+static size_t shm_bytes_for(int nranks) {
+    return (size_t)nranks * 2 * ((size_t)GVQ_SHM_HEADER + GVQ_SHM_MAX_BYTES);
+}
+
+static void *map_fd(int fd, size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Rank 0: a new object of `bytes` (zeroed by the kernel), its name in name. */
+static void *shm_make(char *name, size_t bytes) {
+    static unsigned long long serial;
+    unsigned long long n = __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED);
+    snprintf(name, SHM_NAME, "/gvq-%ld-%llu-%llx", (long)getpid(), n,
+             (unsigned long long)gvq_now_ns());
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+        GVQ_INFO("shm: cannot create %s (%s); collectives use messages only", name,
+                 strerror(errno));
+        return NULL;
+    }
+    if (ftruncate(fd, (off_t)bytes) != 0) {
+        GVQ_INFO("shm: cannot size %s to %zu bytes (%s)", name, bytes, strerror(errno));
+        close(fd);
+        shm_unlink(name);
+        return NULL;
+    }
+    void *p = map_fd(fd, bytes);
+    if (p == NULL) shm_unlink(name);
+    return p;
+}
+
+static void *shm_join(const char *name, size_t bytes) {
+    int fd = shm_open(name, O_RDWR, 0600);
+    if (fd < 0) {
+        GVQ_INFO("shm: cannot open %s (%s); collectives use messages only", name,
+                 strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
+        close(fd);
+        return NULL;
+    }
+    return map_fd(fd, bytes);
+}
+
+gvqResult_t gvq_comm_shm(gvqComm_t c, gvq_shm_t **out) {
+    *out = NULL;
+    if (c->shm_state == 1) *out = &c->shm;
+    if (c->shm_state != 0) return gvqSuccess;
+    c->shm_state = -1;
+    if (!c->xport->one_host || c->xport->fifo || c->nranks < 2 || c->nranks > SHM_MAX_RANKS)
+        return gvqSuccess; /* the same on every rank: nothing to agree on */
+    size_t bytes = shm_bytes_for(c->nranks);
+    struct {
+        int32_t ok;
+        char name[SHM_NAME];
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    int want = gvq_param(GVQ_PARAM_SHM) != 0;
+    void *base = NULL;
+    if (c->rank == 0 && want) msg.ok = (base = shm_make(msg.name, bytes)) != NULL;
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
+    gvqResult_t res = gvq_chain_broadcast(&ctx, &msg, &msg, sizeof msg, 0);
+    msg.name[SHM_NAME - 1] = '\0';
+    int32_t ok = res == gvqSuccess && msg.ok && want;
+    if (ok && c->rank != 0) ok = (base = shm_join(msg.name, bytes)) != NULL;
+    if (res == gvqSuccess) res = gvq_agree_i32(&ctx, &ok, 1, gvqMin);
+    if (c->rank == 0 && base != NULL) shm_unlink(msg.name); /* every rank has opened it */
+    if (res != gvqSuccess || !ok) {
+        if (base != NULL) munmap(base, bytes);
+        return res;
+    }
+    c->shm = (gvq_shm_t){.base = base, .nranks = c->nranks, .rank = c->rank, .calls = 0};
+    c->shm_bytes = bytes;
+    c->shm_state = 1;
+    *out = &c->shm;
+    GVQ_INFO("comm %p rank %d: call agreements and allreduces up to %d bytes through shared "
+             "memory (%zu bytes)",
+             (void *)c, c->rank, (int)GVQ_SHM_MAX_BYTES, bytes);
+    return gvqSuccess;
+}
