@@ -90,8 +90,8 @@ static gvqResult_t reduce_in_order(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, uint
     gvqRedOp_t op = pay->op == gvqAvg ? gvqSum : pay->op;
     GVQCHECK(dev->copy(pay->dst, slot_vector(slot(m, 0, k)), len));
     for (int q = 1; q < m->nranks; q++)
-        GVQCHECK(dev->reduce(pay->dst, pay->dst, slot_vector(slot(m, q, k)), pay->count,
-                             pay->dtype, op));
+        GVQCHECK(dev->reduce(pay->dst, pay->dst, slot_vector(slot(m, q, k)), pay->count, pay->dtype,
+                             op));
     if (pay->op == gvqAvg) GVQCHECK(dev->divide(pay->dst, pay->count, pay->dtype, m->nranks));
     return gvqSuccess;
 }

@@ -60,8 +60,7 @@ static void *shm_make(char *name, size_t bytes) {
 static void *shm_join(const char *name, size_t bytes) {
     int fd = shm_open(name, O_RDWR, 0600);
     if (fd < 0) {
-        GVQ_INFO("shm: cannot open %s (%s); collectives use messages only", name,
-                 strerror(errno));
+        GVQ_INFO("shm: cannot open %s (%s); collectives use messages only", name, strerror(errno));
         return NULL;
     }
     struct stat st;

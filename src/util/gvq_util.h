@@ -95,7 +95,8 @@ int gvq_thread_may_sleep(void);
     X(ALGO, "GVQ_ALGO", TEXT, 0, NULL,                                                          \
       "algorithm of the plain collectives, as NCCL_ALGO: ring, rd (recursive doubling; "        \
       "allgather: Bruck), rab (Rabenseifner), tree (binomial broadcast/reduce), direct "        \
-      "(allreduce/allgather forwarding from library memory) or auto (the measured table, "      \
+      "(allreduce/allgather forwarding from library memory), shm (allreduce up to 64 KiB "      \
+      "through shared memory, GVQ_SHM) or auto (the measured table, "                           \
       "src/core/select.c), for all or per collective, e.g. "                                    \
       "'allreduce=rd,broadcast=tree' (allreduce, broadcast, reduce, reducescatter, "            \
       "allgather)")                                                                             \
