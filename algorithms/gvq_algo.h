@@ -328,19 +328,26 @@ void gvq_extremes_merge(int64_t *have, const int64_t *in, int n);
 
 /* ---- the shared-memory exchange (shm.c): the same on ranks of one host ---------------------
  * Memory every rank of the communicator maps (made by the core: src/core/shm.c): per rank two
- * slots (alternate calls), each a header [call number, length, row] and GVQ_SHM_MAX_BYTES of
- * vector. */
-enum { GVQ_SHM_MAX_BYTES = 64 * 1024, GVQ_SHM_MAX_FIELDS = 16, GVQ_SHM_HEADER = 192 };
+ * slots (alternate calls), each a header [call numbers, length, row] and slot_data bytes of
+ * vector: 1 MiB up to 8 ranks, else 64 KiB (gvq_shm_slot_data). */
+enum { GVQ_SHM_SMALL_BYTES = 64 * 1024, GVQ_SHM_MAX_FIELDS = 16, GVQ_SHM_HEADER = 192 };
+static inline size_t gvq_shm_slot_data(int nranks) {
+    return nranks <= 8 ? (size_t)1 << 20 : (size_t)GVQ_SHM_SMALL_BYTES;
+}
 typedef struct {
-    char *base; /* nranks x 2 slots of GVQ_SHM_HEADER + GVQ_SHM_MAX_BYTES */
+    char *base;       /* nranks x 2 slots of GVQ_SHM_HEADER + slot_data */
+    size_t slot_data; /* gvq_shm_slot_data(nranks) */
     int nranks, rank;
     uint64_t calls; /* exchanges made through it so far (this rank's count) */
 } gvq_shm_t;
 /* gvq_rd_signed's result through shared memory: every rank posts its row (and vector) in its
- * slot and reads all the others', so every rank holds every row; with pay the allreduce of the
- * vectors in rank order ((v0 op v1) op v2 ..., bitwise the same on every rank), written to
- * pay->dst only when every row agrees. Waits are bounded by the transport's timeout and abort
- * flag (then the communicator is broken). */
+ * slot and reads all the others', so every rank holds every row; with pay (at most slot_data
+ * bytes) the allreduce of the vectors, written to pay->dst only when every row agrees: up to
+ * GVQ_SHM_SMALL_BYTES every rank reduces every vector in rank order ((v0 op v1) op v2 ...);
+ * above, rank q reduces segment q of every vector in rank order into its own slot and every
+ * rank copies the N reduced segments (a second wait between). Bitwise the same on every rank.
+ * Waits are bounded by the transport's timeout and abort flag (then the communicator is
+ * broken) and drive the transport's progress. */
 gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *shm, const int64_t *mine, int n,
                            int64_t *lo, int *lo_rank, int64_t *hi, int *hi_rank,
                            const gvq_signed_payload_t *pay);

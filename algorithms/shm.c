@@ -17,21 +17,24 @@
  * transport's progress runs: a peer still finishing the previous call's transfers (an MPI
  * rendezvous send waits for this rank's acknowledgement) must not wait on this rank in turn.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 
 #include "gvq_algo.h"
 
 typedef struct {
-    uint64_t call; /* the call number of what the slot holds (written last, release) */
-    uint64_t len;  /* the vector's bytes; 0: the signature alone */
+    uint64_t call;    /* the call number of what the slot holds (written last, release) */
+    uint64_t reduced; /* large vectors: the call whose segment this rank has reduced in place */
+    uint64_t len;     /* the vector's bytes; 0: the signature alone */
     int64_t row[GVQ_SHM_MAX_FIELDS];
 } shm_slot_t;
 
 _Static_assert(sizeof(shm_slot_t) <= GVQ_SHM_HEADER, "a slot's header fits GVQ_SHM_HEADER");
 
 static shm_slot_t *slot(const gvq_shm_t *m, int rank, uint64_t call) {
-    size_t bytes = (size_t)GVQ_SHM_HEADER + GVQ_SHM_MAX_BYTES;
+    size_t bytes = (size_t)GVQ_SHM_HEADER + m->slot_data;
     return (shm_slot_t *)(m->base + ((size_t)rank * 2 + (call & 1)) * bytes);
 }
 
@@ -39,13 +42,17 @@ static char *slot_vector(shm_slot_t *s) {
     return (char *)s + GVQ_SHM_HEADER;
 }
 
-/* Wait until rank q has posted call k; bounded as gvq_xport_waitall is. */
-static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, uint64_t k) {
+/* Wait until rank q's slot of call k holds k in its call (reduced: its reduced) number;
+ * bounded as gvq_xport_waitall is. */
+static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, uint64_t k,
+                               int reduced) {
     gvq_transport_t *t = ctx->xport;
     const shm_slot_t *s = slot(m, q, k);
+    const uint64_t *field = reduced ? &s->reduced : &s->call;
     const int64_t spin = gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD);
+    const long sleep_ns = (long)GVQ_MIN(gvq_param(GVQ_PARAM_PROGRESS_SLEEP_US), 999999) * 1000;
     uint64_t start = 0;
-    for (int64_t idle = 0; __atomic_load_n(&s->call, __ATOMIC_ACQUIRE) != k;) {
+    for (int64_t idle = 0; __atomic_load_n(field, __ATOMIC_ACQUIRE) != k;) {
         if (t->ops->progress != NULL) t->ops->progress(t); /* the peer may wait on our acks */
         if (++idle < spin) continue;
         idle = 0;
@@ -54,7 +61,10 @@ static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, u
             gvq_broken_set(t->broken, gvqInvalidUsage);
             return gvqInvalidUsage;
         }
-        sched_yield();
+        if (sleep_ns > 0 && gvq_thread_may_sleep()) /* a host stream's thread: leave the core */
+            nanosleep(&(struct timespec){0, sleep_ns}, NULL);
+        else
+            sched_yield();
         uint64_t now = gvq_now_ns();
         if (start == 0) start = now;
         if (t->timeout_ns != 0 && now - start > t->timeout_ns) {
@@ -83,16 +93,47 @@ static void all_extremes(const gvq_shm_t *m, uint64_t k, int n, int64_t *have) {
     }
 }
 
-/* dst = v0 op v1 op ... in rank order (the vectors of call k, each len bytes). */
-static gvqResult_t reduce_in_order(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, uint64_t k,
-                                   const gvq_signed_payload_t *pay, size_t len) {
+/* out[0, n) = v0 op v1 op ... in rank order over elements [off, off + n) of the vectors of
+ * call k (out is none of them). */
+static gvqResult_t reduce_range(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, uint64_t k,
+                                const gvq_signed_payload_t *pay, char *out, size_t off, size_t n) {
     const gvq_device_ops_t *dev = ctx->dev;
+    size_t es = gvq_dtype_size(pay->dtype), at = off * es;
     gvqRedOp_t op = pay->op == gvqAvg ? gvqSum : pay->op;
-    GVQCHECK(dev->copy(pay->dst, slot_vector(slot(m, 0, k)), len));
+    if (n == 0) return gvqSuccess;
+    GVQCHECK(dev->copy(out, slot_vector(slot(m, 0, k)) + at, n * es));
     for (int q = 1; q < m->nranks; q++)
-        GVQCHECK(dev->reduce(pay->dst, pay->dst, slot_vector(slot(m, q, k)), pay->count, pay->dtype,
-                             op));
-    if (pay->op == gvqAvg) GVQCHECK(dev->divide(pay->dst, pay->count, pay->dtype, m->nranks));
+        GVQCHECK(dev->reduce(out, out, slot_vector(slot(m, q, k)) + at, n, pay->dtype, op));
+    if (pay->op == gvqAvg) GVQCHECK(dev->divide(out, n, pay->dtype, m->nranks));
+    return gvqSuccess;
+}
+
+/* Element offset of rank q's segment of count elements (the first count % N get one more). */
+static size_t seg_off(const gvq_shm_t *m, size_t count, int q) {
+    size_t base = count / (size_t)m->nranks, extra = count % (size_t)m->nranks;
+    return (size_t)q * base + GVQ_MIN((size_t)q, extra);
+}
+
+/* Large vectors: this rank reduces its segment of every vector into dst, puts it back in its
+ * own slot in place of its own values there (a segment of a slot is read by its owner only),
+ * then copies every other rank's reduced segment once that rank's `reduced` says it is there. */
+static gvqResult_t reduce_scattered(gvq_coll_ctx_t *ctx, gvq_shm_t *m, uint64_t k,
+                                    const gvq_signed_payload_t *pay) {
+    size_t es = gvq_dtype_size(pay->dtype);
+    shm_slot_t *me = slot(m, m->rank, k);
+    size_t off = seg_off(m, pay->count, m->rank), n = seg_off(m, pay->count, m->rank + 1) - off;
+    char *mine = (char *)pay->dst + off * es;
+    GVQCHECK(reduce_range(ctx, m, k, pay, mine, off, n));
+    if (n > 0) GVQCHECK(ctx->dev->copy(slot_vector(me) + off * es, mine, n * es));
+    __atomic_store_n(&me->reduced, k, __ATOMIC_RELEASE);
+    for (int q = 0; q < m->nranks; q++) {
+        if (q == m->rank) continue;
+        GVQCHECK(wait_posted(ctx, m, q, k, 1));
+        size_t qo = seg_off(m, pay->count, q), qn = seg_off(m, pay->count, q + 1) - qo;
+        if (qn > 0)
+            GVQCHECK(ctx->dev->copy((char *)pay->dst + qo * es,
+                                    slot_vector(slot(m, q, k)) + qo * es, qn * es));
+    }
     return gvqSuccess;
 }
 
@@ -100,7 +141,7 @@ gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *m, const int64_t *min
                            int64_t *lo, int *lo_rank, int64_t *hi, int *hi_rank,
                            const gvq_signed_payload_t *pay) {
     size_t len = pay != NULL ? pay->count * gvq_dtype_size(pay->dtype) : 0;
-    if (n < 1 || n > GVQ_SHM_MAX_FIELDS || len > GVQ_SHM_MAX_BYTES) return gvqInternalError;
+    if (n < 1 || n > GVQ_SHM_MAX_FIELDS || len > m->slot_data) return gvqInternalError;
     uint64_t k = ++m->calls;
     shm_slot_t *me = slot(m, m->rank, k);
     me->len = len;
@@ -108,7 +149,7 @@ gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *m, const int64_t *min
     if (len > 0) GVQCHECK(ctx->dev->copy(slot_vector(me), pay->src, len));
     __atomic_store_n(&me->call, k, __ATOMIC_RELEASE);
     for (int q = 0; q < m->nranks; q++)
-        if (q != m->rank) GVQCHECK(wait_posted(ctx, m, q, k));
+        if (q != m->rank) GVQCHECK(wait_posted(ctx, m, q, k, 0));
     int64_t have[2 * (GVQ_SHM_MAX_FIELDS + 1)];
     all_extremes(m, k, n, have);
     *lo_rank = (int)have[0];
@@ -124,5 +165,6 @@ gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *m, const int64_t *min
             return gvqInternalError;
         }
     }
-    return reduce_in_order(ctx, m, k, pay, len);
+    if (len > GVQ_SHM_SMALL_BYTES) return reduce_scattered(ctx, m, k, pay);
+    return reduce_range(ctx, m, k, pay, pay->dst, 0, pay->count);
 }

@@ -8,8 +8,10 @@
  *                      -> all ok: every rank uses it; else none does (messages only)
  *
  * The agreement makes the choice the same on every rank; a rank with GVQ_SHM=0 takes part with
- * ok = 0. The memory is nranks x 2 slots of GVQ_SHM_HEADER + GVQ_SHM_MAX_BYTES (about 130 KiB a
- * rank), mapped until the communicator is freed (comm.c unmaps it).
+ * ok = 0. The memory is nranks x 2 slots of GVQ_SHM_HEADER + gvq_shm_slot_data (about 2 MiB a
+ * rank up to 8 ranks, 130 KiB beyond; made only while its file system has twice that room
+ * left, since a write to a page tmpfs cannot back fails with SIGBUS), mapped
+ * until the communicator is freed (comm.c unmaps it).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -18,6 +20,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "gvq_comm.h"
@@ -25,7 +28,7 @@
 enum { SHM_MAX_RANKS = 64, SHM_NAME = 64 };
 
 static size_t shm_bytes_for(int nranks) {
-    return (size_t)nranks * 2 * ((size_t)GVQ_SHM_HEADER + GVQ_SHM_MAX_BYTES);
+    return (size_t)nranks * 2 * ((size_t)GVQ_SHM_HEADER + gvq_shm_slot_data(nranks));
 }
 
 static void *map_fd(int fd, size_t bytes) {
@@ -34,7 +37,7 @@ static void *map_fd(int fd, size_t bytes) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-/* Rank 0: a new object of `bytes` (zeroed by the kernel), its name in name. */
+/* Rank 0: a new object of `bytes` (zeroed), its name in name. */
 static void *shm_make(char *name, size_t bytes) {
     static unsigned long long serial;
     unsigned long long n = __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED);
@@ -46,8 +49,15 @@ static void *shm_make(char *name, size_t bytes) {
                  strerror(errno));
         return NULL;
     }
-    if (ftruncate(fd, (off_t)bytes) != 0) {
-        GVQ_INFO("shm: cannot size %s to %zu bytes (%s)", name, bytes, strerror(errno));
+    /* tmpfs backs pages only when they are written: a segment larger than the room left would
+     * fail a later write with SIGBUS. Too little room: messages only (as Open MPI checks its own
+     * segments; reserving every page up front costs a zeroing pass per communicator). */
+    struct statvfs vs;
+    if (fstatvfs(fd, &vs) != 0 || (double)vs.f_bavail * (double)vs.f_frsize < 2.0 * (double)bytes ||
+        ftruncate(fd, (off_t)bytes) != 0) {
+        GVQ_INFO("shm: no room for %zu bytes in %s's file system (%s); collectives use messages "
+                 "only",
+                 bytes, name, strerror(errno));
         close(fd);
         shm_unlink(name);
         return NULL;
@@ -98,12 +108,16 @@ gvqResult_t gvq_comm_shm(gvqComm_t c, gvq_shm_t **out) {
         if (base != NULL) munmap(base, bytes);
         return res;
     }
-    c->shm = (gvq_shm_t){.base = base, .nranks = c->nranks, .rank = c->rank, .calls = 0};
+    c->shm = (gvq_shm_t){.base = base,
+                         .slot_data = gvq_shm_slot_data(c->nranks),
+                         .nranks = c->nranks,
+                         .rank = c->rank,
+                         .calls = 0};
     c->shm_bytes = bytes;
     c->shm_state = 1;
     *out = &c->shm;
-    GVQ_INFO("comm %p rank %d: call agreements and allreduces up to %d bytes through shared "
+    GVQ_INFO("comm %p rank %d: call agreements and allreduces up to %zu bytes through shared "
              "memory (%zu bytes)",
-             (void *)c, c->rank, (int)GVQ_SHM_MAX_BYTES, bytes);
+             (void *)c, c->rank, c->shm.slot_data, bytes);
     return gvqSuccess;
 }

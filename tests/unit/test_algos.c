@@ -217,6 +217,30 @@ static void test_identical(void) {
     gvq_select_override(NULL);
 }
 
+/* shm above 64 KiB reduces each rank's segment on that rank (algorithms/shm.c): every datatype
+ * and op against the reference, in place and not, outputs identical on every rank (1, 3, 5
+ * ranks; order-sensitive sums at 2-5). */
+static void test_shm_large(void) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    gvq_select_override("shm");
+    for (int n = 1; n <= 5; n += 2)
+        for (int t = 0; t < gvqNumTypes; t++)
+            for (int op = 0; op < gvqNumOps; op++) {
+                if (gvq_test_sweep_skips(n, t, op)) continue;
+                size_t count = (size_t)(80 * 1024) / gvq_dtype_size((gvqDataType_t)t) + 7;
+                case_t c = {"shm", count, (gvqDataType_t)t, (gvqRedOp_t)op, (t + op) % 2, 0,
+                            0,     {0}};
+                gvq_test_run(n, &cfg, rank_allreduce, &c);
+                check_same(&c, n);
+            }
+    for (int n = 2; n <= 5; n++) { /* order-sensitive float sums */
+        case_t c = {"shm", 50001, gvqFloat32, gvqSum, n % 2, 0, 1, {0}};
+        gvq_test_run(n, &cfg, rank_allreduce, &c);
+        check_same(&c, n);
+    }
+    gvq_select_override(NULL);
+}
+
 /* direct is the ring's reduce-scatter with another allgather: the same sums, so the same bits
  * as the ring on order-sensitive values (and chunk boundaries that differ from the segments'). */
 static void test_direct_is_ring(void) {
@@ -366,8 +390,10 @@ static void test_table(void) {
          "across hosts 2 ranks run rab up to 4 MiB"},
         {GVQ_OP_ALLREDUCE, 4, 1024, 1, 2, GVQ_ALGO_SHM, "shared memory: shm at 1 KiB"},
         {GVQ_OP_ALLREDUCE, 2, 64 * 1024, 1, 2, GVQ_ALGO_SHM, "shared memory: shm up to 64 KiB"},
-        {GVQ_OP_ALLREDUCE, 5, 64 * 1024 + 4, 0, 2, GVQ_ALGO_RAB,
-         "shared memory: the one-host rows above 64 KiB"},
+        {GVQ_OP_ALLREDUCE, 5, M + 4, 0, 2, GVQ_ALGO_RING,
+         "shared memory: the one-host rows above 1 MiB"},
+        {GVQ_OP_ALLREDUCE, 9, 64 * 1024 + 4, 0, 2, GVQ_ALGO_RING,
+         "shared memory beyond 8 ranks: the one-host rows above 64 KiB"},
         {GVQ_OP_ALLGATHER, 4, 1024, 0, 2, GVQ_ALGO_RD, "shared memory: allreduce only"},
     };
     gvq_select_override(NULL);
@@ -384,6 +410,7 @@ int main(void) {
     test_identical();
     test_direct_is_ring();
     test_signed();
+    test_shm_large();
     test_forced();
     return gvq_test_finish("test_algos");
 }
