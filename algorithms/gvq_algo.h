@@ -341,11 +341,11 @@ typedef struct {
     uint64_t calls; /* exchanges made through it so far (this rank's count) */
 } gvq_shm_t;
 /* gvq_rd_signed's result through shared memory: every rank posts its row (and vector) in its
- * slot and reads all the others', so every rank holds every row; with pay (at most slot_data
- * bytes) the allreduce of the vectors, written to pay->dst only when every row agrees: up to
- * GVQ_SHM_SMALL_BYTES every rank reduces every vector in rank order ((v0 op v1) op v2 ...);
- * above, rank q reduces segment q of every vector in rank order into its own slot and every
- * rank copies the N reduced segments (a second wait between). Bitwise the same on every rank.
+ * slot and reads all the others', so every rank holds every row; with pay the allreduce of the
+ * vectors, written to pay->dst only when every row agrees, a slot's worth (a piece) per
+ * exchange: a piece up to GVQ_SHM_SMALL_BYTES every rank reduces in rank order ((v0 op v1) op
+ * v2 ...); above, rank q reduces segment q of every vector in rank order and every rank copies
+ * the N reduced segments (a second wait between). Bitwise the same on every rank.
  * Waits are bounded by the transport's timeout and abort flag (then the communicator is
  * broken) and drive the transport's progress. */
 gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *shm, const int64_t *mine, int n,

@@ -1,6 +1,6 @@
 /*
- * shm.c -- the call agreement and small allreduces through memory that every rank maps (ranks
- * on one host; the core makes the memory, src/core/shm.c).
+ * shm.c -- the call agreement and allreduces through memory that every rank maps (ranks on one
+ * host; the core makes the memory, src/core/shm.c).
  *
  *   rank r, call k (slots of parity k mod 2):
  *
@@ -8,6 +8,11 @@
  *     slot[q]:  wait until its call number is k (acquire), for every rank q
  *     every rank reads every row: the same extremes everywhere
  *     rows equal: dst = ((v0 op v1) op v2) ... op v(N-1)     (every rank: the same operations)
+ *
+ * Above 64 KiB each rank reduces only its segment of the vectors (into its output, then back
+ * into its own slot, whose segment no one else reads) and, once each rank's `reduced` number
+ * says so, copies the others' reduced segments. A vector longer than a slot goes a slot's
+ * worth at a time, each piece an exchange of its own (the row checked on the first).
  *
  * One write and one read of each vector, no message: on one host the exchange is as fast as the
  * cores see each other's cache lines. Why two slots suffice: a rank posts call k+2 into the slot
@@ -17,10 +22,7 @@
  * transport's progress runs: a peer still finishing the previous call's transfers (an MPI
  * rendezvous send waits for this rank's acknowledgement) must not wait on this rank in turn.
  */
-#define _POSIX_C_SOURCE 200809L
-#include <sched.h>
 #include <string.h>
-#include <time.h>
 
 #include "gvq_algo.h"
 
@@ -50,24 +52,18 @@ static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, u
     const shm_slot_t *s = slot(m, q, k);
     const uint64_t *field = reduced ? &s->reduced : &s->call;
     const int64_t spin = gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD);
-    const long sleep_ns = (long)GVQ_MIN(gvq_param(GVQ_PARAM_PROGRESS_SLEEP_US), 999999) * 1000;
     uint64_t start = 0;
     for (int64_t idle = 0; __atomic_load_n(field, __ATOMIC_ACQUIRE) != k;) {
         if (t->ops->progress != NULL) t->ops->progress(t); /* the peer may wait on our acks */
         if (++idle < spin) continue;
         idle = 0;
-        if (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE)) {
+        gvqResult_t res = gvq_xport_idle(t, &start);
+        if (res == gvqInvalidUsage) {
             GVQ_WARN("call agreement: communicator aborted while waiting for rank %d", q);
             gvq_broken_set(t->broken, gvqInvalidUsage);
             return gvqInvalidUsage;
         }
-        if (sleep_ns > 0 && gvq_thread_may_sleep()) /* a host stream's thread: leave the core */
-            nanosleep(&(struct timespec){0, sleep_ns}, NULL);
-        else
-            sched_yield();
-        uint64_t now = gvq_now_ns();
-        if (start == 0) start = now;
-        if (t->timeout_ns != 0 && now - start > t->timeout_ns) {
+        if (res == gvqTimeout) {
             GVQ_WARN("call agreement: rank %d did not reach collective call %llu within %llu ms "
                      "(shared memory); the peer is gone or stuck (GVQ_TIMEOUT_MS)",
                      q, (unsigned long long)k, (unsigned long long)(t->timeout_ns / 1000000ull));
@@ -137,34 +133,71 @@ static gvqResult_t reduce_scattered(gvq_coll_ctx_t *ctx, gvq_shm_t *m, uint64_t 
     return gvqSuccess;
 }
 
+/* Post this rank's row and the vector piece (NULL: none) as the next call, wait until every
+ * rank has posted it; *k is its number. */
+static gvqResult_t post_and_wait(gvq_coll_ctx_t *ctx, gvq_shm_t *m, const int64_t *mine, int n,
+                                 const gvq_signed_payload_t *piece, uint64_t *k) {
+    size_t len = piece != NULL ? piece->count * gvq_dtype_size(piece->dtype) : 0;
+    *k = ++m->calls;
+    shm_slot_t *me = slot(m, m->rank, *k);
+    me->len = len;
+    memcpy(me->row, mine, (size_t)n * sizeof(int64_t));
+    if (len > 0) GVQCHECK(ctx->dev->copy(slot_vector(me), piece->src, len));
+    __atomic_store_n(&me->call, *k, __ATOMIC_RELEASE);
+    for (int q = 0; q < m->nranks; q++)
+        if (q != m->rank) GVQCHECK(wait_posted(ctx, m, q, *k, 0));
+    return gvqSuccess;
+}
+
+/* Every rank posted a piece of this rank's length (equal rows define equal lengths), then the
+ * piece's reduction into piece->dst. */
+static gvqResult_t reduce_piece(gvq_coll_ctx_t *ctx, gvq_shm_t *m, uint64_t k,
+                                const gvq_signed_payload_t *piece) {
+    size_t len = piece->count * gvq_dtype_size(piece->dtype);
+    for (int q = 0; q < m->nranks; q++) {
+        if (slot(m, q, k)->len != len) {
+            GVQ_WARN("call agreement: every rank's signature agrees but the data of rank %d has "
+                     "%llu bytes, this rank's %zu; the output is not valid",
+                     q, (unsigned long long)slot(m, q, k)->len, len);
+            return gvqInternalError;
+        }
+    }
+    if (len > GVQ_SHM_SMALL_BYTES) return reduce_scattered(ctx, m, k, piece);
+    return reduce_range(ctx, m, k, piece, piece->dst, 0, piece->count);
+}
+
+/* Piece p of pay: at most slot_data bytes of it. */
+static gvq_signed_payload_t piece_of(const gvq_shm_t *m, const gvq_signed_payload_t *pay,
+                                     size_t p) {
+    size_t es = gvq_dtype_size(pay->dtype), per = m->slot_data / es, first = p * per;
+    gvq_signed_payload_t piece = *pay;
+    piece.src = (const char *)pay->src + first * es;
+    piece.dst = (char *)pay->dst + first * es;
+    piece.count = GVQ_MIN(per, pay->count - first);
+    return piece;
+}
+
 gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *m, const int64_t *mine, int n,
                            int64_t *lo, int *lo_rank, int64_t *hi, int *hi_rank,
                            const gvq_signed_payload_t *pay) {
-    size_t len = pay != NULL ? pay->count * gvq_dtype_size(pay->dtype) : 0;
-    if (n < 1 || n > GVQ_SHM_MAX_FIELDS || len > m->slot_data) return gvqInternalError;
-    uint64_t k = ++m->calls;
-    shm_slot_t *me = slot(m, m->rank, k);
-    me->len = len;
-    memcpy(me->row, mine, (size_t)n * sizeof(int64_t));
-    if (len > 0) GVQCHECK(ctx->dev->copy(slot_vector(me), pay->src, len));
-    __atomic_store_n(&me->call, k, __ATOMIC_RELEASE);
-    for (int q = 0; q < m->nranks; q++)
-        if (q != m->rank) GVQCHECK(wait_posted(ctx, m, q, k, 0));
+    size_t es = pay != NULL ? gvq_dtype_size(pay->dtype) : 1;
+    if (n < 1 || n > GVQ_SHM_MAX_FIELDS || es > m->slot_data) return gvqInternalError;
+    size_t pieces = pay != NULL ? GVQ_DIV_UP(pay->count, m->slot_data / es) : 0;
+    gvq_signed_payload_t first = pay != NULL ? piece_of(m, pay, 0) : (gvq_signed_payload_t){0};
+    uint64_t k = 0;
+    GVQCHECK(post_and_wait(ctx, m, mine, n, pay != NULL ? &first : NULL, &k));
     int64_t have[2 * (GVQ_SHM_MAX_FIELDS + 1)];
     all_extremes(m, k, n, have);
     *lo_rank = (int)have[0];
     *hi_rank = (int)have[n + 1];
     memcpy(lo, have + 1, (size_t)n * sizeof(int64_t));
     memcpy(hi, have + n + 2, (size_t)n * sizeof(int64_t));
-    if (len == 0 || memcmp(lo, hi, (size_t)n * sizeof(int64_t)) != 0) return gvqSuccess;
-    for (int q = 0; q < m->nranks; q++) {
-        if (slot(m, q, k)->len != len) { /* equal rows should define equal lengths */
-            GVQ_WARN("call agreement: every rank's signature agrees but the data of rank %d has "
-                     "%llu bytes, this rank's %zu; nothing was written",
-                     q, (unsigned long long)slot(m, q, k)->len, len);
-            return gvqInternalError;
-        }
+    if (pieces == 0 || memcmp(lo, hi, (size_t)n * sizeof(int64_t)) != 0) return gvqSuccess;
+    GVQCHECK(reduce_piece(ctx, m, k, &first));
+    for (size_t p = 1; p < pieces; p++) { /* the rest, a slot's worth at a time */
+        gvq_signed_payload_t piece = piece_of(m, pay, p);
+        GVQCHECK(post_and_wait(ctx, m, mine, n, &piece, &k));
+        GVQCHECK(reduce_piece(ctx, m, k, &piece));
     }
-    if (len > GVQ_SHM_SMALL_BYTES) return reduce_scattered(ctx, m, k, pay);
-    return reduce_range(ctx, m, k, pay, pay->dst, 0, pay->count);
+    return gvqSuccess;
 }

@@ -321,7 +321,7 @@ enum { SIGNED_ONE_HOST_BYTES = 3840 };
  * alike; ranks that choose differently have different signatures and still read each other. */
 static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_payload_t *pay) {
     size_t bytes = o->count * gvq_dtype_size(o->dtype);
-    size_t max = sig->algo == GVQ_ALGO_SHM  ? o->comm->shm.slot_data
+    size_t max = sig->algo == GVQ_ALGO_SHM  ? SIZE_MAX /* a slot's worth at a time */
                  : o->comm->xport->one_host ? SIGNED_ONE_HOST_BYTES
                                             : GVQ_SIGNED_MAX_BYTES;
     if (o->kind != GVQ_OP_ALLREDUCE || (sig->algo != GVQ_ALGO_RD && sig->algo != GVQ_ALGO_SHM) ||

@@ -27,10 +27,10 @@
  * section 7).
  *
  * With a shared-memory segment mapped by every rank (one host, GVQ_SHM=1; src/core/shm.c) an
- * allreduce of up to 1 MiB (64 KiB beyond 8 ranks) runs `shm` before any row: every rank
- * writes its vector into its slot, the call agreement in the same exchange, and reduces them
- * (above 64 KiB each rank its segment, then copies the others'; algorithms/shm.c). GVQ_ALGO=shm
- * without the segment, or above that size, falls back to the table.
+ * allreduce runs `shm` before any row, at every size: every rank writes its vector into its
+ * slot, the call agreement in the same exchange, and reduces them (above 64 KiB each rank its
+ * segment, then copies the others'; a slot's worth at a time; algorithms/shm.c). GVQ_ALGO=shm
+ * without the segment falls back to the table.
  *
  * A name a collective does not have, or a malformed item, is reported at WARN and that item
  * ignored. The choice is reported at INFO the first time each (collective, algorithm) runs.
@@ -118,12 +118,10 @@ static const select_row_t table[] = {
 
 /* Where the ring's rows go to direct when the transport stages sends (see the header). */
 #define DIRECT_MIN_BYTES (4096 * KIB)
-/* With a shared-memory segment (one_host 2) the allreduce runs shm up to its slots' size:
- * 1 MiB up to 8 ranks, 64 KiB beyond (gvq_shm_slot_data). Measured at 2-5 ranks, 1 KiB-1 MiB
- * (perf/RESULTS.md section 7): 1.3-3.6x MPI but at 1 KiB on 2 ranks (0.89x). */
-static size_t shm_max_bytes(int nranks) {
-    return gvq_shm_slot_data(nranks);
-}
+/* With a shared-memory segment (one_host 2) the allreduce runs shm at every size. Measured at
+ * 2-5 ranks against the table's algorithms (perf/RESULTS.md section 7): 1 KiB-1 MiB 1.3-3.6x
+ * MPI but at 1 KiB on 2 ranks (0.89x); 2-128 MiB 0.86-4.6x against the table's 0.73-2.1x (three
+ * rounds; shm below the table in 4 of 16 cells, by 9-26%, within this machine's noise). */
 
 static gvq_algo_t forced[NCOLL]; /* GVQ_ALGO; GVQ_ALGO_AUTO: the table */
 static int reported[NCOLL][GVQ_ALGO_COUNT];
@@ -206,7 +204,7 @@ gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqData
     pthread_once(&env_once, env_init);
     if ((int)kind < 0 || (int)kind >= NCOLL || nranks <= 1 || fifo) return GVQ_ALGO_RING;
     gvq_algo_t a = forced[kind];
-    int shm = one_host == 2 && bytes <= shm_max_bytes(nranks);
+    int shm = one_host == 2;
     if (a == GVQ_ALGO_SHM && !shm) a = GVQ_ALGO_AUTO; /* no shared memory, or too large */
     int from_env = a != GVQ_ALGO_AUTO;
     if (!from_env)

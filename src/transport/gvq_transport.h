@@ -108,6 +108,12 @@ static inline void gvq_broken_set(gvqResult_t *broken, gvqResult_t res) {
  * requests are cancelled, the communicator marked broken and the error returned with a WARN
  * naming the peer and what was pending. */
 gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const char *what);
+/* One idle turn of a wait whose polls found nothing (after GVQ_SPIN_BEFORE_YIELD of them):
+ * gvqInvalidUsage after gvqCommAbort; else leaves the core a moment (a host stream's progress
+ * thread sleeps GVQ_PROGRESS_SLEEP_US, others yield) and gives gvqTimeout once the timeout has
+ * passed since *start (0: the first idle turn, which sets it). No WARN: the caller says what
+ * it waited for. */
+gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start);
 static inline gvqResult_t gvq_xport_wait(gvq_transport_t *t, gvq_req_t *req, const char *what) {
     return gvq_xport_waitall(t, req, 1, what);
 }

@@ -31,9 +31,21 @@ static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_req_t *reqs, int n, gvqR
     return res;
 }
 
+gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start) {
+    if (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE))
+        return gvqInvalidUsage;
+    const long sleep_ns = (long)GVQ_MIN(gvq_param(GVQ_PARAM_PROGRESS_SLEEP_US), 999999) * 1000;
+    if (sleep_ns > 0 && gvq_thread_may_sleep()) /* leave the core to the compute */
+        nanosleep(&(struct timespec){0, sleep_ns}, NULL);
+    else
+        sched_yield();
+    uint64_t now = gvq_now_ns();
+    if (*start == 0) *start = now;
+    return t->timeout_ns != 0 && now - *start > t->timeout_ns ? gvqTimeout : gvqSuccess;
+}
+
 gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const char *what) {
     const int64_t spin = gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD);
-    const long sleep_ns = (long)GVQ_MIN(gvq_param(GVQ_PARAM_PROGRESS_SLEEP_US), 999999) * 1000;
     uint64_t start = 0;
     int64_t idle = 0;
     int pending = 0;
@@ -67,13 +79,7 @@ gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const 
         }
         if (++idle >= spin) {
             idle = 0;
-            if (sleep_ns > 0 && gvq_thread_may_sleep()) /* leave the core to the compute */
-                nanosleep(&(struct timespec){0, sleep_ns}, NULL);
-            else
-                sched_yield();
-            uint64_t now = gvq_now_ns();
-            if (start == 0) start = now;
-            if (t->timeout_ns != 0 && now - start > t->timeout_ns) {
+            if (gvq_xport_idle(t, &start) == gvqTimeout) {
                 int peer = -1;
                 for (int i = 0; i < n && peer < 0; i++)
                     if (reqs[i].active) peer = reqs[i].peer;

@@ -9,7 +9,8 @@
  *                    algorithms whose messages cannot pair; the text names algorithm rab.
  *   sendcopy         GVQ_SEND_COPY=0 on rank 0 only: at 8 MiB the staging ranks run direct,
  *                    rank 0 the ring; the text names GVQ_SEND_COPY. Needs 3+ ranks on one
- *                    host (direct's conditions, select.c).
+ *                    host (direct's conditions, select.c) and GVQ_SHM=0 (set here: with
+ *                    shared memory every rank runs shm, whatever GVQ_SEND_COPY says).
  *   shm              GVQ_SHM=0 on rank 0 only: no rank maps the shared memory (the choice is
  *                    agreed at the first collective), every call works over messages.
  * Set before gvq reads its environment. Calls the setting does not touch still work after.
@@ -57,6 +58,7 @@ int main(int argc, char **argv) {
     int algo = sendcopy || strcmp(mode, "algo") == 0; /* both differ in the algorithm */
     const char *want = sendcopy ? "GVQ_SEND_COPY" : algo ? "algorithm rab" : "GVQ_CODEC=qsgd";
     if (mt.rank == 0 && sendcopy) setenv("GVQ_SEND_COPY", "0", 1);
+    if (sendcopy) setenv("GVQ_SHM", "0", 1); /* with shared memory every rank runs shm */
     if (mt.rank == 0 && !sendcopy)
         setenv(algo ? "GVQ_ALGO" : "GVQ_CODEC", algo ? "allreduce=rab" : "qsgd", 1);
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;

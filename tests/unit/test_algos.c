@@ -390,10 +390,9 @@ static void test_table(void) {
          "across hosts 2 ranks run rab up to 4 MiB"},
         {GVQ_OP_ALLREDUCE, 4, 1024, 1, 2, GVQ_ALGO_SHM, "shared memory: shm at 1 KiB"},
         {GVQ_OP_ALLREDUCE, 2, 64 * 1024, 1, 2, GVQ_ALGO_SHM, "shared memory: shm up to 64 KiB"},
-        {GVQ_OP_ALLREDUCE, 5, M + 4, 0, 2, GVQ_ALGO_RING,
-         "shared memory: the one-host rows above 1 MiB"},
-        {GVQ_OP_ALLREDUCE, 9, 64 * 1024 + 4, 0, 2, GVQ_ALGO_RING,
-         "shared memory beyond 8 ranks: the one-host rows above 64 KiB"},
+        {GVQ_OP_ALLREDUCE, 5, G, 1, 2, GVQ_ALGO_SHM, "shared memory: shm at 1 GiB too"},
+        {GVQ_OP_ALLREDUCE, 9, 64 * 1024 + 4, 0, 2, GVQ_ALGO_SHM,
+         "shared memory beyond 8 ranks: shm (pieces of 64 KiB)"},
         {GVQ_OP_ALLGATHER, 4, 1024, 0, 2, GVQ_ALGO_RD, "shared memory: allreduce only"},
     };
     gvq_select_override(NULL);
