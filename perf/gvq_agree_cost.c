@@ -20,18 +20,9 @@
 #include <string.h>
 
 #include "gvq_mpi.h"
+#include "perf_common.h"
 
 enum { MAX_SIZES = 8, MAX_ROUNDS = 64, SMALL_CALLS = 2000 };
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static size_t parse_bytes(const char *s) {
     char *end = NULL;
@@ -106,14 +97,14 @@ int main(int argc, char **argv) {
             coll[k][r] = per_call(comm, calls, count, s, d);
         }
     }
-    double a = median(agree, rounds), b = median(barrier, rounds);
+    double a = perf_median(agree, rounds), b = perf_median(barrier, rounds);
     if (rank == 0) {
         printf("# gvq-agree-cost: %d ranks, medians of %d rounds\n", n, rounds);
         printf("agreement (count-0 gvqAllReduce)  %9.2f us\n", a * 1e6);
         printf("MPI_Barrier                       %9.2f us\n", b * 1e6);
     }
     for (int k = 0; k < nsizes; k++) {
-        double c = median(coll[k], rounds);
+        double c = perf_median(coll[k], rounds);
         if (rank == 0)
             printf("allreduce %10zu bytes          %9.2f us   agreement share %5.2f%%\n", sizes[k],
                    c * 1e6, 100.0 * a / c);

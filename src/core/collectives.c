@@ -326,7 +326,7 @@ static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_
                                             : GVQ_SIGNED_MAX_BYTES;
     if (o->kind != GVQ_OP_ALLREDUCE || (sig->algo != GVQ_ALGO_RD && sig->algo != GVQ_ALGO_SHM) ||
         sig->identity != 0 || o->comm->nranks < 2 || o->count == 0 || bytes > max ||
-        o->comm->xport->ops->irecv_upto == NULL || op_device(o) != &gvq_host_device)
+        o->comm->xport->ops->irecv_upto == NULL || sig->device)
         return 0;
     *pay = (gvq_signed_payload_t){o->sendbuff, o->recvbuff, o->count, o->dtype, o->op};
     return 1;
