@@ -308,12 +308,24 @@ gvqResult_t gvq_agree_extremes(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, 
  * that the agreement costs no round of its own. Every message of it, with or without a payload,
  * follows the same pattern and tag, so ranks whose calls differ still read each other. */
 enum { GVQ_SIGNED_MAX_BYTES = 64 * 1024 }; /* on the tag GVQ_TAG_SIGNED */
+/* What rides along: recursive doubling carries allreduces only, shared memory every kind (the
+ * order of the core's collectives: gvq_group.h). */
+typedef enum {
+    GVQ_PAY_ALLREDUCE,
+    GVQ_PAY_BROADCAST,
+    GVQ_PAY_REDUCE,
+    GVQ_PAY_REDUCE_SCATTER,
+    GVQ_PAY_ALLGATHER
+} gvq_pay_kind_t;
 typedef struct {
-    const void *src;
-    void *dst; /* written only when every rank's row is equal */
-    size_t count;
+    const void *src; /* broadcast: read on the root only */
+    void *dst;       /* written only when every rank's row is equal; reduce: on the root only */
+    size_t count;    /* elements; reducescatter: of each rank's block (the output's count);
+                      * allgather: of each rank's input */
     gvqDataType_t dtype;
     gvqRedOp_t op;
+    gvq_pay_kind_t kind; /* GVQ_PAY_ALLREDUCE (0) unless set */
+    int root;            /* broadcast and reduce */
 } gvq_signed_payload_t;
 /* gvq_agree_extremes's result for the rows mine[0..n) and, when pay is not NULL (count * size
  * <= GVQ_SIGNED_MAX_BYTES), the recursive-doubling allreduce of pay->src into pay->dst,
@@ -341,11 +353,13 @@ typedef struct {
     uint64_t calls; /* exchanges made through it so far (this rank's count) */
 } gvq_shm_t;
 /* gvq_rd_signed's result through shared memory: every rank posts its row (and vector) in its
- * slot and reads all the others', so every rank holds every row; with pay the allreduce of the
- * vectors, written to pay->dst only when every row agrees, a slot's worth (a piece) per
- * exchange: a piece up to GVQ_SHM_SMALL_BYTES every rank reduces in rank order ((v0 op v1) op
- * v2 ...); above, rank q reduces segment q of every vector in rank order and every rank copies
- * the N reduced segments (a second wait between). Bitwise the same on every rank.
+ * slot and reads all the others', so every rank holds every row; with pay the collective of
+ * its kind, written to pay->dst only when every row agrees, a slot's worth (a piece) per
+ * exchange. Reductions run in rank order ((v0 op v1) op v2 ...): an allreduce piece up to
+ * GVQ_SHM_SMALL_BYTES on every rank, above it rank q reduces segment q of every vector and every
+ * rank copies the N reduced segments (a second wait between), so the result is bitwise the same
+ * on every rank; a reduce the same way with only the root copying; a reducescatter's block q
+ * on rank q. Broadcast and allgather copy the posted vectors.
  * Waits are bounded by the transport's timeout and abort flag (then the communicator is
  * broken) and drive the transport's progress. */
 gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *shm, const int64_t *mine, int n,

@@ -333,7 +333,8 @@ gvqResult_t gvq_rd_signed(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64
     s.hbytes = signed_header_bytes(n);
     s.count = pay != NULL ? pay->count : 0;
     s.pbytes = s.count * s.g.esize;
-    if (n < 1 || s.pbytes > GVQ_SIGNED_MAX_BYTES || ctx->xport->ops->irecv_upto == NULL)
+    if (n < 1 || s.pbytes > GVQ_SIGNED_MAX_BYTES || ctx->xport->ops->irecv_upto == NULL ||
+        (pay != NULL && pay->kind != GVQ_PAY_ALLREDUCE))
         return gvqInternalError;
     size_t room = 2 * s.hbytes + s.pbytes + GVQ_SIGNED_MAX_BYTES + 8;
     /* with a payload the communicator's scratch (sent without a staging copy); the signature

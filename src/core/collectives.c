@@ -198,8 +198,30 @@ static gvq_algo_t op_algo(const gvq_op_t *o) {
                            o->comm->xport->stages_sends, hosts);
 }
 
+/* o's data as the signed exchanges carry it (gvq_op_kind_t and gvq_pay_kind_t: the same order). */
+_Static_assert((int)GVQ_OP_BROADCAST == (int)GVQ_PAY_BROADCAST &&
+                   (int)GVQ_OP_REDUCE == (int)GVQ_PAY_REDUCE &&
+                   (int)GVQ_OP_REDUCE_SCATTER == (int)GVQ_PAY_REDUCE_SCATTER &&
+                   (int)GVQ_OP_ALLGATHER == (int)GVQ_PAY_ALLGATHER,
+               "collective kinds and payload kinds in the same order");
+static gvq_signed_payload_t op_payload(const gvq_op_t *o) {
+    return (gvq_signed_payload_t){
+        o->sendbuff, o->recvbuff, o->count, o->dtype, o->op, (gvq_pay_kind_t)o->kind, o->root};
+}
+
+/* A collective whose data did not ride along with its agreement on shared memory (CUDA buffers
+ * staged, the agreement made before): one more exchange, with the data. */
+static gvqResult_t run_shm(const gvq_op_t *o, gvq_coll_ctx_t *ctx) {
+    if (o->count == 0) return gvqSuccess;
+    if (o->comm->shm_state != 1) return gvqInternalError;
+    int64_t row = (int64_t)o->kind, lo, hi; /* agreed already: the same on every rank */
+    int lo_rank, hi_rank;
+    gvq_signed_payload_t pay = op_payload(o);
+    return gvq_shm_signed(ctx, &o->comm->shm, &row, 1, &lo, &lo_rank, &hi, &hi_rank, &pay);
+}
+
 static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_algo_t algo) {
-    if (algo == GVQ_ALGO_RD || algo == GVQ_ALGO_SHM) /* shm: when it did not ride along */
+    if (algo == GVQ_ALGO_RD)
         return gvq_rd_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     if (algo == GVQ_ALGO_RAB)
         return gvq_rab_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
@@ -220,6 +242,7 @@ static gvqResult_t run_collective(const gvq_op_t *o, int allow_auto) {
                                          &handled));
     if (handled) return gvqSuccess;
     gvq_algo_t algo = op_algo(o);
+    if (algo == GVQ_ALGO_SHM) return run_shm(o, &ctx);
     switch (o->kind) {
     case GVQ_OP_ALLREDUCE:
         return run_allreduce(o, &ctx, algo);
@@ -311,12 +334,14 @@ static gvqResult_t p2p_post(const gvq_op_t *o, gvq_req_t *reqs) {
 /* On one host a message that outgrows Open MPI's shared-memory eager limit (4 KiB) takes a
  * rendezvous, which costs more than the agreement's own round: the vector rides along only
  * while vector and signature (176 bytes) fit in one eager message. Across hosts (TCP: 64 KiB
- * eager) every size that recursive doubling runs rides along. */
+ * eager) every size that recursive doubling runs rides along. On shared memory every size and
+ * every plain collective rides along. */
 enum { SIGNED_ONE_HOST_BYTES = 3840 };
 
-/* Whether o, a collective with signature sig, is a small allreduce whose vector can ride along
- * with its signature (gvq_call_agree_allreduce): recursive doubling on host buffers over a
- * transport that reads messages of any length, no zero-code compression. Decided from what sig
+/* Whether o, a collective with signature sig, is one whose data can ride along with its
+ * signature (gvq_call_agree_allreduce): the shm algorithm, or a small allreduce by recursive
+ * doubling over a transport that reads messages of any length; host buffers, no zero-code
+ * compression. Decided from what sig
  * holds and the transport (the same on every rank), so that ranks with equal signatures choose
  * alike; ranks that choose differently have different signatures and still read each other. */
 static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_payload_t *pay) {
@@ -324,11 +349,12 @@ static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_
     size_t max = sig->algo == GVQ_ALGO_SHM  ? SIZE_MAX /* a slot's worth at a time */
                  : o->comm->xport->one_host ? SIGNED_ONE_HOST_BYTES
                                             : GVQ_SIGNED_MAX_BYTES;
-    if (o->kind != GVQ_OP_ALLREDUCE || (sig->algo != GVQ_ALGO_RD && sig->algo != GVQ_ALGO_SHM) ||
-        sig->identity != 0 || o->comm->nranks < 2 || o->count == 0 || bytes > max ||
-        o->comm->xport->ops->irecv_upto == NULL || sig->device)
+    int rd = sig->algo == GVQ_ALGO_RD && o->kind == GVQ_OP_ALLREDUCE &&
+             o->comm->xport->ops->irecv_upto != NULL;
+    if ((!rd && sig->algo != GVQ_ALGO_SHM) || sig->identity != 0 || o->comm->nranks < 2 ||
+        o->count == 0 || bytes > max || sig->device)
         return 0;
-    *pay = (gvq_signed_payload_t){o->sendbuff, o->recvbuff, o->count, o->dtype, o->op};
+    *pay = op_payload(o);
     return 1;
 }
 

@@ -8,11 +8,11 @@
  *
  * Algorithms per collective (gvq_algo.h):
  *
- *   allreduce       ring, rd (recursive doubling), rab (Rabenseifner), direct
- *   reducescatter   ring, rab (recursive halving)
- *   allgather       ring, rd (Bruck), direct
- *   broadcast       ring (the pipelined chain), tree (binomial)
- *   reduce          ring (the pipelined chain), tree (binomial)
+ *   allreduce       ring, rd (recursive doubling), rab (Rabenseifner), direct, shm
+ *   reducescatter   ring, rab (recursive halving), shm
+ *   allgather       ring, rd (Bruck), direct, shm
+ *   broadcast       ring (the pipelined chain), tree (binomial), shm
+ *   reduce          ring (the pipelined chain), tree (binomial), shm
  *
  * When the transport copies sends out of the caller's memory (MPI with GVQ_SEND_COPY=1, the
  * default) and all ranks share one host (memory-bound transfers), allreduce and allgather run
@@ -26,11 +26,11 @@
  * not overlap as the ring's pipeline does, was 1.20x: there the ring stays (perf/RESULTS.md
  * section 7).
  *
- * With a shared-memory segment mapped by every rank (one host, GVQ_SHM=1; src/core/shm.c) an
- * allreduce runs `shm` before any row, at every size: every rank writes its vector into its
- * slot, the call agreement in the same exchange, and reduces them (above 64 KiB each rank its
- * segment, then copies the others'; a slot's worth at a time; algorithms/shm.c). GVQ_ALGO=shm
- * without the segment falls back to the table.
+ * With a shared-memory segment mapped by every rank (one host, GVQ_SHM=1; src/core/shm.c) every
+ * plain collective runs `shm` before any row, at every size: every rank writes its input into
+ * its slot, the call agreement in the same exchange, and takes its output from the slots
+ * (reductions above 64 KiB in segments, one per rank; a slot's worth at a time;
+ * algorithms/shm.c). GVQ_ALGO=shm without the segment falls back to the table.
  *
  * A name a collective does not have, or a malformed item, is reported at WARN and that item
  * ignored. The choice is reported at INFO the first time each (collective, algorithm) runs.
@@ -63,10 +63,10 @@ static const char *const coll_names[NCOLL] = {"allreduce", "broadcast", "reduce"
 static const unsigned coll_algos[NCOLL] = {
     [GVQ_OP_ALLREDUCE] =
         B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_DIRECT) | B(GVQ_ALGO_SHM),
-    [GVQ_OP_BROADCAST] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE),
-    [GVQ_OP_REDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE),
-    [GVQ_OP_REDUCE_SCATTER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RAB),
-    [GVQ_OP_ALLGATHER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_DIRECT),
+    [GVQ_OP_BROADCAST] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE) | B(GVQ_ALGO_SHM),
+    [GVQ_OP_REDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE) | B(GVQ_ALGO_SHM),
+    [GVQ_OP_REDUCE_SCATTER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_SHM),
+    [GVQ_OP_ALLGATHER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_DIRECT) | B(GVQ_ALGO_SHM),
 };
 
 /* Datatype classes: 16-bit floats reduce through float conversions, so their reductions cost
@@ -207,9 +207,7 @@ gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqData
     int shm = one_host == 2;
     if (a == GVQ_ALGO_SHM && !shm) a = GVQ_ALGO_AUTO; /* no shared memory, or too large */
     int from_env = a != GVQ_ALGO_AUTO;
-    if (!from_env)
-        a = shm && kind == GVQ_OP_ALLREDUCE ? GVQ_ALGO_SHM
-                                            : from_table(kind, nranks, bytes, dtype, one_host);
+    if (!from_env) a = shm ? GVQ_ALGO_SHM : from_table(kind, nranks, bytes, dtype, one_host);
     int moved = !from_env && staged && one_host && nranks >= 3 && a == GVQ_ALGO_RING &&
                 (coll_algos[kind] & B(GVQ_ALGO_DIRECT)) && bytes >= DIRECT_MIN_BYTES;
     if (moved) a = GVQ_ALGO_DIRECT;

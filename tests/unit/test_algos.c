@@ -138,6 +138,12 @@ static void rank_reduce(gvqComm_t comm, int rank, int nranks, void *arg) {
                    c->algo, nranks, c->root, c->count, gvq_dtype_name(c->t), gvq_op_name(c->op), i,
                    got, want);
     }
+    for (size_t i = 0; rank != c->root && i < c->count; i++) /* recvbuff is the root's only */
+        if (get(s, c->t, i) != input(rank, i, c->t, c->op) && bad++ < 1)
+            EXPECT(0,
+                   "GVQ_ALGO=%s reduce n=%d root %d count=%zu: non-root rank %d's input "
+                   "changed at [%zu]",
+                   c->algo, nranks, c->root, c->count, rank, i);
     if (d != s) free(d);
     free(s);
 }
@@ -241,6 +247,32 @@ static void test_shm_large(void) {
     gvq_select_override(NULL);
 }
 
+/* The other collectives on shm past one piece (a slot holds 1 MiB): reduce's segments and
+ * pieces, reducescatter's pieces of every block, allgather's and broadcast's pieces, in place
+ * and not, roots other than 0. */
+static void test_shm_pieces(void) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    gvq_select_override("shm");
+    for (int n = 2; n <= 4; n++)
+        for (int ip = 0; ip < 2; ip++) {
+            const gvqDataType_t types[] = {gvqFloat32, gvqFloat16, gvqInt64};
+            for (size_t ti = 0; ti < 3; ti++) {
+                gvqDataType_t t = types[ti];
+                size_t big = (size_t)(2600 * 1024) / gvq_dtype_size(t) + 3; /* 3 pieces */
+                case_t c = {"shm", big, t, ti == 2 ? gvqMax : gvqSum, ip, n - 1, 0, {0}};
+                gvq_test_run(n, &cfg, rank_reduce, &c);
+                gvq_test_run(n, &cfg, rank_broadcast, &c);
+                c.count = big / (size_t)n + 1;
+                gvq_test_run(n, &cfg, rank_reduce_scatter, &c);
+                gvq_test_run(n, &cfg, rank_allgather, &c);
+                c.count = (size_t)(100 * 1024) / gvq_dtype_size(t) + 1; /* one piece, segments */
+                c.root = ip;
+                gvq_test_run(n, &cfg, rank_reduce, &c);
+            }
+        }
+    gvq_select_override(NULL);
+}
+
 /* direct is the ring's reduce-scatter with another allgather: the same sums, so the same bits
  * as the ring on order-sensitive values (and chunk boundaries that differ from the segments'). */
 static void test_direct_is_ring(void) {
@@ -286,7 +318,7 @@ static void rank_signed(gvqComm_t comm, int rank, int nranks, void *arg) {
     }
     int64_t row[3] = {42, (int64_t)c->count, rank == c->odd_rank ? 5 : 4}, lo[3], hi[3];
     int lo_rank = -1, hi_rank = -1;
-    gvq_signed_payload_t pay = {s, got, c->count, gvqFloat32, c->op};
+    gvq_signed_payload_t pay = {s, got, c->count, gvqFloat32, c->op, GVQ_PAY_ALLREDUCE, 0};
     EXPECT_RES(
         gvq_rd_signed(&ctx, row, 3, lo, &lo_rank, hi, &hi_rank, rank == c->bare_rank ? NULL : &pay),
         c->want);
@@ -393,7 +425,10 @@ static void test_table(void) {
         {GVQ_OP_ALLREDUCE, 5, G, 1, 2, GVQ_ALGO_SHM, "shared memory: shm at 1 GiB too"},
         {GVQ_OP_ALLREDUCE, 9, 64 * 1024 + 4, 0, 2, GVQ_ALGO_SHM,
          "shared memory beyond 8 ranks: shm (pieces of 64 KiB)"},
-        {GVQ_OP_ALLGATHER, 4, 1024, 0, 2, GVQ_ALGO_RD, "shared memory: allreduce only"},
+        {GVQ_OP_ALLGATHER, 4, 1024, 0, 2, GVQ_ALGO_SHM, "shared memory: allgather too"},
+        {GVQ_OP_BROADCAST, 3, G, 1, 2, GVQ_ALGO_SHM, "shared memory: broadcast at 1 GiB"},
+        {GVQ_OP_REDUCE, 5, 4 * M, 1, 2, GVQ_ALGO_SHM, "shared memory: reduce"},
+        {GVQ_OP_REDUCE_SCATTER, 2, 1024, 1, 2, GVQ_ALGO_SHM, "shared memory: reducescatter"},
     };
     gvq_select_override(NULL);
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
@@ -410,6 +445,7 @@ int main(void) {
     test_direct_is_ring();
     test_signed();
     test_shm_large();
+    test_shm_pieces();
     test_forced();
     return gvq_test_finish("test_algos");
 }
