@@ -31,6 +31,7 @@ static double param_value[GVQ_PARAM_COUNT];
 static const char *param_text[GVQ_PARAM_COUNT]; /* TEXT: the environment's string */
 static int param_from_env[GVQ_PARAM_COUNT];
 static pthread_once_t param_once = PTHREAD_ONCE_INIT;
+static int param_ready; /* param_init has run (release) */
 
 /* The index of `s` among the comma-separated names of `choices`, or -1. */
 static int choice_index(const char *choices, const char *s) {
@@ -97,20 +98,26 @@ static void param_init(void) {
         param_value[i] = v;
         param_from_env[i] = 1;
     }
+    __atomic_store_n(&param_ready, 1, __ATOMIC_RELEASE);
+}
+
+/* Read on every call of the hot paths: after the first, one load instead of pthread_once. */
+static void param_ensure(void) {
+    if (!__atomic_load_n(&param_ready, __ATOMIC_ACQUIRE)) pthread_once(&param_once, param_init);
 }
 
 int64_t gvq_param(gvq_param_id_t id) {
-    pthread_once(&param_once, param_init);
+    param_ensure();
     return (int64_t)param_value[id];
 }
 
 double gvq_param_real(gvq_param_id_t id) {
-    pthread_once(&param_once, param_init);
+    param_ensure();
     return param_value[id];
 }
 
 const char *gvq_param_text(gvq_param_id_t id) {
-    pthread_once(&param_once, param_init);
+    param_ensure();
     return param_text[id];
 }
 
