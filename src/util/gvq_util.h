@@ -95,8 +95,8 @@ int gvq_thread_may_sleep(void);
     X(ALGO, "GVQ_ALGO", TEXT, 0, NULL,                                                          \
       "algorithm of the plain collectives, as NCCL_ALGO: ring, rd (recursive doubling; "        \
       "allgather: Bruck), rab (Rabenseifner), tree (binomial broadcast/reduce), direct "        \
-      "(allreduce/allgather forwarding from library memory), shm (allreduce on one host "       \
-      "through shared memory, GVQ_SHM) or auto (the measured table, "                           \
+      "(allreduce/allgather forwarding from library memory), shm (every plain collective on "   \
+      "one host through shared memory, GVQ_SHM) or auto (the measured table, "                  \
       "src/core/select.c), for all or per collective, e.g. "                                    \
       "'allreduce=rd,broadcast=tree' (allreduce, broadcast, reduce, reducescatter, "            \
       "allgather)")                                                                             \
@@ -169,7 +169,7 @@ int gvq_thread_may_sleep(void);
       "after a failure MPI may still read the caller's buffers until the process exits)")       \
     X(SHM, "GVQ_SHM", UINT, 1, NULL,                                                            \
       "ranks on one host: 1 maps a shared memory segment per communicator for the call "        \
-      "agreement and every allreduce (shared slots instead of "                                 \
+      "agreement and every plain collective (shared slots instead of "                          \
       "messages); 0 on any rank: messages only")                                                \
     X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                        \
       "network interface whose IPv4 address the bootstrap root listens on (unset: the first "   \
