@@ -199,9 +199,10 @@ static gvqResult_t reduce_own_segment(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, u
     size_t es = gvq_dtype_size(pay->dtype);
     size_t off = seg_off(m, pc->n, m->rank), n = seg_off(m, pc->n, m->rank + 1) - off;
     char *mine = slot_vector(slot(m, m->rank, k)) + off * es;
-    if (out != NULL) {
+    if (out != NULL) { /* the others read it from the slot, but for a reduce's root */
         GVQCHECK(reduce_range(ctx, m, k, pay, out + off * es, off, n));
-        return n > 0 ? ctx->dev->copy(mine, out + off * es, n * es) : gvqSuccess;
+        int read = pay->kind == GVQ_PAY_ALLREDUCE;
+        return n > 0 && read ? ctx->dev->copy(mine, out + off * es, n * es) : gvqSuccess;
     }
     _Alignas(64) char tmp[TMP_BYTES]; /* this rank's own values are still an operand */
     for (size_t at = 0, step = TMP_BYTES / es; at < n; at += step) {
@@ -249,7 +250,8 @@ static gvqResult_t take_piece(gvq_coll_ctx_t *ctx, gvq_shm_t *m, uint64_t k,
         }
     }
     size_t es = gvq_dtype_size(pay->dtype), b = pc->n * es;
-    char *dst = (char *)pay->dst + pc->first * es;
+    char *dst = pay->dst != NULL ? (char *)pay->dst + pc->first * es : NULL; /* a reduce's non-root:
+                                                                              * none */
     switch (pay->kind) {
     case GVQ_PAY_ALLREDUCE:
     case GVQ_PAY_REDUCE:

@@ -27,7 +27,8 @@
  * section 7).
  *
  * With a shared-memory segment mapped by every rank (one host, GVQ_SHM=1; src/core/shm.c) every
- * plain collective runs `shm` before any row, at every size: every rank writes its input into
+ * plain collective runs `shm` before any row, at every size (the others than allreduce up to 8
+ * ranks): every rank writes its input into
  * its slot, the call agreement in the same exchange, and takes its output from the slots
  * (reductions above 64 KiB in segments, one per rank; a slot's worth at a time;
  * algorithms/shm.c). GVQ_ALGO=shm without the segment falls back to the table.
@@ -123,6 +124,11 @@ static const select_row_t table[] = {
  * MPI but at 1 KiB on 2 ranks (0.89x); 2-128 MiB 0.86-4.6x against the table's 0.73-2.1x (three
  * rounds; shm below the table in 4 of 16 cells, by 9-26%, within this machine's noise). */
 
+/* The other collectives run shm up to 8 ranks, where a slot holds 1 MiB (measured at 2-5 ranks,
+ * perf/RESULTS.md section 7); beyond, slots of 64 KiB make a large broadcast or allgather an
+ * exchange of every rank per 64 KiB, not measured: the table. */
+#define SHM_OTHERS_MAX_RANKS 8
+
 static gvq_algo_t forced[NCOLL]; /* GVQ_ALGO; GVQ_ALGO_AUTO: the table */
 static int reported[NCOLL][GVQ_ALGO_COUNT];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
@@ -207,7 +213,10 @@ gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqData
     int shm = one_host == 2;
     if (a == GVQ_ALGO_SHM && !shm) a = GVQ_ALGO_AUTO; /* no shared memory, or too large */
     int from_env = a != GVQ_ALGO_AUTO;
-    if (!from_env) a = shm ? GVQ_ALGO_SHM : from_table(kind, nranks, bytes, dtype, one_host);
+    if (!from_env)
+        a = shm && (kind == GVQ_OP_ALLREDUCE || nranks <= SHM_OTHERS_MAX_RANKS)
+                ? GVQ_ALGO_SHM
+                : from_table(kind, nranks, bytes, dtype, one_host);
     int moved = !from_env && staged && one_host && nranks >= 3 && a == GVQ_ALGO_RING &&
                 (coll_algos[kind] & B(GVQ_ALGO_DIRECT)) && bytes >= DIRECT_MIN_BYTES;
     if (moved) a = GVQ_ALGO_DIRECT;

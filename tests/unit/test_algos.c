@@ -429,6 +429,8 @@ static void test_table(void) {
         {GVQ_OP_BROADCAST, 3, G, 1, 2, GVQ_ALGO_SHM, "shared memory: broadcast at 1 GiB"},
         {GVQ_OP_REDUCE, 5, 4 * M, 1, 2, GVQ_ALGO_SHM, "shared memory: reduce"},
         {GVQ_OP_REDUCE_SCATTER, 2, 1024, 1, 2, GVQ_ALGO_SHM, "shared memory: reducescatter"},
+        {GVQ_OP_ALLGATHER, 9, 1024, 1, 2, GVQ_ALGO_RD,
+         "shared memory beyond 8 ranks: the table for the others than allreduce"},
     };
     gvq_select_override(NULL);
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
