@@ -321,12 +321,16 @@ static gvqResult_t p2p_post(const gvq_op_t *o, gvq_req_t *reqs) {
     size_t bytes = o->count * gvq_dtype_size(o->dtype), np = p2p_pieces(o);
     for (size_t i = 0; i < np; i++) {
         size_t len = GVQ_MIN(P2P_PIECE, bytes - i * P2P_PIECE);
-        if (o->kind == GVQ_OP_SEND)
-            GVQCHECK(t->ops->isend(t, o->root, GVQ_TAG_P2P,
-                                   (const char *)o->sendbuff + i * P2P_PIECE, len, &reqs[i]));
+        int send = o->kind == GVQ_OP_SEND;
+        const char *sb = send ? (const char *)o->sendbuff + i * P2P_PIECE : NULL;
+        char *rb = send ? NULL : (char *)o->recvbuff + i * P2P_PIECE;
+        if (t->chan != NULL) /* ranks on one host: the shared-memory channels (chan.c) */
+            GVQCHECK(send ? gvq_chan_isend(t->chan, o->root, sb, len, &reqs[i])
+                          : gvq_chan_irecv(t->chan, o->root, rb, len, &reqs[i]));
+        else if (send)
+            GVQCHECK(t->ops->isend(t, o->root, GVQ_TAG_P2P, sb, len, &reqs[i]));
         else
-            GVQCHECK(t->ops->irecv(t, o->root, GVQ_TAG_P2P, (char *)o->recvbuff + i * P2P_PIECE,
-                                   len, &reqs[i]));
+            GVQCHECK(t->ops->irecv(t, o->root, GVQ_TAG_P2P, rb, len, &reqs[i]));
     }
     return gvqSuccess;
 }

@@ -187,15 +187,6 @@ gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, c
     return gvqSuccess;
 }
 
-gvq_coll_ctx_t gvq_comm_ctx(gvqComm_t c, unsigned long long *sent) {
-    return (gvq_coll_ctx_t){.xport = c->xport,
-                            .dev = c->dev,
-                            .chunk_bytes = c->chunk_bytes,
-                            .scratch = &c->scratch,
-                            .scratch_bytes = &c->scratch_bytes,
-                            .bytes_sent = sent};
-}
-
 /* ---- state attached by the layers above ---------------------------------------------------- */
 
 struct gvq_comm_attachment {
@@ -362,6 +353,11 @@ GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUnique
         if (gvq_comm_hosts(*comm, &nhosts, &leader, NULL) == gvqSuccess) /* no transfer: known */
             (*comm)->xport->one_host = nhosts == 1;
     }
+    res = gvq_comm_shm_at_init(*comm);
+    if (res != gvqSuccess) {
+        (void)gvqCommDestroy(*comm);
+        *comm = NULL;
+    }
 out_free:
     free(all);
     free(wranks);
@@ -417,6 +413,7 @@ static void comm_free(gvqComm_t c) {
      * scratch is then left allocated rather than freed under them */
     int broken = gvq_broken_get(&c->broken) != gvqSuccess;
     int keep = broken && c->xport->cancel_keeps_buffers;
+    gvq_chan_detach(c->xport->chan);
     c->xport->ops->destroy(c->xport);
     if (c->shm_state == 1) munmap(c->shm.base, c->shm_bytes);  /* shm.c */
     if (c->dxport != NULL) c->dxport->ops->destroy(c->dxport); /* before the NCCL comm it uses */

@@ -54,11 +54,12 @@ struct gvqComm {
     const gvq_device_ops_t *pinned_ops_for;
     void *pscratch;
     size_t pscratch_bytes;
-    /* Shared memory of ranks on one host (shm.c), made at the first collective: shm_state 0 not
-     * tried, 1 mapped (shm_bytes long), -1 unavailable (messages only) */
+    /* Shared memory of ranks on one host (shm.c), made at creation or at the first collective:
+     * shm_state 0 not tried, 1 mapped (shm_bytes long), -1 unavailable (messages only) */
     gvq_shm_t shm;
     int shm_state;
     size_t shm_bytes;
+    int shm_channels; /* made at creation (gvq_comm_shm_at_init): with point-to-point channels */
 };
 
 /* The host device allocating dev's pinned memory (comm->pinned_ops), for a ring's host scratch
@@ -79,10 +80,24 @@ void gvq_comm_adopt_device_transport(gvqComm_t comm, gvq_transport_t *t,
  * everywhere; else none, the same on every rank). *shm is NULL without it. The caller has
  * entered the communicator. */
 gvqResult_t gvq_comm_shm(gvqComm_t comm, gvq_shm_t **shm);
+/* The same at creation, by the init calls whose ranks are separate processes calling at once
+ * (gvqCommInitRank, gvqCommInitMPI); the segment then also holds point-to-point channels up to
+ * 8 ranks (the transport's chan: gvqSend/gvqRecv through shared memory). Not for the
+ * in-process transport, whose ranks one thread creates one after another: its segment comes at
+ * the first collective, without channels, so that every rank of a pair agrees on the path of
+ * every message. On failure the caller destroys the communicator. */
+gvqResult_t gvq_comm_shm_at_init(gvqComm_t comm);
 
 /* The collective context of comm's own transport, device and scratch; `sent` (may be NULL)
  * adds up the bytes the ring sends. */
-gvq_coll_ctx_t gvq_comm_ctx(gvqComm_t comm, unsigned long long *sent);
+static inline gvq_coll_ctx_t gvq_comm_ctx(gvqComm_t c, unsigned long long *sent) {
+    return (gvq_coll_ctx_t){.xport = c->xport,
+                            .dev = c->dev,
+                            .chunk_bytes = c->chunk_bytes,
+                            .scratch = &c->scratch,
+                            .scratch_bytes = &c->scratch_bytes,
+                            .bytes_sent = sent};
+}
 
 /* State that a layer above the communicator keeps per communicator (zero-code mode's
  * compressors), found again by its key and handed to detach when the communicator is

@@ -25,5 +25,11 @@ GVQ_API gvqResult_t gvqCommInitMPI(gvqComm_t *comm, MPI_Comm mpiComm, const gvqC
     GVQCHECK(gvq_config_resolve(config, "gvqCommInitMPI", &tmo, &chunk));
     gvq_transport_t *t = NULL;
     GVQCHECK(gvq_mpi_transport_dup(&mpiComm, &t));
-    return gvq_comm_create(t, config, "gvqCommInitMPI", comm);
+    GVQCHECK(gvq_comm_create(t, config, "gvqCommInitMPI", comm));
+    gvqResult_t res = gvq_comm_shm_at_init(*comm);
+    if (res != gvqSuccess) {
+        (void)gvqCommDestroy(*comm);
+        *comm = NULL;
+    }
+    return res;
 }

@@ -1,17 +1,26 @@
 /*
  * shm.c -- the shared memory of a communicator whose ranks share one host (gvq_comm.h), for the
- * call agreement and the small allreduces of algorithms/shm.c.
+ * call agreement and the plain collectives of algorithms/shm.c, and for gvqSend/gvqRecv through
+ * the transport's channels (src/transport/chan.c).
  *
- *   first collective:  rank 0 creates a POSIX shared memory object (a fresh name, mode 0600)
- *                      -> chain broadcast of (ok, name) -> every other rank opens and maps it
- *                      -> agree: min(ok) -> rank 0 unlinks the name (nobody can open it after)
- *                      -> all ok: every rank uses it; else none does (messages only)
+ *   when:  at creation for gvqCommInitRank and gvqCommInitMPI (gvq_comm_shm_at_init: every
+ *          rank a process of its own, all in the call at once), with the channels up to 8
+ *          ranks; at the first collective for the in-process transport, without channels (its
+ *          ranks are created one after another by one thread; and a gvqSend before the first
+ *          collective and its gvqRecv after it must take the same path)
+ *
+ *   rank 0 creates a POSIX shared memory object (a fresh name, mode 0600; without the channels
+ *          if there is no room for them)
+ *   -> chain broadcast of (ok, channels, name) -> every other rank opens and maps it
+ *   -> agree: min(ok) -> rank 0 unlinks the name (nobody can open it after)
+ *   -> all ok: every rank uses it; else none does (messages only)
  *
  * The agreement makes the choice the same on every rank; a rank with GVQ_SHM=0 takes part with
  * ok = 0. The memory is nranks x 2 slots of GVQ_SHM_HEADER + gvq_shm_slot_data (about 2 MiB a
- * rank up to 8 ranks, 130 KiB beyond; made only while its file system has twice that room
- * left, since a write to a page tmpfs cannot back fails with SIGBUS), mapped
- * until the communicator is freed (comm.c unmaps it).
+ * rank up to 8 ranks, 130 KiB beyond), then the channels (about 8 MiB at 4 and at 8 ranks;
+ * pages are backed only where a pair of ranks exchanges messages). It is made only while its file
+ * system has twice that room left, since a write to a page tmpfs cannot back fails with SIGBUS,
+ * and mapped until the communicator is freed (comm.c unmaps it).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,10 +34,15 @@
 
 #include "gvq_comm.h"
 
-enum { SHM_MAX_RANKS = 64, SHM_NAME = 64 };
+enum { SHM_MAX_RANKS = 64, SHM_NAME = 64, CHANNELS_MAX_RANKS = 8 };
 
-static size_t shm_bytes_for(int nranks) {
+/* The collectives' slots, then (channels) the point-to-point channels. */
+static size_t slots_bytes(int nranks) {
     return (size_t)nranks * 2 * ((size_t)GVQ_SHM_HEADER + gvq_shm_slot_data(nranks));
+}
+
+static size_t shm_bytes_for(int nranks, int channels) {
+    return slots_bytes(nranks) + (channels ? gvq_chan_bytes(nranks) : 0);
 }
 
 static void *map_fd(int fd, size_t bytes) {
@@ -88,26 +102,39 @@ gvqResult_t gvq_comm_shm(gvqComm_t c, gvq_shm_t **out) {
     c->shm_state = -1;
     if (!c->xport->one_host || c->xport->fifo || c->nranks < 2 || c->nranks > SHM_MAX_RANKS)
         return gvqSuccess; /* the same on every rank: nothing to agree on */
-    size_t bytes = shm_bytes_for(c->nranks);
     struct {
-        int32_t ok;
+        int32_t ok, channels;
         char name[SHM_NAME];
     } msg;
     memset(&msg, 0, sizeof msg);
     int want = gvq_param(GVQ_PARAM_SHM) != 0;
     void *base = NULL;
-    if (c->rank == 0 && want) msg.ok = (base = shm_make(msg.name, bytes)) != NULL;
+    msg.channels = c->shm_channels && c->nranks <= CHANNELS_MAX_RANKS;
+    if (c->rank == 0 && want) { /* without the channels if there is no room for them */
+        base = shm_make(msg.name, shm_bytes_for(c->nranks, msg.channels));
+        if (base == NULL && msg.channels)
+            base = shm_make(msg.name, shm_bytes_for(c->nranks, msg.channels = 0));
+        msg.ok = base != NULL;
+    }
     gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
     gvqResult_t res = gvq_chain_broadcast(&ctx, &msg, &msg, sizeof msg, 0);
     msg.name[SHM_NAME - 1] = '\0';
+    int channels = msg.channels != 0;
+    size_t bytes = shm_bytes_for(c->nranks, channels);
     int32_t ok = res == gvqSuccess && msg.ok && want;
     if (ok && c->rank != 0) ok = (base = shm_join(msg.name, bytes)) != NULL;
+    gvq_chan_set_t *chan = NULL;
+    if (ok && channels)
+        ok = (chan = gvq_chan_attach((char *)base + slots_bytes(c->nranks), c->nranks, c->rank)) !=
+             NULL;
     if (res == gvqSuccess) res = gvq_agree_i32(&ctx, &ok, 1, gvqMin);
     if (c->rank == 0 && base != NULL) shm_unlink(msg.name); /* every rank has opened it */
     if (res != gvqSuccess || !ok) {
+        gvq_chan_detach(chan);
         if (base != NULL) munmap(base, bytes);
         return res;
     }
+    c->xport->chan = chan; /* gvqSend/gvqRecv through the channels from now on */
     c->shm = (gvq_shm_t){.base = base,
                          .slot_data = gvq_shm_slot_data(c->nranks),
                          .nranks = c->nranks,
@@ -116,8 +143,19 @@ gvqResult_t gvq_comm_shm(gvqComm_t c, gvq_shm_t **out) {
     c->shm_bytes = bytes;
     c->shm_state = 1;
     *out = &c->shm;
-    GVQ_INFO("comm %p rank %d: call agreements and allreduces up to %zu bytes through shared "
-             "memory (%zu bytes)",
-             (void *)c, c->rank, c->shm.slot_data, bytes);
+    GVQ_INFO("comm %p rank %d: call agreements and plain collectives through shared memory "
+             "(%zu bytes, pieces of %zu bytes)%s",
+             (void *)c, c->rank, bytes, c->shm.slot_data,
+             chan != NULL ? "; gvqSend/gvqRecv too" : "");
     return gvqSuccess;
+}
+
+gvqResult_t gvq_comm_shm_at_init(gvqComm_t c) {
+    gvq_shm_t *shm = NULL;
+    c->shm_channels = 1;
+    gvqResult_t res = gvq_comm_shm(c, &shm);
+    if (res != gvqSuccess)
+        GVQ_WARN("comm %p rank %d: setting up shared memory failed (%s)", (void *)c, c->rank,
+                 gvqGetErrorString(res));
+    return res;
 }

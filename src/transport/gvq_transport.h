@@ -24,6 +24,7 @@ typedef struct {
 } gvq_req_t;
 
 struct gvq_transport;
+typedef struct gvq_chan_set gvq_chan_set_t;
 
 typedef struct gvq_transport_ops {
     size_t size; /* sizeof(gvq_transport_ops_t), to catch tables built against another layout */
@@ -89,6 +90,11 @@ typedef struct gvq_transport {
      * The same on every rank (a rank that differs fails the signature agreement). */
     int one_host;
     const size_t *own_mem_bytes;
+    /* Point-to-point channels through shared memory (chan.c), set by the core when every rank
+     * maps them (NULL: none): messages on GVQ_TAG_P2P go there instead of through the
+     * transport's isend/irecv; gvq_xport_waitall and gvq_xport_cancelall tell their requests
+     * apart (gvq_chan_owns). */
+    gvq_chan_set_t *chan;
     void *impl;
 } gvq_transport_t;
 
@@ -124,6 +130,26 @@ gvqResult_t gvq_xport_iallgatherv_unsupported(struct gvq_transport *t, void *blo
 
 /* Cancel every active request of the array (error paths). */
 void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n);
+
+/* ---- shared-memory channels (chan.c) --------------------------------------------------------
+ * Memory of gvq_chan_bytes(nranks) that every rank maps, zeroed when made; per ordered pair of
+ * ranks a ring of GVQ_CHAN_DEPTH chunks of gvq_chan_chunk(nranks) bytes (128 KiB up to 4 ranks,
+ * 32 KiB beyond: about 8 MiB in all at 4 and at 8 ranks). Requests as the transports' (test
+ * until done; a message of another length than its receive fails it with gvqRemoteError); a
+ * cancelled transfer that had started marks its pair broken. */
+enum { GVQ_CHAN_DEPTH = 4 };
+static inline size_t gvq_chan_chunk(int nranks) {
+    return nranks <= 4 ? (size_t)128 << 10 : (size_t)32 << 10;
+}
+size_t gvq_chan_bytes(int nranks);
+gvq_chan_set_t *gvq_chan_attach(void *mem, int nranks, int rank);
+void gvq_chan_detach(gvq_chan_set_t *s);
+gvqResult_t gvq_chan_isend(gvq_chan_set_t *s, int peer, const void *buf, size_t bytes,
+                           gvq_req_t *req);
+gvqResult_t gvq_chan_irecv(gvq_chan_set_t *s, int peer, void *buf, size_t bytes, gvq_req_t *req);
+int gvq_chan_owns(const gvq_req_t *req);
+gvqResult_t gvq_chan_test(gvq_chan_set_t *s, gvq_req_t *req, int *done);
+void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req);
 
 /* Transports built into the library. */
 gvqResult_t gvq_inproc_world_create(int nranks, void **world);

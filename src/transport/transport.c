@@ -22,7 +22,10 @@ gvqResult_t gvq_xport_iallgatherv_unsupported(gvq_transport_t *t, void *blocks, 
 
 void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n) {
     for (int i = 0; i < n; i++)
-        if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
+        if (reqs[i].active && t->chan != NULL && gvq_chan_owns(&reqs[i]))
+            gvq_chan_cancel(t->chan, &reqs[i]);
+        else if (reqs[i].active)
+            t->ops->cancel(t, &reqs[i]);
 }
 
 static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_req_t *reqs, int n, gvqResult_t res) {
@@ -56,7 +59,9 @@ gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const 
         for (int i = 0; i < n; i++) {
             if (!reqs[i].active) continue;
             int done = 0;
-            gvqResult_t res = t->ops->test(t, &reqs[i], &done);
+            gvqResult_t res = t->chan != NULL && gvq_chan_owns(&reqs[i])
+                                  ? gvq_chan_test(t->chan, &reqs[i], &done)
+                                  : t->ops->test(t, &reqs[i], &done);
             if (res != gvqSuccess) { /* the transport warned with the facts */
                 GVQ_TRACE("%s: transfer with peer %d failed (%s)", what, reqs[i].peer,
                           gvqGetErrorString(res));

@@ -51,59 +51,87 @@ static void rank_mixed(gvqComm_t comm, int rank, int n, void *arg) {
         case 0: /* allreduce */
             s = malloc(cnt * 4);
             r = c.inplace ? s : malloc(cnt * 4);
-            for (size_t i = 0; i < cnt; i++) s[i] = val(rank, i);
+            for (size_t i = 0; i < cnt; i++)
+                s[i] = val(rank, i);
             res = gvqAllReduce(s, r, cnt, gvqFloat32, gvqSum, comm, NULL);
             for (size_t i = 0; i < cnt && !bad; i++) {
                 float w = 0;
-                for (int q = 0; q < n; q++) w += val(q, i);
-                if (r[i] != w) { bad = 1; EXPECT(0, "call %d allreduce rank %d [%zu] %g %g", ci, rank, i, r[i], w); }
+                for (int q = 0; q < n; q++)
+                    w += val(q, i);
+                if (r[i] != w) {
+                    bad = 1;
+                    EXPECT(0, "call %d allreduce rank %d [%zu] %g %g", ci, rank, i, r[i], w);
+                }
             }
             break;
         case 1: /* reduce */
             s = malloc(cnt * 4);
             r = c.inplace ? s : (rank == c.root ? malloc(cnt * 4) : NULL);
-            for (size_t i = 0; i < cnt; i++) s[i] = val(rank, i);
+            for (size_t i = 0; i < cnt; i++)
+                s[i] = val(rank, i);
             res = gvqReduce(s, r, cnt, gvqFloat32, gvqSum, c.root, comm, NULL);
             for (size_t i = 0; i < cnt && !bad && rank == c.root; i++) {
                 float w = 0;
-                for (int q = 0; q < n; q++) w += val(q, i);
-                if (r[i] != w) { bad = 1; EXPECT(0, "call %d reduce rank %d [%zu] %g %g", ci, rank, i, r[i], w); }
+                for (int q = 0; q < n; q++)
+                    w += val(q, i);
+                if (r[i] != w) {
+                    bad = 1;
+                    EXPECT(0, "call %d reduce rank %d [%zu] %g %g", ci, rank, i, r[i], w);
+                }
             }
             for (size_t i = 0; i < cnt && !bad && rank != c.root; i++)
-                if (s[i] != val(rank, i)) { bad = 1; EXPECT(0, "call %d reduce nonroot input changed", ci); }
+                if (s[i] != val(rank, i)) {
+                    bad = 1;
+                    EXPECT(0, "call %d reduce nonroot input changed", ci);
+                }
             break;
         case 2: /* broadcast */
             s = malloc(cnt * 4);
             r = c.inplace ? s : malloc(cnt * 4);
-            for (size_t i = 0; i < cnt; i++) s[i] = val(rank == c.root ? 100 : rank, i);
-            res = gvqBroadcast(rank == c.root || c.inplace ? s : NULL, r, cnt, gvqFloat32, c.root, comm, NULL);
+            for (size_t i = 0; i < cnt; i++)
+                s[i] = val(rank == c.root ? 100 : rank, i);
+            res = gvqBroadcast(rank == c.root || c.inplace ? s : NULL, r, cnt, gvqFloat32, c.root,
+                               comm, NULL);
             for (size_t i = 0; i < cnt && !bad; i++)
-                if (r[i] != val(100, i)) { bad = 1; EXPECT(0, "call %d bcast rank %d [%zu]", ci, rank, i); }
+                if (r[i] != val(100, i)) {
+                    bad = 1;
+                    EXPECT(0, "call %d bcast rank %d [%zu]", ci, rank, i);
+                }
             break;
         case 3: /* reducescatter */
             s = malloc(tot * 4);
-            for (size_t i = 0; i < tot; i++) s[i] = val(rank, i);
+            for (size_t i = 0; i < tot; i++)
+                s[i] = val(rank, i);
             r = c.inplace ? s + (size_t)rank * cnt : malloc(cnt * 4);
             res = gvqReduceScatter(s, r, cnt, gvqFloat32, gvqSum, comm, NULL);
             for (size_t i = 0; i < cnt && !bad; i++) {
                 float w = 0;
-                for (int q = 0; q < n; q++) w += val(q, (size_t)rank * cnt + i);
-                if (r[i] != w) { bad = 1; EXPECT(0, "call %d rs rank %d [%zu] %g %g", ci, rank, i, r[i], w); }
+                for (int q = 0; q < n; q++)
+                    w += val(q, (size_t)rank * cnt + i);
+                if (r[i] != w) {
+                    bad = 1;
+                    EXPECT(0, "call %d rs rank %d [%zu] %g %g", ci, rank, i, r[i], w);
+                }
             }
             if (c.inplace) r = s;
             break;
         case 4: /* allgather */
             r = malloc(tot * 4);
             s = c.inplace ? r + (size_t)rank * cnt : malloc(cnt * 4);
-            for (size_t i = 0; i < cnt; i++) s[i] = val(rank, i);
+            for (size_t i = 0; i < cnt; i++)
+                s[i] = val(rank, i);
             res = gvqAllGather(s, r, cnt, gvqFloat32, comm, NULL);
             for (int q = 0; q < n && !bad; q++)
                 for (size_t i = 0; i < cnt && !bad; i++)
-                    if (r[(size_t)q * cnt + i] != val(q, i)) { bad = 1; EXPECT(0, "call %d ag rank %d blk %d [%zu]", ci, rank, q, i); }
+                    if (r[(size_t)q * cnt + i] != val(q, i)) {
+                        bad = 1;
+                        EXPECT(0, "call %d ag rank %d blk %d [%zu]", ci, rank, q, i);
+                    }
             if (c.inplace) s = r;
             break;
         }
-        EXPECT(res == gvqSuccess, "call %d kind %d rank %d: %s", ci, c.kind, rank, gvqGetErrorString(res));
+        EXPECT(res == gvqSuccess, "call %d kind %d rank %d: %s", ci, c.kind, rank,
+               gvqGetErrorString(res));
         if (r != s) free(r);
         free(s);
     }
@@ -115,8 +143,10 @@ static void rank_mismatch(gvqComm_t comm, int rank, int n, void *arg) {
     (void)n;
     size_t cnt = 400000;
     float *s = malloc(cnt * 4), *r = malloc(cnt * 4 * 5);
-    for (size_t i = 0; i < cnt; i++) s[i] = 1.0f;
-    for (size_t i = 0; i < cnt * 5; i++) r[i] = -7.0f;
+    for (size_t i = 0; i < cnt; i++)
+        s[i] = 1.0f;
+    for (size_t i = 0; i < cnt * 5; i++)
+        r[i] = -7.0f;
     for (int kind = 0; kind < 5; kind++) {
         size_t c = rank == 0 ? cnt : cnt - 1;
         gvqResult_t res = gvqSuccess;
@@ -128,7 +158,10 @@ static void rank_mismatch(gvqComm_t comm, int rank, int n, void *arg) {
         EXPECT(res != gvqSuccess, "mismatch kind %d rank %d succeeded", kind, rank);
         int bad = 0;
         for (size_t i = 0; i < cnt * 5 && !bad; i++)
-            if (r[i] != -7.0f) { bad = 1; EXPECT(0, "mismatch kind %d rank %d wrote output [%zu]", kind, rank, i); }
+            if (r[i] != -7.0f) {
+                bad = 1;
+                EXPECT(0, "mismatch kind %d rank %d wrote output [%zu]", kind, rank, i);
+            }
     }
     float a = 1, b = 0;
     EXPECT_RES(gvqAllReduce(&a, &b, 1, gvqFloat32, gvqSum, comm, NULL), gvqSuccess);
@@ -153,7 +186,8 @@ int main(void) {
             seed_skew = (unsigned)rep * 13u + (unsigned)n;
             gvq_test_run(n, &cfg, rank_mixed, NULL);
         }
-    for (int n = 2; n <= 4; n++) gvq_test_run(n, &cfg, rank_mismatch, NULL);
+    for (int n = 2; n <= 4; n++)
+        gvq_test_run(n, &cfg, rank_mismatch, NULL);
     gvq_select_override(NULL);
     return gvq_test_finish("test_shm_mixed");
 }

@@ -1,0 +1,265 @@
+/*
+ * chan.c -- point-to-point messages through memory that every rank of a communicator maps
+ * (ranks on one host; the core makes the memory). One channel per ordered pair of ranks, a ring
+ * of CHAN_DEPTH chunks:
+ *
+ *   channel s -> d:  [head: chunks written, by s] [tail: chunks read, by d] [chunk] x DEPTH
+ *   chunk:           [the message's total bytes, this chunk's offset and length] [<= chunk]
+ *
+ *   sender:    while its message has bytes left and head - tail < DEPTH:
+ *                write chunk head % DEPTH, then head + 1 (release)
+ *   receiver:  while tail < head (acquire): copy chunk tail % DEPTH out, then tail + 1
+ *
+ * Messages of a pair match in the order posted: per peer a queue of sends and one of receives,
+ * and only a queue's head moves. A send is complete once its last chunk is written (the
+ * caller's buffer is not read after that: the same promise as the MPI transport's staged
+ * sends, without MPI's copy), a receive once its last chunk is read. A message of another
+ * length than its receive's is read to its end and the receive fails with gvqRemoteError (as
+ * the MPI transport's), so the pair stays in step. A transfer cancelled halfway (timeout,
+ * abort) leaves its channel out of step: the pair is marked broken and its later transfers
+ * fail at once.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gvq_transport.h"
+
+enum { LINE = 64, CHAN_MAGIC = 0x6368616e };
+
+typedef struct {
+    uint64_t total, off, len, pad;
+} chunk_hdr_t;
+
+static size_t stride_for(int nranks) {
+    return sizeof(chunk_hdr_t) + gvq_chan_chunk(nranks);
+}
+
+static size_t chan_bytes_for(int nranks) {
+    return 2 * (size_t)LINE + (size_t)GVQ_CHAN_DEPTH * stride_for(nranks);
+}
+
+typedef struct chan_op {
+    struct chan_op *next;
+    int send, peer;
+    const char *sbuf;
+    char *rbuf;
+    size_t bytes; /* the transfer's length (a receive's expected length) */
+    size_t total; /* receive: the message's length, known at its first chunk */
+    size_t at;    /* bytes moved */
+    int started, done;
+    gvqResult_t res;
+} chan_op_t;
+
+struct gvq_chan_set {
+    char *mem;
+    int nranks, rank;
+    size_t chunk, stride, chan_bytes; /* gvq_chan_chunk(nranks) and what follows from it */
+    chan_op_t **sendq, **recvq; /* per peer */
+    char *broken;               /* per peer: a pair out of step */
+};
+
+size_t gvq_chan_bytes(int nranks) {
+    return (size_t)nranks * (size_t)nranks * chan_bytes_for(nranks);
+}
+
+gvq_chan_set_t *gvq_chan_attach(void *mem, int nranks, int rank) {
+    gvq_chan_set_t *s = calloc(1, sizeof *s);
+    if (s == NULL) return NULL;
+    s->sendq = calloc((size_t)nranks, sizeof *s->sendq);
+    s->recvq = calloc((size_t)nranks, sizeof *s->recvq);
+    s->broken = calloc((size_t)nranks, 1);
+    if (s->sendq == NULL || s->recvq == NULL || s->broken == NULL) {
+        gvq_chan_detach(s);
+        return NULL;
+    }
+    s->mem = mem;
+    s->nranks = nranks;
+    s->rank = rank;
+    s->chunk = gvq_chan_chunk(nranks);
+    s->stride = stride_for(nranks);
+    s->chan_bytes = chan_bytes_for(nranks);
+    return s;
+}
+
+void gvq_chan_detach(gvq_chan_set_t *s) {
+    if (s == NULL) return;
+    for (int p = 0; s->sendq != NULL && s->recvq != NULL && p < s->nranks; p++) {
+        for (chan_op_t *o = s->sendq[p], *n; o != NULL; o = n) {
+            n = o->next;
+            free(o);
+        }
+        for (chan_op_t *o = s->recvq[p], *n; o != NULL; o = n) {
+            n = o->next;
+            free(o);
+        }
+    }
+    free(s->sendq);
+    free(s->recvq);
+    free(s->broken);
+    free(s);
+}
+
+static char *channel(const gvq_chan_set_t *s, int from, int to) {
+    return s->mem + ((size_t)from * (size_t)s->nranks + (size_t)to) * s->chan_bytes;
+}
+
+static uint64_t *head_of(char *ch) {
+    return (uint64_t *)ch;
+}
+
+static uint64_t *tail_of(char *ch) {
+    return (uint64_t *)(ch + LINE);
+}
+
+static char *chunk_at(const gvq_chan_set_t *s, char *ch, uint64_t i) {
+    return ch + 2 * LINE + (size_t)(i % GVQ_CHAN_DEPTH) * s->stride;
+}
+
+/* Write what the channel has room for of the queue's head send. */
+static void send_step(gvq_chan_set_t *s, chan_op_t *o) {
+    char *ch = channel(s, s->rank, o->peer);
+    uint64_t h = __atomic_load_n(head_of(ch), __ATOMIC_RELAXED); /* written by this rank only */
+    while (!o->done && h - __atomic_load_n(tail_of(ch), __ATOMIC_ACQUIRE) < GVQ_CHAN_DEPTH) {
+        size_t len = GVQ_MIN(s->chunk, o->bytes - o->at);
+        chunk_hdr_t hdr = {o->bytes, o->at, len, 0};
+        char *c = chunk_at(s, ch, h);
+        if (len > 0) memcpy(c + sizeof hdr, o->sbuf + o->at, len);
+        memcpy(c, &hdr, sizeof hdr);
+        __atomic_store_n(head_of(ch), ++h, __ATOMIC_RELEASE);
+        o->started = 1;
+        o->at += len;
+        o->done = o->at == o->bytes; /* a message of 0 bytes is one empty chunk */
+    }
+}
+
+/* Read what has come of the queue's head receive. */
+static void recv_step(gvq_chan_set_t *s, chan_op_t *o) {
+    char *ch = channel(s, o->peer, s->rank);
+    uint64_t t = __atomic_load_n(tail_of(ch), __ATOMIC_RELAXED); /* written by this rank only */
+    while (!o->done && __atomic_load_n(head_of(ch), __ATOMIC_ACQUIRE) != t) {
+        const char *c = chunk_at(s, ch, t);
+        chunk_hdr_t hdr;
+        memcpy(&hdr, c, sizeof hdr);
+        if (!o->started) {
+            o->started = 1;
+            o->total = (size_t)hdr.total;
+            if (o->total != o->bytes) {
+                GVQ_WARN("shm channel: the message from peer %d has %zu bytes, this rank's "
+                         "receive expects %zu (mismatched calls on the ranks?); it was discarded",
+                         o->peer, o->total, o->bytes);
+                o->res = gvqRemoteError;
+            }
+        }
+        if (hdr.off != o->at || hdr.len > s->chunk || hdr.off + hdr.len > o->total) {
+            GVQ_WARN("shm channel: a chunk from peer %d is out of step (offset %llu, length %llu "
+                     "in a message of %zu bytes)",
+                     o->peer, (unsigned long long)hdr.off, (unsigned long long)hdr.len, o->total);
+            s->broken[o->peer] = 1;
+            o->res = gvqRemoteError;
+            o->done = 1;
+            return;
+        }
+        if (o->res == gvqSuccess && hdr.len > 0)
+            memcpy(o->rbuf + hdr.off, c + sizeof hdr, (size_t)hdr.len);
+        __atomic_store_n(tail_of(ch), ++t, __ATOMIC_RELEASE);
+        o->at += (size_t)hdr.len;
+        o->done = o->at == o->total;
+    }
+}
+
+/* Move the queue of o's kind and peer as far as it goes; finished heads leave the queue (they
+ * are freed when their request is tested). */
+static void progress(gvq_chan_set_t *s, int send, int peer) {
+    chan_op_t **q = send ? &s->sendq[peer] : &s->recvq[peer];
+    while (*q != NULL) {
+        chan_op_t *o = *q;
+        if (s->broken[peer]) {
+            o->res = gvqRemoteError;
+            o->done = 1;
+        } else if (send) {
+            send_step(s, o);
+        } else {
+            recv_step(s, o);
+        }
+        if (!o->done) return;
+        *q = o->next;
+        o->next = NULL;
+    }
+}
+
+static gvqResult_t post(gvq_chan_set_t *s, int send, int peer, const void *sbuf, void *rbuf,
+                        size_t bytes, gvq_req_t *req) {
+    if (peer < 0 || peer >= s->nranks) return gvqInternalError;
+    chan_op_t *o = calloc(1, sizeof *o);
+    if (o == NULL) return gvqSystemError;
+    o->send = send;
+    o->peer = peer;
+    o->sbuf = sbuf;
+    o->rbuf = rbuf;
+    o->bytes = bytes;
+    chan_op_t **q = send ? &s->sendq[peer] : &s->recvq[peer];
+    while (*q != NULL)
+        q = &(*q)->next;
+    *q = o;
+    memset(req->handle, 0, sizeof req->handle);
+    memcpy(req->handle, &o, sizeof o);
+    req->handle[1] = CHAN_MAGIC;
+    req->peer = peer;
+    req->bytes = bytes;
+    req->active = 1;
+    progress(s, send, peer); /* a short message may go at once */
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_chan_isend(gvq_chan_set_t *s, int peer, const void *buf, size_t bytes,
+                           gvq_req_t *req) {
+    return post(s, 1, peer, buf, NULL, bytes, req);
+}
+
+gvqResult_t gvq_chan_irecv(gvq_chan_set_t *s, int peer, void *buf, size_t bytes, gvq_req_t *req) {
+    return post(s, 0, peer, NULL, buf, bytes, req);
+}
+
+int gvq_chan_owns(const gvq_req_t *req) {
+    return req->handle[1] == CHAN_MAGIC;
+}
+
+static chan_op_t *op_of(const gvq_req_t *req) {
+    chan_op_t *o;
+    memcpy(&o, req->handle, sizeof o);
+    return o;
+}
+
+/* Every queue moves on any test, as MPI's progress moves every transfer: a caller waiting for
+ * one request (a send that fills its channel) must still drain the channels its peer fills,
+ * or both wait on each other. */
+static void progress_all(gvq_chan_set_t *s) {
+    for (int p = 0; p < s->nranks; p++) {
+        if (s->recvq[p] != NULL) progress(s, 0, p);
+        if (s->sendq[p] != NULL) progress(s, 1, p);
+    }
+}
+
+gvqResult_t gvq_chan_test(gvq_chan_set_t *s, gvq_req_t *req, int *done) {
+    chan_op_t *o = op_of(req);
+    if (!o->done) progress_all(s);
+    *done = o->done;
+    if (!o->done) return gvqSuccess;
+    gvqResult_t res = o->res;
+    free(o);
+    req->active = 0;
+    return res;
+}
+
+void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req) {
+    chan_op_t *o = op_of(req);
+    if (!o->done) { /* still queued: unlink it */
+        chan_op_t **q = o->send ? &s->sendq[o->peer] : &s->recvq[o->peer];
+        while (*q != NULL && *q != o)
+            q = &(*q)->next;
+        if (*q == o) *q = o->next;
+        if (o->started) s->broken[o->peer] = 1; /* halfway: the pair is out of step */
+    }
+    free(o);
+    req->active = 0;
+}
