@@ -54,8 +54,8 @@ struct gvq_chan_set {
     char *mem;
     int nranks, rank;
     size_t chunk, stride, chan_bytes; /* gvq_chan_chunk(nranks) and what follows from it */
-    chan_op_t **sendq, **recvq; /* per peer */
-    char *broken;               /* per peer: a pair out of step */
+    chan_op_t **sendq, **recvq;       /* per peer */
+    char *broken;                     /* per peer: a pair out of step */
 };
 
 size_t gvq_chan_bytes(int nranks) {

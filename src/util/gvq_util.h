@@ -87,92 +87,93 @@ int gvq_thread_may_sleep(void);
  * names in `choices`; its value is the name's index), TEXT (a string, gvq_param_text; empty
  * when unset). A value that does not parse is reported at WARN and the default used. Logging
  * (GVQ_DEBUG, GVQ_DEBUG_FILE) sits below this table and reads its own two variables. */
-#define GVQ_PARAM_LIST(X)                                                                       \
-    X(TIMEOUT_MS, "GVQ_TIMEOUT_MS", UINT, 600000, NULL,                                         \
-      "a transfer that makes no progress for this many ms fails with gvqTimeout (0: never)")    \
-    X(CHUNK_BYTES, "GVQ_CHUNK_BYTES", UINT, 1 << 20, NULL,                                      \
-      "ring and chain pipeline chunk size in bytes")                                            \
-    X(ALGO, "GVQ_ALGO", TEXT, 0, NULL,                                                          \
-      "algorithm of the plain collectives, as NCCL_ALGO: ring, rd (recursive doubling; "        \
-      "allgather: Bruck), rab (Rabenseifner), tree (binomial broadcast/reduce), direct "        \
-      "(allreduce/allgather forwarding from library memory), shm (every plain collective on "   \
-      "one host through shared memory, GVQ_SHM) or auto (the measured table, "                  \
-      "src/core/select.c), for all or per collective, e.g. "                                    \
-      "'allreduce=rd,broadcast=tree' (allreduce, broadcast, reduce, reducescatter, "            \
-      "allgather)")                                                                             \
-    X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", UINT, 1 << 18, NULL,                          \
-      "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")       \
-    X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                               \
-      "polls of an unfinished transfer before the waiting thread yields the core")              \
-    X(TRAIN_BUCKET_BYTES, "GVQ_TRAIN_BUCKET_BYTES", UINT, 262144, NULL,                         \
-      "the training layer's default bucketBytes: plain tensors below it are fused into "        \
-      "buckets of up to that size (0: no fusion)")                                              \
-    X(TRAIN_FUSE_COMPRESSED, "GVQ_TRAIN_FUSE_COMPRESSED", UINT, 1, NULL,                        \
-      "1: the training layer aggregates its tracked-basis GradiVeQ tensors in one grouped "     \
-      "call (three rings a step) once the last is ready; 0: each when it is ready")             \
-    X(PIPE_RMSE, "GVQ_PIPE_RMSE", UINT, 0, NULL,                                                \
-      "1: DualPipe and SpecTrain stages keep their tasks' weights until the target version is " \
-      "reached, for gvqPipeGetStats' RMSE (4S + 4 weight copies, twice with SpecTrain)")        \
-    X(PROGRESS_SLEEP_US, "GVQ_PROGRESS_SLEEP_US", UINT, 50, NULL,                               \
-      "a host stream's progress thread waiting on the network sleeps this many microseconds "   \
-      "between its rounds of polls, leaving the core to the caller's compute (0: it yields)")   \
-    X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", UINT, 0, NULL,                                      \
-      "TCP port of the bootstrap root (0: any free port)")                                      \
-    X(SPARSE_ALLGATHERV, "GVQ_SPARSE_ALLGATHERV", UINT, 0, NULL,                                \
-      "sparse allgatherv transfer: 0 gvq's pipelined ring, 1 the transport's own "              \
-      "(MPI_Iallgatherv; the ring where the transport has none)")                               \
-    X(NCCL, "GVQ_NCCL", UINT, 1, NULL,                                                          \
-      "collectives on CUDA buffers run on NCCL when built in (0: staged through host memory)")  \
-    X(CUDA_BUFFERS, "GVQ_CUDA_BUFFERS", UINT, 1, NULL,                                          \
-      "look for CUDA buffers (cudaPointerGetAttributes, which creates a CUDA context on the "   \
-      "current GPU); 0: every buffer is host memory and CUDA is never touched")                 \
-    X(NCCL_RING, "GVQ_NCCL_RING", UINT, 1, NULL,                                                \
-      "device-resident compressed rings on CUDA buffers run over NCCL sends and receives "      \
-      "when NCCL is up (0: their wire is staged through host memory over MPI)")                 \
-    X(DEVICE_CODECS, "GVQ_DEVICE_CODECS", UINT, 1, NULL,                                        \
-      "compressed allreduce on device buffers runs the device's codecs, only the wire staged "  \
-      "through host memory (0: the whole buffers are staged and the host codecs run)")          \
-    X(CODEC, "GVQ_CODEC", CHOICE, 0, "none,gradiveq,qsgd,powersgd,auto",                        \
-      "zero-code mode: plain float sum/avg gvqAllReduce calls run through compressors made "    \
-      "per (recvbuff, count): this codec for the whole buffer or every conv/fc layer of a "     \
-      "layout; auto: per layer kind with a layout, QSGD 4-bit without (index = gvqCodec_t; "    \
-      "auto = 4)")                                                                              \
-    X(GRADIVEQ_EPS, "GVQ_GRADIVEQ_EPS", REAL, -1, NULL,                                         \
-      "zero-code mode: GradiVeQ's lossThreshold (-1: the config's default)")                    \
-    X(GRADIVEQ_VOTE, "GVQ_GRADIVEQ_VOTE", REAL, -1, NULL,                                       \
-      "zero-code mode: GradiVeQ's voteThreshold (-1: 1, no early exit in zero-code mode)")      \
-    X(GRADIVEQ_BASIS, "GVQ_GRADIVEQ_BASIS", CHOICE, 0, "fit,track",                             \
-      "zero-code mode: GradiVeQ's basisUpdate (fit: sampling phases, the paper; track: a "      \
-      "power iteration every call, gvqBasisTrack)")                                             \
-    X(INTEGER_BITS, "GVQ_INTEGER_BITS", CHOICE, 0, "0,8,16",                                    \
-      "zero-code mode: integerBits of QSGD and of the tracked GradiVeQ basis (0: float sums)")  \
-    X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL,    \
-      "zero-code mode: GradiVeQ's sampleSlices (unset: 64 spread over each reuse group)")       \
-    X(LAYOUT, "GVQ_LAYOUT", TEXT, 0, NULL,                                                      \
-      "zero-code mode: the layers of a flat buffer, "                                           \
-      "'conv:OFFSET:KxDxHxW,fc:OFFSET:OUTxIN,other:OFFSET:COUNT[,count:COUNT]' "                \
-      "(gvqCommSetLayoutString's syntax; a malformed entry fails the zero-code calls)")         \
-    X(LAYOUT_MIN_COUNT, "GVQ_LAYOUT_MIN_COUNT", UINT, 4096, NULL,                               \
-      "zero-code mode: layout layers with fewer elements join the plain allreduce")             \
-    X(POWER_RANK, "GVQ_POWER_RANK", UINT, 4, NULL,                                              \
-      "zero-code mode: PowerSGD's rank r (clamped to the matrix's smaller side)")               \
-    X(CODEC_CONV, "GVQ_CODEC_CONV", CHOICE, 0, "default,none,gradiveq,qsgd,powersgd",           \
-      "zero-code mode: codec of a layout's conv layers (default: GVQ_CODEC's rule)")            \
-    X(CODEC_FC, "GVQ_CODEC_FC", CHOICE, 0, "default,none,gradiveq,qsgd,powersgd",               \
-      "zero-code mode: codec of a layout's fc layers (default: GVQ_CODEC's rule)")              \
-    X(STATS_EVERY, "GVQ_STATS_EVERY", UINT, 100, NULL,                                          \
-      "zero-code mode: rank 0 logs the compression statistics at INFO every this many "         \
-      "zero-code calls (0: never)")                                                             \
-    X(SEND_COPY, "GVQ_SEND_COPY", UINT, 1, NULL,                                                \
-      "MPI transport: 1 copies every send from the caller's memory into library memory, so "    \
-      "no transfer reads it after a call failed; 0 sends in place (faster at large sizes; "     \
-      "after a failure MPI may still read the caller's buffers until the process exits)")       \
-    X(SHM, "GVQ_SHM", UINT, 1, NULL,                                                            \
-      "ranks on one host: 1 maps a shared memory segment per communicator for the call "        \
-      "agreement and every plain collective (shared slots instead of "                          \
-      "messages); 0 on any rank: messages only")                                                \
-    X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                        \
-      "network interface whose IPv4 address the bootstrap root listens on (unset: the first "   \
+#define GVQ_PARAM_LIST(X)                                                                         \
+    X(TIMEOUT_MS, "GVQ_TIMEOUT_MS", UINT, 600000, NULL,                                           \
+      "a transfer that makes no progress for this many ms fails with gvqTimeout (0: never)")      \
+    X(CHUNK_BYTES, "GVQ_CHUNK_BYTES", UINT, 1 << 20, NULL,                                        \
+      "ring and chain pipeline chunk size in bytes")                                              \
+    X(ALGO, "GVQ_ALGO", TEXT, 0, NULL,                                                            \
+      "algorithm of the plain collectives, as NCCL_ALGO: ring, rd (recursive doubling; "          \
+      "allgather: Bruck), rab (Rabenseifner), tree (binomial broadcast/reduce), direct "          \
+      "(allreduce/allgather forwarding from library memory), shm (every plain collective on "     \
+      "one host through shared memory, GVQ_SHM) or auto (the measured table, "                    \
+      "src/core/select.c), for all or per collective, e.g. "                                      \
+      "'allreduce=rd,broadcast=tree' (allreduce, broadcast, reduce, reducescatter, "              \
+      "allgather)")                                                                               \
+    X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", UINT, 1 << 18, NULL,                            \
+      "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")         \
+    X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                                 \
+      "polls of an unfinished transfer before the waiting thread yields the core")                \
+    X(TRAIN_BUCKET_BYTES, "GVQ_TRAIN_BUCKET_BYTES", UINT, 262144, NULL,                           \
+      "the training layer's default bucketBytes: plain tensors below it are fused into "          \
+      "buckets of up to that size (0: no fusion)")                                                \
+    X(TRAIN_FUSE_COMPRESSED, "GVQ_TRAIN_FUSE_COMPRESSED", UINT, 1, NULL,                          \
+      "1: the training layer aggregates its tracked-basis GradiVeQ tensors in one grouped "       \
+      "call (three rings a step) once the last is ready; 0: each when it is ready")               \
+    X(PIPE_RMSE, "GVQ_PIPE_RMSE", UINT, 0, NULL,                                                  \
+      "1: DualPipe and SpecTrain stages keep their tasks' weights until the target version is "   \
+      "reached, for gvqPipeGetStats' RMSE (4S + 4 weight copies, twice with SpecTrain)")          \
+    X(PROGRESS_SLEEP_US, "GVQ_PROGRESS_SLEEP_US", UINT, 50, NULL,                                 \
+      "a host stream's progress thread waiting on the network sleeps this many microseconds "     \
+      "between its rounds of polls, leaving the core to the caller's compute (0: it yields)")     \
+    X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", UINT, 0, NULL,                                        \
+      "TCP port of the bootstrap root (0: any free port)")                                        \
+    X(SPARSE_ALLGATHERV, "GVQ_SPARSE_ALLGATHERV", UINT, 0, NULL,                                  \
+      "sparse allgatherv transfer: 0 gvq's pipelined ring, 1 the transport's own "                \
+      "(MPI_Iallgatherv; the ring where the transport has none)")                                 \
+    X(NCCL, "GVQ_NCCL", UINT, 1, NULL,                                                            \
+      "collectives on CUDA buffers run on NCCL when built in (0: staged through host memory)")    \
+    X(CUDA_BUFFERS, "GVQ_CUDA_BUFFERS", UINT, 1, NULL,                                            \
+      "look for CUDA buffers (cudaPointerGetAttributes, which creates a CUDA context on the "     \
+      "current GPU); 0: every buffer is host memory and CUDA is never touched")                   \
+    X(NCCL_RING, "GVQ_NCCL_RING", UINT, 1, NULL,                                                  \
+      "device-resident compressed rings on CUDA buffers run over NCCL sends and receives "        \
+      "when NCCL is up (0: their wire is staged through host memory over MPI)")                   \
+    X(DEVICE_CODECS, "GVQ_DEVICE_CODECS", UINT, 1, NULL,                                          \
+      "compressed allreduce on device buffers runs the device's codecs, only the wire staged "    \
+      "through host memory (0: the whole buffers are staged and the host codecs run)")            \
+    X(CODEC, "GVQ_CODEC", CHOICE, 0, "none,gradiveq,qsgd,powersgd,auto",                          \
+      "zero-code mode: plain float sum/avg gvqAllReduce calls run through compressors made "      \
+      "per (recvbuff, count): this codec for the whole buffer or every conv/fc layer of a "       \
+      "layout; auto: per layer kind with a layout, QSGD 4-bit without (index = gvqCodec_t; "      \
+      "auto = 4)")                                                                                \
+    X(GRADIVEQ_EPS, "GVQ_GRADIVEQ_EPS", REAL, -1, NULL,                                           \
+      "zero-code mode: GradiVeQ's lossThreshold (-1: the config's default)")                      \
+    X(GRADIVEQ_VOTE, "GVQ_GRADIVEQ_VOTE", REAL, -1, NULL,                                         \
+      "zero-code mode: GradiVeQ's voteThreshold (-1: 1, no early exit in zero-code mode)")        \
+    X(GRADIVEQ_BASIS, "GVQ_GRADIVEQ_BASIS", CHOICE, 0, "fit,track",                               \
+      "zero-code mode: GradiVeQ's basisUpdate (fit: sampling phases, the paper; track: a "        \
+      "power iteration every call, gvqBasisTrack)")                                               \
+    X(INTEGER_BITS, "GVQ_INTEGER_BITS", CHOICE, 0, "0,8,16",                                      \
+      "zero-code mode: integerBits of QSGD and of the tracked GradiVeQ basis (0: float sums)")    \
+    X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL,      \
+      "zero-code mode: GradiVeQ's sampleSlices (unset: 64 spread over each reuse group)")         \
+    X(LAYOUT, "GVQ_LAYOUT", TEXT, 0, NULL,                                                        \
+      "zero-code mode: the layers of a flat buffer, "                                             \
+      "'conv:OFFSET:KxDxHxW,fc:OFFSET:OUTxIN,other:OFFSET:COUNT[,count:COUNT]' "                  \
+      "(gvqCommSetLayoutString's syntax; a malformed entry fails the zero-code calls)")           \
+    X(LAYOUT_MIN_COUNT, "GVQ_LAYOUT_MIN_COUNT", UINT, 4096, NULL,                                 \
+      "zero-code mode: layout layers with fewer elements join the plain allreduce")               \
+    X(POWER_RANK, "GVQ_POWER_RANK", UINT, 4, NULL,                                                \
+      "zero-code mode: PowerSGD's rank r (clamped to the matrix's smaller side)")                 \
+    X(CODEC_CONV, "GVQ_CODEC_CONV", CHOICE, 0, "default,none,gradiveq,qsgd,powersgd",             \
+      "zero-code mode: codec of a layout's conv layers (default: GVQ_CODEC's rule)")              \
+    X(CODEC_FC, "GVQ_CODEC_FC", CHOICE, 0, "default,none,gradiveq,qsgd,powersgd",                 \
+      "zero-code mode: codec of a layout's fc layers (default: GVQ_CODEC's rule)")                \
+    X(STATS_EVERY, "GVQ_STATS_EVERY", UINT, 100, NULL,                                            \
+      "zero-code mode: rank 0 logs the compression statistics at INFO every this many "           \
+      "zero-code calls (0: never)")                                                               \
+    X(SEND_COPY, "GVQ_SEND_COPY", UINT, 1, NULL,                                                  \
+      "MPI transport: 1 copies every send from the caller's memory into library memory, so "      \
+      "no transfer reads it after a call failed; 0 sends in place (faster at large sizes; "       \
+      "after a failure MPI may still read the caller's buffers until the process exits)")         \
+    X(SHM, "GVQ_SHM", UINT, 1, NULL,                                                              \
+      "ranks on one host: 1 maps a shared memory segment per communicator for the call "          \
+      "agreement, every plain collective and gvqSend/gvqRecv (shared slots and channels instead " \
+      "of "                                                                                       \
+      "messages); 0 on any rank: messages only")                                                  \
+    X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                          \
+      "network interface whose IPv4 address the bootstrap root listens on (unset: the first "     \
       "non-loopback interface that is up)")
 
 typedef enum {

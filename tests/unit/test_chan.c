@@ -75,8 +75,8 @@ static void all_to_all(gvq_chan_set_t *s, int rank) {
             for (size_t i = 0; i < sizes[k]; i++)
                 bad += rbuf[p][k][i] != byte_of(p, rank, k, i);
             EXPECT(bad == 0 && rbuf[p][k][sizes[k]] == 0xee,
-                   "rank %d: message %d from %d (%zu bytes): %zu wrong bytes", rank, k, p,
-                   sizes[k], bad);
+                   "rank %d: message %d from %d (%zu bytes): %zu wrong bytes", rank, k, p, sizes[k],
+                   bad);
             free(sbuf[p][k]);
             free(rbuf[p][k]);
         }
