@@ -5,9 +5,9 @@
  *
  *   when:  at creation for gvqCommInitRank and gvqCommInitMPI (gvq_comm_shm_at_init: every
  *          rank a process of its own, all in the call at once), with the channels up to 8
- *          ranks; at the first collective for the in-process transport, without channels (its
- *          ranks are created one after another by one thread; and a gvqSend before the first
- *          collective and its gvqRecv after it must take the same path)
+ *          ranks when every rank sets GVQ_SHM_P2P=1 (agreed first); at the first collective for the
+ * in-process transport, without channels (its ranks are created one after another by one thread;
+ * and a gvqSend before the first collective and its gvqRecv after it must take the same path)
  *
  *   rank 0 creates a POSIX shared memory object (a fresh name, mode 0600; without the channels
  *          if there is no room for them)
@@ -109,14 +109,19 @@ gvqResult_t gvq_comm_shm(gvqComm_t c, gvq_shm_t **out) {
     memset(&msg, 0, sizeof msg);
     int want = gvq_param(GVQ_PARAM_SHM) != 0;
     void *base = NULL;
-    msg.channels = c->shm_channels && c->nranks <= CHANNELS_MAX_RANKS;
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
+    int32_t chan_ok = 0; /* channels only if every rank asks for them (GVQ_SHM_P2P) */
+    if (c->shm_channels && c->nranks <= CHANNELS_MAX_RANKS) {
+        chan_ok = want && gvq_param(GVQ_PARAM_SHM_P2P) != 0;
+        GVQCHECK(gvq_agree_i32(&ctx, &chan_ok, 1, gvqMin));
+    }
+    msg.channels = chan_ok;
     if (c->rank == 0 && want) { /* without the channels if there is no room for them */
         base = shm_make(msg.name, shm_bytes_for(c->nranks, msg.channels));
         if (base == NULL && msg.channels)
             base = shm_make(msg.name, shm_bytes_for(c->nranks, msg.channels = 0));
         msg.ok = base != NULL;
     }
-    gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
     gvqResult_t res = gvq_chain_broadcast(&ctx, &msg, &msg, sizeof msg, 0);
     msg.name[SHM_NAME - 1] = '\0';
     int channels = msg.channels != 0;
