@@ -3,7 +3,7 @@
  * (ranks on one host; the core makes the memory). One channel per ordered pair of ranks, a ring
  * of CHAN_DEPTH chunks:
  *
- *   channel s -> d:  [head: chunks written, by s] [tail: chunks read, by d] [chunk] x DEPTH
+ *   channel s -> d:  [head, gave up: by s] [tail, gave up: by d] [chunk] x DEPTH
  *   chunk:           [the message's total bytes, this chunk's offset and length] [<= chunk]
  *
  *   sender:    while its message has bytes left and head - tail < DEPTH:
@@ -16,8 +16,9 @@
  * sends, without MPI's copy), a receive once its last chunk is read. A message of another
  * length than its receive's is read to its end and the receive fails with gvqRemoteError (as
  * the MPI transport's), so the pair stays in step. A transfer cancelled halfway (timeout,
- * abort) leaves its channel out of step: the pair is marked broken and its later transfers
- * fail at once.
+ * abort) leaves its channel out of step: the pair is marked broken, its later transfers fail
+ * at once, and the rank says so in the channel (its "gave up" word), so that the peer's
+ * transfer on that channel fails at once too instead of waiting out its timeout.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +112,29 @@ static uint64_t *tail_of(char *ch) {
     return (uint64_t *)(ch + LINE);
 }
 
+/* Set by the sender (on the head's line) or the receiver (on the tail's) that cancelled a
+ * transfer of this channel halfway. */
+static uint64_t *sender_gave_up(char *ch) {
+    return (uint64_t *)ch + 1;
+}
+
+static uint64_t *receiver_gave_up(char *ch) {
+    return (uint64_t *)(ch + LINE) + 1;
+}
+
+/* The other end of o's channel gave up on it: o fails, the pair is out of step. */
+static int peer_gave_up(gvq_chan_set_t *s, chan_op_t *o, char *ch) {
+    if (!__atomic_load_n(o->send ? receiver_gave_up(ch) : sender_gave_up(ch), __ATOMIC_ACQUIRE))
+        return 0;
+    GVQ_WARN("shm channel: peer %d gave up a transfer with this rank (its call failed); this "
+             "rank's %s of %zu bytes fails",
+             o->peer, o->send ? "send" : "receive", o->bytes);
+    s->broken[o->peer] = 1;
+    o->res = gvqRemoteError;
+    o->done = 1;
+    return 1;
+}
+
 static char *chunk_at(const gvq_chan_set_t *s, char *ch, uint64_t i) {
     return ch + 2 * LINE + (size_t)(i % GVQ_CHAN_DEPTH) * s->stride;
 }
@@ -118,6 +142,7 @@ static char *chunk_at(const gvq_chan_set_t *s, char *ch, uint64_t i) {
 /* Write what the channel has room for of the queue's head send. */
 static void send_step(gvq_chan_set_t *s, chan_op_t *o) {
     char *ch = channel(s, s->rank, o->peer);
+    if (peer_gave_up(s, o, ch)) return;
     uint64_t h = __atomic_load_n(head_of(ch), __ATOMIC_RELAXED); /* written by this rank only */
     while (!o->done && h - __atomic_load_n(tail_of(ch), __ATOMIC_ACQUIRE) < GVQ_CHAN_DEPTH) {
         size_t len = GVQ_MIN(s->chunk, o->bytes - o->at);
@@ -135,6 +160,7 @@ static void send_step(gvq_chan_set_t *s, chan_op_t *o) {
 /* Read what has come of the queue's head receive. */
 static void recv_step(gvq_chan_set_t *s, chan_op_t *o) {
     char *ch = channel(s, o->peer, s->rank);
+    if (peer_gave_up(s, o, ch)) return;
     uint64_t t = __atomic_load_n(tail_of(ch), __ATOMIC_RELAXED); /* written by this rank only */
     while (!o->done && __atomic_load_n(head_of(ch), __ATOMIC_ACQUIRE) != t) {
         const char *c = chunk_at(s, ch, t);
@@ -258,7 +284,12 @@ void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req) {
         while (*q != NULL && *q != o)
             q = &(*q)->next;
         if (*q == o) *q = o->next;
-        if (o->started) s->broken[o->peer] = 1; /* halfway: the pair is out of step */
+        if (o->started) { /* halfway: the pair is out of step; the peer learns it at once */
+            s->broken[o->peer] = 1;
+            char *ch = o->send ? channel(s, s->rank, o->peer) : channel(s, o->peer, s->rank);
+            __atomic_store_n(o->send ? sender_gave_up(ch) : receiver_gave_up(ch), 1,
+                             __ATOMIC_RELEASE);
+        }
     }
     free(o);
     req->active = 0;
