@@ -35,10 +35,10 @@
 #include "gvq_algo.h"
 
 typedef struct {
-    uint64_t call;    /* the call number of what the slot holds (written last, release) */
+    uint64_t call; /* the call number of what the slot holds (written last, release) */
+    uint64_t len;  /* the vector's bytes; 0: the signature alone */
+    int64_t row[GVQ_SHM_MAX_FIELDS]; /* a call's packed signature (6 words) shares call's line */
     uint64_t reduced; /* large vectors: the call whose segment this rank has reduced in place */
-    uint64_t len;     /* the vector's bytes; 0: the signature alone */
-    int64_t row[GVQ_SHM_MAX_FIELDS];
 } shm_slot_t;
 
 _Static_assert(sizeof(shm_slot_t) <= GVQ_SHM_HEADER, "a slot's header fits GVQ_SHM_HEADER");

@@ -76,16 +76,21 @@ gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group) {
 }
 
 /* Enter a call on comm: it must be live, not aborted and not broken. A call from the caller's
- * thread first lets the calls queued on host streams for comm run (they were issued earlier). */
+ * thread first lets the calls queued on host streams for comm run (they were issued earlier),
+ * outside the lock. One lock when nothing is queued: every small collective passes here. */
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     gvqResult_t res = gvqSuccess;
-    if (!gvq_comm_is_live(comm)) return gvq_comm_refuse_dead(comm, fn);
-    gvq_stream_comm_settle(comm);
-    gvq_handles_lock(&live);
-    if (gvq_handles_find_locked(&live, comm) < 0) {
-        res = gvqInvalidArgument; /* destroyed by another thread just now */
-        GVQ_WARN("%s: comm %p is not a live communicator (destroyed?)", fn, (void *)comm);
-    } else if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
+    for (int settled = 0;; settled = 1) { /* once: later jobs are not this call's elders */
+        gvq_handles_lock(&live);
+        if (gvq_handles_find_locked(&live, comm) < 0) { /* destroyed, maybe by another thread */
+            gvq_handles_unlock(&live);
+            return gvq_comm_refuse_dead(comm, fn);
+        }
+        if (settled || gvq_stream_comm_settled(comm)) break;
+        gvq_handles_unlock(&live);
+        gvq_stream_comm_settle(comm);
+    }
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
         GVQ_WARN("%s: the communicator was aborted", fn);
         res = gvqInvalidUsage;
     } else if ((res = gvq_broken_get(&comm->broken)) != gvqSuccess) {

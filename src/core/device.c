@@ -37,12 +37,24 @@ void gvq_device_register(const gvq_device_ops_t *dev, int (*owns)(const void *p)
     extra_dev = owns != NULL ? dev : NULL;
 }
 
+#ifdef GVQ_WITH_CUDA
+/* Whether a buffer may be CUDA memory at all (GVQ_CUDA_BUFFERS and a device), asked once: every
+ * collective asks where its buffers live. */
+static int cuda_buffers_possible(void) {
+    static int possible = -1; /* -1: not asked yet; the same answer from every thread */
+    int v = __atomic_load_n(&possible, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = gvq_param(GVQ_PARAM_CUDA_BUFFERS) && gvq_cuda_device_count() > 0;
+        __atomic_store_n(&possible, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+#endif
+
 const gvq_device_ops_t *gvq_device_of(const void *p) {
     if (extra_dev != NULL && p != NULL && extra_owns(p)) return extra_dev;
 #ifdef GVQ_WITH_CUDA
-    if (p != NULL && gvq_param(GVQ_PARAM_CUDA_BUFFERS) && gvq_cuda_device_count() > 0 &&
-        gvq_cuda_is_device_ptr(p))
-        return &gvq_cuda_device;
+    if (p != NULL && cuda_buffers_possible() && gvq_cuda_is_device_ptr(p)) return &gvq_cuda_device;
 #endif
     (void)p;
     return &gvq_host_device;

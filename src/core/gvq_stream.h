@@ -34,5 +34,7 @@ void gvq_stream_comm_drain(gvqComm_t comm);
 /* The same from a caller's thread; a no-op on a progress thread (whose job holds comm's turn):
  * what every call that reads or writes state queued calls use does first. */
 void gvq_stream_comm_settle(gvqComm_t comm);
+/* Whether gvq_stream_comm_settle would return at once (one load each: the calls' fast path). */
+int gvq_stream_comm_settled(gvqComm_t comm);
 
 #endif /* GVQ_STREAM_H_ */

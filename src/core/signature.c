@@ -48,6 +48,41 @@ enum {
     F_N
 };
 
+/* On the wire a row is packed into W_N words, so that on shared memory it shares one cache line
+ * with the slot's call number: the call number, then the small fields a byte each (refusal
+ * first: it is compared right after the call number), the count, the root, the identity. A
+ * small field outside its byte (a refused call's bad datatype) travels as SMALL_OUT. */
+enum { W_CALL, W_SMALL, W_COUNT, W_ROOT, W_IDENTITY, W_N };
+enum { SMALL_OUT = 0xff };
+static const int small_field[] = {F_REFUSED, F_KIND, F_DTYPE, F_OP, F_DEVICE, F_ALGO};
+enum { SMALL_FIELDS = sizeof small_field / sizeof small_field[0] };
+_Static_assert(SMALL_FIELDS * 8 < 64, "the small fields leave the packed word's sign bit clear");
+
+static void pack_row(const int64_t *row, int64_t *w) {
+    uint64_t small = 0;
+    for (int i = 0; i < SMALL_FIELDS; i++) { /* -1 (none) and 0..253 as 0..254 */
+        int64_t v = row[small_field[i]] + 1;
+        small = small << 8 | (uint64_t)(v >= 0 && v < SMALL_OUT ? v : SMALL_OUT);
+    }
+    w[W_CALL] = row[F_CALL];
+    w[W_SMALL] = (int64_t)small;
+    w[W_COUNT] = row[F_COUNT];
+    w[W_ROOT] = row[F_ROOT];
+    w[W_IDENTITY] = row[F_IDENTITY];
+}
+
+static void unpack_row(const int64_t *w, int64_t *row) {
+    uint64_t small = (uint64_t)w[W_SMALL];
+    for (int i = SMALL_FIELDS - 1; i >= 0; i--, small >>= 8) {
+        int64_t v = (int64_t)(small & 0xffu);
+        row[small_field[i]] = v == SMALL_OUT ? INT32_MIN : v - 1;
+    }
+    row[F_CALL] = w[W_CALL];
+    row[F_COUNT] = w[W_COUNT];
+    row[F_ROOT] = w[W_ROOT];
+    row[F_IDENTITY] = w[W_IDENTITY];
+}
+
 static const char *kind_fn[] = {"gvqAllReduce",     "gvqBroadcast", "gvqReduce",
                                 "gvqReduceScatter", "gvqAllGather", "gvqAllReduceCompressed"};
 
@@ -109,19 +144,22 @@ gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t 
 gvqResult_t gvq_call_agree_allreduce(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig,
                                      const gvq_signed_payload_t *pay) {
     if (comm->nranks == 1 && pay == NULL) return sig->refused;
-    int64_t row[F_N], lo[F_N], hi[F_N];
+    int64_t row[F_N], lo[F_N], hi[F_N], w[W_N], wlo[W_N], whi[W_N];
     int lo_rank = 0, hi_rank = 0;
     gvq_shm_t *shm = NULL;
     GVQCHECK(gvq_comm_shm(comm, &shm));
     sig_row(comm, sig, row);
+    pack_row(row, w);
     gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
     if (shm != NULL)
-        GVQCHECK(gvq_shm_signed(&ctx, shm, row, F_N, lo, &lo_rank, hi, &hi_rank, pay));
+        GVQCHECK(gvq_shm_signed(&ctx, shm, w, W_N, wlo, &lo_rank, whi, &hi_rank, pay));
     else if (pay != NULL)
-        GVQCHECK(gvq_rd_signed(&ctx, row, F_N, lo, &lo_rank, hi, &hi_rank, pay));
+        GVQCHECK(gvq_rd_signed(&ctx, w, W_N, wlo, &lo_rank, whi, &hi_rank, pay));
     else
-        GVQCHECK(gvq_agree_extremes(&ctx, row, F_N, lo, &lo_rank, hi, &hi_rank));
+        GVQCHECK(gvq_agree_extremes(&ctx, w, W_N, wlo, &lo_rank, whi, &hi_rank));
     comm->calls++;
+    unpack_row(wlo, lo);
+    unpack_row(whi, hi);
     return judge(comm, fn, sig, lo, lo_rank, hi, hi_rank);
 }
 

@@ -108,6 +108,11 @@ void gvq_stream_comm_drain(gvqComm_t c) {
     gvq_thread_caller_blocked(-1);
 }
 
+int gvq_stream_comm_settled(gvqComm_t c) {
+    return on_progress_thread || __atomic_load_n(&c->stream_done, __ATOMIC_ACQUIRE) ==
+                                     __atomic_load_n(&c->stream_issued, __ATOMIC_ACQUIRE);
+}
+
 void gvq_stream_comm_settle(gvqComm_t c) {
     if (!on_progress_thread) gvq_stream_comm_drain(c);
 }
