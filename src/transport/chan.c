@@ -1,14 +1,18 @@
 /*
  * chan.c -- point-to-point messages through memory that every rank of a communicator maps
  * (ranks on one host; the core makes the memory). One channel per ordered pair of ranks, a ring
- * of CHAN_DEPTH chunks:
+ * of bytes (GVQ_CHAN_DEPTH x (chunk + 64)) holding records, each on whole 64-byte lines:
  *
- *   channel s -> d:  [head, gave up: by s] [tail, gave up: by d] [chunk] x DEPTH
- *   chunk:           [the message's total bytes, this chunk's offset and length] [<= chunk]
+ *   channel s -> d:  [head, gave up: by s] [tail, gave up: by d] [ring]
+ *   record:          [the message's total bytes, this part's offset and length] [<= chunk]
+ *                    (a "skip" record instead where the next one does not fit before the end)
  *
- *   sender:    while its message has bytes left and head - tail < DEPTH:
- *                write chunk head % DEPTH, then head + 1 (release)
- *   receiver:  while tail < head (acquire): copy chunk tail % DEPTH out, then tail + 1
+ *   sender:    while its message has bytes left and the ring has room (head - tail):
+ *                write a record of what fits at head % ring, then head + its size (release)
+ *   receiver:  while tail < head (acquire): copy the record at tail % ring out, then tail + size
+ *
+ * A small message takes its own size in the ring, not a chunk: a pair holds hundreds of them
+ * before its receiver posts anything, and they arrive without the sender's further help.
  *
  * Messages of a pair match in the order posted: per peer a queue of sends and one of receives,
  * and only a queue's head moves. A send is complete once its last chunk is written (the
@@ -19,6 +23,14 @@
  * abort) leaves its channel out of step: the pair is marked broken, its later transfers fail
  * at once, and the rank says so in the channel (its "gave up" word), so that the peer's
  * transfer on that channel fails at once too instead of waiting out its timeout.
+ *
+ * Eager sends: a send of at most EAGER_MAX bytes that does not fit the ring when posted is
+ * copied (EAGER_PAIR_MAX bytes per peer at most) and its request completes at once, as an MPI
+ * eager send's does; its chunks go on at every later progress of the channels (any transfer's
+ * test, any wait of a collective: gvq_chan_progress). So a rank may post many small blocking
+ * sends before its peer receives any. gvqCommDestroy flushes what is still copied (until the
+ * transport's timeout), then closes its channels ("closed" in both words): a peer's later
+ * transfer with it fails at once, but what is already in the ring is still received.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,17 +38,27 @@
 #include "gvq_transport.h"
 
 enum { LINE = 64, CHAN_MAGIC = 0x6368616e };
+enum { MIN_PART = 4096 }; /* a message is cut to the ring's room only into parts of this or more */
+#define SKIP \
+    UINT64_MAX /* a record's offset: nothing here, the next record is at the ring's start */
+enum { GAVE_UP = 1, CLOSED = 2 }; /* a gave-up word: a transfer cancelled halfway; destroyed */
+enum { EAGER_MAX = 64 << 10, EAGER_PAIR_MAX = 4 << 20 }; /* a send's bytes; a peer's, copied */
 
 typedef struct {
     uint64_t total, off, len, pad;
 } chunk_hdr_t;
 
-static size_t stride_for(int nranks) {
-    return sizeof(chunk_hdr_t) + gvq_chan_chunk(nranks);
+static size_t ring_for(int nranks) {
+    return (size_t)GVQ_CHAN_DEPTH * (gvq_chan_chunk(nranks) + LINE);
 }
 
 static size_t chan_bytes_for(int nranks) {
-    return 2 * (size_t)LINE + (size_t)GVQ_CHAN_DEPTH * stride_for(nranks);
+    return 2 * (size_t)LINE + ring_for(nranks);
+}
+
+/* A record's bytes in the ring: its header and payload on whole lines. */
+static size_t record_bytes(size_t len) {
+    return GVQ_DIV_UP(sizeof(chunk_hdr_t) + len, (size_t)LINE) * LINE;
 }
 
 typedef struct chan_op {
@@ -49,14 +71,18 @@ typedef struct chan_op {
     size_t at;    /* bytes moved */
     int started, done;
     gvqResult_t res;
+    char *copy; /* an eager send's bytes (sbuf points here) */
+    int orphan; /* an eager send whose request completed: its queue frees it */
 } chan_op_t;
 
 struct gvq_chan_set {
     char *mem;
     int nranks, rank;
-    size_t chunk, stride, chan_bytes; /* gvq_chan_chunk(nranks) and what follows from it */
-    chan_op_t **sendq, **recvq;       /* per peer */
-    char *broken;                     /* per peer: a pair out of step */
+    size_t chunk, ring, chan_bytes; /* gvq_chan_chunk(nranks) and what follows from it */
+    chan_op_t **sendq, **recvq;     /* per peer */
+    char *broken;                   /* per peer: a pair out of step */
+    size_t *held;                   /* per peer: bytes of eager sends copied, still queued */
+    size_t orphans;                 /* eager sends queued whose requests completed */
 };
 
 size_t gvq_chan_bytes(int nranks) {
@@ -69,7 +95,8 @@ gvq_chan_set_t *gvq_chan_attach(void *mem, int nranks, int rank) {
     s->sendq = calloc((size_t)nranks, sizeof *s->sendq);
     s->recvq = calloc((size_t)nranks, sizeof *s->recvq);
     s->broken = calloc((size_t)nranks, 1);
-    if (s->sendq == NULL || s->recvq == NULL || s->broken == NULL) {
+    s->held = calloc((size_t)nranks, sizeof *s->held);
+    if (s->sendq == NULL || s->recvq == NULL || s->broken == NULL || s->held == NULL) {
         gvq_chan_detach(s);
         return NULL;
     }
@@ -77,26 +104,41 @@ gvq_chan_set_t *gvq_chan_attach(void *mem, int nranks, int rank) {
     s->nranks = nranks;
     s->rank = rank;
     s->chunk = gvq_chan_chunk(nranks);
-    s->stride = stride_for(nranks);
+    s->ring = ring_for(nranks);
     s->chan_bytes = chan_bytes_for(nranks);
     return s;
 }
 
+/* An eager send's copy is released once its last chunk is in the ring (or it failed). */
+static void release_copy(gvq_chan_set_t *s, chan_op_t *o) {
+    if (o->copy == NULL) return;
+    s->held[o->peer] -= o->bytes;
+    free(o->copy);
+    o->copy = NULL;
+}
+
+static void op_free(gvq_chan_set_t *s, chan_op_t *o) {
+    release_copy(s, o);
+    if (o->orphan) s->orphans--;
+    free(o);
+}
+
 void gvq_chan_detach(gvq_chan_set_t *s) {
     if (s == NULL) return;
-    for (int p = 0; s->sendq != NULL && s->recvq != NULL && p < s->nranks; p++) {
+    for (int p = 0; s->sendq != NULL && s->recvq != NULL && s->held != NULL && p < s->nranks; p++) {
         for (chan_op_t *o = s->sendq[p], *n; o != NULL; o = n) {
             n = o->next;
-            free(o);
+            op_free(s, o);
         }
         for (chan_op_t *o = s->recvq[p], *n; o != NULL; o = n) {
             n = o->next;
-            free(o);
+            op_free(s, o);
         }
     }
     free(s->sendq);
     free(s->recvq);
     free(s->broken);
+    free(s->held);
     free(s);
 }
 
@@ -122,21 +164,52 @@ static uint64_t *receiver_gave_up(char *ch) {
     return (uint64_t *)(ch + LINE) + 1;
 }
 
-/* The other end of o's channel gave up on it: o fails, the pair is out of step. */
+/* The other end of o's channel gave up on it (or closed it, and a receive finds the ring
+ * empty): o fails, the pair is out of step. */
 static int peer_gave_up(gvq_chan_set_t *s, chan_op_t *o, char *ch) {
-    if (!__atomic_load_n(o->send ? receiver_gave_up(ch) : sender_gave_up(ch), __ATOMIC_ACQUIRE))
+    uint64_t w =
+        __atomic_load_n(o->send ? receiver_gave_up(ch) : sender_gave_up(ch), __ATOMIC_ACQUIRE);
+    if (w == 0) return 0;
+    if (w == CLOSED && !o->send && /* what the sender wrote before it closed is still read */
+        __atomic_load_n(head_of(ch), __ATOMIC_ACQUIRE) != *tail_of(ch))
         return 0;
-    GVQ_WARN("shm channel: peer %d gave up a transfer with this rank (its call failed); this "
-             "rank's %s of %zu bytes fails",
-             o->peer, o->send ? "send" : "receive", o->bytes);
+    if (w == CLOSED)
+        GVQ_WARN("shm channel: peer %d destroyed its communicator; this rank's %s of %zu bytes "
+                 "with it fails",
+                 o->peer, o->send ? "send" : "receive", o->bytes);
+    else
+        GVQ_WARN("shm channel: peer %d gave up a transfer with this rank (its call failed); this "
+                 "rank's %s of %zu bytes fails",
+                 o->peer, o->send ? "send" : "receive", o->bytes);
     s->broken[o->peer] = 1;
     o->res = gvqRemoteError;
     o->done = 1;
     return 1;
 }
 
-static char *chunk_at(const gvq_chan_set_t *s, char *ch, uint64_t i) {
-    return ch + 2 * LINE + (size_t)(i % GVQ_CHAN_DEPTH) * s->stride;
+static char *record_at(const gvq_chan_set_t *s, char *ch, uint64_t pos) {
+    return ch + 2 * LINE + (size_t)(pos % s->ring);
+}
+
+typedef enum { PART_WRITE, PART_SKIP, PART_WAIT } part_t;
+
+/* What comes next of a message with `left` bytes to go, where `room` bytes of the ring are free
+ * and `to_end` of them lie before its end (both whole lines): a record of *len bytes (all that
+ * is left, up to a chunk, or a part of at least MIN_PART that fits), a skip record to the
+ * ring's start, or a wait for the receiver to free room. */
+static part_t next_part(const gvq_chan_set_t *s, size_t left, size_t room, size_t to_end,
+                        size_t *len) {
+    size_t want = GVQ_MIN(s->chunk, left), here = GVQ_MIN(room, to_end);
+    if (here == 0) return PART_WAIT; /* the ring is full */
+    if (record_bytes(want) <= here) {
+        *len = want;
+        return PART_WRITE;
+    }
+    if (here - sizeof(chunk_hdr_t) >= MIN_PART) { /* the part that fits: the rest follows */
+        *len = here - sizeof(chunk_hdr_t);
+        return PART_WRITE;
+    }
+    return to_end < room ? PART_SKIP : PART_WAIT; /* at the end, the room is at the start */
 }
 
 /* Write what the channel has room for of the queue's head send. */
@@ -144,16 +217,23 @@ static void send_step(gvq_chan_set_t *s, chan_op_t *o) {
     char *ch = channel(s, s->rank, o->peer);
     if (peer_gave_up(s, o, ch)) return;
     uint64_t h = __atomic_load_n(head_of(ch), __ATOMIC_RELAXED); /* written by this rank only */
-    while (!o->done && h - __atomic_load_n(tail_of(ch), __ATOMIC_ACQUIRE) < GVQ_CHAN_DEPTH) {
-        size_t len = GVQ_MIN(s->chunk, o->bytes - o->at);
-        chunk_hdr_t hdr = {o->bytes, o->at, len, 0};
-        char *c = chunk_at(s, ch, h);
-        if (len > 0) memcpy(c + sizeof hdr, o->sbuf + o->at, len);
+    while (!o->done) {
+        size_t room = s->ring - (size_t)(h - __atomic_load_n(tail_of(ch), __ATOMIC_ACQUIRE));
+        size_t to_end = s->ring - (size_t)(h % s->ring);
+        size_t len = 0;
+        part_t part = next_part(s, o->bytes - o->at, room, to_end, &len);
+        if (part == PART_WAIT) return; /* the receiver frees room */
+        int skip = part == PART_SKIP;
+        chunk_hdr_t hdr = {o->bytes, skip ? SKIP : o->at, len, 0};
+        char *c = record_at(s, ch, h);
+        if (!skip && hdr.len > 0) memcpy(c + sizeof hdr, o->sbuf + o->at, (size_t)hdr.len);
         memcpy(c, &hdr, sizeof hdr);
-        __atomic_store_n(head_of(ch), ++h, __ATOMIC_RELEASE);
+        h += skip ? to_end : record_bytes((size_t)hdr.len);
+        __atomic_store_n(head_of(ch), h, __ATOMIC_RELEASE);
+        if (skip) continue;
         o->started = 1;
-        o->at += len;
-        o->done = o->at == o->bytes; /* a message of 0 bytes is one empty chunk */
+        o->at += (size_t)hdr.len;
+        o->done = o->at == o->bytes; /* a message of 0 bytes is one empty record */
     }
 }
 
@@ -163,9 +243,14 @@ static void recv_step(gvq_chan_set_t *s, chan_op_t *o) {
     if (peer_gave_up(s, o, ch)) return;
     uint64_t t = __atomic_load_n(tail_of(ch), __ATOMIC_RELAXED); /* written by this rank only */
     while (!o->done && __atomic_load_n(head_of(ch), __ATOMIC_ACQUIRE) != t) {
-        const char *c = chunk_at(s, ch, t);
+        const char *c = record_at(s, ch, t);
         chunk_hdr_t hdr;
         memcpy(&hdr, c, sizeof hdr);
+        if (hdr.off == SKIP) { /* the next record is at the ring's start */
+            t += s->ring - (size_t)(t % s->ring);
+            __atomic_store_n(tail_of(ch), t, __ATOMIC_RELEASE);
+            continue;
+        }
         if (!o->started) {
             o->started = 1;
             o->total = (size_t)hdr.total;
@@ -187,7 +272,8 @@ static void recv_step(gvq_chan_set_t *s, chan_op_t *o) {
         }
         if (o->res == gvqSuccess && hdr.len > 0)
             memcpy(o->rbuf + hdr.off, c + sizeof hdr, (size_t)hdr.len);
-        __atomic_store_n(tail_of(ch), ++t, __ATOMIC_RELEASE);
+        t += record_bytes((size_t)hdr.len);
+        __atomic_store_n(tail_of(ch), t, __ATOMIC_RELEASE);
         o->at += (size_t)hdr.len;
         o->done = o->at == o->total;
     }
@@ -210,7 +296,19 @@ static void progress(gvq_chan_set_t *s, int send, int peer) {
         if (!o->done) return;
         *q = o->next;
         o->next = NULL;
+        release_copy(s, o);
+        if (o->orphan) op_free(s, o);
     }
+}
+
+/* A send that did not fit the ring: copied when it is small enough (and the peer's copies
+ * leave room), so that its request completes at once. */
+static void maybe_eager(gvq_chan_set_t *s, chan_op_t *o) {
+    if (o->bytes > EAGER_MAX || s->held[o->peer] + o->bytes > EAGER_PAIR_MAX) return;
+    if ((o->copy = malloc(o->bytes)) == NULL) return; /* then it waits for the ring */
+    memcpy(o->copy, o->sbuf, o->bytes);
+    o->sbuf = o->copy;
+    s->held[o->peer] += o->bytes;
 }
 
 static gvqResult_t post(gvq_chan_set_t *s, int send, int peer, const void *sbuf, void *rbuf,
@@ -234,6 +332,7 @@ static gvqResult_t post(gvq_chan_set_t *s, int send, int peer, const void *sbuf,
     req->bytes = bytes;
     req->active = 1;
     progress(s, send, peer); /* a short message may go at once */
+    if (send && !o->done) maybe_eager(s, o);
     return gvqSuccess;
 }
 
@@ -269,12 +368,31 @@ static void progress_all(gvq_chan_set_t *s) {
 gvqResult_t gvq_chan_test(gvq_chan_set_t *s, gvq_req_t *req, int *done) {
     chan_op_t *o = op_of(req);
     if (!o->done) progress_all(s);
-    *done = o->done;
-    if (!o->done) return gvqSuccess;
-    gvqResult_t res = o->res;
-    free(o);
+    *done = o->done || o->copy != NULL;
+    if (!*done) return gvqSuccess;
     req->active = 0;
+    if (!o->done) { /* an eager send: complete for its caller, its queue goes on with it */
+        o->orphan = 1;
+        s->orphans++;
+        return gvqSuccess;
+    }
+    gvqResult_t res = o->res;
+    op_free(s, o);
     return res;
+}
+
+size_t gvq_chan_progress(gvq_chan_set_t *s) {
+    if (s == NULL || s->orphans == 0) return 0;
+    progress_all(s);
+    return s->orphans;
+}
+
+void gvq_chan_close(gvq_chan_set_t *s) {
+    if (s == NULL) return;
+    for (int p = 0; p < s->nranks; p++) {
+        __atomic_store_n(sender_gave_up(channel(s, s->rank, p)), CLOSED, __ATOMIC_RELEASE);
+        __atomic_store_n(receiver_gave_up(channel(s, p, s->rank)), CLOSED, __ATOMIC_RELEASE);
+    }
 }
 
 void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req) {
@@ -287,10 +405,10 @@ void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req) {
         if (o->started) { /* halfway: the pair is out of step; the peer learns it at once */
             s->broken[o->peer] = 1;
             char *ch = o->send ? channel(s, s->rank, o->peer) : channel(s, o->peer, s->rank);
-            __atomic_store_n(o->send ? sender_gave_up(ch) : receiver_gave_up(ch), 1,
+            __atomic_store_n(o->send ? sender_gave_up(ch) : receiver_gave_up(ch), GAVE_UP,
                              __ATOMIC_RELEASE);
         }
     }
-    free(o);
+    op_free(s, o);
     req->active = 0;
 }

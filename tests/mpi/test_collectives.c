@@ -821,6 +821,40 @@ static void run_blocking_p2p(const ctx_t *c) {
     free(wb);
 }
 
+/* EAGER_N small blocking sends from every even rank to its odd neighbour, all before the
+ * neighbour posts a receive (MPI's eager sends allow it; the shm channels copy them), from one
+ * buffer changed after each. With destroy, the sender then destroys its communicator at once
+ * (the messages must still arrive); else every rank runs an allreduce, whose wait on the sender
+ * moves what it still holds. */
+enum { EAGER_N = 12, EAGER_COUNT = 250 };
+static void run_eager_sends(const ctx_t *c, int destroy) {
+    int r = c->rank, peer = (r & 1) ? r - 1 : r + 1;
+    int paired = peer < c->nranks;
+    char what[160];
+    snprintf(what, sizeof what, "%s: %d eager sends %d->%d%s", c->name, EAGER_N, r & ~1,
+             (r & ~1) + 1, destroy ? ", then gvqCommDestroy" : "");
+    int32_t *buf = xmalloc(EAGER_COUNT * 4), *want = xmalloc(EAGER_COUNT * 4);
+    int sender = paired && !(r & 1), receiver = paired && (r & 1);
+    for (int k = 0; sender && k < EAGER_N; k++) {
+        fill(buf, gvqInt32, gvqSum, seed_of(11, gvqInt32, gvqSum, EAGER_COUNT, k), r, 0,
+             EAGER_COUNT);
+        MT_OK(gvqSend(buf, EAGER_COUNT, gvqInt32, peer, c->comm, NULL));
+    }
+    MPI_Barrier(c->mpi); /* every send completed before any receive was posted */
+    if (sender && destroy) MT_OK(gvqCommDestroy(c->comm));
+    for (int k = 0; receiver && k < EAGER_N; k++) {
+        fill(want, gvqInt32, gvqSum, seed_of(11, gvqInt32, gvqSum, EAGER_COUNT, k), peer, 0,
+             EAGER_COUNT);
+        memset(buf, 0, EAGER_COUNT * 4);
+        if (RESULT_OK(gvqRecv(buf, EAGER_COUNT, gvqInt32, peer, c->comm, NULL), what))
+            check_bytes(what, gvqInt32, want, buf, EAGER_COUNT);
+    }
+    if (destroy && !sender) MT_OK(gvqCommDestroy(c->comm));
+    if (!destroy) run_allreduce(c, gvqFloat32, gvqSum, SMALL_PRIME, 0);
+    free(buf);
+    free(want);
+}
+
 /* One group holding several allreduces (and a send/recv ring); each checked against MPI. */
 static void run_group_of_allreduces(const ctx_t *c) {
     enum { K = 5 };
@@ -1177,7 +1211,8 @@ int main(int argc, char **argv) {
     MT_OK(gvqCommDestroy(s));
     MT_OK(gvqCommDestroy(b));
     run_allreduce(&ca, gvqFloat32, gvqSum, SMALL_PRIME, 0);
-    MT_OK(gvqCommDestroy(a));
+    run_eager_sends(&ca, 0);
+    run_eager_sends(&ca, 1); /* destroys a */
     MPI_Comm_free(&rev);
     return mt_finish("test_collectives");
 }
