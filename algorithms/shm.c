@@ -76,7 +76,7 @@ static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, u
          * MPI: the peer may wait on our acks); `spin` turns before the core is yielded */
         for (int i = 1; i < PROGRESS_EVERY && __atomic_load_n(field, __ATOMIC_ACQUIRE) != k; i++)
             cpu_pause();
-        gvq_xport_progress(t);
+        if (t->ops->progress != NULL) t->ops->progress(t);
         if (++idle < spin) continue;
         idle = 0;
         gvqResult_t res = gvq_xport_idle(t, &start);

@@ -418,10 +418,7 @@ static void comm_free(gvqComm_t c) {
      * scratch is then left allocated rather than freed under them */
     int broken = gvq_broken_get(&c->broken) != gvqSuccess;
     int keep = broken && c->xport->cancel_keeps_buffers;
-    if (!broken && !__atomic_load_n(&c->abort_flag, __ATOMIC_ACQUIRE))
-        gvq_xport_flush(c->xport); /* eager sends still queued reach their receivers */
-    else
-        gvq_chan_close(c->xport->chan);
+    gvq_chan_close(c->xport->chan); /* the peers' later transfers with this rank fail at once */
     gvq_chan_detach(c->xport->chan);
     c->xport->ops->destroy(c->xport);
     if (c->shm_state == 1) munmap(c->shm.base, c->shm_bytes);  /* shm.c */

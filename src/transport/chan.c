@@ -24,13 +24,13 @@
  * at once, and the rank says so in the channel (its "gave up" word), so that the peer's
  * transfer on that channel fails at once too instead of waiting out its timeout.
  *
- * Eager sends: a send of at most EAGER_MAX bytes that does not fit the ring when posted is
- * copied (EAGER_PAIR_MAX bytes per peer at most) and its request completes at once, as an MPI
- * eager send's does; its chunks go on at every later progress of the channels (any transfer's
- * test, any wait of a collective: gvq_chan_progress). So a rank may post many small blocking
- * sends before its peer receives any. gvqCommDestroy flushes what is still copied (until the
- * transport's timeout), then closes its channels ("closed" in both words): a peer's later
- * transfer with it fails at once, but what is already in the ring is still received.
+ * gvqCommDestroy closes a rank's channels ("closed" in both words): a peer's later transfer
+ * with it fails at once, but what it wrote into the ring before is still received.
+ *
+ * Not kept: copying a send that finds the ring full (an "eager" send whose request completes at
+ * once). Its bytes then move only while the sender is inside gvq, and a sender that went on to
+ * an MPI call of its own (gvq-perf's timing) left its peer waiting for them: a hang where
+ * waiting for the ring only slows the sender down.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -39,10 +39,10 @@
 
 enum { LINE = 64, CHAN_MAGIC = 0x6368616e };
 enum { MIN_PART = 4096 }; /* a message is cut to the ring's room only into parts of this or more */
+enum { HOT_BYTES = 64 << 10 }; /* an empty ring starts over below this: its lines stay in cache */
 #define SKIP \
     UINT64_MAX /* a record's offset: nothing here, the next record is at the ring's start */
 enum { GAVE_UP = 1, CLOSED = 2 }; /* a gave-up word: a transfer cancelled halfway; destroyed */
-enum { EAGER_MAX = 64 << 10, EAGER_PAIR_MAX = 4 << 20 }; /* a send's bytes; a peer's, copied */
 
 typedef struct {
     uint64_t total, off, len, pad;
@@ -71,8 +71,6 @@ typedef struct chan_op {
     size_t at;    /* bytes moved */
     int started, done;
     gvqResult_t res;
-    char *copy; /* an eager send's bytes (sbuf points here) */
-    int orphan; /* an eager send whose request completed: its queue frees it */
 } chan_op_t;
 
 struct gvq_chan_set {
@@ -81,12 +79,28 @@ struct gvq_chan_set {
     size_t chunk, ring, chan_bytes; /* gvq_chan_chunk(nranks) and what follows from it */
     chan_op_t **sendq, **recvq;     /* per peer */
     char *broken;                   /* per peer: a pair out of step */
-    size_t *held;                   /* per peer: bytes of eager sends copied, still queued */
-    size_t orphans;                 /* eager sends queued whose requests completed */
 };
 
 size_t gvq_chan_bytes(int nranks) {
     return (size_t)nranks * (size_t)nranks * chan_bytes_for(nranks);
+}
+
+static char *channel(const gvq_chan_set_t *s, int from, int to);
+
+/* Every ring this rank writes (its own: no one else writes there yet) and reads (read only: the
+ * sender may already write), mapped now rather than page by page under the first messages (a
+ * fault costs microseconds here): 2 (N - 1) rings of about 512 KiB up to 4 ranks, 128 KiB to 8. */
+static void prefault(const gvq_chan_set_t *s) {
+    enum { PAGE = 4096 };
+    size_t hot = s->ring;
+    for (int p = 0; p < s->nranks; p++) {
+        volatile char *out = channel(s, s->rank, p) + 2 * LINE;
+        const volatile char *in = channel(s, p, s->rank) + 2 * LINE;
+        for (size_t at = 0; at < hot; at += PAGE) {
+            out[at] = 0;
+            (void)in[at];
+        }
+    }
 }
 
 gvq_chan_set_t *gvq_chan_attach(void *mem, int nranks, int rank) {
@@ -95,8 +109,7 @@ gvq_chan_set_t *gvq_chan_attach(void *mem, int nranks, int rank) {
     s->sendq = calloc((size_t)nranks, sizeof *s->sendq);
     s->recvq = calloc((size_t)nranks, sizeof *s->recvq);
     s->broken = calloc((size_t)nranks, 1);
-    s->held = calloc((size_t)nranks, sizeof *s->held);
-    if (s->sendq == NULL || s->recvq == NULL || s->broken == NULL || s->held == NULL) {
+    if (s->sendq == NULL || s->recvq == NULL || s->broken == NULL) {
         gvq_chan_detach(s);
         return NULL;
     }
@@ -106,39 +119,25 @@ gvq_chan_set_t *gvq_chan_attach(void *mem, int nranks, int rank) {
     s->chunk = gvq_chan_chunk(nranks);
     s->ring = ring_for(nranks);
     s->chan_bytes = chan_bytes_for(nranks);
+    prefault(s);
     return s;
-}
-
-/* An eager send's copy is released once its last chunk is in the ring (or it failed). */
-static void release_copy(gvq_chan_set_t *s, chan_op_t *o) {
-    if (o->copy == NULL) return;
-    s->held[o->peer] -= o->bytes;
-    free(o->copy);
-    o->copy = NULL;
-}
-
-static void op_free(gvq_chan_set_t *s, chan_op_t *o) {
-    release_copy(s, o);
-    if (o->orphan) s->orphans--;
-    free(o);
 }
 
 void gvq_chan_detach(gvq_chan_set_t *s) {
     if (s == NULL) return;
-    for (int p = 0; s->sendq != NULL && s->recvq != NULL && s->held != NULL && p < s->nranks; p++) {
+    for (int p = 0; s->sendq != NULL && s->recvq != NULL && p < s->nranks; p++) {
         for (chan_op_t *o = s->sendq[p], *n; o != NULL; o = n) {
             n = o->next;
-            op_free(s, o);
+            free(o);
         }
         for (chan_op_t *o = s->recvq[p], *n; o != NULL; o = n) {
             n = o->next;
-            op_free(s, o);
+            free(o);
         }
     }
     free(s->sendq);
     free(s->recvq);
     free(s->broken);
-    free(s->held);
     free(s);
 }
 
@@ -196,10 +195,13 @@ typedef enum { PART_WRITE, PART_SKIP, PART_WAIT } part_t;
 /* What comes next of a message with `left` bytes to go, where `room` bytes of the ring are free
  * and `to_end` of them lie before its end (both whole lines): a record of *len bytes (all that
  * is left, up to a chunk, or a part of at least MIN_PART that fits), a skip record to the
- * ring's start, or a wait for the receiver to free room. */
+ * ring's start, or a wait for the receiver to free room. An empty ring past its first HOT_BYTES
+ * starts over too: back and forth, small messages then reuse the same few cache lines instead
+ * of walking the whole ring through the caches. */
 static part_t next_part(const gvq_chan_set_t *s, size_t left, size_t room, size_t to_end,
                         size_t *len) {
     size_t want = GVQ_MIN(s->chunk, left), here = GVQ_MIN(room, to_end);
+    if (room == s->ring && s->ring - to_end > HOT_BYTES) return PART_SKIP;
     if (here == 0) return PART_WAIT; /* the ring is full */
     if (record_bytes(want) <= here) {
         *len = want;
@@ -296,19 +298,7 @@ static void progress(gvq_chan_set_t *s, int send, int peer) {
         if (!o->done) return;
         *q = o->next;
         o->next = NULL;
-        release_copy(s, o);
-        if (o->orphan) op_free(s, o);
     }
-}
-
-/* A send that did not fit the ring: copied when it is small enough (and the peer's copies
- * leave room), so that its request completes at once. */
-static void maybe_eager(gvq_chan_set_t *s, chan_op_t *o) {
-    if (o->bytes > EAGER_MAX || s->held[o->peer] + o->bytes > EAGER_PAIR_MAX) return;
-    if ((o->copy = malloc(o->bytes)) == NULL) return; /* then it waits for the ring */
-    memcpy(o->copy, o->sbuf, o->bytes);
-    o->sbuf = o->copy;
-    s->held[o->peer] += o->bytes;
 }
 
 static gvqResult_t post(gvq_chan_set_t *s, int send, int peer, const void *sbuf, void *rbuf,
@@ -332,7 +322,6 @@ static gvqResult_t post(gvq_chan_set_t *s, int send, int peer, const void *sbuf,
     req->bytes = bytes;
     req->active = 1;
     progress(s, send, peer); /* a short message may go at once */
-    if (send && !o->done) maybe_eager(s, o);
     return gvqSuccess;
 }
 
@@ -368,23 +357,12 @@ static void progress_all(gvq_chan_set_t *s) {
 gvqResult_t gvq_chan_test(gvq_chan_set_t *s, gvq_req_t *req, int *done) {
     chan_op_t *o = op_of(req);
     if (!o->done) progress_all(s);
-    *done = o->done || o->copy != NULL;
-    if (!*done) return gvqSuccess;
-    req->active = 0;
-    if (!o->done) { /* an eager send: complete for its caller, its queue goes on with it */
-        o->orphan = 1;
-        s->orphans++;
-        return gvqSuccess;
-    }
+    *done = o->done;
+    if (!o->done) return gvqSuccess;
     gvqResult_t res = o->res;
-    op_free(s, o);
+    free(o);
+    req->active = 0;
     return res;
-}
-
-size_t gvq_chan_progress(gvq_chan_set_t *s) {
-    if (s == NULL || s->orphans == 0) return 0;
-    progress_all(s);
-    return s->orphans;
 }
 
 void gvq_chan_close(gvq_chan_set_t *s) {
@@ -409,6 +387,6 @@ void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req) {
                              __ATOMIC_RELEASE);
         }
     }
-    op_free(s, o);
+    free(o);
     req->active = 0;
 }

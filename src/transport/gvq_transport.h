@@ -137,7 +137,7 @@ void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n);
  * 4 ranks, 32 KiB beyond: about 8 MiB in all at 4 and at 8 ranks) holding records of any size
  * up to a chunk. Requests as the transports' (test until done; a message of another length than
  * its receive fails it with gvqRemoteError); a cancelled transfer that had started marks its
- * pair broken; a small send that finds the ring full is copied and completes at once. */
+ * pair broken. */
 enum { GVQ_CHAN_DEPTH = 4 };
 static inline size_t gvq_chan_chunk(int nranks) {
     return nranks <= 4 ? (size_t)128 << 10 : (size_t)32 << 10;
@@ -151,21 +151,9 @@ gvqResult_t gvq_chan_irecv(gvq_chan_set_t *s, int peer, void *buf, size_t bytes,
 int gvq_chan_owns(const gvq_req_t *req);
 gvqResult_t gvq_chan_test(gvq_chan_set_t *s, gvq_req_t *req, int *done);
 void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req);
-/* Moves the eager sends still queued whose requests completed; returns how many remain (0 at
- * once when none: every wait calls it). */
-size_t gvq_chan_progress(gvq_chan_set_t *s);
-/* Marks every channel of this rank closed: the peers' later transfers with it fail at once. */
+/* Marks every channel of this rank closed (gvqCommDestroy): the peers' later transfers with it
+ * fail at once; what it wrote before is still received. */
 void gvq_chan_close(gvq_chan_set_t *s);
-
-/* One turn of the transport's progress, the channels' eager sends with it (a wait for a peer
- * that waits for this rank's queued message must move it). */
-static inline void gvq_xport_progress(gvq_transport_t *t) {
-    if (t->chan != NULL) (void)gvq_chan_progress(t->chan);
-    if (t->ops->progress != NULL) t->ops->progress(t);
-}
-/* gvqCommDestroy of a healthy communicator: the channels' eager sends reach their rings (until
- * the transport's timeout or an abort; a WARN says what was dropped), then the channels close. */
-void gvq_xport_flush(gvq_transport_t *t);
 
 /* Transports built into the library. */
 gvqResult_t gvq_inproc_world_create(int nranks, void **world);

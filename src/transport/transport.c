@@ -47,24 +47,6 @@ gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start) {
     return t->timeout_ns != 0 && now - *start > t->timeout_ns ? gvqTimeout : gvqSuccess;
 }
 
-void gvq_xport_flush(gvq_transport_t *t) {
-    if (t->chan == NULL) return;
-    const int64_t spin = gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD);
-    uint64_t start = 0;
-    size_t left;
-    for (int64_t idle = 0; (left = gvq_chan_progress(t->chan)) > 0;) {
-        if (++idle < spin) continue;
-        idle = 0;
-        if (gvq_xport_idle(t, &start) != gvqSuccess) {
-            GVQ_WARN("gvqCommDestroy: %zu eager send(s) still queued were not received within "
-                     "%llu ms (or the communicator was aborted); they are dropped",
-                     left, (unsigned long long)(t->timeout_ns / 1000000ull));
-            break;
-        }
-    }
-    gvq_chan_close(t->chan);
-}
-
 gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const char *what) {
     const int64_t spin = gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD);
     uint64_t start = 0;
@@ -74,7 +56,6 @@ gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const 
         pending += reqs[i].active;
     while (pending > 0) {
         int progressed = 0;
-        if (t->chan != NULL) (void)gvq_chan_progress(t->chan); /* eager sends, maybe awaited */
         for (int i = 0; i < n; i++) {
             if (!reqs[i].active) continue;
             int done = 0;

@@ -172,10 +172,10 @@ int gvq_thread_may_sleep(void);
       "agreement, every plain collective and gvqSend/gvqRecv (shared slots and channels instead " \
       "of "                                                                                       \
       "messages); 0 on any rank: messages only")                                                  \
-    X(SHM_P2P, "GVQ_SHM_P2P", UINT, 0, NULL,                                                      \
+    X(SHM_P2P, "GVQ_SHM_P2P", UINT, 1, NULL,                                                      \
       "ranks on one host with GVQ_SHM, communicators of gvqCommInitRank/gvqCommInitMPI: 1 on "    \
-      "every rank sends gvqSend/gvqRecv through shared-memory channels (faster at small sizes; "  \
-      "a pair holds at most 4 messages in flight, docs/RELIABILITY.md); 0 on any rank: MPI")      \
+      "every rank sends gvqSend/gvqRecv through shared-memory channels (docs/RELIABILITY.md); "   \
+      "0 on any rank: through MPI")                                                               \
     X(SOCKET_IFNAME, "GVQ_SOCKET_IFNAME", TEXT, 0, NULL,                                          \
       "network interface whose IPv4 address the bootstrap root listens on (unset: the first "     \
       "non-loopback interface that is up)")

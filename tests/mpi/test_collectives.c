@@ -822,10 +822,9 @@ static void run_blocking_p2p(const ctx_t *c) {
 }
 
 /* EAGER_N small blocking sends from every even rank to its odd neighbour, all before the
- * neighbour posts a receive (MPI's eager sends allow it; the shm channels copy them), from one
- * buffer changed after each. With destroy, the sender then destroys its communicator at once
- * (the messages must still arrive); else every rank runs an allreduce, whose wait on the sender
- * moves what it still holds. */
+ * neighbour posts a receive (MPI's eager sends allow it; the shm channels' ring holds them), from
+ * one buffer changed after each. With destroy, the sender then destroys its communicator at once
+ * (the messages must still arrive); else every rank runs an allreduce. */
 enum { EAGER_N = 12, EAGER_COUNT = 250 };
 static void run_eager_sends(const ctx_t *c, int destroy) {
     int r = c->rank, peer = (r & 1) ? r - 1 : r + 1;
