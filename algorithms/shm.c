@@ -37,7 +37,7 @@
 typedef struct {
     uint64_t call; /* the call number of what the slot holds (written last, release) */
     uint64_t len;  /* the vector's bytes; 0: the signature alone */
-    int64_t row[GVQ_SHM_MAX_FIELDS]; /* a call's packed signature (6 words) shares call's line */
+    int64_t row[GVQ_SHM_MAX_FIELDS]; /* a call's packed signature (5 words) shares call's line */
     uint64_t reduced; /* large vectors: the call whose segment this rank has reduced in place */
 } shm_slot_t;
 

@@ -77,16 +77,24 @@ gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group) {
 
 /* Enter a call on comm: it must be live, not aborted and not broken. A call from the caller's
  * thread first lets the calls queued on host streams for comm run (they were issued earlier),
- * outside the lock. One lock when nothing is queued: every small collective passes here. */
+ * outside the lock, holding the call's inflight count already so that a destroy or abort from
+ * another thread meanwhile cannot free comm under it. One lock when nothing is queued: every
+ * small collective passes here. */
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     gvqResult_t res = gvqSuccess;
-    for (int settled = 0;; settled = 1) { /* once: later jobs are not this call's elders */
+    int held = 0; /* the inflight count, taken before the lock was let go to settle */
+    for (;;) {
         gvq_handles_lock(&live);
         if (gvq_handles_find_locked(&live, comm) < 0) { /* destroyed, maybe by another thread */
+            if (held) gvq_comm_leave(comm);
             gvq_handles_unlock(&live);
             return gvq_comm_refuse_dead(comm, fn);
         }
-        if (settled || gvq_stream_comm_settled(comm)) break;
+        if (held || gvq_stream_comm_settled(comm))
+            break; /* settled once: later jobs are not
+                    * this call's elders */
+        __atomic_add_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL);
+        held = 1;
         gvq_handles_unlock(&live);
         gvq_stream_comm_settle(comm);
     }
@@ -97,9 +105,11 @@ gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
         GVQ_WARN("%s: the communicator is broken by an earlier error (%s); destroy or abort it", fn,
                  gvqGetErrorString(res));
     } else {
-        __atomic_add_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL);
+        if (!held) __atomic_add_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL);
+        held = 0;
         gvq_log_set_rank(comm->rank);
     }
+    if (held) gvq_comm_leave(comm);
     gvq_handles_unlock(&live);
     return res;
 }

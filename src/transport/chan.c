@@ -39,7 +39,6 @@
 
 enum { LINE = 64, CHAN_MAGIC = 0x6368616e };
 enum { MIN_PART = 4096 }; /* a message is cut to the ring's room only into parts of this or more */
-enum { HOT_BYTES = 64 << 10 }; /* an empty ring starts over below this: its lines stay in cache */
 #define SKIP \
     UINT64_MAX /* a record's offset: nothing here, the next record is at the ring's start */
 enum { GAVE_UP = 1, CLOSED = 2 }; /* a gave-up word: a transfer cancelled halfway; destroyed */
@@ -87,9 +86,9 @@ size_t gvq_chan_bytes(int nranks) {
 
 static char *channel(const gvq_chan_set_t *s, int from, int to);
 
-/* Every ring this rank writes (its own: no one else writes there yet) and reads (read only: the
- * sender may already write), mapped now rather than page by page under the first messages (a
- * fault costs microseconds here): 2 (N - 1) rings of about 512 KiB up to 4 ranks, 128 KiB to 8. */
+/* Every ring this rank writes and reads, mapped now rather than page by page under the first
+ * messages (a fault costs microseconds here): 2 (N - 1) rings of about 512 KiB up to 4 ranks,
+ * 128 KiB to 8. Every rank attaches before any sends (the segment's agreement follows). */
 static void prefault(const gvq_chan_set_t *s) {
     enum { PAGE = 4096 };
     size_t hot = s->ring;
@@ -195,13 +194,13 @@ typedef enum { PART_WRITE, PART_SKIP, PART_WAIT } part_t;
 /* What comes next of a message with `left` bytes to go, where `room` bytes of the ring are free
  * and `to_end` of them lie before its end (both whole lines): a record of *len bytes (all that
  * is left, up to a chunk, or a part of at least MIN_PART that fits), a skip record to the
- * ring's start, or a wait for the receiver to free room. An empty ring past its first HOT_BYTES
- * starts over too: back and forth, small messages then reuse the same few cache lines instead
- * of walking the whole ring through the caches. */
+ * ring's start, or a wait for the receiver to free room. (Tried and not kept: an empty ring
+ * starting over at its start once past 64 KiB, to keep small messages on a few hot lines: the
+ * skip record holds the rest of the ring until the receiver reads it, so what a pair could
+ * hold before its receiver posted depended on its history, 64 KiB at worst; no gain measured.) */
 static part_t next_part(const gvq_chan_set_t *s, size_t left, size_t room, size_t to_end,
                         size_t *len) {
     size_t want = GVQ_MIN(s->chunk, left), here = GVQ_MIN(room, to_end);
-    if (room == s->ring && s->ring - to_end > HOT_BYTES) return PART_SKIP;
     if (here == 0) return PART_WAIT; /* the ring is full */
     if (record_bytes(want) <= here) {
         *len = want;

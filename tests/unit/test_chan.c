@@ -18,7 +18,7 @@
 enum { NR = 3, NSIZES = 4 };
 static size_t sizes[NSIZES] = {0, 1000, 0 /* a chunk */, 0 /* over twice a channel's ring */};
 
-static void *mem;
+static void *mem, *mem2;
 static pthread_barrier_t bar;
 static int small_sent; /* rank 1 finished its small sends */
 
@@ -148,14 +148,31 @@ static void cancel_halfway(gvq_chan_set_t *s, int rank) {
     free(buf);
 }
 
-/* Rank 1 sends SMALL_N messages of 100 bytes to rank 2, each waited for before the next and the
- * one buffer changed after each, while rank 2 has posted nothing: the ring holds them all (a
- * record each, not a chunk). Rank 2 then receives them in order. */
-enum { SMALL_N = 200, SMALL_BYTES = 100 };
-static void many_small(gvq_chan_set_t *s, int rank) {
+/* On fresh channels (their rings start at 0): rank 1 sends 100 000 bytes to rank 2, which
+ * receives them (the ring's head is then well into it); then SMALL_N messages of 100 bytes, 384 000
+ * bytes of the ring with their headers, each waited for before the next and the one buffer changed
+ * after each, while rank 2 has posted nothing: the ring holds them all (a record each, not a
+ * chunk), wherever it starts. Rank 2 then receives them in order. */
+enum { SMALL_N = 2000, SMALL_BYTES = 100, FIRST_BYTES = 100000 };
+static void many_small(int rank) {
+    gvq_chan_set_t *s = gvq_chan_attach(mem2, NR, rank);
+    EXPECT(s != NULL, "attach");
+    pthread_barrier_wait(&bar);
     unsigned char buf[SMALL_BYTES];
     gvq_req_t r;
     gvqResult_t res = gvqSuccess;
+    if (rank == 1 || rank == 2) {
+        char *first = calloc(FIRST_BYTES, 1);
+        if (rank == 1)
+            EXPECT_RES(gvq_chan_isend(s, 2, first, FIRST_BYTES, &r), gvqSuccess);
+        else
+            EXPECT_RES(gvq_chan_irecv(s, 1, first, FIRST_BYTES, &r), gvqSuccess);
+        EXPECT_RES(wait_all(s, &r, 1, &res), gvqSuccess);
+        EXPECT(res == gvqSuccess, "rank %d: the first message gave %s", rank,
+               gvqGetErrorString(res));
+        free(first);
+    }
+    pthread_barrier_wait(&bar); /* rank 2 read it all: the ring is empty, its head at 100 032 */
     if (rank == 1) {
         for (int k = 0; k < SMALL_N; k++) {
             for (size_t i = 0; i < SMALL_BYTES; i++)
@@ -183,6 +200,7 @@ static void many_small(gvq_chan_set_t *s, int rank) {
                    gvqGetErrorString(res), bad);
         }
     }
+    gvq_chan_detach(s);
 }
 
 /* Rank 1 sends 300 bytes to rank 0 and closes its channels; rank 0 still receives them, then
@@ -219,13 +237,14 @@ static void *rank_main(void *arg) {
     int rank = (int)(intptr_t)arg;
     gvq_chan_set_t *s = gvq_chan_attach(mem, NR, rank);
     EXPECT(s != NULL, "attach");
+    pthread_barrier_wait(&bar); /* attach maps the rings it reads: not while a peer writes */
     all_to_all(s, rank);
     pthread_barrier_wait(&bar);
     all_to_all(s, rank); /* the rings' counters past their first lap */
     pthread_barrier_wait(&bar);
     mismatch(s, rank);
     pthread_barrier_wait(&bar);
-    many_small(s, rank);
+    many_small(rank);
     pthread_barrier_wait(&bar);
     cancel_halfway(s, rank);
     pthread_barrier_wait(&bar);
@@ -238,6 +257,7 @@ int main(void) {
     sizes[2] = gvq_chan_chunk(NR);
     sizes[3] = 2 * GVQ_CHAN_DEPTH * gvq_chan_chunk(NR) + 12345;
     mem = calloc(1, gvq_chan_bytes(NR));
+    mem2 = calloc(1, gvq_chan_bytes(NR));
     pthread_barrier_init(&bar, NULL, NR);
     pthread_t th[NR];
     for (int r = 0; r < NR; r++)
@@ -246,5 +266,6 @@ int main(void) {
         pthread_join(th[r], NULL);
     pthread_barrier_destroy(&bar);
     free(mem);
+    free(mem2);
     return gvq_test_finish("test_chan");
 }
