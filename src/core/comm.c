@@ -34,8 +34,31 @@ static int aborted_find_locked(const void *h) {
     return -1;
 }
 
+/* Bumped (under live's lock) whenever a communicator leaves the set, so that a thread may keep
+ * the last communicator it found live without the lock while nothing left since: every call
+ * asks first. */
+static uint64_t live_gen;
+static __thread gvqComm_t live_seen;
+static __thread uint64_t live_seen_gen;
+
 int gvq_comm_is_live(gvqComm_t comm) {
-    return gvq_handles_live(&live, comm);
+    uint64_t gen = __atomic_load_n(&live_gen, __ATOMIC_ACQUIRE); /* before the lookup */
+    if (comm != NULL && comm == live_seen && gen == live_seen_gen) return 1;
+    int is = gvq_handles_live(&live, comm);
+    if (is) {
+        live_seen = comm;
+        live_seen_gen = gen;
+    }
+    return is;
+}
+
+/* Removes comm from the live set (under its lock); 0 if it was not there. */
+static int live_remove_locked(gvqComm_t comm) {
+    int i = gvq_handles_find_locked(&live, comm);
+    if (i < 0) return 0;
+    gvq_handles_remove_locked(&live, i);
+    __atomic_add_fetch(&live_gen, 1, __ATOMIC_ACQ_REL);
+    return 1;
 }
 
 int gvq_comm_is_serial(gvqComm_t comm, uint64_t serial) {
@@ -456,7 +479,10 @@ static void comm_free(gvqComm_t c) {
 GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm) {
     /* the calls queued on host streams complete first, as NCCL's destroy lets its work finish */
     if (gvq_comm_is_live(comm)) gvq_stream_comm_drain(comm);
-    if (!gvq_handles_remove(&live, comm)) {
+    gvq_handles_lock(&live);
+    int was_live = live_remove_locked(comm);
+    gvq_handles_unlock(&live);
+    if (!was_live) {
         GVQ_WARN("gvqCommDestroy: comm %p is %s", (void *)comm,
                  comm == NULL ? "NULL" : "not a live communicator (destroyed or aborted already?)");
         return gvqInvalidArgument;
@@ -470,7 +496,7 @@ GVQ_API gvqResult_t gvqCommAbort(gvqComm_t comm) {
     int i = gvq_handles_find_locked(&live, comm);
     if (i >= 0) {
         __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
-        gvq_handles_remove_locked(&live, i);
+        (void)live_remove_locked(comm);
         aborted[naborted++ % ABORTED_KEPT] = comm;
     }
     gvq_handles_unlock(&live);
