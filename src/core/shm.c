@@ -5,7 +5,7 @@
  *
  *   when:  at creation for gvqCommInitRank and gvqCommInitMPI (gvq_comm_shm_at_init: every
  *          rank a process of its own, all in the call at once), with the channels up to 8
- *          ranks when every rank sets GVQ_SHM_P2P=1 (agreed first); at the first collective for the
+ *          ranks unless a rank sets GVQ_SHM_P2P=0 (agreed first); at the first collective for the
  * in-process transport, without channels (its ranks are created one after another by one thread;
  * and a gvqSend before the first collective and its gvqRecv after it must take the same path)
  *
