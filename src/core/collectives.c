@@ -464,18 +464,22 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
     }
     if (nreq == 0) return gvqSuccess;
     gvq_req_t *reqs = calloc(nreq, sizeof *reqs);
+    gvq_transport_t **xports = malloc(nreq * sizeof *xports); /* each request's */
     size_t *first = calloc(n + 1, sizeof *first);
     gvq_op_t *posted = malloc(n * sizeof *posted); /* ops with CUDA buffers staged */
     gvq_pinned_t *pin = NULL;
     size_t entered = 0;
-    if (reqs == NULL || first == NULL || posted == NULL) {
+    const char *what = NULL;
+    if (reqs == NULL || xports == NULL || first == NULL || posted == NULL) {
         res = gvqSystemError;
         goto out_free;
     }
     for (size_t i = 0, q = 0; i <= n; i++) {
         first[i] = q;
-        if (i < n && (ops[i].kind == GVQ_OP_SEND || ops[i].kind == GVQ_OP_RECV))
-            q += p2p_pieces(&ops[i]);
+        if (i == n || (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV)) continue;
+        for (size_t k = p2p_pieces(&ops[i]); k > 0; k--)
+            xports[q++] = ops[i].comm->xport;
+        if (what == NULL) what = op_fn[ops[i].kind]; /* the WARNs name the first */
     }
     GVQCHECKGOTO(p2p_stage_in(ops, n, posted, &pin), res, out_free);
     for (size_t i = 0; i < n; i++) {
@@ -484,12 +488,9 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
         entered = i + 1;
         GVQCHECKGOTO(p2p_post(&posted[i], reqs + first[i]), res, out_leave);
     }
-    for (size_t i = 0; i < n; i++) {
-        if (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV) continue;
-        GVQCHECKGOTO(gvq_xport_waitall(ops[i].comm->xport, reqs + first[i],
-                                       (int)(first[i + 1] - first[i]), op_fn[ops[i].kind]),
-                     res, out_leave);
-    }
+    /* all at once: a group's sends and receives on several communicators may wait on each other
+     * across them (a send on one that its peer receives after its own send on the other) */
+    GVQCHECKGOTO(gvq_xport_waitall_many(xports, reqs, (int)nreq, what), res, out_leave);
     res = p2p_stage_out(ops, posted, n);
 out_leave:
     for (size_t i = 0; i < entered; i++) {
@@ -502,6 +503,7 @@ out_leave:
     if (res != gvqSuccess && entered > 0 && pin != NULL) p2p_stage_abandon(pin);
 out_free:
     free(reqs);
+    free(xports);
     free(first);
     free(posted);
     return res;

@@ -91,13 +91,11 @@ static char *channel(const gvq_chan_set_t *s, int from, int to);
  * 128 KiB to 8. Every rank attaches before any sends (the segment's agreement follows). */
 static void prefault(const gvq_chan_set_t *s) {
     enum { PAGE = 4096 };
-    size_t hot = s->ring;
-    for (int p = 0; p < s->nranks; p++) {
-        volatile char *out = channel(s, s->rank, p) + 2 * LINE;
-        const volatile char *in = channel(s, p, s->rank) + 2 * LINE;
-        for (size_t at = 0; at < hot; at += PAGE) {
-            out[at] = 0;
-            (void)in[at];
+    for (int p = 0; p < s->nranks; p++) { /* atomic: a peer may be touching the same page */
+        char *out = channel(s, s->rank, p) + 2 * LINE, *in = channel(s, p, s->rank) + 2 * LINE;
+        for (size_t at = 0; at < s->ring; at += PAGE) {
+            __atomic_store_n(out + at, 0, __ATOMIC_RELAXED);
+            (void)__atomic_load_n(in + at, __ATOMIC_RELAXED);
         }
     }
 }

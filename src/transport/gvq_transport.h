@@ -114,6 +114,11 @@ static inline void gvq_broken_set(gvqResult_t *broken, gvqResult_t res) {
  * requests are cancelled, the communicator marked broken and the error returned with a WARN
  * naming the peer and what was pending. */
 gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const char *what);
+/* The same for requests of several transports, ts[i] that of reqs[i] (a group's transfers on
+ * several communicators): every one moves while any is waited for. A failed transfer breaks its
+ * own transport; a timeout or abort every transport with a transfer pending. */
+gvqResult_t gvq_xport_waitall_many(gvq_transport_t *const *ts, gvq_req_t *reqs, int n,
+                                   const char *what);
 /* One idle turn of a wait whose polls found nothing (after GVQ_SPIN_BEFORE_YIELD of them):
  * gvqInvalidUsage after gvqCommAbort; else leaves the core a moment (a host stream's progress
  * thread sleeps GVQ_PROGRESS_SLEEP_US, others yield) and gives gvqTimeout once the timeout has

@@ -28,9 +28,20 @@ void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n) {
             t->ops->cancel(t, &reqs[i]);
 }
 
-static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_req_t *reqs, int n, gvqResult_t res) {
-    gvq_broken_set(t->broken, res); /* first: a cancel may mark it broken too, less precisely */
-    gvq_xport_cancelall(t, reqs, n);
+/* The transport of request i: ts[i], or t for all. */
+static gvq_transport_t *xport_of(gvq_transport_t *t, gvq_transport_t *const *ts, int i) {
+    return ts != NULL ? ts[i] : t;
+}
+
+/* A wait failed with res: the transport of request `culprit` is broken (culprit < 0: every
+ * transport with a request still pending), then every active request is cancelled by its own. */
+static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_transport_t *const *ts, gvq_req_t *reqs,
+                                int n, gvqResult_t res, int culprit) {
+    for (int i = 0; i < n; i++) /* first: a cancel may mark it broken too, less precisely */
+        if (i == culprit || (culprit < 0 && reqs[i].active))
+            gvq_broken_set(xport_of(t, ts, i)->broken, res);
+    for (int i = 0; i < n; i++)
+        if (reqs[i].active) gvq_xport_cancelall(xport_of(t, ts, i), &reqs[i], 1);
     return res;
 }
 
@@ -47,7 +58,11 @@ gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start) {
     return t->timeout_ns != 0 && now - *start > t->timeout_ns ? gvqTimeout : gvqSuccess;
 }
 
-gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const char *what) {
+/* Every request tested in turn, each by its own transport, so that transfers of several
+ * communicators (a group's) all move while any is waited for; bounded by the transport of the
+ * first request still pending (its abort, its timeout). */
+static gvqResult_t wait_loop(gvq_transport_t *t, gvq_transport_t *const *ts, gvq_req_t *reqs, int n,
+                             const char *what) {
     const int64_t spin = gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD);
     uint64_t start = 0;
     int64_t idle = 0;
@@ -55,21 +70,24 @@ gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const 
     for (int i = 0; i < n; i++)
         pending += reqs[i].active;
     while (pending > 0) {
-        int progressed = 0;
+        int progressed = 0, first = -1;
         for (int i = 0; i < n; i++) {
             if (!reqs[i].active) continue;
+            gvq_transport_t *x = xport_of(t, ts, i);
             int done = 0;
-            gvqResult_t res = t->chan != NULL && gvq_chan_owns(&reqs[i])
-                                  ? gvq_chan_test(t->chan, &reqs[i], &done)
-                                  : t->ops->test(t, &reqs[i], &done);
+            gvqResult_t res = x->chan != NULL && gvq_chan_owns(&reqs[i])
+                                  ? gvq_chan_test(x->chan, &reqs[i], &done)
+                                  : x->ops->test(x, &reqs[i], &done);
             if (res != gvqSuccess) { /* the transport warned with the facts */
                 GVQ_TRACE("%s: transfer with peer %d failed (%s)", what, reqs[i].peer,
                           gvqGetErrorString(res));
-                return waitall_fail(t, reqs, n, res);
+                return waitall_fail(t, ts, reqs, n, res, i);
             }
             if (done) {
                 pending--;
                 progressed = 1;
+            } else if (first < 0) {
+                first = i;
             }
         }
         if (pending == 0) break;
@@ -78,22 +96,35 @@ gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const 
             start = 0;
             continue;
         }
-        if (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE)) {
-            GVQ_WARN("%s: communicator aborted while waiting for %d transfer(s)", what, pending);
-            return waitall_fail(t, reqs, n, gvqInvalidUsage);
+        for (int i = 0; i < n; i++) {
+            gvq_transport_t *x = xport_of(t, ts, i);
+            if (reqs[i].active && x->abort_flag != NULL &&
+                __atomic_load_n(x->abort_flag, __ATOMIC_ACQUIRE)) {
+                GVQ_WARN("%s: communicator aborted while waiting for %d transfer(s)", what,
+                         pending);
+                return waitall_fail(t, ts, reqs, n, gvqInvalidUsage, -1);
+            }
         }
         if (++idle >= spin) {
             idle = 0;
-            if (gvq_xport_idle(t, &start) == gvqTimeout) {
-                int peer = -1;
-                for (int i = 0; i < n && peer < 0; i++)
-                    if (reqs[i].active) peer = reqs[i].peer;
+            gvq_transport_t *x = xport_of(t, ts, first);
+            if (gvq_xport_idle(x, &start) == gvqTimeout) {
                 GVQ_WARN("%s: no progress for %llu ms with %d transfer(s) pending (first peer %d); "
                          "the peer is gone or stuck (GVQ_TIMEOUT_MS)",
-                         what, (unsigned long long)(t->timeout_ns / 1000000ull), pending, peer);
-                return waitall_fail(t, reqs, n, gvqTimeout);
+                         what, (unsigned long long)(x->timeout_ns / 1000000ull), pending,
+                         reqs[first].peer);
+                return waitall_fail(t, ts, reqs, n, gvqTimeout, -1);
             }
         }
     }
     return gvqSuccess;
+}
+
+gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const char *what) {
+    return wait_loop(t, NULL, reqs, n, what);
+}
+
+gvqResult_t gvq_xport_waitall_many(gvq_transport_t *const *ts, gvq_req_t *reqs, int n,
+                                   const char *what) {
+    return wait_loop(NULL, ts, reqs, n, what);
 }

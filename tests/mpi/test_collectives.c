@@ -1106,6 +1106,32 @@ static void run_two_threads(gvqComm_t a, gvqComm_t b, int rank, int n) {
 }
 
 /* One group holding allreduces on two communicators (the same processes). */
+/* A group of a send on one communicator and a receive on the other, each pair of ranks in the
+ * opposite order (an even rank sends on c1 and receives on c2, its odd partner sends on c2 and
+ * receives on c1), 2 MiB each: more than a shared-memory channel holds, so each send completes
+ * only while its receiver moves, and a group waiting for its communicators one after the other
+ * would wait forever. */
+static void run_group_p2p_two_comms(const ctx_t *c1, const ctx_t *c2) {
+    enum { COUNT = 1 << 19 }; /* int32: 2 MiB */
+    int r = c1->rank, peer = (r & 1) ? r - 1 : r + 1;
+    if (peer >= c1->nranks) return;
+    int32_t *out = xmalloc(COUNT * 4), *in = xmalloc(COUNT * 4), *want = xmalloc(COUNT * 4);
+    uint64_t seed = seed_of(13, gvqInt32, gvqSum, COUNT, 0);
+    fill(out, gvqInt32, gvqSum, seed, r, 0, COUNT);
+    fill(want, gvqInt32, gvqSum, seed, peer, 0, COUNT);
+    memset(in, 0, COUNT * 4);
+    const ctx_t *on_send = (r & 1) ? c2 : c1, *on_recv = (r & 1) ? c1 : c2;
+    MT_OK(gvqGroupStart());
+    MT_OK(gvqSend(out, COUNT, gvqInt32, peer, on_send->comm, NULL));
+    MT_OK(gvqRecv(in, COUNT, gvqInt32, peer, on_recv->comm, NULL));
+    gvqResult_t res = gvqGroupEnd();
+    if (RESULT_OK(res, "group of a send and a receive on two comms"))
+        check_bytes("group of a send and a receive on two comms", gvqInt32, want, in, COUNT);
+    free(out);
+    free(in);
+    free(want);
+}
+
 static void run_group_two_comms(const ctx_t *c1, const ctx_t *c2) {
     enum { N = 777 };
     int32_t x[N], y1[N], y2[N], r1[N], r2[N];
@@ -1205,6 +1231,7 @@ int main(int argc, char **argv) {
 
     run_two_threads(a, b, rank, n);
     run_group_two_comms(&ca, &cb);
+    run_group_p2p_two_comms(&ca, &cb);
     /* the communicators are independent: one still works after the others are gone */
     MT_OK(gvqCommDestroy(r));
     MT_OK(gvqCommDestroy(s));
