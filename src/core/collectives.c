@@ -427,6 +427,8 @@ static void p2p_stage_abandon(gvq_pinned_t *pin) {
 }
 
 /* Run a batch of operations: collectives in order, then all point-to-point together. */
+enum { SMALL_BATCH = 8 }; /* sends and receives of a batch whose bookkeeping fits the stack */
+
 static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
     gvqResult_t res = gvqSuccess;
     size_t nreq = 0;
@@ -463,10 +465,16 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
         GVQCHECK(res);
     }
     if (nreq == 0) return gvqSuccess;
-    gvq_req_t *reqs = calloc(nreq, sizeof *reqs);
-    gvq_transport_t **xports = malloc(nreq * sizeof *xports); /* each request's */
-    size_t *first = calloc(n + 1, sizeof *first);
-    gvq_op_t *posted = malloc(n * sizeof *posted); /* ops with CUDA buffers staged */
+    /* a small batch (a sendrecv's pair) on the stack: the heap costs a small message's time */
+    gvq_req_t reqs_s[SMALL_BATCH] = {0};
+    gvq_transport_t *xports_s[SMALL_BATCH];
+    size_t first_s[SMALL_BATCH + 1] = {0};
+    gvq_op_t posted_s[SMALL_BATCH];
+    int small = nreq <= SMALL_BATCH && n <= SMALL_BATCH;
+    gvq_req_t *reqs = small ? reqs_s : calloc(nreq, sizeof *reqs);
+    gvq_transport_t **xports = small ? xports_s : malloc(nreq * sizeof *xports); /* per request */
+    size_t *first = small ? first_s : calloc(n + 1, sizeof *first);
+    gvq_op_t *posted = small ? posted_s : malloc(n * sizeof *posted); /* CUDA buffers staged */
     gvq_pinned_t *pin = NULL;
     size_t entered = 0;
     const char *what = NULL;
@@ -502,10 +510,12 @@ out_leave:
     }
     if (res != gvqSuccess && entered > 0 && pin != NULL) p2p_stage_abandon(pin);
 out_free:
-    free(reqs);
-    free(xports);
-    free(first);
-    free(posted);
+    if (!small) {
+        free(reqs);
+        free(xports);
+        free(first);
+        free(posted);
+    }
     return res;
 }
 

@@ -72,12 +72,16 @@ typedef struct chan_op {
     gvqResult_t res;
 } chan_op_t;
 
+enum { SPARE_OPS = 16 }; /* finished transfers' records kept for the next: no heap per message */
+
 struct gvq_chan_set {
     char *mem;
     int nranks, rank;
     size_t chunk, ring, chan_bytes; /* gvq_chan_chunk(nranks) and what follows from it */
     chan_op_t **sendq, **recvq;     /* per peer */
     char *broken;                   /* per peer: a pair out of step */
+    chan_op_t *spare[SPARE_OPS];
+    int nspare;
 };
 
 size_t gvq_chan_bytes(int nranks) {
@@ -132,10 +136,27 @@ void gvq_chan_detach(gvq_chan_set_t *s) {
             free(o);
         }
     }
+    for (int i = 0; i < s->nspare; i++)
+        free(s->spare[i]);
     free(s->sendq);
     free(s->recvq);
     free(s->broken);
     free(s);
+}
+
+/* A transfer's record: a spare one, zeroed, or a new one. */
+static chan_op_t *op_get(gvq_chan_set_t *s) {
+    if (s->nspare == 0) return calloc(1, sizeof(chan_op_t));
+    chan_op_t *o = s->spare[--s->nspare];
+    memset(o, 0, sizeof *o);
+    return o;
+}
+
+static void op_put(gvq_chan_set_t *s, chan_op_t *o) {
+    if (s->nspare < SPARE_OPS)
+        s->spare[s->nspare++] = o;
+    else
+        free(o);
 }
 
 static char *channel(const gvq_chan_set_t *s, int from, int to) {
@@ -301,7 +322,7 @@ static void progress(gvq_chan_set_t *s, int send, int peer) {
 static gvqResult_t post(gvq_chan_set_t *s, int send, int peer, const void *sbuf, void *rbuf,
                         size_t bytes, gvq_req_t *req) {
     if (peer < 0 || peer >= s->nranks) return gvqInternalError;
-    chan_op_t *o = calloc(1, sizeof *o);
+    chan_op_t *o = op_get(s);
     if (o == NULL) return gvqSystemError;
     o->send = send;
     o->peer = peer;
@@ -357,7 +378,7 @@ gvqResult_t gvq_chan_test(gvq_chan_set_t *s, gvq_req_t *req, int *done) {
     *done = o->done;
     if (!o->done) return gvqSuccess;
     gvqResult_t res = o->res;
-    free(o);
+    op_put(s, o);
     req->active = 0;
     return res;
 }
@@ -384,6 +405,6 @@ void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req) {
                              __ATOMIC_RELEASE);
         }
     }
-    free(o);
+    op_put(s, o);
     req->active = 0;
 }
