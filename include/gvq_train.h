@@ -60,6 +60,11 @@ typedef enum {
                                of the table (a sparse variable on gvqRouteAllReduce: the whole
                                table's gradient allreduced, the dense baseline) */
 } gvqRoute_t;
+
+typedef enum {
+    gvqTrainScheduleReady   = 0, /* issued as they become ready (backward order) */
+    gvqTrainScheduleForward = 1  /* a measured plan: first what the next forward needs first */
+} gvqTrainSchedule_t;
 /* clang-format on */
 
 #define GVQ_TRAIN_CONFIG_MAGIC 0x67767154u /* 'gvqT' */
@@ -92,13 +97,24 @@ typedef struct {
                            Parallax's partition tuner (gvqPsTunePartitions, 20 steps per sample
                            on its first step's rows) and shards its table over the P chosen;
                            0: one partition per rank [1] */
+    int schedule;   /* the order the step's aggregations are issued in, the same on every rank:
+                       gvqTrainScheduleReady: each when it is ready, in registration order;
+                       gvqTrainScheduleForward (with waitFree): after a few measured steps, a
+                       fixed plan that sends first what the next forward pass needs first (the
+                       latest-registered variable), so that a trainer waiting per variable
+                       (gvqTrainWaitVariable) runs its next forward beside the transfers of
+                       this step [gvqTrainScheduleReady] */
+    int chunkBytes; /* gvqTrainScheduleForward: plain aggregations longer than this are cut into
+                       chunks of about this size, so that a tensor the forward pass needs
+                       earlier can pass a long one [65536] */
 } gvqTrainConfig_t;
 
 #define GVQ_TRAIN_CONFIG_INITIALIZER                                                         \
     {                                                                                        \
         sizeof(gvqTrainConfig_t), GVQ_TRAIN_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
             GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL, GVQ_CONFIG_UNDEF_INT,    \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT                                       \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                \
+            GVQ_CONFIG_UNDEF_INT                                                             \
     }
 
 /* One variable (GVQ_VARIABLE_INITIALIZER). */
@@ -204,6 +220,16 @@ GVQ_API gvqResult_t gvqTrainSparseReady(gvqTrainer_t trainer, int id, const int6
  * (gvqInvalidUsage, naming it) after the rest completed here, and the other ranks' calls for it
  * fail by the communicator's timeout. Errors: that, and the first error of the step's calls. */
 GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t trainer);
+
+/* Waits until variable id's aggregation of this step is done (its bucket's, all its chunks'),
+ * without waiting for the others: a trainer that waits per layer, and updates that layer, just
+ * before the layer's forward pass of the next step overlaps that forward pass with the
+ * aggregations still running (best with schedule gvqTrainScheduleForward). gvqTrainWaitAll still
+ * ends the step, before the next gradient is ready. Errors: gvqInvalidArgument (bad id),
+ * gvqInvalidUsage (before commit; not ready in this step; a sparse variable, which
+ * gvqTrainWaitAll completes; an aggregation the plan holds behind a variable not yet ready,
+ * named), and the first error of the step's calls up to it. */
+GVQ_API gvqResult_t gvqTrainWaitVariable(gvqTrainer_t trainer, int id);
 
 /* The routing decision and last-step timeline of variable id. Errors: gvqInvalidArgument. */
 GVQ_API gvqResult_t gvqTrainGetVariableInfo(gvqTrainer_t trainer, int id,

@@ -183,6 +183,10 @@ int agg_setup_layers(agg_t *a, const train_opts_t *o, net_t *net, gvqComm_t comm
     gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
     if (o->bucket_bytes != TRAIN_UNSET) cfg.bucketBytes = o->bucket_bytes;
     cfg.waitFree = o->no_wait_free ? 0 : 1;
+    cfg.schedule = o->comm_order != TRAIN_UNSET ? o->comm_order
+                   : o->overlap_forward         ? gvqTrainScheduleForward
+                                                : gvqTrainScheduleReady;
+    if (o->chunk_bytes != TRAIN_UNSET) cfg.chunkBytes = o->chunk_bytes;
     cfg.op = gvqAvg;
     a->factors = o->sfb != TRAIN_UNSET && l0 == 0 && l1 == net->nlayers;
     if (a->factors) cfg.sfb = o->sfb == 2 ? GVQ_CONFIG_UNDEF_INT : o->sfb;
@@ -227,6 +231,17 @@ gvqResult_t agg_wait(agg_t *a) {
     if (res == gvqSuccess) res = a->error;
     a->error = gvqSuccess;
     return res;
+}
+
+gvqResult_t agg_wait_layer(agg_t *a, int layer, void (*done)(size_t off, size_t n, void *arg),
+                           void *arg) {
+    for (int v = 0; v < a->nvars; v++) {
+        if (a->vars[v].layer != layer) continue;
+        gvqResult_t res = gvqTrainWaitVariable(a->trainer, a->vars[v].id);
+        if (res != gvqSuccess) return res;
+        done((size_t)(a->vars[v].grad - a->net->grads), a->vars[v].count, arg);
+    }
+    return gvqSuccess;
 }
 
 gvqResult_t agg_ready_all_wait(agg_t *a) {

@@ -62,6 +62,10 @@ gvqResult_t agg_ready_all_wait(agg_t *a);
 void agg_backward(agg_t *a, const float *images, int batch);
 /* Waits until every gradient is aggregated (averaged) in place. */
 gvqResult_t agg_wait(agg_t *a);
+/* Waits until network layer `layer`'s gradients are aggregated (gvqTrainWaitVariable), calling
+ * done(offset, count, arg) with each one's floats in net->grads; agg_wait still ends the step. */
+gvqResult_t agg_wait_layer(agg_t *a, int layer, void (*done)(size_t off, size_t n, void *arg),
+                           void *arg);
 /* Bytes this rank sent for variable v over the run, and whether it is a conv weight. */
 unsigned long long agg_wire_bytes(const agg_t *a, int v);
 void agg_free(agg_t *a);

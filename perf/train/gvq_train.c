@@ -62,6 +62,12 @@ static void usage(FILE *f) {
         "  --rest-codec C        fc weights: none, qsgd, or powersgd (an outputs x inputs\n"
         "                        matrix); biases and scalars plain (default none)\n"
         "  --no-wait-free        aggregate after backprop instead of layer by layer during it\n"
+        "  --overlap-forward     make a step's update layer by layer inside the next forward\n"
+        "                        pass, each layer's as soon as its gradients are aggregated\n"
+        "                        (the aggregation overlaps the next forward as well)\n"
+        "  --comm-order O        ready (as backprop makes them) or forward (a measured plan:\n"
+        "                        what the next forward needs first, first; the default with\n"
+        "                        --overlap-forward); --chunk-bytes N cuts plain ones for it\n"
         "  --model text          a bag-of-words classifier of Debian packages' sections from\n"
         "                        their names and descriptions (--text-data FILE, made by\n"
         "                        perf/train/apt-text.sh); its embedding is a sparse variable,\n"
@@ -201,6 +207,9 @@ enum {
     OPT_REST_CODEC,
     OPT_ZERO_CODE,
     OPT_NO_WAIT_FREE,
+    OPT_OVERLAP_FORWARD,
+    OPT_COMM_ORDER,
+    OPT_CHUNK_BYTES,
     OPT_SFB,
     OPT_TEXT_DATA,
     OPT_SPARSE_ROUTE,
@@ -269,6 +278,9 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"rest-codec", required_argument, NULL, OPT_REST_CODEC},
         {"zero-code", no_argument, NULL, OPT_ZERO_CODE},
         {"no-wait-free", no_argument, NULL, OPT_NO_WAIT_FREE},
+        {"overlap-forward", no_argument, NULL, OPT_OVERLAP_FORWARD},
+        {"comm-order", required_argument, NULL, OPT_COMM_ORDER},
+        {"chunk-bytes", required_argument, NULL, OPT_CHUNK_BYTES},
         {"sfb", required_argument, NULL, OPT_SFB},
         {"text-data", required_argument, NULL, OPT_TEXT_DATA},
         {"sparse-route", required_argument, NULL, OPT_SPARSE_ROUTE},
@@ -435,6 +447,19 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         case OPT_NO_WAIT_FREE:
             o->no_wait_free = 1;
             break;
+        case OPT_OVERLAP_FORWARD:
+            o->overlap_forward = 1;
+            break;
+        case OPT_COMM_ORDER:
+            o->comm_order = !strcmp(optarg, "ready")     ? gvqTrainScheduleReady
+                            : !strcmp(optarg, "forward") ? gvqTrainScheduleForward
+                                                         : -1;
+            if (o->comm_order == -1) what = "--comm-order (ready or forward)";
+            break;
+        case OPT_CHUNK_BYTES:
+            if (parse_int(optarg, 1024, 1 << 30, &o->chunk_bytes))
+                what = "--chunk-bytes (1024..2^30)";
+            break;
         case OPT_TEXT_DATA:
             o->text_data = optarg;
             break;
@@ -568,6 +593,12 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
     if (o->eval_every > 0 && o->eval_every % o->print_every != 0) {
         fprintf(stderr, "gvq-train: --eval-every (%d) must be a multiple of --print-every (%d)\n",
                 o->eval_every, o->print_every);
+        return -1;
+    }
+    if (o->overlap_forward && (o->zero_code || o->no_wait_free || o->stages > 0 || o->text)) {
+        fprintf(stderr, "gvq-train: --overlap-forward needs the training layer with wait-free "
+                        "backprop and an image model (not --zero-code, --no-wait-free, --stages "
+                        "or --model text)\n");
         return -1;
     }
     if (o->zero_code && (o->codec == TRAIN_CODEC_QSGD || o->codec == TRAIN_CODEC_POWERSGD ||

@@ -743,8 +743,14 @@ err_nomem:
 }
 
 const float *net_forward(net_t *net, const float *images, int batch) {
+    return net_forward_each(net, images, batch, NULL, NULL);
+}
+
+const float *net_forward_each(net_t *net, const float *images, int batch,
+                              net_layer_before_fn before, void *arg) {
     const float *in = images;
     for (int i = 0; i < net->nlayers; i++) {
+        if (before != NULL) before(i, arg);
         layer_forward(&net->layers[i], in, batch);
         in = net->layers[i].out;
     }

@@ -123,6 +123,11 @@ void net_free(net_t *net);
 /* Forward pass over `batch` images (batch x c x h x w floats); returns the logits
  * (batch x classes, owned by the net). */
 const float *net_forward(net_t *net, const float *images, int batch);
+/* The same, calling before(i, arg) just before layer i's forward (layers from the first to the
+ * last): where a deferred update of layer i's weights is made. */
+typedef void (*net_layer_before_fn)(int layer, void *arg);
+const float *net_forward_each(net_t *net, const float *images, int batch,
+                              net_layer_before_fn before, void *arg);
 
 /* Softmax cross-entropy of the last forward pass against labels: returns the mean loss over the
  * batch, adds the number of correct argmax predictions to *correct, and leaves the gradient of

@@ -138,6 +138,7 @@ void train_opts_default(train_opts_t *o) {
     o->power_rank = o->integer_bits = o->error_feedback = TRAIN_UNSET;
     o->ef_bound = -1.0;
     o->bucket_bytes = TRAIN_UNSET;
+    o->comm_order = o->chunk_bytes = TRAIN_UNSET;
     o->sfb = TRAIN_UNSET;
     o->sparse_route = GVQ_CONFIG_UNDEF_INT;
     o->vocab = 65536;
@@ -284,11 +285,56 @@ static void record_grad(int layer, void *arg) {
     if (holds && dump_record(h->dump, h->conv->dw) != 0) h->ok = 0;
 }
 
+/* ---- the update, whole or layer by layer inside the next forward pass (--overlap-forward) -- */
+
+typedef struct {
+    net_t *net;
+    float *velocity;
+    float lr, mu, wd;
+} sgd_t;
+
+/* SGD with momentum and weight decay on parameters [off, off + n). */
+static void sgd_range(const sgd_t *s, size_t off, size_t n) {
+    const net_t *net = s->net;
+    float *v = s->velocity, *p = net->params;
+    const float *g = net->grads, *scale = net->lr_scale;
+    for (size_t j = off; j < off + n; j++) {
+        v[j] = s->mu * v[j] + g[j] + s->wd * p[j];
+        p[j] -= (scale != NULL ? s->lr * scale[j] : s->lr) * v[j];
+    }
+}
+
+/* A step's update deferred into the next forward pass: before network layer i runs, its
+ * gradients are waited for and its weights updated; the times of each layer's wait. */
+typedef struct {
+    agg_t *agg;
+    sgd_t sgd;
+    gvqResult_t error;
+    double wait_s;               /* waited in this forward pass */
+    double *wait_start, *wait_end; /* per network layer (the timeline) */
+} deferred_t;
+
+static void update_range(size_t off, size_t n, void *arg) {
+    sgd_range(&((deferred_t *)arg)->sgd, off, n);
+}
+
+static void before_layer(int layer, void *arg) {
+    deferred_t *d = arg;
+    double t = now_s();
+    d->wait_start[layer] = t;
+    gvqResult_t r = d->error == gvqSuccess ? agg_wait_layer(d->agg, layer, update_range, d)
+                                           : gvqSuccess;
+    if (r != gvqSuccess) d->error = r;
+    d->wait_end[layer] = now_s();
+    d->wait_s += d->wait_end[layer] - t;
+}
+
 /* --timeline: one step as CSV rows (what, name, start, end; seconds from the step's start):
  * the forward pass, each layer's backward, each variable's aggregation (with its ready time),
  * the wait and the update. */
 static void write_timeline(const char *path, const agg_t *a, long step, double t0, double t_fwd,
-                           double t1, double t2, double t3) {
+                           double t1, double t2, double t3, const deferred_t *next,
+                           double next_fwd_end) {
     FILE *f = fopen(path, "w");
     if (f == NULL) {
         fprintf(stderr, "gvq-train: cannot create the timeline '%s': %s\n", path, strerror(errno));
@@ -307,7 +353,18 @@ static void write_timeline(const char *path, const agg_t *a, long step, double t
         fprintf(f, "aggregate,%s,%.6f,%.6f,%.6f\n", info.name, info.startTime - t0,
                 info.endTime - t0, info.readyTime - t0);
     }
-    fprintf(f, "wait,all,%.6f,%.6f,\nupdate,sgd,%.6f,%.6f,\n", t1 - t0, t2 - t0, t2 - t0, t3 - t0);
+    if (next == NULL) {
+        fprintf(f, "wait,all,%.6f,%.6f,\nupdate,sgd,%.6f,%.6f,\n", t1 - t0, t2 - t0, t2 - t0,
+                t3 - t0);
+    } else { /* the next forward pass, each layer after its wait and update */
+        int n = a->net->nlayers;
+        for (int i = 0; i < n; i++) {
+            double end = i + 1 < n ? next->wait_start[i + 1] : next_fwd_end;
+            fprintf(f, "wait,layer%d,%.6f,%.6f,\nforward,layer%d,%.6f,%.6f,\n", i,
+                    next->wait_start[i] - t0, next->wait_end[i] - t0, i, next->wait_end[i] - t0,
+                    end - t0);
+        }
+    }
     fclose(f);
 }
 
@@ -488,6 +545,15 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     long pos = (long)train.n; /* forces a shuffle at step 0 */
     int epoch = 0;
     long step;
+    /* --overlap-forward: the last step's update, waiting inside this forward pass */
+    deferred_t next = {&agg, {&net, velocity, 0, 0, 0}, gvqSuccess, 0.0, NULL, NULL};
+    int pending = 0;
+    double prev_t0 = 0, prev_fwd = 0, prev_t1 = 0; /* the deferred step's (its timeline) */
+    if (o->overlap_forward) {
+        next.wait_start = calloc(2 * (size_t)net.nlayers, sizeof(double));
+        if (next.wait_start == NULL) TRAIN_GVQ(gvqSystemError, gcomm);
+        next.wait_end = next.wait_start + net.nlayers;
+    }
     for (step = 0; step < iters; step++) {
         double t0 = now_s();
         if (pos + batch > train.n) {
@@ -497,7 +563,21 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         }
         mnist_batch(&train, perm + pos + (long)rank * local, local, images, labels);
         pos += batch;
-        net_forward(&net, images, local);
+        double waited = 0.0; /* for the last step's gradients, inside this forward pass */
+        if (pending) {
+            next.wait_s = 0.0;
+            net_forward_each(&net, images, local, before_layer, &next);
+            if (o->timeline_path != NULL && rank == 0 && step == o->timeline_step)
+                write_timeline(o->timeline_path, &agg, step, prev_t0, prev_fwd, prev_t1, 0, 0,
+                               &next, now_s());
+            TRAIN_GVQ(next.error, gcomm);
+            double w = now_s();
+            TRAIN_GVQ(agg_wait(&agg), gcomm); /* ends the last step: all of it is in */
+            waited = next.wait_s + (now_s() - w);
+            pending = 0;
+        } else {
+            net_forward(&net, images, local);
+        }
         long correct = 0;
         double loss = net_loss(&net, labels, local, &correct);
         dump_hook.active = dumping && (o->dump_iters == 0 || (long)dump.iters < o->dump_iters);
@@ -511,23 +591,32 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             fclose(dump.f);
             dumping = 0;
         }
-        TRAIN_GVQ(agg_wait(&agg), gcomm);
-        double t2 = now_s();
-
         const double lr_step =
             o->cosine
                 ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
                 : o->lr;
-        const float lr = (float)lr_step, mu = (float)o->momentum, wd = (float)o->weight_decay;
-        for (size_t j = 0; j < net.nparams; j++) {
-            velocity[j] = mu * velocity[j] + net.grads[j] + wd * net.params[j];
-            net.params[j] -= (net.lr_scale != NULL ? lr * net.lr_scale[j] : lr) * velocity[j];
+        const sgd_t sgd = {&net, velocity, (float)lr_step, (float)o->momentum,
+                           (float)o->weight_decay};
+        int last = step + 1 == iters;
+        int printing = (step + 1) % o->print_every == 0 || last;
+        int checking = (o->check_every > 0 && (step + 1) % o->check_every == 0) || printing;
+        double t2 = t1, t3 = t1;
+        if (o->overlap_forward && !checking) { /* the weights are read before they change */
+            next.sgd = sgd;
+            pending = 1;
+            prev_t0 = t0;
+            prev_fwd = t_fwd;
+            prev_t1 = t1;
+        } else {
+            TRAIN_GVQ(agg_wait(&agg), gcomm);
+            t2 = now_s();
+            sgd_range(&sgd, 0, net.nparams);
+            t3 = now_s();
+            if (o->timeline_path != NULL && rank == 0 && step + 1 == o->timeline_step)
+                write_timeline(o->timeline_path, &agg, step + 1, t0, t_fwd, t1, t2, t3, NULL, 0);
         }
-        double t3 = now_s();
-        if (o->timeline_path != NULL && rank == 0 && step + 1 == o->timeline_step)
-            write_timeline(o->timeline_path, &agg, step + 1, t0, t_fwd, t1, t2, t3);
-        win_compute += (t1 - t0) + (t3 - t2);
-        win_comm += t2 - t1;
+        win_compute += (t1 - t0) + (t3 - t2) - waited;
+        win_comm += t2 - t1 + waited;
         win_loss += loss;
         win_correct += correct;
         win_seen += local;
@@ -535,9 +624,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         res->loss_hist[step] = loss;
         progress_draw(&progress, step + 1, iters);
 
-        int last = step + 1 == iters;
-        int printing = (step + 1) % o->print_every == 0 || last;
-        if ((o->check_every > 0 && (step + 1) % o->check_every == 0) || printing) {
+        if (checking) {
             res->sync_checks++;
             if (!weights_agree(&net, comm)) {
                 res->sync_mismatches++;
@@ -687,6 +774,7 @@ done:
     TRAIN_GVQ(gvqCommDestroy(gcomm), NULL);
     free(phases);
     free(velocity);
+    free(next.wait_start);
     free(images);
     free(labels);
     free(perm);

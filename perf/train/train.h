@@ -47,6 +47,10 @@ typedef struct {
                          blocks' scalars always plain (fused into buckets) */
     int zero_code;    /* 1: one flat gvqAllReduce of the whole gradient */
     int no_wait_free; /* 1: the training layer aggregates after backprop, not during it */
+    int overlap_forward; /* 1: a step's update made layer by layer inside the next forward pass,
+                            each layer's after its aggregation (gvqTrainWaitVariable) */
+    int comm_order;      /* the layer's schedule (TRAIN_UNSET: forward with overlap_forward) */
+    int chunk_bytes;     /* the layer's chunkBytes (TRAIN_UNSET: the library's) */
     /* --model text (text.c): its corpus, sparse route, vocabulary and embedding width */
     int text;
     const char *text_data;

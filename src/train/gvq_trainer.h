@@ -27,6 +27,7 @@ typedef struct {
     int fbatch;
     float *all_u, *all_v; /* every rank's factors, gathered */
     size_t cap_u, cap_v;  /* floats they hold */
+    int unit;             /* its unit of issue (trainer_plan.c), or -1 (sparse) */
 } tvar_t;
 
 typedef struct {
@@ -37,6 +38,19 @@ typedef struct {
     int fused;
     double start, end;
 } tbucket_t;
+
+/* A unit of issue (trainer_plan.c): one job on the stream, or several chunks of it. */
+typedef struct {
+    int var, bucket; /* a variable alone, or a bucket (plain or fused); the other -1 */
+    int prio;        /* its highest variable id: the forward pass needs it the soonest */
+    size_t count;    /* floats */
+    int nchunks;     /* > 1 only for a plain allreduce longer than chunkBytes */
+    int ready;       /* this step: every member handed over */
+    int issued;      /* this step: chunks issued */
+    gvqEvent_t done; /* recorded after its last chunk (NULL when calls run inline) */
+    double ready_at, start, end; /* this step: ready; its first chunk's start, last one's end */
+    double sum_ready, sum_busy;  /* measured steps: ready offsets, end - start */
+} tunit_t;
 
 struct gvqTrainer {
     uint32_t magic;
@@ -59,6 +73,16 @@ struct gvqTrainer {
     int inline_calls;        /* the transport cannot run calls from two threads: every
                                 aggregation runs at once on the caller's thread */
     gvqResult_t issue_error; /* the step's first refusal at issue */
+    /* the order of issue (trainer_plan.c) */
+    int schedule;       /* gvqTrainSchedule_t */
+    size_t chunk_bytes; /* 0: units are never cut */
+    tunit_t *units;
+    int nunits;
+    int *plan; /* (unit, chunk) pairs in the order of issue; NULL: each unit when ready */
+    int nplan, next;
+    long steps;        /* steps ended */
+    int measured;      /* steps measured for the plan */
+    double step_first; /* this step's first unit ready */
 };
 
 /* The registry of live layers (trainer_handle.c): add, remove (0: was not live), and check that
@@ -71,6 +95,18 @@ gvqResult_t gvq_train_check(const char *fn, gvqTrainer_t trainer);
 gvqResult_t gvq_train_check_step(const char *fn, gvqTrainer_t trainer);
 /* A hash of variables [0, upto): names, kinds, shapes. */
 uint64_t gvq_train_variables_hash(const gvqTrainer_t trainer, int upto);
+
+/* The order of issue (trainer_plan.c): the units at commit (and freeing them), a unit ready
+ * (issued now, or when the plan reaches it; the first refusal of what it issued), the rest of a step issued (at gvqTrainWaitAll), the
+ * step's end (measured; the plan made, collectively, after the last measured step), and the
+ * wait for one unit. trainer.c's gvq_train_issue queues one chunk (whole: 0 of 1). */
+gvqResult_t gvq_train_plan_commit(gvqTrainer_t trainer);
+void gvq_train_plan_free(gvqTrainer_t trainer);
+gvqResult_t gvq_train_plan_ready(gvqTrainer_t trainer, int unit);
+void gvq_train_plan_flush(gvqTrainer_t trainer);
+gvqResult_t gvq_train_plan_end_step(gvqTrainer_t trainer, gvqResult_t step_result);
+gvqResult_t gvq_train_plan_wait(const char *fn, gvqTrainer_t trainer, int unit);
+gvqResult_t gvq_train_issue(gvqTrainer_t trainer, int unit, int chunk);
 
 /* Sparse variables (trainer_sparse.c): registration (its config checked and kept), the tables
  * at commit (and undoing them), the queued apply before the step's wait and the replicas'

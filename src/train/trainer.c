@@ -103,6 +103,20 @@ static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
         GVQ_WARN("%s: sfb %d is not 0, 1 or unset (SACP)", fn, in->sfb);
         return gvqInvalidArgument;
     }
+    t->schedule = in->schedule == GVQ_CONFIG_UNDEF_INT ? gvqTrainScheduleReady : in->schedule;
+    if (t->schedule != gvqTrainScheduleReady && t->schedule != gvqTrainScheduleForward) {
+        GVQ_WARN("%s: schedule %d is not gvqTrainScheduleReady or gvqTrainScheduleForward", fn,
+                 in->schedule);
+        return gvqInvalidArgument;
+    }
+    long chunk = in->chunkBytes == GVQ_CONFIG_UNDEF_INT ? 65536 : in->chunkBytes;
+    if (chunk < 1024 || chunk > (1l << 30)) {
+        GVQ_WARN("%s: chunkBytes %ld is outside [1024, 2^30]", fn, chunk);
+        return gvqInvalidArgument;
+    }
+    /* only a plan reorders chunks; without one a unit goes whole, as it always did */
+    t->chunk_bytes =
+        t->schedule == gvqTrainScheduleForward && t->wait_free ? (size_t)chunk : (size_t)0;
     GVQCHECK(copy_compressor_cfg(fn, "convCompressor", in->convCompressor, &t->conv_cfg,
                                  &t->has_conv_cfg));
     GVQCHECK(copy_compressor_cfg(fn, "fcCompressor", in->fcCompressor, &t->fc_cfg, &t->has_fc_cfg));
@@ -401,7 +415,9 @@ static void log_routes(gvqTrainer_t t) {
  * are caught at commit rather than as a mismatch or a hang at the first step. */
 static uint64_t settings_hash(const gvqTrainer_t t) {
     uint64_t h = 0xcbf29ce484222325ull;
-    uint64_t cfg[7] = {t->bucket_bytes,
+    uint64_t cfg[9] = {t->bucket_bytes,
+                       (uint64_t)t->schedule,
+                       t->chunk_bytes,
                        (uint64_t)t->wait_free,
                        (uint64_t)t->op,
                        (uint64_t)t->sfb,
@@ -425,6 +441,7 @@ static uint64_t settings_hash(const gvqTrainer_t t) {
 /* Undo a commit that failed on some rank: its compressors and buckets. */
 static void uncommit(gvqTrainer_t t) {
     gvq_train_sparse_uncommit(t);
+    gvq_train_plan_free(t);
     for (int i = 0; i < t->nvars; i++) {
         if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);
         t->vars[i].comp = NULL;
@@ -489,6 +506,8 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
         res = gvqSystemError;
     }
     if (res == gvqSuccess) res = gvq_train_sparse_commit(t);
+    t->inline_calls = !t->comm->xport->concurrent;
+    if (res == gvqSuccess) res = gvq_train_plan_commit(t);
     GVQCHECK(all_equal(t, (uint64_t)res, &equal)); /* every rank commits, or none */
     if (res != gvqSuccess || !equal) {
         uncommit(t);
@@ -499,7 +518,6 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
         return res;
     }
     t->committed = 1;
-    t->inline_calls = !t->comm->xport->concurrent;
     if (t->inline_calls && t->rank == 0)
         GVQ_WARN("%s: MPI runs below MPI_THREAD_MULTIPLE, so the layer cannot aggregate on its "
                  "own thread: each aggregation runs at once on the calling thread, without "
@@ -513,8 +531,8 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
 
 typedef struct {
     gvqTrainer_t t;
-    int var;    /* a variable, or -1 */
-    int bucket; /* a bucket, or -1 */
+    int unit, chunk;
+    size_t off, count; /* the chunk's floats in the unit */
 } train_job_t;
 
 /* Bytes a plain ring sends per rank for n floats. */
@@ -539,61 +557,93 @@ static gvqResult_t sfb_run(gvqTrainer_t t, tvar_t *x) {
     return gvqSuccess;
 }
 
-/* On the progress thread: one variable's or bucket's aggregation, timed. */
-static gvqResult_t train_job_run(void *arg) {
-    const train_job_t *j = arg;
-    gvqTrainer_t t = j->t;
-    double start = now_s();
-    gvqResult_t res;
-    if (j->bucket >= 0 && t->buckets[j->bucket].fused) {
-        tbucket_t *b = &t->buckets[j->bucket];
-        (void)gvqGroupStart();
-        for (int m = 0; m < b->nmembers; m++) {
-            tvar_t *x = &t->vars[b->members[m]];
-            (void)gvqAllReduceCompressed(x->grad, x->grad, x->info.count, gvqFloat32, t->op,
-                                         x->comp, t->comm, NULL); /* checked: the group's end */
-        }
-        res = gvqGroupEnd();
-        b->start = start;
-        b->end = now_s();
-        return res;
+/* Chunk c of unit u: [*off, *off + *count) of its floats (even chunks, the last one shorter). */
+static void chunk_span(const tunit_t *u, int c, size_t *off, size_t *count) {
+    size_t per = (u->count + (size_t)u->nchunks - 1) / (size_t)u->nchunks;
+    *off = (size_t)c * per;
+    *count = *off + per <= u->count ? per : u->count - *off;
+}
+
+/* A fused group: its members' compressed calls inside one group. */
+static gvqResult_t run_fused(gvqTrainer_t t, const tbucket_t *b) {
+    (void)gvqGroupStart();
+    for (int m = 0; m < b->nmembers; m++) {
+        tvar_t *x = &t->vars[b->members[m]];
+        (void)gvqAllReduceCompressed(x->grad, x->grad, x->info.count, gvqFloat32, t->op, x->comp,
+                                     t->comm, NULL); /* checked: the group's end */
     }
-    if (j->bucket >= 0) {
-        tbucket_t *b = &t->buckets[j->bucket];
-        res = gvqAllReduce(b->buf, b->buf, b->count, gvqFloat32, t->op, t->comm, NULL);
-        for (int m = 0; m < b->nmembers && res == gvqSuccess; m++) {
-            tvar_t *x = &t->vars[b->members[m]];
-            memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
-            x->info.wireBytes += ring_bytes(t, x->info.count);
-        }
-        b->start = start;
-        b->end = now_s();
-        return res;
+    return gvqGroupEnd();
+}
+
+/* A chunk of a plain bucket; after its last, the members unpacked. */
+static gvqResult_t run_bucket(gvqTrainer_t t, tbucket_t *b, const train_job_t *j, int last) {
+    gvqResult_t res =
+        gvqAllReduce(b->buf + j->off, b->buf + j->off, j->count, gvqFloat32, t->op, t->comm, NULL);
+    for (int m = 0; m < b->nmembers && res == gvqSuccess && last; m++) {
+        tvar_t *x = &t->vars[b->members[m]];
+        memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
+        x->info.wireBytes += ring_bytes(t, x->info.count);
     }
-    tvar_t *x = &t->vars[j->var];
-    if (x->sfb_now) {
-        res = sfb_run(t, x);
-    } else if (x->comp != NULL) {
-        res = gvqAllReduceCompressed(x->grad, x->grad, x->info.count, gvqFloat32, t->op, x->comp,
-                                     t->comm, NULL);
-    } else {
-        res = gvqAllReduce(x->grad, x->grad, x->info.count, gvqFloat32, t->op, t->comm, NULL);
-        if (res == gvqSuccess) x->info.wireBytes += ring_bytes(t, x->info.count);
-    }
-    x->info.startTime = start;
-    x->info.endTime = now_s();
     return res;
 }
 
-static gvqResult_t issue(gvqTrainer_t t, int var, int bucket) {
+/* A variable alone: by its factors, through its compressor, or a plain chunk of it. */
+static gvqResult_t run_var(gvqTrainer_t t, tvar_t *x, const train_job_t *j) {
+    if (x->sfb_now) return sfb_run(t, x);
+    if (x->comp != NULL)
+        return gvqAllReduceCompressed(x->grad, x->grad, x->info.count, gvqFloat32, t->op, x->comp,
+                                      t->comm, NULL);
+    gvqResult_t res = gvqAllReduce(x->grad + j->off, x->grad + j->off, j->count, gvqFloat32, t->op,
+                                   t->comm, NULL);
+    if (res == gvqSuccess) x->info.wireBytes += ring_bytes(t, j->count);
+    return res;
+}
+
+/* On the progress thread: one chunk of a unit's aggregation, timed. */
+static gvqResult_t train_job_run(void *arg) {
+    const train_job_t *j = arg;
+    gvqTrainer_t t = j->t;
+    tunit_t *u = &t->units[j->unit];
+    int first = j->chunk == 0, last = j->chunk == u->nchunks - 1;
+    double start = now_s();
+    gvqResult_t res;
+    if (u->bucket >= 0 && t->buckets[u->bucket].fused)
+        res = run_fused(t, &t->buckets[u->bucket]);
+    else if (u->bucket >= 0)
+        res = run_bucket(t, &t->buckets[u->bucket], j, last);
+    else
+        res = run_var(t, &t->vars[u->var], j);
+    double end = now_s();
+    if (first) u->start = start;
+    if (last) u->end = end;
+    if (u->bucket >= 0) {
+        tbucket_t *b = &t->buckets[u->bucket];
+        if (first) b->start = start;
+        if (last) b->end = end;
+        for (int m = 0; m < b->nmembers && last; m++) { /* readable after its wait */
+            t->vars[b->members[m]].info.startTime = b->start;
+            t->vars[b->members[m]].info.endTime = end;
+        }
+    } else {
+        if (first) t->vars[u->var].info.startTime = start;
+        if (last) t->vars[u->var].info.endTime = end;
+    }
+    return res;
+}
+
+/* Queue chunk c of unit u (or run it here when calls run inline). */
+gvqResult_t gvq_train_issue(gvqTrainer_t t, int unit, int c) {
+    const tunit_t *u = &t->units[unit];
     train_job_t *j = malloc(sizeof *j);
     if (j == NULL) {
         GVQ_WARN("gvqTrainGradReady: out of memory");
+        if (t->issue_error == gvqSuccess) t->issue_error = gvqSystemError;
         return gvqSystemError;
     }
-    *j = (train_job_t){t, var, bucket};
-    if (bucket >= 0 && !t->buckets[bucket].fused) { /* pack here: the members are all ready */
-        tbucket_t *b = &t->buckets[bucket];
+    *j = (train_job_t){t, unit, c, 0, 0};
+    chunk_span(u, c, &j->off, &j->count);
+    if (c == 0 && u->bucket >= 0 && !t->buckets[u->bucket].fused) { /* pack: all are ready */
+        tbucket_t *b = &t->buckets[u->bucket];
         for (int m = 0; m < b->nmembers; m++) {
             const tvar_t *x = &t->vars[b->members[m]];
             memcpy(b->buf + x->bucket_off, x->grad, x->info.count * sizeof(float));
@@ -611,14 +661,12 @@ static gvqResult_t issue(gvqTrainer_t t, int var, int bucket) {
     return res;
 }
 
-/* Issue variable id's aggregation, or its bucket's when it was the last member. */
+/* Variable id is ready: so is its unit when it was the last member of its bucket. */
 static gvqResult_t start_variable(gvqTrainer_t t, int id) {
     tvar_t *x = &t->vars[id];
-    if (x->fused >= 0 && !x->sfb_now)
-        return --t->buckets[x->fused].pending == 0 ? issue(t, -1, x->fused) : gvqSuccess;
-    if (x->info.route != gvqRouteBucket || x->sfb_now) return issue(t, id, -1);
-    tbucket_t *b = &t->buckets[x->info.bucket];
-    return --b->pending == 0 ? issue(t, -1, x->info.bucket) : gvqSuccess;
+    const tunit_t *u = &t->units[x->unit];
+    if (u->bucket >= 0 && --t->buckets[u->bucket].pending > 0) return gvqSuccess;
+    return gvq_train_plan_ready(t, x->unit);
 }
 
 /* The checks of every hand-over: a committed layer, a registered variable not yet ready in this
@@ -741,6 +789,7 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
     if (live != gvqSuccess) { /* nothing more may be queued; what was queued has failed */
         (void)gvqStreamSynchronize(t->stream);
         end_step(t);
+        (void)gvq_train_plan_end_step(t, live);
         return live;
     }
     int missing = -1;
@@ -751,6 +800,7 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
         }
         if (!t->wait_free && t->vars[i].sp == NULL) (void)start_variable(t, i);
     }
+    gvq_train_plan_flush(t);
     gvq_train_sparse_before_wait(t); /* the parameter servers' apply, behind their pushes */
     gvqResult_t res = gvqStreamSynchronize(t->stream);
     gvq_train_sparse_after_wait(t, res);
@@ -763,7 +813,31 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
         res = gvqInvalidUsage;
     }
     end_step(t);
-    return res;
+    gvqResult_t plan = gvq_train_plan_end_step(t, res);
+    return res != gvqSuccess ? res : plan;
+}
+
+GVQ_API gvqResult_t gvqTrainWaitVariable(gvqTrainer_t t, int id) {
+    const char *fn = "gvqTrainWaitVariable";
+    GVQCHECK(gvq_train_check_step(fn, t));
+    if (id < 0 || id >= t->nvars) {
+        GVQ_WARN("%s: id %d is not a registered variable", fn, id);
+        return gvqInvalidArgument;
+    }
+    const tvar_t *x = &t->vars[id];
+    if (x->sp != NULL || x->grad == NULL) {
+        GVQ_WARN("%s: variable %d '%s' %s", fn, id, x->info.name,
+                 x->sp != NULL ? "is sparse: gvqTrainWaitAll completes it"
+                               : "was not made ready in this step");
+        return gvqInvalidUsage;
+    }
+    if (!t->wait_free) {
+        GVQ_WARN("%s: variable %d '%s': without waitFree nothing is issued before "
+                 "gvqTrainWaitAll",
+                 fn, id, x->info.name);
+        return gvqInvalidUsage;
+    }
+    return gvq_train_plan_wait(fn, t, x->unit);
 }
 
 /* ---- queries and destroy ----------------------------------------------------------------- */
@@ -819,6 +893,7 @@ GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t t) {
         free(t->buckets[k].members);
         free(t->buckets[k].buf);
     }
+    gvq_train_plan_free(t);
     free(t->buckets);
     free(t->vars);
     t->magic = 0;
