@@ -5,6 +5,8 @@
 #ifndef GVQ_TRAINER_H_
 #define GVQ_TRAINER_H_
 
+#include <pthread.h>
+
 #include "gvq_stream.h"
 #include "gvq_train.h"
 
@@ -39,17 +41,19 @@ typedef struct {
     double start, end;
 } tbucket_t;
 
-/* A unit of issue (trainer_plan.c): one job on the stream, or several chunks of it. */
+/* A unit of issue (trainer_plan.c): a variable alone, a bucket or the fused group. */
 typedef struct {
     int var, bucket; /* a variable alone, or a bucket (plain or fused); the other -1 */
     int prio;        /* its highest variable id: the forward pass needs it the soonest */
     size_t count;    /* floats */
-    int nchunks;     /* > 1 only for a plain allreduce longer than chunkBytes */
-    int ready;       /* this step: every member handed over */
-    int issued;      /* this step: chunks issued */
-    gvqEvent_t done; /* recorded after its last chunk (NULL when calls run inline) */
-    double ready_at, start, end; /* this step: ready; its first chunk's start, last one's end */
-    double sum_ready, sum_busy;  /* measured steps: ready offsets, end - start */
+    int nchunks;     /* > 1 only for a plain allreduce longer than chunkBytes (negotiated) */
+    int ready;       /* this step: every member handed over (atomic: the progress thread reads) */
+    int issued;      /* ready schedule: this step's chunks queued */
+    gvqEvent_t done; /* ready schedule: recorded after its last chunk (NULL: calls run inline) */
+    int completed;   /* negotiated: its aggregation is done (under the layer's lock) */
+    int left;        /* negotiated, progress thread: chunks still to run */
+    int agreed;      /* negotiated, progress thread: ready on every rank */
+    double start, end; /* this step: its first chunk's start, its last one's end */
 } tunit_t;
 
 struct gvqTrainer {
@@ -76,13 +80,16 @@ struct gvqTrainer {
     /* the order of issue (trainer_plan.c) */
     int schedule;       /* gvqTrainSchedule_t */
     size_t chunk_bytes; /* 0: units are never cut */
+    int negotiate;      /* the negotiated schedule runs (forward, waitFree, a progress thread) */
     tunit_t *units;
     int nunits;
-    int *plan; /* (unit, chunk) pairs in the order of issue; NULL: each unit when ready */
-    int nplan, next;
-    long steps;        /* steps ended */
-    int measured;      /* steps measured for the plan */
-    double step_first; /* this step's first unit ready */
+    int job_queued;       /* this step's negotiating job is on the stream */
+    int closed;           /* gvqTrainWaitAll was called: nothing more becomes ready (atomic) */
+    float *stage;         /* a chunk and the ready flags, allreduced together */
+    pthread_mutex_t lock; /* the units' completed, job_over and job_res */
+    pthread_cond_t cond;
+    int job_over;
+    gvqResult_t job_res;
 };
 
 /* The registry of live layers (trainer_handle.c): add, remove (0: was not live), and check that
@@ -97,16 +104,21 @@ gvqResult_t gvq_train_check_step(const char *fn, gvqTrainer_t trainer);
 uint64_t gvq_train_variables_hash(const gvqTrainer_t trainer, int upto);
 
 /* The order of issue (trainer_plan.c): the units at commit (and freeing them), a unit ready
- * (issued now, or when the plan reaches it; the first refusal of what it issued), the rest of a step issued (at gvqTrainWaitAll), the
- * step's end (measured; the plan made, collectively, after the last measured step), and the
- * wait for one unit. trainer.c's gvq_train_issue queues one chunk (whole: 0 of 1). */
+ * (queued now, or picked by the negotiation; the first refusal of what it queued), the step
+ * closed (at gvqTrainWaitAll), the step's end, and the wait for one unit. trainer.c's
+ * gvq_train_issue queues one chunk (whole: 0 of 1). */
 gvqResult_t gvq_train_plan_commit(gvqTrainer_t trainer);
 void gvq_train_plan_free(gvqTrainer_t trainer);
 gvqResult_t gvq_train_plan_ready(gvqTrainer_t trainer, int unit);
-void gvq_train_plan_flush(gvqTrainer_t trainer);
-gvqResult_t gvq_train_plan_end_step(gvqTrainer_t trainer, gvqResult_t step_result);
+void gvq_train_plan_close(gvqTrainer_t trainer);
+void gvq_train_plan_end_step(gvqTrainer_t trainer);
 gvqResult_t gvq_train_plan_wait(const char *fn, gvqTrainer_t trainer, int unit);
 gvqResult_t gvq_train_issue(gvqTrainer_t trainer, int unit, int chunk);
+/* The negotiated schedule runs units itself: a plain one's floats (a bucket packed), its end (a
+ * bucket unpacked, bytes and times), or a unit whole (compressed, fused, factors). */
+float *gvq_train_unit_data(gvqTrainer_t trainer, int unit);
+void gvq_train_unit_finish(gvqTrainer_t trainer, int unit);
+gvqResult_t gvq_train_unit_run(gvqTrainer_t trainer, int unit);
 
 /* Sparse variables (trainer_sparse.c): registration (its config checked and kept), the tables
  * at commit (and undoing them), the queued apply before the step's wait and the replicas'

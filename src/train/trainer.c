@@ -631,6 +631,50 @@ static gvqResult_t train_job_run(void *arg) {
     return res;
 }
 
+/* ---- the pieces of a unit, for the negotiated schedule (trainer_plan.c) ---- */
+
+/* The floats unit u's plain allreduce works on: its variable's gradient, or its bucket's buffer,
+ * packed here (every member is ready). */
+float *gvq_train_unit_data(gvqTrainer_t t, int unit) {
+    const tunit_t *u = &t->units[unit];
+    if (u->bucket < 0) return t->vars[u->var].grad;
+    tbucket_t *b = &t->buckets[u->bucket];
+    for (int m = 0; m < b->nmembers; m++) {
+        const tvar_t *x = &t->vars[b->members[m]];
+        memcpy(b->buf + x->bucket_off, x->grad, x->info.count * sizeof(float));
+    }
+    return b->buf;
+}
+
+/* Unit u's plain allreduce is done: a bucket unpacked, bytes and times kept. */
+void gvq_train_unit_finish(gvqTrainer_t t, int unit) {
+    tunit_t *u = &t->units[unit];
+    if (u->bucket < 0) {
+        tvar_t *x = &t->vars[u->var];
+        x->info.wireBytes += ring_bytes(t, x->info.count);
+        x->info.startTime = u->start;
+        x->info.endTime = u->end;
+        return;
+    }
+    tbucket_t *b = &t->buckets[u->bucket];
+    b->start = u->start;
+    b->end = u->end;
+    for (int m = 0; m < b->nmembers; m++) {
+        tvar_t *x = &t->vars[b->members[m]];
+        memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
+        x->info.wireBytes += ring_bytes(t, x->info.count);
+        x->info.startTime = u->start;
+        x->info.endTime = u->end;
+    }
+}
+
+/* Unit u whole, as one job of the ready schedule would run it (a compressed variable, the fused
+ * group, factors). */
+gvqResult_t gvq_train_unit_run(gvqTrainer_t t, int unit) {
+    train_job_t j = {t, unit, 0, 0, t->units[unit].count};
+    return train_job_run(&j);
+}
+
 /* Queue chunk c of unit u (or run it here when calls run inline). */
 gvqResult_t gvq_train_issue(gvqTrainer_t t, int unit, int c) {
     const tunit_t *u = &t->units[unit];
@@ -789,7 +833,7 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
     if (live != gvqSuccess) { /* nothing more may be queued; what was queued has failed */
         (void)gvqStreamSynchronize(t->stream);
         end_step(t);
-        (void)gvq_train_plan_end_step(t, live);
+        gvq_train_plan_end_step(t);
         return live;
     }
     int missing = -1;
@@ -800,7 +844,7 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
         }
         if (!t->wait_free && t->vars[i].sp == NULL) (void)start_variable(t, i);
     }
-    gvq_train_plan_flush(t);
+    gvq_train_plan_close(t);
     gvq_train_sparse_before_wait(t); /* the parameter servers' apply, behind their pushes */
     gvqResult_t res = gvqStreamSynchronize(t->stream);
     gvq_train_sparse_after_wait(t, res);
@@ -813,8 +857,8 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
         res = gvqInvalidUsage;
     }
     end_step(t);
-    gvqResult_t plan = gvq_train_plan_end_step(t, res);
-    return res != gvqSuccess ? res : plan;
+    gvq_train_plan_end_step(t);
+    return res;
 }
 
 GVQ_API gvqResult_t gvqTrainWaitVariable(gvqTrainer_t t, int id) {

@@ -1,21 +1,31 @@
 /*
- * trainer_plan.c -- the order in which the training layer issues a step's aggregations. A unit
- * is one job of the layer's stream: a variable alone, a bucket or the fused group; with
- * schedule gvqTrainScheduleForward a plain one longer than chunkBytes is cut into chunks. The
- * order must be the same on every rank (the calls on a communicator are matched in order), so
- * it never follows this rank's clock: it follows the plan, which every rank holds alike.
+ * trainer_plan.c -- the order in which the training layer aggregates a step's units: a unit is a
+ * variable alone, a bucket or the fused group. The calls on a communicator are matched in order,
+ * so every rank must run the same units in the same order, whatever its own clock says.
  *
- *   no plan     a unit's chunks are issued when its last member is ready (backward order)
- *   steps 2-5   (schedule forward) the same, measured: each unit's ready offset from the
- *               step's first, and its time on the stream
- *   step 5 end  collective: the measures' maximum over the ranks; a simulated link that, each
- *               time it is free, takes the ready chunk the next forward pass needs first (the
- *               highest variable id: registration is backward order), as priority schedulers
- *               of tensor transfers do; rank 0's plan broadcast
- *   later       chunks issued in plan order, each once its unit is ready; a chunk whose unit
- *               is not ready holds back those after it (a later tensor never overtakes)
+ * gvqTrainScheduleReady: a unit is queued on the layer's stream when its last member is ready
+ * (backward order), one job each, an event after it for gvqTrainWaitVariable.
  *
- * An event after each unit's last chunk is what gvqTrainWaitVariable waits for.
+ * gvqTrainScheduleForward (waitFree, calls on a progress thread): one job per step negotiates
+ * the order with the other ranks as it goes, as Horovod's coordinator does, and sends first what
+ * the next forward pass needs first, as priority schedulers of tensor transfers do:
+ *
+ *   agreed = {}
+ *   loop until every unit is done:
+ *     u = the agreed unit with chunks left whose variables the forward pass needs first
+ *         (the highest id: registration is backward order)
+ *     none: wait until this rank has a ready unit not agreed yet (or the step is closed),
+ *           then allreduce the ready flags alone
+ *     else: allreduce [u's next chunk | this rank's ready flags] in one call; after u's last
+ *           chunk, u is complete (gvqTrainWaitVariable returns)
+ *     agreed = the units whose flag averaged 1: ready on every rank when they sent
+ *   (a compressed, fused or factored unit runs whole, through its own calls, when picked)
+ *
+ * Every rank picks from the same allreduced flags, so the order is the same everywhere. When
+ * every rank has closed its step (gvqTrainWaitAll) and a unit is still not ready everywhere,
+ * the job ends with gvqInvalidUsage (gvqTrainWaitAll names the missing variable). While the
+ * negotiating job runs, the layer's communicator belongs to it until gvqTrainWaitAll: a
+ * blocking call on it in between waits for the whole step.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -23,9 +33,7 @@
 #include <time.h>
 
 #include "gvq_trainer.h"
-
-#define PLAN_SKIP 2  /* steps not measured: the first ones are slow (pages, caches, fits) */
-#define PLAN_STEPS 4 /* steps measured */
+#include "gvq_transport.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -50,7 +58,7 @@ static int new_unit(gvqTrainer_t t, int var, int bucket) {
     u->bucket = bucket;
     u->count = bucket >= 0 ? t->buckets[bucket].count : t->vars[var].info.count;
     u->nchunks = 1;
-    if (t->chunk_bytes > 0 && cuttable(t, u)) {
+    if (t->negotiate && cuttable(t, u)) {
         size_t per = t->chunk_bytes / sizeof(float);
         u->nchunks = (int)((u->count + per - 1) / per);
         if (u->nchunks < 1) u->nchunks = 1;
@@ -59,9 +67,15 @@ static int new_unit(gvqTrainer_t t, int var, int bucket) {
 }
 
 gvqResult_t gvq_train_plan_commit(gvqTrainer_t t) {
+    t->negotiate = t->schedule == gvqTrainScheduleForward && t->wait_free && !t->inline_calls;
     t->units = calloc((size_t)(t->nvars + t->nbuckets) + 1, sizeof *t->units);
     int *of_bucket = malloc(((size_t)t->nbuckets + 1) * sizeof(int));
     if (t->units == NULL || of_bucket == NULL) goto oom;
+    if (pthread_mutex_init(&t->lock, NULL) != 0) goto oom;
+    if (pthread_cond_init(&t->cond, NULL) != 0) {
+        pthread_mutex_destroy(&t->lock);
+        goto oom;
+    }
     for (int k = 0; k < t->nbuckets; k++)
         of_bucket[k] = -1;
     for (int i = 0; i < t->nvars; i++) {
@@ -79,29 +93,164 @@ gvqResult_t gvq_train_plan_commit(gvqTrainer_t t) {
     }
     free(of_bucket);
     of_bucket = NULL;
-    for (int u = 0; u < t->nunits && !t->inline_calls; u++)
-        if (gvqEventCreate(&t->units[u].done) != gvqSuccess) goto oom;
+    size_t most = 0; /* the longest chunk */
+    for (int u = 0; u < t->nunits; u++) {
+        size_t per = (t->units[u].count + (size_t)t->units[u].nchunks - 1) /
+                     (size_t)t->units[u].nchunks;
+        if (cuttable(t, &t->units[u]) && per > most) most = per;
+    }
+    if (t->negotiate &&
+        (t->stage = malloc((most + (size_t)t->nunits + 1) * sizeof(float))) == NULL)
+        goto oom_sync;
+    for (int u = 0; u < t->nunits && !t->inline_calls && !t->negotiate; u++)
+        if (gvqEventCreate(&t->units[u].done) != gvqSuccess) goto oom_sync;
     return gvqSuccess;
+oom_sync:
+    pthread_cond_destroy(&t->cond);
+    pthread_mutex_destroy(&t->lock);
 oom:
     free(of_bucket);
-    gvq_train_plan_free(t);
+    for (int u = 0; t->units != NULL && u < t->nunits; u++)
+        if (t->units[u].done != NULL) gvqEventDestroy(t->units[u].done);
+    free(t->units);
+    free(t->stage);
+    t->units = NULL;
+    t->stage = NULL;
+    t->nunits = 0;
     GVQ_WARN("gvqTrainCommit: out of memory for the units of issue");
     return gvqSystemError;
 }
 
 void gvq_train_plan_free(gvqTrainer_t t) {
+    if (t->units == NULL) return;
     for (int u = 0; u < t->nunits; u++)
         if (t->units[u].done != NULL) gvqEventDestroy(t->units[u].done);
+    pthread_cond_destroy(&t->cond);
+    pthread_mutex_destroy(&t->lock);
     free(t->units);
-    free(t->plan);
+    free(t->stage);
     t->units = NULL;
-    t->plan = NULL;
-    t->nunits = t->nplan = t->next = 0;
+    t->stage = NULL;
+    t->nunits = 0;
+}
+
+/* ---- the negotiated schedule: one job per step, on the progress thread ---------------------- */
+
+static void no_release(void *arg) {
+    (void)arg;
+}
+
+/* Unit u is done: its waiters return. */
+static void complete(gvqTrainer_t t, tunit_t *u) {
+    pthread_mutex_lock(&t->lock);
+    u->completed = 1;
+    pthread_cond_broadcast(&t->cond);
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* The agreed unit with chunks left that the forward pass needs first, or -1. */
+static int pick(const gvqTrainer_t t) {
+    int best = -1;
+    for (int u = 0; u < t->nunits; u++) {
+        const tunit_t *x = &t->units[u];
+        if (x->agreed && x->left > 0 && (best < 0 || x->prio > t->units[best].prio)) best = u;
+    }
+    return best;
+}
+
+/* Wait until this rank has a ready unit that is not agreed yet, or its step is closed. */
+static gvqResult_t wait_news(gvqTrainer_t t) {
+    uint64_t since = 0;
+    for (;;) {
+        if (__atomic_load_n(&t->closed, __ATOMIC_ACQUIRE)) return gvqSuccess;
+        for (int u = 0; u < t->nunits; u++)
+            if (!t->units[u].agreed && __atomic_load_n(&t->units[u].ready, __ATOMIC_ACQUIRE))
+                return gvqSuccess;
+        gvqResult_t res = gvq_xport_idle(t->comm->xport, &since); /* abort, timeout */
+        if (res != gvqSuccess) {
+            GVQ_WARN("gvqTrainGradReady: %s while the layer waited for the step's next gradient",
+                     res == gvqTimeout ? "timed out (GVQ_TIMEOUT_MS)" : "communicator aborted");
+            return res;
+        }
+    }
+}
+
+/* This rank's flags after n floats of the stage: 1 per ready unit, and 1 when its step is
+ * closed; allreduce with the n floats before them; the agreed units and whether every rank has
+ * closed. */
+static gvqResult_t exchange(gvqTrainer_t t, size_t n, int *all_closed) {
+    float *f = t->stage + n;
+    /* closed first: a step closes after its last hand-over, so every unit ready before the
+     * close is seen ready here */
+    f[t->nunits] = __atomic_load_n(&t->closed, __ATOMIC_ACQUIRE) ? 1.0f : 0.0f;
+    for (int u = 0; u < t->nunits; u++)
+        f[u] = __atomic_load_n(&t->units[u].ready, __ATOMIC_ACQUIRE) ? 1.0f : 0.0f;
+    GVQCHECK(gvqAllReduce(t->stage, t->stage, n + (size_t)t->nunits + 1, gvqFloat32, t->op,
+                          t->comm, NULL));
+    /* a sum of 0s and 1s is exact; an average is 1 only where every rank sent 1 */
+    const float all = t->op == gvqAvg ? 1.0f - 0.5f / (float)t->nranks : (float)t->nranks - 0.5f;
+    for (int u = 0; u < t->nunits; u++)
+        t->units[u].agreed |= f[u] > all;
+    *all_closed = f[t->nunits] > all;
+    return gvqSuccess;
+}
+
+/* The next chunk of plain unit u with the flags; after its last chunk, u is done. */
+static gvqResult_t run_chunk(gvqTrainer_t t, int unit, int *all_closed) {
+    tunit_t *u = &t->units[unit];
+    int c = u->nchunks - u->left;
+    size_t per = (u->count + (size_t)u->nchunks - 1) / (size_t)u->nchunks;
+    size_t off = (size_t)c * per, n = off + per <= u->count ? per : u->count - off;
+    double start = now_s();
+    float *data = c == 0 ? gvq_train_unit_data(t, unit) /* packs a bucket */
+                         : (u->bucket >= 0 ? t->buckets[u->bucket].buf : t->vars[u->var].grad);
+    memcpy(t->stage, data + off, n * sizeof(float));
+    GVQCHECK(exchange(t, n, all_closed));
+    memcpy(data + off, t->stage, n * sizeof(float));
+    if (c == 0) u->start = start;
+    if (--u->left > 0) return gvqSuccess;
+    u->end = now_s();
+    gvq_train_unit_finish(t, unit);
+    complete(t, u);
+    return gvqSuccess;
+}
+
+static gvqResult_t negotiate_job(void *arg) {
+    gvqTrainer_t t = arg;
+    int left = 0, all_closed = 0;
+    for (int u = 0; u < t->nunits; u++) {
+        t->units[u].left = t->units[u].nchunks;
+        t->units[u].agreed = 0;
+        left += t->units[u].nchunks;
+    }
+    gvqResult_t res = gvqSuccess;
+    while (left > 0 && res == gvqSuccess) {
+        int u = pick(t);
+        if (u >= 0 && !cuttable(t, &t->units[u])) {
+            res = gvq_train_unit_run(t, u);
+            t->units[u].left = 0;
+            left--;
+            if (res == gvqSuccess) complete(t, &t->units[u]);
+        } else if (u >= 0) {
+            res = run_chunk(t, u, &all_closed);
+            left--;
+        } else if (all_closed) {
+            res = gvqInvalidUsage; /* gvqTrainWaitAll names the variable not ready */
+        } else if ((res = wait_news(t)) == gvqSuccess) {
+            res = exchange(t, 0, &all_closed);
+        }
+    }
+    pthread_mutex_lock(&t->lock);
+    t->job_over = 1;
+    t->job_res = res;
+    pthread_cond_broadcast(&t->cond);
+    pthread_mutex_unlock(&t->lock);
+    return res;
 }
 
 /* ---- a step -------------------------------------------------------------------------------- */
 
-/* Chunk c of unit u; after its last chunk, the unit's event. */
+/* Ready schedule: chunk c of unit u queued; after its last chunk, the unit's event. */
 static gvqResult_t issue_chunk(gvqTrainer_t t, int unit, int c) {
     tunit_t *u = &t->units[unit];
     gvqResult_t res = gvq_train_issue(t, unit, c);
@@ -112,38 +261,45 @@ static gvqResult_t issue_chunk(gvqTrainer_t t, int unit, int c) {
     return res;
 }
 
-/* Issue the plan's chunks up to the first whose unit is not ready. */
-static gvqResult_t drain(gvqTrainer_t t) {
-    gvqResult_t first = gvqSuccess;
-    for (; t->next < t->nplan; t->next++) {
-        int u = t->plan[2 * t->next], c = t->plan[2 * t->next + 1];
-        if (!t->units[u].ready) break;
-        gvqResult_t res = issue_chunk(t, u, c);
-        if (first == gvqSuccess) first = res;
-    }
-    return first;
-}
-
 gvqResult_t gvq_train_plan_ready(gvqTrainer_t t, int unit) {
     tunit_t *u = &t->units[unit];
-    u->ready = 1;
-    u->ready_at = now_s();
-    if (t->step_first == 0) t->step_first = u->ready_at;
-    if (t->plan != NULL) return drain(t);
-    gvqResult_t first = gvqSuccess;
-    for (int c = 0; c < u->nchunks; c++) {
-        gvqResult_t res = issue_chunk(t, unit, c);
-        if (first == gvqSuccess) first = res;
+    __atomic_store_n(&u->ready, 1, __ATOMIC_RELEASE);
+    if (!t->negotiate) {
+        gvqResult_t first = gvqSuccess;
+        for (int c = 0; c < u->nchunks; c++) {
+            gvqResult_t res = issue_chunk(t, unit, c);
+            if (first == gvqSuccess) first = res;
+        }
+        return first;
     }
-    return first;
+    if (t->job_queued) return gvqSuccess;
+    t->job_queued = 1;
+    gvqResult_t res = gvq_stream_enqueue(t->stream, "gvqTrainGradReady", &t->comm, 1,
+                                         negotiate_job, no_release, t);
+    if (res != gvqSuccess && t->issue_error == gvqSuccess) t->issue_error = res;
+    if (res != gvqSuccess) { /* nothing runs this step: waiters return the refusal */
+        pthread_mutex_lock(&t->lock);
+        t->job_over = 1;
+        t->job_res = res;
+        pthread_mutex_unlock(&t->lock);
+    }
+    return res;
 }
 
-void gvq_train_plan_flush(gvqTrainer_t t) {
-    (void)drain(t); /* refusals are in issue_error */
-    for (; t->next < t->nplan; t->next++) { /* a unit missing on this rank: the rest in order */
-        int u = t->plan[2 * t->next], c = t->plan[2 * t->next + 1];
-        if (t->units[u].ready) (void)issue_chunk(t, u, c);
+void gvq_train_plan_close(gvqTrainer_t t) {
+    __atomic_store_n(&t->closed, 1, __ATOMIC_RELEASE);
+}
+
+void gvq_train_plan_end_step(gvqTrainer_t t) {
+    for (int u = 0; u < t->nunits; u++) {
+        tunit_t *x = &t->units[u];
+        __atomic_store_n(&x->ready, 0, __ATOMIC_RELAXED);
+        x->issued = x->completed = 0;
+        x->start = x->end = 0;
     }
+    t->job_queued = t->job_over = 0;
+    t->job_res = gvqSuccess;
+    __atomic_store_n(&t->closed, 0, __ATOMIC_RELEASE);
 }
 
 /* The first member of unit u not ready in this step, for a WARN. */
@@ -156,132 +312,18 @@ static const char *first_missing(const gvqTrainer_t t, const tunit_t *u) {
 }
 
 gvqResult_t gvq_train_plan_wait(const char *fn, gvqTrainer_t t, int unit) {
-    const tunit_t *u = &t->units[unit];
+    tunit_t *u = &t->units[unit];
     if (!u->ready) {
         GVQ_WARN("%s: its bucket waits for variable '%s', not ready in this step", fn,
                  first_missing(t, u));
         return gvqInvalidUsage;
     }
-    if (u->issued < u->nchunks) { /* the plan holds it behind a unit not ready */
-        const tunit_t *head = &t->units[t->plan[2 * t->next]];
-        GVQ_WARN("%s: the layer's plan issues it after variable '%s', not ready in this step "
-                 "(gvqTrainWaitAll issues the rest)",
-                 fn, first_missing(t, head));
-        return gvqInvalidUsage;
-    }
-    return u->done != NULL ? gvqEventSynchronize(u->done) : gvqSuccess;
-}
-
-/* ---- the plan ------------------------------------------------------------------------------ */
-
-/* Simulate the link over one step: ready[u] offsets, busy[u] a unit's time (its chunks share it
- * evenly); whenever the link is free it takes the next chunk of the ready unit of the highest
- * priority, else waits for the next unit to become ready. Writes (unit, chunk) pairs. */
-static void simulate(const gvqTrainer_t t, const double *ready, const double *busy, int *left,
-                     int *plan) {
-    double clock = 0;
-    int n = 0;
-    for (int u = 0; u < t->nunits; u++)
-        left[u] = t->units[u].nchunks;
-    for (;;) {
-        int best = -1;
-        double next_ready = -1;
-        for (int u = 0; u < t->nunits; u++) {
-            if (left[u] == 0) continue;
-            if (ready[u] <= clock) {
-                if (best < 0 || t->units[u].prio > t->units[best].prio) best = u;
-            } else if (next_ready < 0 || ready[u] < next_ready) {
-                next_ready = ready[u];
-            }
-        }
-        if (best < 0 && next_ready < 0) return; /* every chunk placed */
-        if (best < 0) {
-            clock = next_ready;
-            continue;
-        }
-        const tunit_t *u = &t->units[best];
-        plan[2 * n] = best;
-        plan[2 * n + 1] = u->nchunks - left[best]--;
-        n++;
-        clock += busy[best] / u->nchunks;
-    }
-}
-
-/* Whether plan (from rank 0) places every chunk once, each unit's in order. */
-static int plan_valid(const gvqTrainer_t t, const int *plan, int total, int *next) {
-    memset(next, 0, (size_t)t->nunits * sizeof(int));
-    for (int k = 0; k < total; k++) {
-        int u = plan[2 * k], c = plan[2 * k + 1];
-        if (u < 0 || u >= t->nunits || c != next[u]) return 0;
-        next[u]++;
-    }
-    for (int u = 0; u < t->nunits; u++)
-        if (next[u] != t->units[u].nchunks) return 0;
-    return 1;
-}
-
-static gvqResult_t make_plan(gvqTrainer_t t) {
-    int n = t->nunits, total = 0;
-    for (int u = 0; u < n; u++)
-        total += t->units[u].nchunks;
-    double *m = malloc(2 * (size_t)n * sizeof *m + 1);
-    int *plan = malloc(2 * (size_t)total * sizeof *plan + 1);
-    int *left = malloc((size_t)n * sizeof *left + 1);
-    gvqResult_t res = gvqSystemError;
-    if (m == NULL || plan == NULL || left == NULL) {
-        GVQ_WARN("gvqTrainWaitAll: out of memory for the layer's plan of issue");
-        goto out; /* the other ranks' collectives below fail by the timeout */
-    }
-    double k = t->measured > 0 ? (double)t->measured : 1.0;
-    for (int u = 0; u < n; u++) {
-        m[u] = t->units[u].sum_ready / k;
-        m[n + u] = t->units[u].sum_busy / k;
-    }
-    if ((res = gvqAllReduce(m, m, 2 * (size_t)n, gvqFloat64, gvqMax, t->comm, NULL)) != gvqSuccess)
-        goto out;
-    simulate(t, m, m + n, left, plan);
-    if ((res = gvqBroadcast(plan, plan, 2 * (size_t)total, gvqInt32, 0, t->comm, NULL)) !=
-        gvqSuccess)
-        goto out;
-    if (!plan_valid(t, plan, total, left)) {
-        GVQ_WARN("gvqTrainWaitAll: rank 0's plan of issue does not fit this rank's units "
-                 "(different builds?)");
-        res = gvqInternalError;
-        goto out;
-    }
-    t->plan = plan;
-    t->nplan = total;
-    plan = NULL;
-    if (t->rank == 0)
-        GVQ_INFO("training layer: plan of issue made from %d measured steps: %d units in %d "
-                 "chunks, what the forward pass needs first sent first",
-                 t->measured, n, total);
-out:
-    free(m);
-    free(plan);
-    free(left);
+    if (!t->negotiate) return u->done != NULL ? gvqEventSynchronize(u->done) : gvqSuccess;
+    pthread_mutex_lock(&t->lock);
+    while (!u->completed && !t->job_over)
+        pthread_cond_wait(&t->cond, &t->lock);
+    gvqResult_t res = u->completed ? gvqSuccess : t->job_res;
+    pthread_mutex_unlock(&t->lock);
+    if (res == gvqSuccess && !u->completed) res = gvqInternalError;
     return res;
-}
-
-gvqResult_t gvq_train_plan_end_step(gvqTrainer_t t, gvqResult_t step_result) {
-    int measuring = t->steps >= PLAN_SKIP && t->steps < PLAN_SKIP + PLAN_STEPS;
-    if (measuring && step_result == gvqSuccess) {
-        for (int u = 0; u < t->nunits; u++) {
-            tunit_t *x = &t->units[u];
-            x->sum_ready += x->ready ? x->ready_at - t->step_first : 0;
-            x->sum_busy += x->end > x->start ? x->end - x->start : 0;
-        }
-        t->measured++;
-    }
-    for (int u = 0; u < t->nunits; u++) {
-        tunit_t *x = &t->units[u];
-        x->ready = x->issued = 0;
-        x->ready_at = x->start = x->end = 0;
-    }
-    t->next = 0;
-    t->step_first = 0;
-    t->steps++;
-    if (t->chunk_bytes == 0 || t->plan != NULL || t->steps != PLAN_SKIP + PLAN_STEPS)
-        return gvqSuccess;
-    return make_plan(t);
 }

@@ -3,7 +3,11 @@
  * and dense variables (QSGD on the convs, PowerSGD on the fc, the rest plain in buckets) for a
  * few steps with and without wait-free backprop. The plain variables must equal MPI_Allreduce's
  * average; every variable must be bitwise identical on every rank and bitwise the same with and
- * without wait-free backprop (the same calls in the same order). Then two conv variables with
+ * without wait-free backprop (the same calls in the same order). The negotiated schedule
+ * (gvqTrainScheduleForward, plain ones cut into 4 KiB chunks), waited variable by variable in
+ * forward order: the compressed ones bitwise those of the ready schedule, the plain ones
+ * MPI_Allreduce's average; a step in which rank 0 leaves a variable out fails on every rank
+ * without a hang, and the next step is whole again. Then two conv variables with
  * GradiVeQ's tracked basis (16-bit wire) beside a plain one: the layer aggregates them in one
  * fused group (GVQ_TRAIN_FUSE_COMPRESSED, default 1), whose results must be bitwise those of the
  * same two calls made by hand inside gvqGroupStart/gvqGroupEnd on compressors of the same config.
@@ -44,11 +48,57 @@ static float value(int step, int v, size_t i) {
     return (float)(h % 2001) / 1000.0f - 1.0f;
 }
 
-/* Runs STEPS steps; out[v] receives the last step's results. */
-static void run(gvqComm_t comm, int wait_free, float **out) {
+/* The negotiated schedule, plain variables: gvqTrainWaitVariable's refusals; a step in which
+ * rank 0 leaves variable 3 out (a bucket's member) fails on every rank, and the next step is
+ * whole (the sum of ones: nranks). */
+static void run_faults(gvqComm_t comm, float **out) {
+    gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
+    cfg.schedule = gvqTrainScheduleForward;
+    cfg.chunkBytes = 4096;
+    cfg.op = gvqSum;
+    gvqTrainer_t t = NULL;
+    MT_OK(gvqTrainCreate(comm, &cfg, &t));
+    int ids[NV];
+    for (int v = 0; v < NV; v++) {
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = model[v].name;
+        var.kind = model[v].kind;
+        memcpy(var.shape, model[v].shape, sizeof var.shape);
+        MT_OK(gvqTrainAddVariable(t, &var, &ids[v]));
+    }
+    MT_OK(gvqTrainCommit(t));
+    MT_CHECK(gvqTrainWaitVariable(t, NV + 3) == gvqInvalidArgument, "a bad id is refused");
+    MT_CHECK(gvqTrainWaitVariable(t, ids[0]) == gvqInvalidUsage,
+             "a variable not ready in this step is refused");
+    for (int v = 0; v < NV; v++)
+        if (v != 3 || mt.rank != 0 || mt.nranks == 1) MT_OK(gvqTrainGradReady(t, ids[v], out[v]));
+    gvqResult_t res = gvqTrainWaitAll(t);
+    MT_CHECK(mt.nranks == 1 ? res == gvqSuccess : res == gvqInvalidUsage,
+             "a step without variable 3 on rank 0: %s", gvqGetErrorString(res));
+    for (int v = 0; v < NV; v++) {
+        for (size_t i = 0; i < count_of(v); i++)
+            out[v][i] = 1.0f;
+        MT_OK(gvqTrainGradReady(t, ids[v], out[v]));
+    }
+    MT_OK(gvqTrainWaitAll(t));
+    for (int v = 0; v < NV; v++) {
+        size_t bad = 0;
+        for (size_t i = 0; i < count_of(v); i++)
+            bad += out[v][i] != (float)mt.nranks;
+        MT_CHECK(bad == 0, "%s: %zu sums of ones differ from %d in the step after", model[v].name,
+                 bad, mt.nranks);
+    }
+    MT_OK(gvqTrainDestroy(t));
+}
+
+/* Runs STEPS steps; out[v] receives the last step's results. With schedule forward: waits
+ * variable by variable from the last registered. */
+static void run(gvqComm_t comm, int wait_free, int schedule, float **out) {
     gvqCompressorConfig_t cc[NV];
     gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
     cfg.waitFree = wait_free;
+    cfg.schedule = schedule;
+    cfg.chunkBytes = 4096;
     gvqTrainer_t t = NULL;
     MT_OK(gvqTrainCreate(comm, &cfg, &t));
     int ids[NV];
@@ -71,6 +121,8 @@ static void run(gvqComm_t comm, int wait_free, float **out) {
                 out[v][i] = value(step, v, i);
             MT_OK(gvqTrainGradReady(t, ids[v], out[v]));
         }
+        for (int v = NV - 1; v >= 0 && schedule == gvqTrainScheduleForward; v--)
+            MT_OK(gvqTrainWaitVariable(t, ids[v]));
         MT_OK(gvqTrainWaitAll(t));
     }
     for (int v = 0; v < NV; v++) {
@@ -171,23 +223,35 @@ static void run_tracked(gvqComm_t comm) {
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     gvqComm_t comm = mt_new_comm();
-    float *wf[NV], *seq[NV], *ref[NV];
+    float *wf[NV], *seq[NV], *ref[NV], *fw[NV];
     for (int v = 0; v < NV; v++) {
         wf[v] = malloc(count_of(v) * sizeof(float));
         seq[v] = malloc(count_of(v) * sizeof(float));
         ref[v] = malloc(count_of(v) * sizeof(float));
+        fw[v] = malloc(count_of(v) * sizeof(float));
     }
     mt_part("wait-free backprop", 120);
-    run(comm, 1, wf);
+    run(comm, 1, gvqTrainScheduleReady, wf);
     mt_part("aggregation after backprop", 120);
-    run(comm, 0, seq);
+    run(comm, 0, gvqTrainScheduleReady, seq);
+    mt_part("negotiated schedule, waits in forward order", 120);
+    run(comm, 1, gvqTrainScheduleForward, fw);
+    mt_part("negotiated schedule: refusals, a variable left out", 120);
+    run_faults(comm, ref);
     mt_part("checks", 60);
     for (int v = 0; v < NV; v++) {
         size_t n = count_of(v);
         MT_CHECK(mt_identical(wf[v], n * sizeof(float)), "%s differs between ranks", model[v].name);
         MT_CHECK(memcmp(wf[v], seq[v], n * sizeof(float)) == 0,
                  "%s: wait-free and after-backprop results differ", model[v].name);
-        if (model[v].codec != gvqCodecNone) continue;
+        MT_CHECK(mt_identical(fw[v], n * sizeof(float)), "%s (negotiated) differs between ranks",
+                 model[v].name);
+        if (model[v].codec != gvqCodecNone) {
+            MT_CHECK(memcmp(wf[v], fw[v], n * sizeof(float)) == 0,
+                     "%s: the negotiated schedule's result differs from the ready one's",
+                     model[v].name);
+            continue;
+        }
         for (size_t i = 0; i < n; i++)
             ref[v][i] = value(STEPS - 1, v, i);
         MPI_Allreduce(MPI_IN_PLACE, ref[v], (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -196,11 +260,17 @@ int main(int argc, char **argv) {
             bad += fabsf(wf[v][i] - ref[v][i] / (float)mt.nranks) > 1e-5f;
         MT_CHECK(bad == 0, "%s: %zu values differ from MPI_Allreduce's average", model[v].name,
                  bad);
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += fabsf(fw[v][i] - ref[v][i] / (float)mt.nranks) > 1e-5f;
+        MT_CHECK(bad == 0, "%s (negotiated): %zu values differ from MPI_Allreduce's average",
+                 model[v].name, bad);
     }
     for (int v = 0; v < NV; v++) {
         free(wf[v]);
         free(seq[v]);
         free(ref[v]);
+        free(fw[v]);
     }
     mt_part("tracked basis, fused", 120);
     run_tracked(comm);
