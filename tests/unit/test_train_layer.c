@@ -3,7 +3,8 @@
  * table (compressed, bucketed, alone; bucket boundaries), sums against a closed form over
  * several steps with and without wait-free backprop (bitwise the same both ways), the
  * timeline's order (with wait-free backprop the first aggregation starts before the last
- * gradient is ready; without it, after), sufficient factors against the full matrix and SACP's
+ * gradient is ready; without it, after), the negotiated schedule (gvqTrainScheduleForward, 4 KiB
+ * chunks) waited variable by variable in forward order, bitwise the same sums, sufficient factors against the full matrix and SACP's
  * choice, and the refusals: ready twice, bad ids, late
  * registrations, ranks that registered different variables, a variable never made ready.
  */
@@ -38,6 +39,7 @@ typedef struct {
     int inline_calls; /* the transport says it cannot run calls from two threads */
     int wait_free;
     int bucket_bytes;
+    int schedule;    /* gvqTrainSchedule_t; forward: waits per variable in forward order */
     float *out[NV];  /* rank 0's results of the last step, kept for the comparison */
     int compare;     /* 1: rank 0 compares its results with out[] */
     double order_ok; /* set by rank 0: the timeline's order held */
@@ -63,6 +65,8 @@ static gvqTrainer_t make_layer(gvqComm_t comm, const run_t *r, int *ids) {
     gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
     cfg.bucketBytes = r->bucket_bytes;
     cfg.waitFree = r->wait_free;
+    cfg.schedule = r->schedule;
+    cfg.chunkBytes = 4096;
     cfg.op = gvqSum;
     cfg.convCompressor = &conv;
     gvqTrainer_t t = NULL;
@@ -118,6 +122,8 @@ static void rank_steps(gvqComm_t comm, int rank, int nranks, void *arg) {
             EXPECT_RES(gvqTrainGradReady(t, ids[v], g[v]), gvqSuccess);
             if (step == STEPS - 1) usleep(50000);
         }
+        for (int v = NV - 1; v >= 0 && r->schedule == gvqTrainScheduleForward; v--)
+            EXPECT_RES(gvqTrainWaitVariable(t, ids[v]), gvqSuccess);
         EXPECT_RES(gvqTrainWaitAll(t), gvqSuccess);
         for (int v = 0; v < NV; v++) {
             int bad = 0;
@@ -171,7 +177,7 @@ static void rank_steps(gvqComm_t comm, int rank, int nranks, void *arg) {
 
 static void rank_misuse(gvqComm_t comm, int rank, int nranks, void *arg) {
     (void)arg;
-    run_t r = {0, 1, 4096, {NULL}, 0, 0};
+    run_t r = {0, 1, 4096, gvqTrainScheduleReady, {NULL}, 0, 0};
     int ids[NV];
     gvqTrainer_t t = make_layer(comm, &r, ids);
     if (t == NULL) return;
@@ -671,15 +677,19 @@ static void test_after_abort(void) {
 int main(void) {
     for (int n = 1; n <= 4; n++) {
         for (int bb = 0; bb < 2; bb++) {
-            run_t r = {0, 1, bb ? 4096 : 2620, {NULL}, 0, 0};
+            run_t r = {0, 1, bb ? 4096 : 2620, gvqTrainScheduleReady, {NULL}, 0, 0};
             for (int v = 0; v < NV; v++)
                 r.out[v] = malloc(count_of(v) * sizeof(float));
             gvq_test_run(n, NULL, rank_steps, &r);
             r.wait_free = 0;
             r.compare = 1;
             gvq_test_run(n, NULL, rank_steps, &r);
+            r.wait_free = 1; /* negotiated, cut into chunks, waited in forward order */
+            r.schedule = gvqTrainScheduleForward;
+            gvq_test_run(n, NULL, rank_steps, &r);
             r.inline_calls = 1; /* no stream: at once on the caller's thread, the same sums */
-            r.wait_free = 1;
+            gvq_test_run(n, NULL, rank_steps, &r);
+            r.schedule = gvqTrainScheduleReady;
             gvq_test_run(n, NULL, rank_steps, &r);
             for (int v = 0; v < NV; v++)
                 free(r.out[v]);
