@@ -11,6 +11,8 @@
  *              decided, compressors and buckets made, the routing table logged at INFO)
  *   a step: backprop of the top layer -> gvqTrainGradReady(top variables) -> backprop of the
  *           next ... -> gvqTrainWaitAll -> the optimizer reads the aggregated gradients
+ *   or, with schedule gvqTrainScheduleForward: ... -> the next step's forward pass, each layer
+ *           after gvqTrainWaitVariable(its variables) and its update -> gvqTrainWaitAll
  *
  * Routes (gvqTrainGetVariableInfo says which and why):
  *   conv weight [K][D][H][W]   its own compressor when the variable or config names one
@@ -97,24 +99,23 @@ typedef struct {
                            Parallax's partition tuner (gvqPsTunePartitions, 20 steps per sample
                            on its first step's rows) and shards its table over the P chosen;
                            0: one partition per rank [1] */
-    int schedule;   /* the order the step's aggregations are issued in, the same on every rank:
-                       gvqTrainScheduleReady: each when it is ready, in registration order;
-                       gvqTrainScheduleForward (with waitFree): after a few measured steps, a
-                       fixed plan that sends first what the next forward pass needs first (the
-                       latest-registered variable), so that a trainer waiting per variable
-                       (gvqTrainWaitVariable) runs its next forward beside the transfers of
-                       this step [gvqTrainScheduleReady] */
-    int chunkBytes; /* gvqTrainScheduleForward: plain aggregations longer than this are cut into
-                       chunks of about this size, so that a tensor the forward pass needs
-                       earlier can pass a long one [65536] */
+    int schedule;       /* the order the step's aggregations are issued in, the same on every rank:
+                           gvqTrainScheduleReady: each when it is ready, in registration order;
+                           gvqTrainScheduleForward (with waitFree): after a few measured steps, a
+                           fixed plan that sends first what the next forward pass needs first (the
+                           latest-registered variable), so that a trainer waiting per variable
+                           (gvqTrainWaitVariable) runs its next forward beside the transfers of
+                           this step [gvqTrainScheduleReady] */
+    int chunkBytes;     /* gvqTrainScheduleForward: plain aggregations longer than this are cut into
+                           chunks of about this size, so that a tensor the forward pass needs
+                           earlier can pass a long one [65536] */
 } gvqTrainConfig_t;
 
-#define GVQ_TRAIN_CONFIG_INITIALIZER                                                         \
-    {                                                                                        \
-        sizeof(gvqTrainConfig_t), GVQ_TRAIN_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT, \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL, GVQ_CONFIG_UNDEF_INT,    \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT,                \
-            GVQ_CONFIG_UNDEF_INT                                                             \
+#define GVQ_TRAIN_CONFIG_INITIALIZER                                                               \
+    {                                                                                              \
+        sizeof(gvqTrainConfig_t), GVQ_TRAIN_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,       \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, NULL, NULL, GVQ_CONFIG_UNDEF_INT,          \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT \
     }
 
 /* One variable (GVQ_VARIABLE_INITIALIZER). */

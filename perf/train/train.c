@@ -310,7 +310,7 @@ typedef struct {
     agg_t *agg;
     sgd_t sgd;
     gvqResult_t error;
-    double wait_s;               /* waited in this forward pass */
+    double wait_s;                 /* waited in this forward pass */
     double *wait_start, *wait_end; /* per network layer (the timeline) */
 } deferred_t;
 
@@ -322,8 +322,8 @@ static void before_layer(int layer, void *arg) {
     deferred_t *d = arg;
     double t = now_s();
     d->wait_start[layer] = t;
-    gvqResult_t r = d->error == gvqSuccess ? agg_wait_layer(d->agg, layer, update_range, d)
-                                           : gvqSuccess;
+    gvqResult_t r =
+        d->error == gvqSuccess ? agg_wait_layer(d->agg, layer, update_range, d) : gvqSuccess;
     if (r != gvqSuccess) d->error = r;
     d->wait_end[layer] = now_s();
     d->wait_s += d->wait_end[layer] - t;

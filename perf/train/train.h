@@ -41,12 +41,12 @@ typedef struct {
     int cosine; /* 1: lr x (1 + cos(pi step / steps)) / 2 */
     unsigned long long seed;
     /* aggregation */
-    int codec;        /* train_codec_t of the conv layers */
-    int rest_codec;   /* the fc weights: TRAIN_CODEC_NONE, TRAIN_CODEC_QSGD, or
-                         TRAIN_CODEC_POWERSGD (an outputs x inputs matrix); biases and the
-                         blocks' scalars always plain (fused into buckets) */
-    int zero_code;    /* 1: one flat gvqAllReduce of the whole gradient */
-    int no_wait_free; /* 1: the training layer aggregates after backprop, not during it */
+    int codec;           /* train_codec_t of the conv layers */
+    int rest_codec;      /* the fc weights: TRAIN_CODEC_NONE, TRAIN_CODEC_QSGD, or
+                            TRAIN_CODEC_POWERSGD (an outputs x inputs matrix); biases and the
+                            blocks' scalars always plain (fused into buckets) */
+    int zero_code;       /* 1: one flat gvqAllReduce of the whole gradient */
+    int no_wait_free;    /* 1: the training layer aggregates after backprop, not during it */
     int overlap_forward; /* 1: a step's update made layer by layer inside the next forward pass,
                             each layer's after its aggregation (gvqTrainWaitVariable) */
     int comm_order;      /* the layer's schedule (TRAIN_UNSET: forward with overlap_forward) */

@@ -43,16 +43,16 @@ typedef struct {
 
 /* A unit of issue (trainer_plan.c): a variable alone, a bucket or the fused group. */
 typedef struct {
-    int var, bucket; /* a variable alone, or a bucket (plain or fused); the other -1 */
-    int prio;        /* its highest variable id: the forward pass needs it the soonest */
-    size_t count;    /* floats */
-    int nchunks;     /* > 1 only for a plain allreduce longer than chunkBytes (negotiated) */
-    int ready;       /* this step: every member handed over (atomic: the progress thread reads) */
-    int issued;      /* ready schedule: this step's chunks queued */
-    gvqEvent_t done; /* ready schedule: recorded after its last chunk (NULL: calls run inline) */
-    int completed;   /* negotiated: its aggregation is done (under the layer's lock) */
-    int left;        /* negotiated, progress thread: chunks still to run */
-    int agreed;      /* negotiated, progress thread: ready on every rank */
+    int var, bucket;   /* a variable alone, or a bucket (plain or fused); the other -1 */
+    int prio;          /* its highest variable id: the forward pass needs it the soonest */
+    size_t count;      /* floats */
+    int nchunks;       /* > 1 only for a plain allreduce longer than chunkBytes (negotiated) */
+    int ready;         /* this step: every member handed over (atomic: the progress thread reads) */
+    int issued;        /* ready schedule: this step's chunks queued */
+    gvqEvent_t done;   /* ready schedule: recorded after its last chunk (NULL: calls run inline) */
+    int completed;     /* negotiated: its aggregation is done (under the layer's lock) */
+    int left;          /* negotiated, progress thread: chunks still to run */
+    int agreed;        /* negotiated, progress thread: ready on every rank */
     double start, end; /* this step: its first chunk's start, its last one's end */
 } tunit_t;
 

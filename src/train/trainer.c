@@ -7,6 +7,8 @@
  *   stream:        [ allreduce v0 ][ bucket(v1,v2) -- when v2 is ready ] wait, then the step
  *                  ^ starts while layer L-1 computes
  *
+ * In which order, and whether cut into chunks, is trainer_plan.c's (schedule ready: as below;
+ * forward: negotiated with the other ranks, what the next forward pass needs first first).
  * Each variable (or bucket) is one job on the layer's stream (gvq_stream_enqueue, ordered on
  * the communicator with every other call): the job takes its start time, runs the blocking
  * collective on the progress thread (gvqAllReduce or gvqAllReduceCompressed, stream NULL: the
@@ -925,6 +927,7 @@ GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t t, int id, gvqCompressor_
 
 GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t t) {
     if (!gvq_train_unregister(t)) return gvq_train_check("gvqTrainDestroy", t);
+    if (t->units != NULL) gvq_train_plan_close(t); /* a negotiation waits for no more */
     gvqResult_t res = gvqStreamDestroy(t->stream); /* waits for the queued work */
     for (int i = 0; i < t->nvars; i++)
         if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);

@@ -95,12 +95,11 @@ gvqResult_t gvq_train_plan_commit(gvqTrainer_t t) {
     of_bucket = NULL;
     size_t most = 0; /* the longest chunk */
     for (int u = 0; u < t->nunits; u++) {
-        size_t per = (t->units[u].count + (size_t)t->units[u].nchunks - 1) /
-                     (size_t)t->units[u].nchunks;
+        size_t per =
+            (t->units[u].count + (size_t)t->units[u].nchunks - 1) / (size_t)t->units[u].nchunks;
         if (cuttable(t, &t->units[u]) && per > most) most = per;
     }
-    if (t->negotiate &&
-        (t->stage = malloc((most + (size_t)t->nunits + 1) * sizeof(float))) == NULL)
+    if (t->negotiate && (t->stage = malloc((most + (size_t)t->nunits + 1) * sizeof(float))) == NULL)
         goto oom_sync;
     for (int u = 0; u < t->nunits && !t->inline_calls && !t->negotiate; u++)
         if (gvqEventCreate(&t->units[u].done) != gvqSuccess) goto oom_sync;
@@ -185,8 +184,8 @@ static gvqResult_t exchange(gvqTrainer_t t, size_t n, int *all_closed) {
     f[t->nunits] = __atomic_load_n(&t->closed, __ATOMIC_ACQUIRE) ? 1.0f : 0.0f;
     for (int u = 0; u < t->nunits; u++)
         f[u] = __atomic_load_n(&t->units[u].ready, __ATOMIC_ACQUIRE) ? 1.0f : 0.0f;
-    GVQCHECK(gvqAllReduce(t->stage, t->stage, n + (size_t)t->nunits + 1, gvqFloat32, t->op,
-                          t->comm, NULL));
+    GVQCHECK(gvqAllReduce(t->stage, t->stage, n + (size_t)t->nunits + 1, gvqFloat32, t->op, t->comm,
+                          NULL));
     /* a sum of 0s and 1s is exact; an average is 1 only where every rank sent 1 */
     const float all = t->op == gvqAvg ? 1.0f - 0.5f / (float)t->nranks : (float)t->nranks - 0.5f;
     for (int u = 0; u < t->nunits; u++)
@@ -274,8 +273,8 @@ gvqResult_t gvq_train_plan_ready(gvqTrainer_t t, int unit) {
     }
     if (t->job_queued) return gvqSuccess;
     t->job_queued = 1;
-    gvqResult_t res = gvq_stream_enqueue(t->stream, "gvqTrainGradReady", &t->comm, 1,
-                                         negotiate_job, no_release, t);
+    gvqResult_t res = gvq_stream_enqueue(t->stream, "gvqTrainGradReady", &t->comm, 1, negotiate_job,
+                                         no_release, t);
     if (res != gvqSuccess && t->issue_error == gvqSuccess) t->issue_error = res;
     if (res != gvqSuccess) { /* nothing runs this step: waiters return the refusal */
         pthread_mutex_lock(&t->lock);

@@ -4,8 +4,8 @@
  * several steps with and without wait-free backprop (bitwise the same both ways), the
  * timeline's order (with wait-free backprop the first aggregation starts before the last
  * gradient is ready; without it, after), the negotiated schedule (gvqTrainScheduleForward, 4 KiB
- * chunks) waited variable by variable in forward order, bitwise the same sums, sufficient factors against the full matrix and SACP's
- * choice, and the refusals: ready twice, bad ids, late
+ * chunks) waited variable by variable in forward order, bitwise the same sums, sufficient factors
+ * against the full matrix and SACP's choice, and the refusals: ready twice, bad ids, late
  * registrations, ranks that registered different variables, a variable never made ready.
  */
 #define _DEFAULT_SOURCE
@@ -651,6 +651,22 @@ static void test_sparse_resume(int nranks) {
     }
 }
 
+/* The negotiated schedule destroyed in the middle of a step (every rank handed over only
+ * variable 4 of 6, alone in 69 chunks): the negotiation ends, every rank's destroy returns without
+ * a hang and reports the step's failure. */
+static void rank_destroy_mid_step(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)rank, (void)nranks, (void)arg;
+    run_t r = {0, 1, 4096, gvqTrainScheduleForward, {NULL}, 0, 0};
+    int ids[NV];
+    gvqTrainer_t t = make_layer(comm, &r, ids);
+    if (t == NULL) return;
+    float *g = calloc(count_of(4), sizeof(float));
+    EXPECT_RES(gvqTrainGradReady(t, ids[4], g), gvqSuccess);
+    EXPECT_RES(gvqTrainWaitVariable(t, ids[4]), gvqSuccess); /* it alone is agreed */
+    EXPECT_RES(gvqTrainDestroy(t), gvqInvalidUsage);
+    free(g);
+}
+
 /* A layer whose communicator was aborted refuses its calls (never touches the freed
  * communicator, as ASan checks) and is destroyed cleanly. */
 static void test_after_abort(void) {
@@ -695,6 +711,7 @@ int main(void) {
                 free(r.out[v]);
         }
         gvq_test_run(n, NULL, rank_misuse, NULL);
+        gvq_test_run(n, NULL, rank_destroy_mid_step, NULL);
         test_sfb(n, 20, 30, 3);  /* SACP: SFB from 2 ranks */
         test_sfb(n, 20, 30, 40); /* SACP: the full matrix */
         test_resume(n);
