@@ -105,7 +105,7 @@ uint64_t gvq_train_variables_hash(const gvqTrainer_t trainer, int upto);
 
 /* The order of issue (trainer_plan.c): the units at commit (and freeing them), a unit ready
  * (queued now, or picked by the negotiation; the first refusal of what it queued), the step
- * closed (at gvqTrainWaitAll), the step's end, and the wait for one unit. trainer.c's
+ * closed (at gvqTrainWaitAll), the step's end, and the wait for one unit. trainer_run.c's
  * gvq_train_issue queues one chunk (whole: 0 of 1). */
 gvqResult_t gvq_train_plan_commit(gvqTrainer_t trainer);
 void gvq_train_plan_free(gvqTrainer_t trainer);
