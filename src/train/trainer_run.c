@@ -197,4 +197,3 @@ gvqResult_t gvq_train_issue(gvqTrainer_t t, int unit, int c) {
     if (res != gvqSuccess && t->issue_error == gvqSuccess) t->issue_error = res;
     return res;
 }
-
