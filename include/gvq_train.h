@@ -65,7 +65,7 @@ typedef enum {
 
 typedef enum {
     gvqTrainScheduleReady   = 0, /* issued as they become ready (backward order) */
-    gvqTrainScheduleForward = 1  /* a measured plan: first what the next forward needs first */
+    gvqTrainScheduleForward = 1  /* negotiated: first what the next forward needs first */
 } gvqTrainSchedule_t;
 /* clang-format on */
 
@@ -99,13 +99,17 @@ typedef struct {
                            Parallax's partition tuner (gvqPsTunePartitions, 20 steps per sample
                            on its first step's rows) and shards its table over the P chosen;
                            0: one partition per rank [1] */
-    int schedule;       /* the order the step's aggregations are issued in, the same on every rank:
+    int schedule;       /* the order of the step's aggregations, the same on every rank:
                            gvqTrainScheduleReady: each when it is ready, in registration order;
-                           gvqTrainScheduleForward (with waitFree): after a few measured steps, a
-                           fixed plan that sends first what the next forward pass needs first (the
+                           gvqTrainScheduleForward (with waitFree): the ranks agree on the order
+                           as the step goes (each chunk's allreduce carries every rank's ready
+                           flags) and send first what the next forward pass needs first (the
                            latest-registered variable), so that a trainer waiting per variable
-                           (gvqTrainWaitVariable) runs its next forward beside the transfers of
-                           this step [gvqTrainScheduleReady] */
+                           (gvqTrainWaitVariable) runs its next forward beside this step's
+                           transfers. From a step's first hand-over to gvqTrainWaitAll the
+                           layer's communicator is busy with the step: make no blocking call on
+                           it (give the layer a communicator of its own). A layer with sparse
+                           variables keeps the ready schedule [gvqTrainScheduleReady] */
     int chunkBytes;     /* gvqTrainScheduleForward: plain aggregations longer than this are cut into
                            chunks of about this size, so that a tensor the forward pass needs
                            earlier can pass a long one [65536] */
@@ -227,12 +231,14 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t trainer);
  * before the layer's forward pass of the next step overlaps that forward pass with the
  * aggregations still running (best with schedule gvqTrainScheduleForward). gvqTrainWaitAll still
  * ends the step, before the next gradient is ready. Errors: gvqInvalidArgument (bad id),
- * gvqInvalidUsage (before commit; not ready in this step; a sparse variable, which
- * gvqTrainWaitAll completes; an aggregation the plan holds behind a variable not yet ready,
- * named), and the first error of the step's calls up to it. */
+ * gvqInvalidUsage (before commit; without waitFree; not ready in this step; a sparse variable,
+ * which gvqTrainWaitAll completes; a step another rank ended without one of its variables), and
+ * the first error of the step's calls up to it. */
 GVQ_API gvqResult_t gvqTrainWaitVariable(gvqTrainer_t trainer, int id);
 
-/* The routing decision and last-step timeline of variable id. Errors: gvqInvalidArgument. */
+/* The routing decision and last-step timeline of variable id. Errors: gvqInvalidArgument,
+ * gvqInvalidUsage (a compressed variable while a negotiated step is open: its byte count waits
+ * for the step). */
 GVQ_API gvqResult_t gvqTrainGetVariableInfo(gvqTrainer_t trainer, int id,
                                             gvqTrainVariableInfo_t *info);
 

@@ -53,6 +53,7 @@ typedef struct {
     int completed;     /* negotiated: its aggregation is done (under the layer's lock) */
     int left;          /* negotiated, progress thread: chunks still to run */
     int agreed;        /* negotiated, progress thread: ready on every rank */
+    int dead;          /* negotiated, progress thread: some rank closed its step without it */
     double start, end; /* this step: its first chunk's start, its last one's end */
 } tunit_t;
 
@@ -90,6 +91,7 @@ struct gvqTrainer {
     pthread_cond_t cond;
     int job_over;
     gvqResult_t job_res;
+    long steps; /* steps ended (the negotiation compares them across ranks) */
 };
 
 /* The registry of live layers (trainer_handle.c): add, remove (0: was not live), and check that

@@ -67,10 +67,14 @@ static gvqResult_t copy_compressor_cfg(const char *fn, const char *what,
 static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
     const char *fn = "gvqTrainCreate";
     gvqTrainConfig_t def = GVQ_TRAIN_CONFIG_INITIALIZER;
-    if (in == NULL) in = &def;
-    GVQCHECK(gvq_config_header_check(fn, "config", in->size, in->magic, in->version,
-                                     GVQ_TRAIN_CONFIG_MAGIC, sizeof *in, sizeof *in,
-                                     "GVQ_TRAIN_CONFIG_INITIALIZER"));
+    if (in != NULL) { /* a config of an older layout: the fields it predates at their defaults */
+        GVQCHECK(gvq_config_header_check(
+            fn, "config", in->size, in->magic, in->version, GVQ_TRAIN_CONFIG_MAGIC,
+            offsetof(gvqTrainConfig_t, schedule), sizeof *in, "GVQ_TRAIN_CONFIG_INITIALIZER"));
+        memcpy(&def, in, in->size);
+        def.size = sizeof def;
+    }
+    in = &def;
     long bucket = (long)gvq_param(GVQ_PARAM_TRAIN_BUCKET_BYTES);
     if (in->bucketBytes != GVQ_CONFIG_UNDEF_INT) bucket = in->bucketBytes;
     if (bucket < 0 || bucket > (1l << 30)) {
@@ -657,7 +661,8 @@ GVQ_API gvqResult_t gvqTrainWaitAll(gvqTrainer_t t) {
         return gvqInvalidUsage;
     }
     gvqResult_t live = check_comm(fn, t);
-    if (live != gvqSuccess) { /* nothing more may be queued; what was queued has failed */
+    if (live != gvqSuccess) {    /* nothing more may be queued; what was queued has failed */
+        gvq_train_plan_close(t); /* a negotiation waits for no more */
         (void)gvqStreamSynchronize(t->stream);
         end_step(t);
         gvq_train_plan_end_step(t);
@@ -724,6 +729,17 @@ static gvqResult_t check_id(const char *fn, gvqTrainer_t t, int id, const void *
 
 GVQ_API gvqResult_t gvqTrainGetVariableInfo(gvqTrainer_t t, int id, gvqTrainVariableInfo_t *info) {
     GVQCHECK(check_id("gvqTrainGetVariableInfo", t, id, info));
+    if (t->vars[id].comp != NULL && t->negotiate) { /* its stats wait for the comm's calls */
+        pthread_mutex_lock(&t->lock);
+        int open = t->job_queued && !t->job_over;
+        pthread_mutex_unlock(&t->lock);
+        if (open) {
+            GVQ_WARN("gvqTrainGetVariableInfo: variable %d '%s' is compressed and the layer's "
+                     "negotiated step is open: ask after gvqTrainWaitAll",
+                     id, t->vars[id].info.name);
+            return gvqInvalidUsage;
+        }
+    }
     *info = t->vars[id].info;
     if (t->vars[id].comp != NULL) {
         gvqCompressorStats_t st;
@@ -752,7 +768,8 @@ GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t t, int id, gvqCompressor_
 
 GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t t) {
     if (!gvq_train_unregister(t)) return gvq_train_check("gvqTrainDestroy", t);
-    if (t->units != NULL) gvq_train_plan_close(t); /* a negotiation waits for no more */
+    if (t->units != NULL && t->job_queued)         /* a negotiation in the middle of a step: */
+        gvq_train_plan_close(t);                   /* it waits for no more */
     gvqResult_t res = gvqStreamDestroy(t->stream); /* waits for the queued work */
     for (int i = 0; i < t->nvars; i++)
         if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);

@@ -10,6 +10,7 @@
  * the order with the other ranks as it goes, as Horovod's coordinator does, and sends first what
  * the next forward pass needs first, as priority schedulers of tensor transfers do:
  *
+ *   first: the ranks' step numbers compared (a rank a step behind fails the step everywhere)
  *   agreed = {}
  *   loop until every unit is done:
  *     u = the agreed unit with chunks left whose variables the forward pass needs first
@@ -19,13 +20,15 @@
  *     else: allreduce [u's next chunk | this rank's ready flags] in one call; after u's last
  *           chunk, u is complete (gvqTrainWaitVariable returns)
  *     agreed = the units whose flag averaged 1: ready on every rank when they sent
+ *     dead   = the units some rank closed its step without (gvqTrainWaitAll, destroy)
+ *     nothing agreed left and a unit dead: the step fails on every rank (a WARN names it)
  *   (a compressed, fused or factored unit runs whole, through its own calls, when picked)
  *
- * Every rank picks from the same allreduced flags, so the order is the same everywhere. When
- * every rank has closed its step (gvqTrainWaitAll) and a unit is still not ready everywhere,
- * the job ends with gvqInvalidUsage (gvqTrainWaitAll names the missing variable). While the
- * negotiating job runs, the layer's communicator belongs to it until gvqTrainWaitAll: a
- * blocking call on it in between waits for the whole step.
+ * Every rank picks from the same allreduced flags, so the order is the same everywhere. Every
+ * rank runs one job per step: queued at its first ready unit, or at the close. While it runs,
+ * the layer's communicator is the job's until gvqTrainWaitAll: a blocking call on it in between
+ * waits for the whole step (give the layer a communicator of its own). A layer with sparse
+ * variables keeps the ready schedule (their route is decided by a blocking call mid-step).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -67,7 +70,16 @@ static int new_unit(gvqTrainer_t t, int var, int bucket) {
 }
 
 gvqResult_t gvq_train_plan_commit(gvqTrainer_t t) {
-    t->negotiate = t->schedule == gvqTrainScheduleForward && t->wait_free && !t->inline_calls;
+    int sparse = 0;
+    for (int i = 0; i < t->nvars; i++)
+        sparse |= t->vars[i].sp != NULL;
+    t->negotiate =
+        t->schedule == gvqTrainScheduleForward && t->wait_free && !t->inline_calls && !sparse;
+    if (t->schedule == gvqTrainScheduleForward && !t->negotiate && t->rank == 0)
+        GVQ_INFO("training layer: schedule forward falls back to the ready schedule (%s)",
+                 sparse          ? "sparse variables"
+                 : !t->wait_free ? "no waitFree"
+                                 : "calls inline");
     t->units = calloc((size_t)(t->nvars + t->nbuckets) + 1, sizeof *t->units);
     int *of_bucket = malloc(((size_t)t->nbuckets + 1) * sizeof(int));
     if (t->units == NULL || of_bucket == NULL) goto oom;
@@ -99,7 +111,8 @@ gvqResult_t gvq_train_plan_commit(gvqTrainer_t t) {
             (t->units[u].count + (size_t)t->units[u].nchunks - 1) / (size_t)t->units[u].nchunks;
         if (cuttable(t, &t->units[u]) && per > most) most = per;
     }
-    if (t->negotiate && (t->stage = malloc((most + (size_t)t->nunits + 1) * sizeof(float))) == NULL)
+    if (t->negotiate &&
+        (t->stage = malloc((most + 2 * (size_t)t->nunits + 1) * sizeof(float))) == NULL)
         goto oom_sync;
     for (int u = 0; u < t->nunits && !t->inline_calls && !t->negotiate; u++)
         if (gvqEventCreate(&t->units[u].done) != gvqSuccess) goto oom_sync;
@@ -133,6 +146,15 @@ void gvq_train_plan_free(gvqTrainer_t t) {
     t->nunits = 0;
 }
 
+/* The first member of unit u not ready in this step, for a WARN. */
+static const char *first_missing(const gvqTrainer_t t, const tunit_t *u) {
+    if (u->bucket < 0) return t->vars[u->var].info.name;
+    const tbucket_t *b = &t->buckets[u->bucket];
+    for (int m = 0; m < b->nmembers; m++)
+        if (t->vars[b->members[m]].grad == NULL) return t->vars[b->members[m]].info.name;
+    return "?";
+}
+
 /* ---- the negotiated schedule: one job per step, on the progress thread ---------------------- */
 
 static void no_release(void *arg) {
@@ -157,7 +179,8 @@ static int pick(const gvqTrainer_t t) {
     return best;
 }
 
-/* Wait until this rank has a ready unit that is not agreed yet, or its step is closed. */
+/* Wait until this rank has a ready unit that is not agreed yet, or its step is closed (then
+ * every rank's next exchange is due: a rank whose news another lacks blocks in it). */
 static gvqResult_t wait_news(gvqTrainer_t t) {
     uint64_t since = 0;
     for (;;) {
@@ -174,24 +197,49 @@ static gvqResult_t wait_news(gvqTrainer_t t) {
     }
 }
 
-/* This rank's flags after n floats of the stage: 1 per ready unit, and 1 when its step is
- * closed; allreduce with the n floats before them; the agreed units and whether every rank has
- * closed. */
+/* This rank's flags after n floats of the stage, allreduced with them: per unit 1 when ready,
+ * per unit 1 when this rank closed its step without it, and 1 when closed. Then the agreed
+ * units (every rank sent 1), the dead ones (any rank did) and whether every rank has closed. */
 static gvqResult_t exchange(gvqTrainer_t t, size_t n, int *all_closed) {
-    float *f = t->stage + n;
+    float *ready = t->stage + n, *dead = ready + t->nunits, *closed = dead + t->nunits;
     /* closed first: a step closes after its last hand-over, so every unit ready before the
      * close is seen ready here */
-    f[t->nunits] = __atomic_load_n(&t->closed, __ATOMIC_ACQUIRE) ? 1.0f : 0.0f;
-    for (int u = 0; u < t->nunits; u++)
-        f[u] = __atomic_load_n(&t->units[u].ready, __ATOMIC_ACQUIRE) ? 1.0f : 0.0f;
-    GVQCHECK(gvqAllReduce(t->stage, t->stage, n + (size_t)t->nunits + 1, gvqFloat32, t->op, t->comm,
-                          NULL));
+    int is_closed = __atomic_load_n(&t->closed, __ATOMIC_ACQUIRE);
+    for (int u = 0; u < t->nunits; u++) {
+        int r = __atomic_load_n(&t->units[u].ready, __ATOMIC_ACQUIRE);
+        ready[u] = r ? 1.0f : 0.0f;
+        dead[u] = is_closed && !r ? 1.0f : 0.0f;
+    }
+    *closed = is_closed ? 1.0f : 0.0f;
+    GVQCHECK(gvqAllReduce(t->stage, t->stage, n + 2 * (size_t)t->nunits + 1, gvqFloat32, t->op,
+                          t->comm, NULL));
     /* a sum of 0s and 1s is exact; an average is 1 only where every rank sent 1 */
     const float all = t->op == gvqAvg ? 1.0f - 0.5f / (float)t->nranks : (float)t->nranks - 0.5f;
-    for (int u = 0; u < t->nunits; u++)
-        t->units[u].agreed |= f[u] > all;
-    *all_closed = f[t->nunits] > all;
+    for (int u = 0; u < t->nunits; u++) {
+        t->units[u].agreed |= ready[u] > all;
+        t->units[u].dead |= dead[u] > 0.0f;
+    }
+    *all_closed = *closed > all;
     return gvqSuccess;
+}
+
+/* Every rank at the same step, or the step fails everywhere (a rank whose last step failed on
+ * its own must not pair its flags with another's older step). */
+static gvqResult_t same_step(gvqTrainer_t t) {
+    int32_t mine = (int32_t)(t->steps & 0x3fffffff), s[2] = {mine, -mine};
+    GVQCHECK(gvqAllReduce(s, s, 2, gvqInt32, gvqMax, t->comm, NULL));
+    if (s[0] == mine && -s[1] == mine) return gvqSuccess;
+    GVQ_WARN("gvqTrainWaitAll: the ranks are at different steps of the layer (here %d, others "
+             "from %d to %d): an earlier step failed on some rank only",
+             (int)mine, (int)-s[1], (int)s[0]);
+    return gvqRemoteError;
+}
+
+/* The first unit with chunks left that some rank closed its step without, or -1. */
+static int first_dead(const gvqTrainer_t t) {
+    for (int u = 0; u < t->nunits; u++)
+        if (t->units[u].dead && t->units[u].left > 0) return u;
+    return -1;
 }
 
 /* The next chunk of plain unit u with the flags; after its last chunk, u is done. */
@@ -219,10 +267,10 @@ static gvqResult_t negotiate_job(void *arg) {
     int left = 0, all_closed = 0;
     for (int u = 0; u < t->nunits; u++) {
         t->units[u].left = t->units[u].nchunks;
-        t->units[u].agreed = 0;
+        t->units[u].agreed = t->units[u].dead = 0;
         left += t->units[u].nchunks;
     }
-    gvqResult_t res = gvqSuccess;
+    gvqResult_t res = same_step(t);
     while (left > 0 && res == gvqSuccess) {
         int u = pick(t);
         if (u >= 0 && !cuttable(t, &t->units[u])) {
@@ -233,8 +281,12 @@ static gvqResult_t negotiate_job(void *arg) {
         } else if (u >= 0) {
             res = run_chunk(t, u, &all_closed);
             left--;
-        } else if (all_closed) {
-            res = gvqInvalidUsage; /* gvqTrainWaitAll names the variable not ready */
+        } else if (all_closed || first_dead(t) >= 0) {
+            int d = first_dead(t);
+            GVQ_WARN("gvqTrainWaitAll: a rank ended its step without the gradient of '%s'; the "
+                     "step's aggregations stop on every rank",
+                     d >= 0 ? first_missing(t, &t->units[d]) : "?");
+            res = gvqInvalidUsage;
         } else if ((res = wait_news(t)) == gvqSuccess) {
             res = exchange(t, 0, &all_closed);
         }
@@ -260,17 +312,8 @@ static gvqResult_t issue_chunk(gvqTrainer_t t, int unit, int c) {
     return res;
 }
 
-gvqResult_t gvq_train_plan_ready(gvqTrainer_t t, int unit) {
-    tunit_t *u = &t->units[unit];
-    __atomic_store_n(&u->ready, 1, __ATOMIC_RELEASE);
-    if (!t->negotiate) {
-        gvqResult_t first = gvqSuccess;
-        for (int c = 0; c < u->nchunks; c++) {
-            gvqResult_t res = issue_chunk(t, unit, c);
-            if (first == gvqSuccess) first = res;
-        }
-        return first;
-    }
+/* Queue the step's negotiating job (once per step). */
+static gvqResult_t queue_job(gvqTrainer_t t) {
     if (t->job_queued) return gvqSuccess;
     t->job_queued = 1;
     gvqResult_t res = gvq_stream_enqueue(t->stream, "gvqTrainGradReady", &t->comm, 1, negotiate_job,
@@ -285,8 +328,23 @@ gvqResult_t gvq_train_plan_ready(gvqTrainer_t t, int unit) {
     return res;
 }
 
+gvqResult_t gvq_train_plan_ready(gvqTrainer_t t, int unit) {
+    tunit_t *u = &t->units[unit];
+    __atomic_store_n(&u->ready, 1, __ATOMIC_RELEASE);
+    if (!t->negotiate) {
+        gvqResult_t first = gvqSuccess;
+        for (int c = 0; c < u->nchunks; c++) {
+            gvqResult_t res = issue_chunk(t, unit, c);
+            if (first == gvqSuccess) first = res;
+        }
+        return first;
+    }
+    return queue_job(t);
+}
+
 void gvq_train_plan_close(gvqTrainer_t t) {
     __atomic_store_n(&t->closed, 1, __ATOMIC_RELEASE);
+    if (t->negotiate && t->nunits > 0) (void)queue_job(t); /* every rank runs one per step */
 }
 
 void gvq_train_plan_end_step(gvqTrainer_t t) {
@@ -297,17 +355,9 @@ void gvq_train_plan_end_step(gvqTrainer_t t) {
         x->start = x->end = 0;
     }
     t->job_queued = t->job_over = 0;
+    t->steps++;
     t->job_res = gvqSuccess;
     __atomic_store_n(&t->closed, 0, __ATOMIC_RELEASE);
-}
-
-/* The first member of unit u not ready in this step, for a WARN. */
-static const char *first_missing(const gvqTrainer_t t, const tunit_t *u) {
-    if (u->bucket < 0) return t->vars[u->var].info.name;
-    const tbucket_t *b = &t->buckets[u->bucket];
-    for (int m = 0; m < b->nmembers; m++)
-        if (t->vars[b->members[m]].grad == NULL) return t->vars[b->members[m]].info.name;
-    return "?";
 }
 
 gvqResult_t gvq_train_plan_wait(const char *fn, gvqTrainer_t t, int unit) {
@@ -317,12 +367,18 @@ gvqResult_t gvq_train_plan_wait(const char *fn, gvqTrainer_t t, int unit) {
                  first_missing(t, u));
         return gvqInvalidUsage;
     }
-    if (!t->negotiate) return u->done != NULL ? gvqEventSynchronize(u->done) : gvqSuccess;
+    if (!t->negotiate) {
+        gvqResult_t res = u->done != NULL ? gvqEventSynchronize(u->done) : gvqSuccess;
+        return res != gvqSuccess ? res : t->issue_error; /* a unit refused at issue */
+    }
     pthread_mutex_lock(&t->lock);
     while (!u->completed && !t->job_over)
         pthread_cond_wait(&t->cond, &t->lock);
     gvqResult_t res = u->completed ? gvqSuccess : t->job_res;
     pthread_mutex_unlock(&t->lock);
-    if (res == gvqSuccess && !u->completed) res = gvqInternalError;
+    if (res == gvqSuccess && !u->completed) {
+        GVQ_WARN("%s: the step's negotiation ended without the unit", fn);
+        res = gvqInternalError;
+    }
     return res;
 }

@@ -667,6 +667,64 @@ static void rank_destroy_mid_step(gvqComm_t comm, int rank, int nranks, void *ar
     free(g);
 }
 
+/* The negotiated schedule when the last rank leaves a variable out of step 0, two plain dense
+ * variables (bucketed: one unit; or alone: two units). bucketed: the step fails on every rank
+ * (the other ranks' job must not pair with the last rank's next step), and step 1 sums right.
+ * alone, variable 0 left out: rank 0 waits for it with gvqTrainWaitVariable, which must fail,
+ * not hang (the last rank closed its step without it). */
+static void rank_left_out(gvqComm_t comm, int rank, int nranks, void *arg) {
+    const int alone = *(const int *)arg, skip = alone ? 0 : 1, last = nranks - 1;
+    gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
+    cfg.schedule = gvqTrainScheduleForward;
+    cfg.op = gvqSum;
+    cfg.bucketBytes = alone ? 0 : 1 << 20;
+    gvqTrainer_t t = NULL;
+    EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
+    if (t == NULL) return;
+    int ids[2];
+    for (int v = 0; v < 2; v++) {
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = v ? "v1" : "v0";
+        var.kind = gvqVarDense;
+        var.shape[0] = 64;
+        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
+    }
+    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    float g[2][64];
+    for (int step = 0; step < 2; step++) {
+        for (int i = 0; i < 128; i++)
+            g[i / 64][i % 64] = (float)(100 * step + rank + 1);
+        for (int v = 0; v < 2; v++)
+            if (!(step == 0 && rank == last && v == skip))
+                EXPECT_RES(gvqTrainGradReady(t, ids[v], g[v]), gvqSuccess);
+        if (step == 0 && alone && rank == 0 && nranks > 1)
+            EXPECT(gvqTrainWaitVariable(t, ids[0]) != gvqSuccess,
+                   "waiting for a variable another rank left out succeeded");
+        gvqResult_t res = gvqTrainWaitAll(t);
+        if (step == 0) {
+            EXPECT(res != gvqSuccess, "rank %d: step 0 without '%s' on rank %d succeeded", rank,
+                   skip ? "v1" : "v0", last);
+            continue;
+        }
+        EXPECT_RES(res, gvqSuccess);
+        float want = 0;
+        for (int q = 0; q < nranks; q++)
+            want += (float)(100 * step + q + 1);
+        int bad = 0;
+        for (int i = 0; i < 128; i++)
+            bad += g[i / 64][i % 64] != want;
+        EXPECT(bad == 0, "rank %d step %d: %d sums differ from %g", rank, step, bad, want);
+    }
+    EXPECT_RES(gvqTrainDestroy(t), gvqSuccess);
+}
+
+static void test_left_out(int nranks) {
+    gvqConfig_t c = GVQ_CONFIG_INITIALIZER;
+    c.timeoutMs = 5000; /* a hang would show as this timeout's failure, not pass */
+    for (int alone = 0; alone < 2; alone++)
+        gvq_test_run(nranks, &c, rank_left_out, &alone);
+}
+
 /* A layer whose communicator was aborted refuses its calls (never touches the freed
  * communicator, as ASan checks) and is destroyed cleanly. */
 static void test_after_abort(void) {
@@ -712,6 +770,7 @@ int main(void) {
         }
         gvq_test_run(n, NULL, rank_misuse, NULL);
         gvq_test_run(n, NULL, rank_destroy_mid_step, NULL);
+        test_left_out(n);
         test_sfb(n, 20, 30, 3);  /* SACP: SFB from 2 ranks */
         test_sfb(n, 20, 30, 40); /* SACP: the full matrix */
         test_resume(n);

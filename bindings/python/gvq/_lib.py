@@ -163,6 +163,7 @@ def declare(structs) -> None:
     _proto("gvqTrainSparseLookup", c_void_p, c_int, c_void_p, c_size_t, c_void_p)
     _proto("gvqTrainSparseReady", c_void_p, c_int, c_void_p, c_void_p, c_size_t)
     _proto("gvqTrainWaitAll", c_void_p)
+    _proto("gvqTrainWaitVariable", c_void_p, c_int)
     _proto("gvqTrainGetVariableInfo", c_void_p, c_int, P(s.TrainVariableInfo))
     _proto("gvqTrainGetVariableCount", c_void_p, P(c_int))
     _proto("gvqTrainSave", c_void_p, c_void_p, P(c_size_t))

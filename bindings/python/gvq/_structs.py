@@ -98,7 +98,8 @@ class TrainConfig(C.Structure):
     _fields_ = [("size", C.c_size_t), ("magic", C.c_uint), ("version", C.c_uint),
                 ("bucketBytes", C.c_int), ("waitFree", C.c_int), ("op", C.c_int),
                 ("convCompressor", C.c_void_p), ("fcCompressor", C.c_void_p), ("sfb", C.c_int),
-                ("sparseRoute", C.c_int), ("tunePartitions", C.c_int)]
+                ("sparseRoute", C.c_int), ("tunePartitions", C.c_int), ("schedule", C.c_int),
+                ("chunkBytes", C.c_int)]
 
 
 class TrainVariable(C.Structure):

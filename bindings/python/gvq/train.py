@@ -44,6 +44,12 @@ class Kind(enum.IntEnum):
     SPARSE = 3
 
 
+class Schedule(enum.IntEnum):
+    """gvqTrainSchedule_t."""
+    READY = 0
+    FORWARD = 1
+
+
 class Route(enum.IntEnum):
     """gvqRoute_t."""
     ALLREDUCE = 0
@@ -76,7 +82,9 @@ class Trainer:
     """A training layer over comm (gvqTrainCreate). Keywords (None: the library's default):
     bucket_bytes, wait_free (bool), op (gvq.AVG or gvq.SUM), conv_compressor and fc_compressor
     (dicts of gvq.make_config keywords, or configs; the shape is filled in by the layer), sfb
-    (1, 0, or None: SACP), sparse_route (a Route, or None: Parallax's rule), tune_partitions.
+    (1, 0, or None: SACP), sparse_route (a Route, or None: Parallax's rule), tune_partitions,
+    schedule (Schedule.FORWARD: the negotiated order, for wait_variable in the next forward
+    pass), chunk_bytes.
     Buffers handed to grad_ready / factors_ready / sparse_ready belong to the layer until
     wait_all returns (the Trainer keeps them alive until then)."""
 
@@ -84,7 +92,8 @@ class Trainer:
                  wait_free: Optional[bool] = None, op: Any = AVG, conv_compressor: Any = None,
                  fc_compressor: Any = None, sfb: Optional[int] = None,
                  sparse_route: Optional[int] = None,
-                 tune_partitions: Optional[bool] = None) -> None:
+                 tune_partitions: Optional[bool] = None, schedule: Optional[int] = None,
+                 chunk_bytes: Optional[int] = None) -> None:
         f = "gvq.train.Trainer"
         c = _structs.TrainConfig()
         c.size, c.magic, c.version = ctypes.sizeof(c), _structs.TRAIN_CONFIG_MAGIC, version()
@@ -95,6 +104,7 @@ class Trainer:
         c.bucketBytes, c.waitFree = opt_int(bucket_bytes), opt_int(wait_free)
         c.op, c.sfb = _op(op, f), opt_int(sfb)
         c.sparseRoute, c.tunePartitions = opt_int(sparse_route), opt_int(tune_partitions)
+        c.schedule, c.chunkBytes = opt_int(schedule), opt_int(chunk_bytes)
         # the configs must outlive the create call only (the layer copies them)
         self._keep: List[Any] = [_compressor(conv_compressor, f), _compressor(fc_compressor, f)]
         if self._keep[0] is not None:
@@ -217,6 +227,11 @@ class Trainer:
         ib, gb = self._rows(vid, indices, grads, "grads", "gvq.train.Trainer.sparse_ready", False)
         self._held += [ib.obj, gb.obj]
         call("gvqTrainSparseReady", self.handle, int(vid), ib.ptr, gb.ptr, ib.count)
+
+    def wait_variable(self, vid: int) -> None:
+        """Waits until variable vid's aggregation of this step is in its buffer (wait_all still
+        ends the step)."""
+        call("gvqTrainWaitVariable", self.handle, int(vid))
 
     def wait_all(self) -> None:
         """Waits until every gradient of the step is aggregated in its buffer."""

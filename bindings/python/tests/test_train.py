@@ -55,6 +55,27 @@ def test_plain_routes_average(comm, mpi):
     t.destroy()
 
 
+def test_forward_schedule_waits(comm, mpi):
+    # the negotiated order, plain tensors cut into 1 KiB chunks, waited for one by one in
+    # forward order (the last registered first), then the step closed
+    t, ids, counts = small_layer(comm, bucket_bytes=1024, schedule=gt.Schedule.FORWARD,
+                                 chunk_bytes=1024)
+    t.commit()
+    for step in range(3):
+        mine = [grads(mpi.Get_rank(), step, n, i) for i, n in enumerate(counts)]
+        bufs = [m.copy() for m in mine]
+        for vid, b in zip(ids, bufs):
+            t.grad_ready(vid, b)
+        for vid, m, b in reversed(list(zip(ids, mine, bufs))):
+            t.wait_variable(vid)
+            np.testing.assert_allclose(b, mpi_average(mpi, m), rtol=1e-5, atol=1e-6)
+        t.wait_all()
+        assert all(identical(mpi, b) for b in bufs)
+    with pytest.raises(gvq.GvqError):
+        t.wait_variable(ids[0])  # not ready in this step
+    t.destroy()
+
+
 def test_compressed_route_identical(comm, mpi):
     t, ids, counts = small_layer(comm, conv_compressor=dict(codec=gvq.Codec.QSGD))
     t.commit()
