@@ -567,13 +567,14 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         if (pending) {
             next.wait_s = 0.0;
             net_forward_each(&net, images, local, before_layer, &next);
-            if (o->timeline_path != NULL && rank == 0 && step == o->timeline_step)
-                write_timeline(o->timeline_path, &agg, step, prev_t0, prev_fwd, prev_t1, 0, 0,
-                               &next, now_s());
+            double fwd_end = now_s();
             TRAIN_GVQ(next.error, gcomm);
             double w = now_s();
             TRAIN_GVQ(agg_wait(&agg), gcomm); /* ends the last step: all of it is in */
             waited = next.wait_s + (now_s() - w);
+            if (o->timeline_path != NULL && rank == 0 && step == o->timeline_step)
+                write_timeline(o->timeline_path, &agg, step, prev_t0, prev_fwd, prev_t1, 0, 0,
+                               &next, fwd_end);
             pending = 0;
         } else {
             net_forward(&net, images, local);
