@@ -371,11 +371,13 @@ gvqResult_t gvq_train_plan_wait(const char *fn, gvqTrainer_t t, int unit) {
         gvqResult_t res = u->done != NULL ? gvqEventSynchronize(u->done) : gvqSuccess;
         return res != gvqSuccess ? res : t->issue_error; /* a unit refused at issue */
     }
+    gvq_thread_caller_blocked(1); /* the progress thread polls without sleeping meanwhile */
     pthread_mutex_lock(&t->lock);
     while (!u->completed && !t->job_over)
         pthread_cond_wait(&t->cond, &t->lock);
     gvqResult_t res = u->completed ? gvqSuccess : t->job_res;
     pthread_mutex_unlock(&t->lock);
+    gvq_thread_caller_blocked(-1);
     if (res == gvqSuccess && !u->completed) {
         GVQ_WARN("%s: the step's negotiation ended without the unit", fn);
         res = gvqInternalError;
