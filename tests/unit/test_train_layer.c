@@ -725,6 +725,37 @@ static void test_left_out(int nranks) {
         gvq_test_run(nranks, &c, rank_left_out, &alone);
 }
 
+/* The negotiated schedule, rank 0's communicator aborted in the middle of a step (its job
+ * waits for the step's next gradient): rank 0's gvqTrainWaitAll fails at once, the other ranks'
+ * by the communicator's timeout; none hangs, and every destroy returns. */
+static void rank_abort_mid_step(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)nranks, (void)arg;
+    gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
+    cfg.schedule = gvqTrainScheduleForward;
+    cfg.bucketBytes = 0;
+    gvqTrainer_t t = NULL;
+    EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
+    if (t == NULL) return;
+    int ids[2];
+    for (int v = 0; v < 2; v++) {
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = v ? "v1" : "v0";
+        var.kind = gvqVarDense;
+        var.shape[0] = 64;
+        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
+    }
+    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    float g[64] = {0};
+    EXPECT_RES(gvqTrainGradReady(t, ids[0], g), gvqSuccess);
+    EXPECT_RES(gvqTrainWaitVariable(t, ids[0]), gvqSuccess);
+    if (rank == 0) {
+        usleep(20000); /* the job is waiting for v1 */
+        EXPECT_RES(gvqCommAbort(comm), gvqSuccess);
+    }
+    EXPECT(gvqTrainWaitAll(t) != gvqSuccess, "rank %d: the aborted step succeeded", rank);
+    (void)gvqTrainDestroy(t);
+}
+
 /* A layer whose communicator was aborted refuses its calls (never touches the freed
  * communicator, as ASan checks) and is destroyed cleanly. */
 static void test_after_abort(void) {
@@ -778,5 +809,9 @@ int main(void) {
         test_sparse_resume(n);
     }
     test_after_abort();
+    gvqConfig_t c = GVQ_CONFIG_INITIALIZER;
+    c.timeoutMs = 2000; /* the other ranks' bound */
+    for (int n = 1; n <= 3; n++)
+        gvq_test_run(n, &c, rank_abort_mid_step, NULL);
     return gvq_test_finish("test_train_layer");
 }
