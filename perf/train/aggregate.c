@@ -93,6 +93,7 @@ static void add_var(agg_t *a, int layer, int conv, int kind, float *grad, size_t
                     const char *fmt, int n) {
     agg_var_t *v = &a->vars[a->nvars++];
     v->id = -1;
+    v->second = 0;
     v->layer = layer;
     v->conv = conv;
     v->kind = kind;
@@ -121,6 +122,7 @@ static void list_vars(agg_t *a) {
             add_var(a, i, -1, gvqVarDense, l->db, l->nb, "fc%d.b", i);
         } else if (l->kind == LAYER_BLOCK) {
             add_conv(a, i, &l->sub[1]);
+            a->vars[a->nvars - 1].second = 1;
             add_conv(a, i, &l->sub[0]);
             add_var(a, i, -1, gvqVarDense, l->db, l->nb, "block%d.s", i);
         }
@@ -208,7 +210,7 @@ static void layer_done(int layer, const float *in, const float *dout_next, void 
     if (a->before_ready != NULL) a->before_ready(layer, a->before_ready_arg);
     if (a->trainer == NULL) return;
     for (int v = 0; v < a->nvars; v++) {
-        if (a->vars[v].layer != layer) continue;
+        if (a->vars[v].layer != layer || (a->split && a->vars[v].second)) continue;
         gvqResult_t res = a->vars[v].factors /* u_j: the error at the outputs, v_j: the input */
                               ? gvqTrainFactorsReady(a->trainer, a->vars[v].id, dout_next, in,
                                                      a->batch, a->vars[v].grad)
@@ -233,10 +235,46 @@ gvqResult_t agg_wait(agg_t *a) {
     return res;
 }
 
+/* A block's hook: its second conv's gradient written (phase 1: hand it over), or its forward
+ * about to run (phase 0: wait for it, then done). */
+static void block_hook(int layer, int phase, void *arg) {
+    agg_t *a = arg;
+    for (int v = 0; v < a->nvars; v++) {
+        if (a->vars[v].layer != layer || !a->vars[v].second) continue;
+        gvqResult_t res = gvqSuccess;
+        if (phase == 1) {
+            res = gvqTrainGradReady(a->trainer, a->vars[v].id, a->vars[v].grad);
+            if (res != gvqSuccess && a->error == gvqSuccess) a->error = res;
+        } else if (a->waiting && a->wait_error == gvqSuccess) {
+            double t0 = now_s();
+            res = gvqTrainWaitVariable(a->trainer, a->vars[v].id);
+            a->wait_s += now_s() - t0;
+            if (res == gvqSuccess)
+                a->wait_done((size_t)(a->vars[v].grad - a->net->grads), a->vars[v].count,
+                             a->wait_arg);
+            else
+                a->wait_error = res;
+        }
+    }
+}
+
+void agg_split_blocks(agg_t *a, void (*done)(size_t off, size_t n, void *arg), void *arg) {
+    if (a->trainer == NULL) return;
+    a->split = 1;
+    a->wait_done = done;
+    a->wait_arg = arg;
+    for (int i = a->l0; i < a->l1; i++) {
+        layer_t *l = &a->net->layers[i];
+        if (l->kind != LAYER_BLOCK) continue;
+        l->hook = block_hook;
+        l->hook_arg = a;
+    }
+}
+
 gvqResult_t agg_wait_layer(agg_t *a, int layer, void (*done)(size_t off, size_t n, void *arg),
                            void *arg) {
     for (int v = 0; v < a->nvars; v++) {
-        if (a->vars[v].layer != layer) continue;
+        if (a->vars[v].layer != layer || (a->split && a->vars[v].second)) continue;
         gvqResult_t res = gvqTrainWaitVariable(a->trainer, a->vars[v].id);
         if (res != gvqSuccess) return res;
         done((size_t)(a->vars[v].grad - a->net->grads), a->vars[v].count, arg);

@@ -17,6 +17,7 @@ typedef struct {
     int factors; /* an fc weight handed over as sufficient factors */
     int layer;   /* the network layer it belongs to */
     int conv;    /* its index in net_t.conv (a conv weight), or -1 */
+    int second;  /* a residual block's second conv (its own hand-over and wait when split) */
     int kind;    /* gvqVarKind_t */
     float *grad; /* where backprop writes its gradient */
     size_t count;
@@ -40,6 +41,13 @@ typedef struct {
     int factors;       /* fc weights go as sufficient factors */
     gvqResult_t error; /* the first failure of a hand-over in this step */
     int l0, l1;        /* the network layers whose weights it aggregates (a pipeline stage's) */
+    /* agg_split_blocks: a block's second conv handed over and waited for on its own */
+    int split;
+    int waiting; /* a forward pass with agg_wait_layer's waits is running */
+    void (*wait_done)(size_t off, size_t n, void *arg);
+    void *wait_arg;
+    gvqResult_t wait_error;
+    double wait_s; /* spent in those waits since the caller zeroed it */
 } agg_t;
 
 /* The codec of a tensor as gvq names it (TRAIN_CODEC_* -> gvqCodec_t), and a compressor config
@@ -63,9 +71,14 @@ void agg_backward(agg_t *a, const float *images, int batch);
 /* Waits until every gradient is aggregated (averaged) in place. */
 gvqResult_t agg_wait(agg_t *a);
 /* Waits until network layer `layer`'s gradients are aggregated (gvqTrainWaitVariable), calling
- * done(offset, count, arg) with each one's floats in net->grads; agg_wait still ends the step. */
+ * done(offset, count, arg) with each one's floats in net->grads; agg_wait still ends the step.
+ * With agg_split_blocks, a block's second conv is waited for (and done) only just before its
+ * forward, inside the block, while a->waiting is set. */
 gvqResult_t agg_wait_layer(agg_t *a, int layer, void (*done)(size_t off, size_t n, void *arg),
                            void *arg);
+/* Residual blocks' second convs on their own: handed over as soon as backprop wrote their
+ * gradient (before the block's first conv), waited for just before their forward. */
+void agg_split_blocks(agg_t *a, void (*done)(size_t off, size_t n, void *arg), void *arg);
 /* Bytes this rank sent for variable v over the run, and whether it is a conv weight. */
 unsigned long long agg_wire_bytes(const agg_t *a, int v);
 void agg_free(agg_t *a);

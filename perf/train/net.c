@@ -318,6 +318,7 @@ static void block_forward(layer_t *l, const float *in, int batch) {
         float v = c1->out[i] + p[BLOCK_A2];
         l->mid[i] = (v > 0.0f ? v : 0.0f) + p[BLOCK_A3];
     }
+    if (l->hook != NULL) l->hook(l->index, 0, l->hook_arg);
     conv_forward(c2, l->mid, batch);
     for (size_t i = 0; i < nout; i++)
         l->out[i] = p[BLOCK_SCALE] * c2->out[i] + p[BLOCK_A4];
@@ -349,6 +350,7 @@ static void block_backward(layer_t *l, const float *dout, int batch) {
     for (size_t i = 0; i < nout; i++)
         g[i] *= p[BLOCK_SCALE];
     conv_backward(c2, l->mid, g, batch);
+    if (l->hook != NULL) l->hook(l->index, 1, l->hook_arg);
     float *dmid = c2->dout;
     l->db[BLOCK_A3] = (float)sum_floats(dmid, nout);
     for (size_t i = 0; i < nout; i++)
@@ -442,6 +444,7 @@ static layer_t *add_layer(net_t *net, int max_layers, layer_kind_t kind, int in_
     layer_t *l = &net->layers[net->nlayers++];
     memset(l, 0, sizeof *l);
     l->kind = kind;
+    l->index = net->nlayers - 1;
     l->in_c = l->out_c = in_c;
     l->in_h = l->out_h = in_h;
     l->in_w = l->out_w = in_w;

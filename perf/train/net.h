@@ -80,6 +80,12 @@ typedef struct layer {
     struct layer *sub;       /* block: conv1, conv2 */
     float *xa;               /* block: x + a1, capacity x in size */
     float *mid;              /* block: conv2's input, capacity x out size */
+    /* block: called just before conv2's forward (phase 0) and just after its backward wrote
+     * its weight gradient (phase 1), with `index` (the layer's in the network) and hook_arg:
+     * where a trainer waits for, or hands over, conv2's weights alone */
+    void (*hook)(int index, int phase, void *arg);
+    void *hook_arg;
+    int index;
 } layer_t;
 
 typedef struct {

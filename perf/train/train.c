@@ -553,6 +553,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         next.wait_start = calloc(2 * (size_t)net.nlayers, sizeof(double));
         if (next.wait_start == NULL) TRAIN_GVQ(gvqSystemError, gcomm);
         next.wait_end = next.wait_start + net.nlayers;
+        if (!dumping) agg_split_blocks(&agg, update_range, &next); /* dumps read whole blocks */
     }
     for (step = 0; step < iters; step++) {
         double t0 = now_s();
@@ -566,12 +567,16 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         double waited = 0.0; /* for the last step's gradients, inside this forward pass */
         if (pending) {
             next.wait_s = 0.0;
+            agg.waiting = 1;
+            agg.wait_s = 0.0;
             net_forward_each(&net, images, local, before_layer, &next);
+            agg.waiting = 0;
             double fwd_end = now_s();
             TRAIN_GVQ(next.error, gcomm);
+            TRAIN_GVQ(agg.wait_error, gcomm);
             double w = now_s();
             TRAIN_GVQ(agg_wait(&agg), gcomm); /* ends the last step: all of it is in */
-            waited = next.wait_s + (now_s() - w);
+            waited = next.wait_s + agg.wait_s + (now_s() - w);
             if (o->timeline_path != NULL && rank == 0 && step == o->timeline_step)
                 write_timeline(o->timeline_path, &agg, step, prev_t0, prev_fwd, prev_t1, 0, 0,
                                &next, fwd_end);
