@@ -65,9 +65,10 @@ static void usage(FILE *f) {
         "  --overlap-forward     make a step's update layer by layer inside the next forward\n"
         "                        pass, each layer's as soon as its gradients are aggregated\n"
         "                        (the aggregation overlaps the next forward as well)\n"
-        "  --comm-order O        ready (as backprop makes them) or forward (a measured plan:\n"
-        "                        what the next forward needs first, first; the default with\n"
-        "                        --overlap-forward); --chunk-bytes N cuts plain ones for it\n"
+        "  --comm-order O        ready (as backprop makes them) or forward (negotiated with the\n"
+        "                        other ranks: what the next forward needs first, first; the\n"
+        "                        default with --overlap-forward); --chunk-bytes N cuts plain\n"
+        "                        ones for it\n"
         "  --model text          a bag-of-words classifier of Debian packages' sections from\n"
         "                        their names and descriptions (--text-data FILE, made by\n"
         "                        perf/train/apt-text.sh); its embedding is a sparse variable,\n"
@@ -595,10 +596,12 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
                 o->eval_every, o->print_every);
         return -1;
     }
-    if (o->overlap_forward && (o->zero_code || o->no_wait_free || o->stages > 0 || o->text)) {
+    if (o->overlap_forward &&
+        (o->zero_code || o->no_wait_free || o->stages > 0 || o->text || o->sfb != TRAIN_UNSET)) {
         fprintf(stderr, "gvq-train: --overlap-forward needs the training layer with wait-free "
-                        "backprop and an image model (not --zero-code, --no-wait-free, --stages "
-                        "or --model text)\n");
+                        "backprop and an image model (not --zero-code, --no-wait-free, --stages, "
+                        "--model text, or --sfb: the factors are the fc's activations, which the "
+                        "next forward pass overwrites before the step ends)\n");
         return -1;
     }
     if (o->zero_code && (o->codec == TRAIN_CODEC_QSGD || o->codec == TRAIN_CODEC_POWERSGD ||

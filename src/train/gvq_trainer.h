@@ -54,6 +54,7 @@ typedef struct {
     int left;          /* negotiated, progress thread: chunks still to run */
     int agreed;        /* negotiated, progress thread: ready on every rank */
     int dead;          /* negotiated, progress thread: some rank closed its step without it */
+    int seen;          /* negotiated, progress thread: some rank had it ready */
     double start, end; /* this step: its first chunk's start, its last one's end */
 } tunit_t;
 

@@ -67,11 +67,20 @@ static gvqResult_t copy_compressor_cfg(const char *fn, const char *what,
 static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
     const char *fn = "gvqTrainCreate";
     gvqTrainConfig_t def = GVQ_TRAIN_CONFIG_INITIALIZER;
-    if (in != NULL) { /* a config of an older layout: the fields it predates at their defaults */
-        GVQCHECK(gvq_config_header_check(
-            fn, "config", in->size, in->magic, in->version, GVQ_TRAIN_CONFIG_MAGIC,
-            offsetof(gvqTrainConfig_t, schedule), sizeof *in, "GVQ_TRAIN_CONFIG_INITIALIZER"));
-        memcpy(&def, in, in->size);
+    if (in != NULL) { /* a config of the layout before schedule: those two at their defaults */
+        const size_t fields = offsetof(gvqTrainConfig_t, schedule);
+        const size_t align = _Alignof(gvqTrainConfig_t);
+        const size_t old = (fields + align - 1) / align * align; /* its size, padding in */
+        GVQCHECK(gvq_config_header_check(fn, "config", in->size, in->magic, in->version,
+                                         GVQ_TRAIN_CONFIG_MAGIC, old, sizeof *in,
+                                         "GVQ_TRAIN_CONFIG_INITIALIZER"));
+        if (in->size != old && in->size != sizeof *in) {
+            GVQ_WARN("%s: config->size %zu is neither this library's (%zu) nor the older layout's "
+                     "(%zu); initialize it with GVQ_TRAIN_CONFIG_INITIALIZER",
+                     fn, in->size, sizeof *in, old);
+            return gvqInvalidArgument;
+        }
+        memcpy(&def, in, in->size == old ? fields : sizeof def); /* never the old padding */
         def.size = sizeof def;
     }
     in = &def;
@@ -740,7 +749,9 @@ GVQ_API gvqResult_t gvqTrainGetVariableInfo(gvqTrainer_t t, int id, gvqTrainVari
             return gvqInvalidUsage;
         }
     }
+    if (t->units != NULL) pthread_mutex_lock(&t->lock); /* the progress thread writes it */
     *info = t->vars[id].info;
+    if (t->units != NULL) pthread_mutex_unlock(&t->lock);
     if (t->vars[id].comp != NULL) {
         gvqCompressorStats_t st;
         if (gvqCompressorGetStats(t->vars[id].comp, &st) == gvqSuccess)
@@ -768,8 +779,9 @@ GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t t, int id, gvqCompressor_
 
 GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t t) {
     if (!gvq_train_unregister(t)) return gvq_train_check("gvqTrainDestroy", t);
-    if (t->units != NULL && t->job_queued)         /* a negotiation in the middle of a step: */
-        gvq_train_plan_close(t);                   /* it waits for no more */
+    if (t->negotiate && (t->job_queued || gvq_comm_is_live(t->comm)))
+        gvq_train_plan_close(t); /* this rank's step, or an empty one, closed: the other ranks'
+                                    negotiation ends instead of waiting for the timeout */
     gvqResult_t res = gvqStreamDestroy(t->stream); /* waits for the queued work */
     for (int i = 0; i < t->nvars; i++)
         if (t->vars[i].comp != NULL) gvqCompressorDestroy(t->vars[i].comp);

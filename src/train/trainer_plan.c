@@ -217,6 +217,7 @@ static gvqResult_t exchange(gvqTrainer_t t, size_t n, int *all_closed) {
     const float all = t->op == gvqAvg ? 1.0f - 0.5f / (float)t->nranks : (float)t->nranks - 0.5f;
     for (int u = 0; u < t->nunits; u++) {
         t->units[u].agreed |= ready[u] > all;
+        t->units[u].seen |= ready[u] > 0.0f;
         t->units[u].dead |= dead[u] > 0.0f;
     }
     *all_closed = *closed > all;
@@ -230,9 +231,18 @@ static gvqResult_t same_step(gvqTrainer_t t) {
     GVQCHECK(gvqAllReduce(s, s, 2, gvqInt32, gvqMax, t->comm, NULL));
     if (s[0] == mine && -s[1] == mine) return gvqSuccess;
     GVQ_WARN("gvqTrainWaitAll: the ranks are at different steps of the layer (here %d, others "
-             "from %d to %d): an earlier step failed on some rank only",
+             "from %d to %d): an earlier step failed on some rank only; this step fails on "
+             "every rank, the next ones count from the latest",
              (int)mine, (int)-s[1], (int)s[0]);
+    t->steps = s[0]; /* every rank the same from here (read after the stream's wait) */
     return gvqRemoteError;
+}
+
+/* Whether any rank had any unit ready in this step. */
+static int any_seen(const gvqTrainer_t t) {
+    for (int u = 0; u < t->nunits; u++)
+        if (t->units[u].seen) return 1;
+    return 0;
 }
 
 /* The first unit with chunks left that some rank closed its step without, or -1. */
@@ -267,7 +277,7 @@ static gvqResult_t negotiate_job(void *arg) {
     int left = 0, all_closed = 0;
     for (int u = 0; u < t->nunits; u++) {
         t->units[u].left = t->units[u].nchunks;
-        t->units[u].agreed = t->units[u].dead = 0;
+        t->units[u].agreed = t->units[u].dead = t->units[u].seen = 0;
         left += t->units[u].nchunks;
     }
     gvqResult_t res = same_step(t);
@@ -281,6 +291,8 @@ static gvqResult_t negotiate_job(void *arg) {
         } else if (u >= 0) {
             res = run_chunk(t, u, &all_closed);
             left--;
+        } else if (all_closed && !any_seen(t)) {
+            break; /* an empty step: every rank closed with nothing (a destroy between steps) */
         } else if (all_closed || first_dead(t) >= 0) {
             int d = first_dead(t);
             GVQ_WARN("gvqTrainWaitAll: a rank ended its step without the gradient of '%s'; the "

@@ -44,10 +44,18 @@ static gvqResult_t sfb_run(gvqTrainer_t t, tvar_t *x) {
     GVQCHECK(gvqAllGather(x->fu, x->all_u, nu, gvqFloat32, t->comm, NULL));
     GVQCHECK(gvqAllGather(x->fv, x->all_v, nv, gvqFloat32, t->comm, NULL));
     float alpha = t->op == gvqAvg ? 1.0f / (float)t->nranks : 1.0f;
-    GVQCHECK(
-        gvq_host_device.sgemm(0, 1, N, M, pb, alpha, x->all_v, N, x->all_u, M, 0.0f, x->grad, N));
-    x->info.wireBytes += (unsigned long long)(t->nranks - 1) * (nu + nv) * sizeof(float);
-    return gvqSuccess;
+    return gvq_host_device.sgemm(0, 1, N, M, pb, alpha, x->all_v, N, x->all_u, M, 0.0f, x->grad, N);
+}
+
+/* The bytes this rank sent for job j of unit u (0 for compressed ones: their compressors
+ * count). */
+static unsigned long long job_bytes(const gvqTrainer_t t, const tunit_t *u, const train_job_t *j) {
+    if (u->bucket >= 0) return 0; /* a bucket's members are counted after its last chunk */
+    const tvar_t *x = &t->vars[u->var];
+    if (x->sfb_now)
+        return (unsigned long long)(t->nranks - 1) * (size_t)x->fbatch *
+               (size_t)(x->shape[0] + x->shape[1]) * sizeof(float);
+    return x->comp != NULL ? 0 : ring_bytes(t, j->count);
 }
 
 /* Chunk c of unit u: [*off, *off + *count) of its floats (even chunks, the last one shorter). */
@@ -73,9 +81,8 @@ static gvqResult_t run_bucket(gvqTrainer_t t, tbucket_t *b, const train_job_t *j
     gvqResult_t res =
         gvqAllReduce(b->buf + j->off, b->buf + j->off, j->count, gvqFloat32, t->op, t->comm, NULL);
     for (int m = 0; m < b->nmembers && res == gvqSuccess && last; m++) {
-        tvar_t *x = &t->vars[b->members[m]];
+        const tvar_t *x = &t->vars[b->members[m]];
         memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
-        x->info.wireBytes += ring_bytes(t, x->info.count);
     }
     return res;
 }
@@ -86,10 +93,8 @@ static gvqResult_t run_var(gvqTrainer_t t, tvar_t *x, const train_job_t *j) {
     if (x->comp != NULL)
         return gvqAllReduceCompressed(x->grad, x->grad, x->info.count, gvqFloat32, t->op, x->comp,
                                       t->comm, NULL);
-    gvqResult_t res = gvqAllReduce(x->grad + j->off, x->grad + j->off, j->count, gvqFloat32, t->op,
-                                   t->comm, NULL);
-    if (res == gvqSuccess) x->info.wireBytes += ring_bytes(t, j->count);
-    return res;
+    return gvqAllReduce(x->grad + j->off, x->grad + j->off, j->count, gvqFloat32, t->op, t->comm,
+                        NULL);
 }
 
 /* On the progress thread: one chunk of a unit's aggregation, timed. */
@@ -107,20 +112,26 @@ static gvqResult_t train_job_run(void *arg) {
     else
         res = run_var(t, &t->vars[u->var], j);
     double end = now_s();
+    pthread_mutex_lock(&t->lock); /* gvqTrainGetVariableInfo may read beside this */
     if (first) u->start = start;
     if (last) u->end = end;
     if (u->bucket >= 0) {
         tbucket_t *b = &t->buckets[u->bucket];
         if (first) b->start = start;
         if (last) b->end = end;
-        for (int m = 0; m < b->nmembers && last; m++) { /* readable after its wait */
-            t->vars[b->members[m]].info.startTime = b->start;
-            t->vars[b->members[m]].info.endTime = end;
+        for (int m = 0; m < b->nmembers && last; m++) {
+            tvar_t *x = &t->vars[b->members[m]];
+            x->info.startTime = b->start;
+            x->info.endTime = end;
+            if (res == gvqSuccess && !b->fused) x->info.wireBytes += ring_bytes(t, x->info.count);
         }
     } else {
-        if (first) t->vars[u->var].info.startTime = start;
-        if (last) t->vars[u->var].info.endTime = end;
+        tvar_t *x = &t->vars[u->var];
+        if (first) x->info.startTime = start;
+        if (last) x->info.endTime = end;
+        if (res == gvqSuccess) x->info.wireBytes += job_bytes(t, u, j);
     }
+    pthread_mutex_unlock(&t->lock);
     return res;
 }
 
@@ -142,23 +153,31 @@ float *gvq_train_unit_data(gvqTrainer_t t, int unit) {
 /* Unit u's plain allreduce is done: a bucket unpacked, bytes and times kept. */
 void gvq_train_unit_finish(gvqTrainer_t t, int unit) {
     tunit_t *u = &t->units[unit];
+    if (u->bucket >= 0) {
+        const tbucket_t *b = &t->buckets[u->bucket];
+        for (int m = 0; m < b->nmembers; m++) {
+            const tvar_t *x = &t->vars[b->members[m]];
+            memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
+        }
+    }
+    pthread_mutex_lock(&t->lock); /* gvqTrainGetVariableInfo may read beside this */
     if (u->bucket < 0) {
         tvar_t *x = &t->vars[u->var];
         x->info.wireBytes += ring_bytes(t, x->info.count);
         x->info.startTime = u->start;
         x->info.endTime = u->end;
-        return;
+    } else {
+        tbucket_t *b = &t->buckets[u->bucket];
+        b->start = u->start;
+        b->end = u->end;
+        for (int m = 0; m < b->nmembers; m++) {
+            tvar_t *x = &t->vars[b->members[m]];
+            x->info.wireBytes += ring_bytes(t, x->info.count);
+            x->info.startTime = u->start;
+            x->info.endTime = u->end;
+        }
     }
-    tbucket_t *b = &t->buckets[u->bucket];
-    b->start = u->start;
-    b->end = u->end;
-    for (int m = 0; m < b->nmembers; m++) {
-        tvar_t *x = &t->vars[b->members[m]];
-        memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
-        x->info.wireBytes += ring_bytes(t, x->info.count);
-        x->info.startTime = u->start;
-        x->info.endTime = u->end;
-    }
+    pthread_mutex_unlock(&t->lock);
 }
 
 /* Unit u whole, as one job of the ready schedule would run it (a compressed variable, the fused

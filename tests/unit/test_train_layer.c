@@ -756,6 +756,69 @@ static void rank_abort_mid_step(gvqComm_t comm, int rank, int nranks, void *arg)
     (void)gvqTrainDestroy(t);
 }
 
+/* A config of the layout before `schedule` (callers built against the older header): its size,
+ * tail padding in, is accepted; the padding's bytes never become the new fields; other sizes are
+ * refused. */
+typedef struct {
+    size_t size;
+    unsigned int magic, version;
+    int bucketBytes, waitFree, op;
+    const gvqCompressorConfig_t *convCompressor, *fcCompressor;
+    int sfb, sparseRoute, tunePartitions;
+} old_train_config_t;
+
+static void test_old_config(void) {
+    gvqComm_t comm;
+    EXPECT_RES(gvq_comm_init_inproc(1, NULL, &comm), gvqSuccess);
+    for (int pad = 0; pad < 3; pad++) {
+        unsigned char raw[sizeof(gvqTrainConfig_t)];
+        memset(raw, pad == 0 ? 0 : pad == 1 ? 0x01 : 0x07, sizeof raw); /* the padding's bytes */
+        old_train_config_t c = {sizeof(old_train_config_t),
+                                GVQ_TRAIN_CONFIG_MAGIC,
+                                GVQ_VERSION,
+                                GVQ_CONFIG_UNDEF_INT,
+                                GVQ_CONFIG_UNDEF_INT,
+                                GVQ_CONFIG_UNDEF_INT,
+                                NULL,
+                                NULL,
+                                GVQ_CONFIG_UNDEF_INT,
+                                GVQ_CONFIG_UNDEF_INT,
+                                GVQ_CONFIG_UNDEF_INT};
+        memcpy(raw, &c, offsetof(old_train_config_t, tunePartitions) + sizeof(int));
+        gvqTrainer_t t = NULL;
+        EXPECT_RES(gvqTrainCreate(comm, (const gvqTrainConfig_t *)raw, &t), gvqSuccess);
+        if (t == NULL) continue;
+        /* the ready schedule, whatever the padding held: a compressed variable's info is
+         * answered in the middle of a step (the negotiated schedule refuses it) */
+        gvqCompressorConfig_t cc = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+        cc.codec = gvqCodecQsgd;
+        gvqVariable_t v = GVQ_VARIABLE_INITIALIZER;
+        int ids[2];
+        v.name = "plain";
+        v.kind = gvqVarDense;
+        v.shape[0] = 16;
+        EXPECT_RES(gvqTrainAddVariable(t, &v, &ids[0]), gvqSuccess);
+        v.name = "conv";
+        v.kind = gvqVarConv;
+        v.shape[0] = 4, v.shape[1] = 2, v.shape[2] = v.shape[3] = 3;
+        v.compressor = &cc;
+        EXPECT_RES(gvqTrainAddVariable(t, &v, &ids[1]), gvqSuccess);
+        EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+        float g[72] = {0};
+        gvqTrainVariableInfo_t info;
+        EXPECT_RES(gvqTrainGradReady(t, ids[0], g), gvqSuccess);
+        EXPECT_RES(gvqTrainGetVariableInfo(t, ids[1], &info), gvqSuccess);
+        EXPECT_RES(gvqTrainGradReady(t, ids[1], g), gvqSuccess);
+        EXPECT_RES(gvqTrainWaitAll(t), gvqSuccess);
+        EXPECT_RES(gvqTrainDestroy(t), gvqSuccess);
+    }
+    gvqTrainConfig_t odd = GVQ_TRAIN_CONFIG_INITIALIZER;
+    odd.size = sizeof(old_train_config_t) + 4;
+    gvqTrainer_t t = NULL;
+    EXPECT_RES(gvqTrainCreate(comm, &odd, &t), gvqInvalidArgument);
+    EXPECT_RES(gvqCommDestroy(comm), gvqSuccess);
+}
+
 /* A layer whose communicator was aborted refuses its calls (never touches the freed
  * communicator, as ASan checks) and is destroyed cleanly. */
 static void test_after_abort(void) {
@@ -809,6 +872,7 @@ int main(void) {
         test_sparse_resume(n);
     }
     test_after_abort();
+    test_old_config();
     gvqConfig_t c = GVQ_CONFIG_INITIALIZER;
     c.timeoutMs = 2000; /* the other ranks' bound */
     for (int n = 1; n <= 3; n++)
