@@ -48,6 +48,27 @@ static float value(int step, int v, size_t i) {
     return (float)(h % 2001) / 1000.0f - 1.0f;
 }
 
+/* A committed layer of the model's variables (ids), with their codecs or all plain. */
+static gvqTrainer_t make_layer(gvqComm_t comm, const gvqTrainConfig_t *cfg, int codecs, int *ids) {
+    gvqCompressorConfig_t cc[NV];
+    gvqTrainer_t t = NULL;
+    MT_OK(gvqTrainCreate(comm, cfg, &t));
+    for (int v = 0; v < NV; v++) {
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = model[v].name;
+        var.kind = model[v].kind;
+        memcpy(var.shape, model[v].shape, sizeof var.shape);
+        gvqCompressorConfig_t init = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+        cc[v] = init;
+        cc[v].codec = model[v].codec;
+        cc[v].powerRank = 2;
+        if (codecs && model[v].codec != gvqCodecNone) var.compressor = &cc[v];
+        MT_OK(gvqTrainAddVariable(t, &var, &ids[v]));
+    }
+    MT_OK(gvqTrainCommit(t));
+    return t;
+}
+
 /* The negotiated schedule, plain variables: gvqTrainWaitVariable's refusals; a step in which
  * rank 0 leaves variable 3 out (a bucket's member) fails on every rank, and the next step is
  * whole (the sum of ones: nranks). */
@@ -56,17 +77,8 @@ static void run_faults(gvqComm_t comm, float **out) {
     cfg.schedule = gvqTrainScheduleForward;
     cfg.chunkBytes = 4096;
     cfg.op = gvqSum;
-    gvqTrainer_t t = NULL;
-    MT_OK(gvqTrainCreate(comm, &cfg, &t));
     int ids[NV];
-    for (int v = 0; v < NV; v++) {
-        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
-        var.name = model[v].name;
-        var.kind = model[v].kind;
-        memcpy(var.shape, model[v].shape, sizeof var.shape);
-        MT_OK(gvqTrainAddVariable(t, &var, &ids[v]));
-    }
-    MT_OK(gvqTrainCommit(t));
+    gvqTrainer_t t = make_layer(comm, &cfg, 0, ids);
     MT_CHECK(gvqTrainWaitVariable(t, NV + 3) == gvqInvalidArgument, "a bad id is refused");
     MT_CHECK(gvqTrainWaitVariable(t, ids[0]) == gvqInvalidUsage,
              "a variable not ready in this step is refused");
@@ -94,27 +106,12 @@ static void run_faults(gvqComm_t comm, float **out) {
 /* Runs STEPS steps; out[v] receives the last step's results. With schedule forward: waits
  * variable by variable from the last registered. */
 static void run(gvqComm_t comm, int wait_free, int schedule, float **out) {
-    gvqCompressorConfig_t cc[NV];
     gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
     cfg.waitFree = wait_free;
     cfg.schedule = schedule;
     cfg.chunkBytes = 4096;
-    gvqTrainer_t t = NULL;
-    MT_OK(gvqTrainCreate(comm, &cfg, &t));
     int ids[NV];
-    for (int v = 0; v < NV; v++) {
-        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
-        var.name = model[v].name;
-        var.kind = model[v].kind;
-        memcpy(var.shape, model[v].shape, sizeof var.shape);
-        gvqCompressorConfig_t init = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-        cc[v] = init;
-        cc[v].codec = model[v].codec;
-        cc[v].powerRank = 2;
-        if (model[v].codec != gvqCodecNone) var.compressor = &cc[v];
-        MT_OK(gvqTrainAddVariable(t, &var, &ids[v]));
-    }
-    MT_OK(gvqTrainCommit(t));
+    gvqTrainer_t t = make_layer(comm, &cfg, 1, ids);
     for (int step = 0; step < STEPS; step++) {
         for (int v = 0; v < NV; v++) {
             for (size_t i = 0; i < count_of(v); i++)

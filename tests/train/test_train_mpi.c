@@ -39,6 +39,14 @@ static void check(int ok, const char *fmt, double a, double b) {
     if (!ok) g_failures++;
 }
 
+/* How many of the first n per-step losses two runs share bit for bit. */
+static long same_losses(const train_result_t *a, const train_result_t *b, long n) {
+    long same = 0;
+    for (long i = 0; i < n; i++)
+        same += a->loss_hist[i] == b->loss_hist[i];
+    return same;
+}
+
 /* Mean over the ranks of the per-step losses [from, to). */
 static double mean_loss(const train_result_t *r, long from, long to) {
     double s = 0.0, all = 0.0;
@@ -124,9 +132,7 @@ int main(int argc, char **argv) {
     o.codec = TRAIN_CODEC_NONE;
     o.no_wait_free = 1;
     if (train_run(&o, MPI_COMM_WORLD, &seq) == 0) {
-        long same = 0;
-        for (long i = 0; i < iters; i++)
-            same += seq.loss_hist[i] == plain.loss_hist[i];
+        long same = same_losses(&seq, &plain, iters);
         check(same == iters && seq.test_acc == plain.test_acc,
               "after-backprop aggregation: %.0f of the losses and the accuracy (%.2f%%) bitwise "
               "those of wait-free backprop",
@@ -145,9 +151,7 @@ int main(int argc, char **argv) {
     o.chunk_bytes = 4096;
     o.check_every = 0; /* a checked step is not deferred */
     if (train_run(&o, MPI_COMM_WORLD, &ovl) == 0) {
-        long same = 0;
-        for (long i = 0; i < iters; i++)
-            same += ovl.loss_hist[i] == plain.loss_hist[i];
+        long same = same_losses(&ovl, &plain, iters);
         check(same == iters && ovl.test_acc == plain.test_acc,
               "update inside the next forward pass: %.0f of the losses and the accuracy "
               "(%.2f%%) bitwise those of the update after the wait",
@@ -206,9 +210,7 @@ int main(int argc, char **argv) {
     o.chunk_bytes = 4096;
     int rc_o = rc_p == 0 ? train_run(&o, MPI_COMM_WORLD, &ro) : -1;
     if (rc_p == 0 && rc_o == 0) {
-        long same = 0;
-        for (long i = 0; i < o.iters; i++)
-            same += ro.loss_hist[i] == rp.loss_hist[i];
+        long same = same_losses(&ro, &rp, o.iters);
         check(same == o.iters && ro.test_acc == rp.test_acc,
               "resnet-8, update inside the next forward pass: %.0f of the losses and the accuracy "
               "(%.2f%%) bitwise the plain update's",

@@ -667,6 +667,22 @@ static void rank_destroy_mid_step(gvqComm_t comm, int rank, int nranks, void *ar
     free(g);
 }
 
+/* A committed layer of two plain dense variables of 64 floats, v0 and v1 (ids), or NULL. */
+static gvqTrainer_t two_variables(gvqComm_t comm, const gvqTrainConfig_t *cfg, int *ids) {
+    gvqTrainer_t t = NULL;
+    EXPECT_RES(gvqTrainCreate(comm, cfg, &t), gvqSuccess);
+    if (t == NULL) return NULL;
+    for (int v = 0; v < 2; v++) {
+        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
+        var.name = v ? "v1" : "v0";
+        var.kind = gvqVarDense;
+        var.shape[0] = 64;
+        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
+    }
+    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    return t;
+}
+
 /* The negotiated schedule when the last rank leaves a variable out of step 0, two plain dense
  * variables (bucketed: one unit; or alone: two units). bucketed: the step fails on every rank
  * (the other ranks' job must not pair with the last rank's next step), and step 1 sums right.
@@ -678,18 +694,9 @@ static void rank_left_out(gvqComm_t comm, int rank, int nranks, void *arg) {
     cfg.schedule = gvqTrainScheduleForward;
     cfg.op = gvqSum;
     cfg.bucketBytes = alone ? 0 : 1 << 20;
-    gvqTrainer_t t = NULL;
-    EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
-    if (t == NULL) return;
     int ids[2];
-    for (int v = 0; v < 2; v++) {
-        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
-        var.name = v ? "v1" : "v0";
-        var.kind = gvqVarDense;
-        var.shape[0] = 64;
-        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
-    }
-    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    gvqTrainer_t t = two_variables(comm, &cfg, ids);
+    if (t == NULL) return;
     float g[2][64];
     for (int step = 0; step < 2; step++) {
         for (int i = 0; i < 128; i++)
@@ -733,18 +740,9 @@ static void rank_abort_mid_step(gvqComm_t comm, int rank, int nranks, void *arg)
     gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
     cfg.schedule = gvqTrainScheduleForward;
     cfg.bucketBytes = 0;
-    gvqTrainer_t t = NULL;
-    EXPECT_RES(gvqTrainCreate(comm, &cfg, &t), gvqSuccess);
-    if (t == NULL) return;
     int ids[2];
-    for (int v = 0; v < 2; v++) {
-        gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
-        var.name = v ? "v1" : "v0";
-        var.kind = gvqVarDense;
-        var.shape[0] = 64;
-        EXPECT_RES(gvqTrainAddVariable(t, &var, &ids[v]), gvqSuccess);
-    }
-    EXPECT_RES(gvqTrainCommit(t), gvqSuccess);
+    gvqTrainer_t t = two_variables(comm, &cfg, ids);
+    if (t == NULL) return;
     float g[64] = {0};
     EXPECT_RES(gvqTrainGradReady(t, ids[0], g), gvqSuccess);
     EXPECT_RES(gvqTrainWaitVariable(t, ids[0]), gvqSuccess);
