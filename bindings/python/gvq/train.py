@@ -295,7 +295,22 @@ def _kind_of(p: Any) -> Kind:
 
 class WaitFree:
     """A torch module's parameters on a training layer, their gradients handed over as
-    backprop produces them. Made by wait_free()."""
+    backprop produces them. Made by wait_free().
+
+    Either wait() after backward() and then the optimizer's step, or defer(update) after
+    backward(): the update then runs inside the next forward pass, module by module, on each
+    module's parameters as soon as their aggregation is in (gvqTrainWaitVariable), so that the
+    forward pass overlaps the transfers still running (best with schedule=Schedule.FORWARD).
+    update(params) gets a list of parameters whose p.grad holds the aggregated gradient. A step
+    with defer():
+
+        out = model(x)      # the last step's update, module by module
+        wf.flush()          # what the forward pass did not reach; ends the last step
+        opt.zero_grad()     # only now: the update read p.grad
+        loss_fn(out, y).backward()
+        wf.defer(update)
+
+    A backward pass before flush() raises (its gradients would overwrite the ones waiting)."""
 
     def __init__(self, module: Any, comm: Communicator, **config: Any) -> None:
         if torch is None:
@@ -308,6 +323,8 @@ class WaitFree:
         self.trainer = Trainer(comm, **config)
         self._params = []
         self._hooks = []
+        self._update: Any = None  # defer(): the update waiting for the next forward pass
+        self._done: set = set()  # the variables it has updated in this forward pass
         for name, p in reversed(params):  # backward order, roughly: the last layer first
             shape = tuple(p.shape) if p.dim() in (2, 4) else (p.numel(),)
             vid = self.trainer.add_variable(name, _kind_of(p), shape)
@@ -317,9 +334,50 @@ class WaitFree:
             accs = [p.expand_as(p).grad_fn.next_functions[0][0] for _, p in self._params]
         for (vid, p), acc in zip(self._params, accs):  # acc: p's AccumulateGrad node
             self._hooks.append((acc, acc.register_hook(self._hook(vid, p))))
+        vids = {id(p): vid for vid, p in self._params}
+        for m in module.modules():  # modules holding parameters themselves: wait, then update
+            own = [(vids[id(p)], p) for p in m.parameters(recurse=False) if id(p) in vids]
+            if own:
+                self._hooks.append((m, m.register_forward_pre_hook(self._before(own))))
+
+    def _before(self, own: List[Any]):
+        def pre(*_: Any) -> None:
+            if self._update is None:
+                return
+            todo = [(vid, p) for vid, p in own if vid not in self._done]
+            for vid, _ in todo:
+                self.trainer.wait_variable(vid)
+                self._done.add(vid)
+            if todo:
+                self._update([p for _, p in todo])
+        return pre
+
+    def defer(self, update: Any) -> None:
+        """After backward(): update(params) runs inside the next forward pass, per module, once
+        that module's parameters are aggregated (instead of wait() and a step now)."""
+        self._update = update
+        self._done = set()
+
+    def flush(self) -> None:
+        """Completes a deferred step now: waits for the rest, updates what the forward pass
+        did not reach, and ends the step (before evaluating, checkpointing, or the end)."""
+        if self._update is None:
+            return
+        update, self._update = self._update, None
+        try:
+            self.trainer.wait_all()
+        finally:
+            rest = [p for vid, p in self._params if vid not in self._done]
+            self._done = set()
+        if rest:
+            update(rest)
 
     def _hook(self, vid: int, p: Any):
         def fire(*_: Any) -> None:
+            if self._update is not None:
+                raise RuntimeError("gvq.train.WaitFree: backward() with a deferred update "
+                                   "pending; call flush() after the forward pass, before "
+                                   "zero_grad() and backward()")
             if p.grad is not None:
                 if not p.grad.is_contiguous():
                     p.grad = p.grad.contiguous()
@@ -330,6 +388,7 @@ class WaitFree:
         """Every parameter's gradient aggregated (averaged by default) in p.grad; call it after
         backward() and before the optimizer's step. Every parameter must have had a gradient
         in this step."""
+        self.flush()
         self.trainer.wait_all()
 
     def routes(self) -> List[Dict[str, Any]]:

@@ -154,6 +154,48 @@ class Tiny(nn.Module):
         return self.fc(torch.flatten(torch.relu(self.conv(x)), 1))
 
 
+def test_torch_deferred_update(comm, mpi):
+    # the update inside the next forward pass, module by module, in the negotiated order: the
+    # same parameters as wait() and the step at once, to float tolerance, identical on every rank
+    torch.manual_seed(0)
+    model = Tiny()
+    ref = copy.deepcopy(model)
+    # the reference averages with mpi4py: the layer's communicator is busy with its step from
+    # the first gradient to the flush (no other blocking call on it meanwhile)
+    wf = gt.wait_free(model, comm, bucket_bytes=0, schedule=gt.Schedule.FORWARD, chunk_bytes=1024)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    calls = []
+
+    def update(params):
+        calls.append(len(params))
+        with torch.no_grad():
+            for p in params:
+                p -= 0.1 * p.grad
+
+    g = torch.Generator().manual_seed(mpi.Get_rank())
+    for step in range(4):
+        x, y = torch.randn(6, 1, 4, 4, generator=g), torch.randint(0, 10, (6,), generator=g)
+        out = model(x)
+        wf.flush()
+        for p in model.parameters():
+            p.grad = None
+        nn.functional.cross_entropy(out, y).backward()
+        wf.defer(update)
+        ropt.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()
+        for q in ref.parameters():
+            q.grad.copy_(torch.from_numpy(mpi_average(mpi, q.grad.numpy()).astype(np.float32)))
+        ropt.step()
+    with pytest.raises(RuntimeError):  # a backward pass with the update still pending
+        nn.functional.cross_entropy(model(x), y).backward()
+    wf.flush()  # the forward above made the update; the failed backward left nothing behind
+    for p, q in zip(model.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6)
+        assert identical(mpi, p.detach().numpy())
+    assert calls[:2] == [2, 2]  # conv then fc, each with its weight and bias, in the forward
+    wf.close()
+
+
 def test_torch_wait_free(comm, mpi):
     torch.manual_seed(0)
     model = Tiny()
