@@ -117,6 +117,16 @@ void gvq_train_plan_close(gvqTrainer_t trainer);
 void gvq_train_plan_end_step(gvqTrainer_t trainer);
 gvqResult_t gvq_train_plan_wait(const char *fn, gvqTrainer_t trainer, int unit);
 gvqResult_t gvq_train_issue(gvqTrainer_t trainer, int unit, int chunk);
+/* Chunk c of unit u: [*off, *off + *count) of its floats (even chunks, the last one shorter). */
+static inline void gvq_train_chunk_span(const tunit_t *u, int c, size_t *off, size_t *count) {
+    size_t per = (u->count + (size_t)u->nchunks - 1) / (size_t)u->nchunks;
+    *off = (size_t)c * per;
+    *count = *off + per <= u->count ? per : u->count - *off;
+}
+/* Seconds of the monotonic clock (the layer's timeline). */
+static inline double gvq_train_now(void) {
+    return 1e-9 * (double)gvq_now_ns();
+}
 /* The negotiated schedule runs units itself: a plain one's floats (a bucket packed), its end (a
  * bucket unpacked, bytes and times), or a unit whole (compressed, fused, factors). */
 float *gvq_train_unit_data(gvqTrainer_t trainer, int unit);

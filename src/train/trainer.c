@@ -29,17 +29,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gvq_trainer.h"
 
 #define TRAINER_MAGIC 0x67767452u /* 'gvqR' */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- configuration ------------------------------------------------------------------------- */
 
@@ -573,7 +566,7 @@ static gvqResult_t check_hand_over(const char *fn, gvqTrainer_t t, int id, const
 static gvqResult_t hand_over(gvqTrainer_t t, int id, float *grad) {
     tvar_t *x = &t->vars[id];
     x->grad = grad;
-    x->info.readyTime = now_s();
+    x->info.readyTime = gvq_train_now();
     x->info.startTime = x->info.endTime = 0;
     return t->wait_free ? start_variable(t, id) : gvqSuccess;
 }

@@ -33,16 +33,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gvq_trainer.h"
 #include "gvq_transport.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- units, at commit ---------------------------------------------------------------------- */
 
@@ -105,10 +98,10 @@ gvqResult_t gvq_train_plan_commit(gvqTrainer_t t) {
     }
     free(of_bucket);
     of_bucket = NULL;
-    size_t most = 0; /* the longest chunk */
+    size_t most = 0; /* the longest chunk: every unit's first */
     for (int u = 0; u < t->nunits; u++) {
-        size_t per =
-            (t->units[u].count + (size_t)t->units[u].nchunks - 1) / (size_t)t->units[u].nchunks;
+        size_t off, per;
+        gvq_train_chunk_span(&t->units[u], 0, &off, &per);
         if (cuttable(t, &t->units[u]) && per > most) most = per;
     }
     if (t->negotiate &&
@@ -256,9 +249,9 @@ static int first_dead(const gvqTrainer_t t) {
 static gvqResult_t run_chunk(gvqTrainer_t t, int unit, int *all_closed) {
     tunit_t *u = &t->units[unit];
     int c = u->nchunks - u->left;
-    size_t per = (u->count + (size_t)u->nchunks - 1) / (size_t)u->nchunks;
-    size_t off = (size_t)c * per, n = off + per <= u->count ? per : u->count - off;
-    double start = now_s();
+    size_t off, n;
+    gvq_train_chunk_span(u, c, &off, &n);
+    double start = gvq_train_now();
     float *data = c == 0 ? gvq_train_unit_data(t, unit) /* packs a bucket */
                          : (u->bucket >= 0 ? t->buckets[u->bucket].buf : t->vars[u->var].grad);
     memcpy(t->stage, data + off, n * sizeof(float));
@@ -266,7 +259,7 @@ static gvqResult_t run_chunk(gvqTrainer_t t, int unit, int *all_closed) {
     memcpy(data + off, t->stage, n * sizeof(float));
     if (c == 0) u->start = start;
     if (--u->left > 0) return gvqSuccess;
-    u->end = now_s();
+    u->end = gvq_train_now();
     gvq_train_unit_finish(t, unit);
     complete(t, u);
     return gvqSuccess;

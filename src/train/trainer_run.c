@@ -12,15 +12,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gvq_trainer.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
     gvqTrainer_t t;
@@ -58,11 +51,19 @@ static unsigned long long job_bytes(const gvqTrainer_t t, const tunit_t *u, cons
     return x->comp != NULL ? 0 : ring_bytes(t, j->count);
 }
 
-/* Chunk c of unit u: [*off, *off + *count) of its floats (even chunks, the last one shorter). */
-static void chunk_span(const tunit_t *u, int c, size_t *off, size_t *count) {
-    size_t per = (u->count + (size_t)u->nchunks - 1) / (size_t)u->nchunks;
-    *off = (size_t)c * per;
-    *count = *off + per <= u->count ? per : u->count - *off;
+/* A plain bucket's members copied into its buffer (every member is ready), or back. */
+static void pack_bucket(const gvqTrainer_t t, tbucket_t *b) {
+    for (int m = 0; m < b->nmembers; m++) {
+        const tvar_t *x = &t->vars[b->members[m]];
+        memcpy(b->buf + x->bucket_off, x->grad, x->info.count * sizeof(float));
+    }
+}
+
+static void unpack_bucket(const gvqTrainer_t t, const tbucket_t *b) {
+    for (int m = 0; m < b->nmembers; m++) {
+        const tvar_t *x = &t->vars[b->members[m]];
+        memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
+    }
 }
 
 /* A fused group: its members' compressed calls inside one group. */
@@ -80,10 +81,7 @@ static gvqResult_t run_fused(gvqTrainer_t t, const tbucket_t *b) {
 static gvqResult_t run_bucket(gvqTrainer_t t, tbucket_t *b, const train_job_t *j, int last) {
     gvqResult_t res =
         gvqAllReduce(b->buf + j->off, b->buf + j->off, j->count, gvqFloat32, t->op, t->comm, NULL);
-    for (int m = 0; m < b->nmembers && res == gvqSuccess && last; m++) {
-        const tvar_t *x = &t->vars[b->members[m]];
-        memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
-    }
+    if (res == gvqSuccess && last) unpack_bucket(t, b);
     return res;
 }
 
@@ -103,7 +101,7 @@ static gvqResult_t train_job_run(void *arg) {
     gvqTrainer_t t = j->t;
     tunit_t *u = &t->units[j->unit];
     int first = j->chunk == 0, last = j->chunk == u->nchunks - 1;
-    double start = now_s();
+    double start = gvq_train_now();
     gvqResult_t res;
     if (u->bucket >= 0 && t->buckets[u->bucket].fused)
         res = run_fused(t, &t->buckets[u->bucket]);
@@ -111,7 +109,7 @@ static gvqResult_t train_job_run(void *arg) {
         res = run_bucket(t, &t->buckets[u->bucket], j, last);
     else
         res = run_var(t, &t->vars[u->var], j);
-    double end = now_s();
+    double end = gvq_train_now();
     pthread_mutex_lock(&t->lock); /* gvqTrainGetVariableInfo may read beside this */
     if (first) u->start = start;
     if (last) u->end = end;
@@ -143,23 +141,14 @@ float *gvq_train_unit_data(gvqTrainer_t t, int unit) {
     const tunit_t *u = &t->units[unit];
     if (u->bucket < 0) return t->vars[u->var].grad;
     tbucket_t *b = &t->buckets[u->bucket];
-    for (int m = 0; m < b->nmembers; m++) {
-        const tvar_t *x = &t->vars[b->members[m]];
-        memcpy(b->buf + x->bucket_off, x->grad, x->info.count * sizeof(float));
-    }
+    pack_bucket(t, b);
     return b->buf;
 }
 
 /* Unit u's plain allreduce is done: a bucket unpacked, bytes and times kept. */
 void gvq_train_unit_finish(gvqTrainer_t t, int unit) {
     tunit_t *u = &t->units[unit];
-    if (u->bucket >= 0) {
-        const tbucket_t *b = &t->buckets[u->bucket];
-        for (int m = 0; m < b->nmembers; m++) {
-            const tvar_t *x = &t->vars[b->members[m]];
-            memcpy(x->grad, b->buf + x->bucket_off, x->info.count * sizeof(float));
-        }
-    }
+    if (u->bucket >= 0) unpack_bucket(t, &t->buckets[u->bucket]);
     pthread_mutex_lock(&t->lock); /* gvqTrainGetVariableInfo may read beside this */
     if (u->bucket < 0) {
         tvar_t *x = &t->vars[u->var];
@@ -197,14 +186,9 @@ gvqResult_t gvq_train_issue(gvqTrainer_t t, int unit, int c) {
         return gvqSystemError;
     }
     *j = (train_job_t){t, unit, c, 0, 0};
-    chunk_span(u, c, &j->off, &j->count);
-    if (c == 0 && u->bucket >= 0 && !t->buckets[u->bucket].fused) { /* pack: all are ready */
-        tbucket_t *b = &t->buckets[u->bucket];
-        for (int m = 0; m < b->nmembers; m++) {
-            const tvar_t *x = &t->vars[b->members[m]];
-            memcpy(b->buf + x->bucket_off, x->grad, x->info.count * sizeof(float));
-        }
-    }
+    gvq_train_chunk_span(u, c, &j->off, &j->count);
+    if (c == 0 && u->bucket >= 0 && !t->buckets[u->bucket].fused)
+        pack_bucket(t, &t->buckets[u->bucket]); /* all its members are ready */
     gvqResult_t res;
     if (t->inline_calls) {
         res = train_job_run(j);
