@@ -300,6 +300,24 @@ GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);
  *   W - s lr v with s = 2N - k - 2, the backward with s = k (ALGORITHMS.md section 6; k counts
  *   from 0 here; predictDistance gvqPredictSchedule: the schedule's own distances), and the
  *   current weights come back for the update.
+ *
+ *   Without a flush (config flush = 0; PipeDream, DualPipe, SpecTrain): the pipeline never
+ *   drains between steps, as PipeDream's and SpecTrain's papers run it. A step's call still
+ *   finishes its own M micro-batches' backwards on this stage, but its last w units also start
+ *   the forwards of the next step's first w micro-batches (stage k: w = S - k - 1), so stage 0's
+ *   forward needs the next step's data during this step's call. Micro-batches are then numbered
+ *   across steps: the callbacks get micro = g mod 2M for the g-th micro-batch since the pipe's
+ *   creation (step g / M, index g mod M in it). The paper's version distances hold there
+ *   (gvqPredictSchedule becomes s = w forward, 0 backward). gvqPipeStepFlush runs a step that
+ *   starts no forward of the next one: the last step before a checkpoint, an evaluation that
+ *   needs every update made, or gvqPipeDestroy.
+ *
+ *   Overlapped transfers (config forwardComm and backwardComm, two more communicators over the
+ *   same ranks in the same order, used by nothing else while the pipe lives): activations
+ *   travel on forwardComm and errors on backwardComm, each from a host stream of the pipe; a
+ *   task's output leaves with the receive of the next task's input, while the stage computes,
+ *   instead of blocking it. Without them, transfers block between the tasks (a send goes with
+ *   the next task's receive in one group, so neighbours never wait on each other's send).
  * ------------------------------------------------------------------------------------------ */
 
 typedef struct gvqPipe *gvqPipe_t;
@@ -353,12 +371,17 @@ typedef struct {
     float *const *gradients;
     float smoothing;
     int predictDistance; /* gvqPipePredictDistance_t: SpecTrain's s [gvqPredictPaper] */
+    int flush;           /* 1: every step ends with its micro-batches' backwards done; 0: the
+                            pipeline runs on across steps (above; not gvqPipeGpipe, and needs
+                            microBatches >= S - 1) [1] */
+    gvqComm_t forwardComm, backwardComm; /* both or neither: overlapped transfers (above) */
 } gvqPipeConfig_t;
 
-#define GVQ_PIPE_CONFIG_INITIALIZER                                                            \
-    {                                                                                          \
-        sizeof(gvqPipeConfig_t), GVQ_PIPE_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,     \
-            GVQ_CONFIG_UNDEF_INT, 0, 0, 0, NULL, NULL, NULL, NULL, -1.0f, GVQ_CONFIG_UNDEF_INT \
+#define GVQ_PIPE_CONFIG_INITIALIZER                                                             \
+    {                                                                                           \
+        sizeof(gvqPipeConfig_t), GVQ_PIPE_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,      \
+            GVQ_CONFIG_UNDEF_INT, 0, 0, 0, NULL, NULL, NULL, NULL, -1.0f, GVQ_CONFIG_UNDEF_INT, \
+            GVQ_CONFIG_UNDEF_INT, NULL, NULL                                                    \
     }
 
 /* A stage's work on micro-batch `micro` (0 .. M-1). forward: in (inCount floats; NULL on stage 0,
@@ -373,11 +396,13 @@ typedef gvqResult_t (*gvqPipeBackwardFn_t)(void *user, int micro, const float *d
 
 /* Makes this rank's stage of a pipeline over comm (S = its rank count). Collective: the stages
  * exchange their configs, and a mismatch is refused on every stage with gvqInvalidArgument and a
- * WARN naming both sides (microBatches or schedule differing, stage k's outCount not stage
- * k+1's inCount, an input on stage 0 or an output on the last stage, a stage whose own
- * arguments were refused: NULL config or pipe, NULL functions, M < 1, M x counts above 2^40, a
- * schedule outside gvqPipeSchedule_t, a PipeDream/DualPipe/SpecTrain stage without weights or
- * update, SpecTrain without gradients or with a smoothing outside [0, 1), no memory). */
+ * WARN naming both sides (microBatches, schedule, flush or overlapped transfers differing,
+ * stage k's outCount not stage k+1's inCount, an input on stage 0 or an output on the last
+ * stage, a stage whose own arguments were refused: NULL config or pipe, NULL functions, M < 1,
+ * M x counts above 2^40, a schedule outside gvqPipeSchedule_t, a PipeDream/DualPipe/SpecTrain
+ * stage without weights or update, SpecTrain without gradients or with a smoothing outside
+ * [0, 1), flush 0 with GPipe or with M < S - 1, only one of forwardComm and backwardComm, or one
+ * whose ranks are not comm's, no memory). */
 GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
                                   gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
                                   void *user, gvqPipe_t *pipe);
@@ -388,6 +413,11 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
  * refuses later steps with gvqInvalidUsage (destroy it; gvqCommAbort releases neighbours still
  * waiting on it). */
 GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t pipe);
+
+/* gvqPipeStep, but the step starts no forward of the next one: with flush 0, the pipeline is
+ * drained when it returns on every stage (no transfer pending, every update made); the next
+ * gvqPipeStep fills it again. With flush 1, gvqPipeStep itself. Errors: gvqPipeStep's. */
+GVQ_API gvqResult_t gvqPipeStepFlush(gvqPipe_t pipe);
 
 /* The learning rate SpecTrain's prediction uses from the next step on (a schedule's current
  * rate). The layer's v is the damped average v <- gamma v + (1 - gamma) g, as in SpecTrain's
@@ -414,7 +444,10 @@ typedef struct {
  * run on the weights of their own version). Errors: gvqInvalidArgument (not a pipe, NULL). */
 GVQ_API gvqResult_t gvqPipeGetStats(gvqPipe_t pipe, gvqPipeStats_t *stats);
 
-/* Frees the stage. Local. */
+/* Frees the stage. Local. Forwards of a pipeline without a flush that still wait for their
+ * backward are dropped; with overlapped transfers their transfers still pending end by the
+ * communicators' timeout (make the last step gvqPipeStepFlush on every stage: then nothing is
+ * pending). */
 GVQ_API gvqResult_t gvqPipeDestroy(gvqPipe_t pipe);
 
 #ifdef __cplusplus

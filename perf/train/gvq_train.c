@@ -35,8 +35,11 @@ static void usage(FILE *f) {
         "                        from the Debian package dataset-fashion-mnist)\n"
         "  --train-subset N      use the first N training images (default all 60000)\n"
         "  --test-subset N       use the first N test images (default all 10000)\n"
-        "  --model M             cnn or resnet (default cnn):\n"
+        "  --model M             cnn, resnet or mlp (default cnn):\n"
         "                          cnn: each conv -> relu -> 2x2 max pool, [fc -> relu], fc\n"
+        "                          mlp: --depth D (default 3) hidden fc layers of --hidden H\n"
+        "                          units (default 1024), each fc -> relu, then fc: large\n"
+        "                          weights, small activations (for --stages)\n"
         "                          resnet: ResNet-(6n+2) for 28x28 images without batch norm\n"
         "                          (Fixup init): stem conv stride 2 -> relu, 3 stages of n basic\n"
         "                          blocks (the first of stages 2 and 3 with stride 2; option-A\n"
@@ -245,6 +248,7 @@ enum {
     OPT_SAMPLE_SLICES,
     OPT_MODEL,
     OPT_BLOCKS,
+    OPT_DEPTH,
     OPT_POWER_RANK,
     OPT_BASIS,
     OPT_STAGES,
@@ -314,6 +318,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"dump-iters", required_argument, NULL, OPT_DUMP_ITERS},
         {"model", required_argument, NULL, OPT_MODEL},
         {"blocks", required_argument, NULL, OPT_BLOCKS},
+        {"depth", required_argument, NULL, OPT_DEPTH},
         {"power-rank", required_argument, NULL, OPT_POWER_RANK},
         {"basis", required_argument, NULL, OPT_BASIS},
         {"stages", required_argument, NULL, OPT_STAGES},
@@ -362,13 +367,18 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
                 o->arch.model = NET_CNN;
             else if (strcmp(optarg, "resnet") == 0)
                 o->arch.model = NET_RESNET;
+            else if (strcmp(optarg, "mlp") == 0)
+                o->arch.model = NET_MLP;
             else if (strcmp(optarg, "text") == 0)
                 o->text = 1;
             else
-                what = "--model (cnn, resnet or text)";
+                what = "--model (cnn, resnet, mlp or text)";
             break;
         case OPT_BLOCKS:
             if (parse_int(optarg, 1, 64, &o->arch.blocks)) what = "--blocks (1..64)";
+            break;
+        case OPT_DEPTH:
+            if (parse_int(optarg, 1, 16, &o->arch.depth)) what = "--depth (1..16)";
             break;
         case OPT_STAGES:
             if (parse_int(optarg, 1, 64, &o->stages)) what = "--stages (1..64)";
@@ -587,9 +597,18 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
                         "--hidden layer\n");
         return -1;
     }
-    if (o->arch.model == NET_CNN && o->arch.blocks != 1) {
+    if (o->arch.model != NET_RESNET && o->arch.blocks != 1) {
         fprintf(stderr, "gvq-train: --blocks applies to --model resnet\n");
         return -1;
+    }
+    if (o->arch.model != NET_MLP && o->arch.depth != 0) {
+        fprintf(stderr, "gvq-train: --depth applies to --model mlp\n");
+        return -1;
+    }
+    if (o->arch.model == NET_MLP) { /* no convs; 3 hidden layers of 1024 unless told */
+        o->arch.nconv = 0;
+        if (o->arch.hidden == 0) o->arch.hidden = 1024;
+        if (o->arch.depth == 0) o->arch.depth = 3;
     }
     if (o->eval_every > 0 && o->eval_every % o->print_every != 0) {
         fprintf(stderr, "gvq-train: --eval-every (%d) must be a multiple of --print-every (%d)\n",

@@ -492,14 +492,19 @@ void net_free(net_t *net) {
     memset(net, 0, sizeof *net);
 }
 
-/* The cnn's layers: (conv -> relu -> pool) per channel entry, [fc -> relu], fc. */
+/* The cnn's layers: (conv -> relu -> pool) per channel entry, [fc -> relu], fc; the mlp's: no
+ * conv, (fc -> relu) x depth, fc. */
 static int build_cnn(net_t *net, const net_arch_t *arch, char *err, size_t errlen) {
-    if (arch->nconv < 1 || arch->nconv > 8 || arch->hidden < 0) {
-        snprintf(err, errlen, "bad architecture: %d conv layers (1..8), hidden %d (>= 0)",
-                 arch->nconv, arch->hidden);
+    const int mlp = arch->model == NET_MLP, depth = mlp ? arch->depth : arch->hidden > 0;
+    if (mlp ? arch->nconv != 0 || arch->depth < 1 || arch->depth > 16 || arch->hidden < 1
+            : arch->nconv < 1 || arch->nconv > 8 || arch->hidden < 0) {
+        snprintf(err, errlen,
+                 "bad architecture: %d conv layers (cnn 1..8, mlp 0), hidden %d (cnn >= 0, mlp "
+                 ">= 1), depth %d (mlp 1..16)",
+                 arch->nconv, arch->hidden, arch->depth);
         return -1;
     }
-    const int max_layers = 3 * arch->nconv + 3;
+    const int max_layers = 3 * arch->nconv + 2 * depth + 1;
     net->layers = calloc((size_t)max_layers, sizeof(layer_t));
     if (net->layers == NULL) return 1;
     int cc = net->in_c, hh = net->in_h, ww = net->in_w;
@@ -520,14 +525,14 @@ static int build_cnn(net_t *net, const net_arch_t *arch, char *err, size_t errle
         ww /= 2;
     }
     int flat = cc * hh * ww;
-    if (arch->hidden > 0) {
+    for (int d = 0; d < depth; d++) {
         layer_t *l = add_layer(net, max_layers, LAYER_FC, cc, hh, ww);
         l->out_c = arch->hidden;
         l->out_h = l->out_w = 1;
         l->nw = (size_t)arch->hidden * flat;
         l->nb = (size_t)arch->hidden;
         add_layer(net, max_layers, LAYER_RELU, arch->hidden, 1, 1);
-        cc = arch->hidden;
+        cc = flat = arch->hidden;
         hh = ww = 1;
     }
     layer_t *last = add_layer(net, max_layers, LAYER_FC, cc, hh, ww);
@@ -685,9 +690,9 @@ int net_create(net_t *net, const net_arch_t *arch, int c, int h, int w, int capa
                char *err, size_t errlen) {
     memset(net, 0, sizeof *net);
     if (arch->ksize < 1 || arch->ksize % 2 == 0 || arch->classes < 2 || capacity < 1 ||
-        (arch->model != NET_CNN && arch->model != NET_RESNET)) {
+        (arch->model != NET_CNN && arch->model != NET_RESNET && arch->model != NET_MLP)) {
         snprintf(err, errlen,
-                 "bad architecture: model %d (0 cnn, 1 resnet), kernel %d (odd), %d classes "
+                 "bad architecture: model %d (0 cnn, 1 resnet, 2 mlp), kernel %d (odd), %d classes "
                  "(>= 2), batch capacity %d (>= 1)",
                  arch->model, arch->ksize, arch->classes, capacity);
         return -1;
@@ -706,7 +711,7 @@ int net_create(net_t *net, const net_arch_t *arch, int c, int h, int w, int capa
     if (rc > 0 || list_convs(net) != 0 || place_params(net) != 0) goto err_nomem;
 
     rng_t rng = {seed * 0x2545f4914f6cdd1dull + 1};
-    if (arch->model == NET_CNN) {
+    if (arch->model != NET_RESNET) {
         /* He-normal weights from one stream, in layer order; biases stay zero */
         for (int i = 0; i < net->nlayers; i++)
             if (net->layers[i].nw > 0) init_he(&net->layers[i], 1.0, &rng);

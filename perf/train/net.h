@@ -40,6 +40,9 @@
  *           as the identity and the output's variance does not grow with depth; the scalar
  *           biases start at 0, the multipliers s at 1. As in Fixup's training code, the biases
  *           and scalars learn at 1/10 of the learning rate (net_t.lr_scale).
+ *   mlp     fully connected only: `depth` hidden layers of `hidden` units (fc -> relu each), then
+ *           fc -> classes (He-normal weights, zero biases): large weights and small activations,
+ *           the shape pipeline model parallelism is for (gvq-train --stages).
  *
  * Parameters live in one flat array, and so do their gradients, in this order: the weights of
  * every conv layer (one block each, in network order, convs inside residual blocks included),
@@ -57,7 +60,7 @@
 
 typedef enum { LAYER_CONV, LAYER_RELU, LAYER_POOL, LAYER_FC, LAYER_GAP, LAYER_BLOCK } layer_kind_t;
 
-typedef enum { NET_CNN = 0, NET_RESNET = 1 } net_model_t;
+typedef enum { NET_CNN = 0, NET_RESNET = 1, NET_MLP = 2 } net_model_t;
 
 /* A residual block's scalars, in this order in its b (and db): */
 enum { BLOCK_A1, BLOCK_A2, BLOCK_A3, BLOCK_SCALE, BLOCK_A4, BLOCK_SCALARS };
@@ -108,7 +111,8 @@ typedef struct {
 /* Architecture. cnn: conv layers with the given output channels (each conv -> relu -> 2x2 pool),
  * an optional hidden fc layer (hidden > 0: fc -> relu), then an fc layer to `classes` outputs.
  * resnet: channels[0..2] are the stages' widths (nconv must be 3), `blocks` the n of
- * ResNet-(6n+2), hidden must be 0. */
+ * ResNet-(6n+2), hidden must be 0. mlp: nconv 0, `depth` (>= 1) hidden layers of `hidden` (>= 1)
+ * units. */
 typedef struct {
     int nconv;
     int channels[8];
@@ -117,6 +121,7 @@ typedef struct {
     int classes;
     int model;  /* net_model_t */
     int blocks; /* resnet: blocks per stage */
+    int depth;  /* mlp: hidden layers (cnn: 0 or 1 from hidden) */
 } net_arch_t;
 
 /* Builds the network for images of c x h x w and batches up to `capacity`, with parameters

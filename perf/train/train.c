@@ -488,14 +488,16 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             fprintf(out, "# model: resnet-%d (Fixup, %d blocks per stage), ",
                     6 * o->arch.blocks + 2, o->arch.blocks);
         else
-            fprintf(out, "# model: cnn, ");
+            fprintf(out, "# model: %s, ", o->arch.model == NET_MLP ? "mlp" : "cnn");
         fprintf(out, "%zu parameters, %zu in conv weights:", net.nparams, net.conv_params);
         for (int i = 0; i < nconv; i++)
             fprintf(out, " conv%d [K=%d][D=%d][%d][%d]%s", i + 1, conv[i]->out_c, conv[i]->in_c,
                     conv[i]->ksize, conv[i]->ksize, conv[i]->stride > 1 ? "/2" : "");
-        fprintf(out, ", fc %d -> %s%d\n",
-                (int)layer_in_size(&net.layers[net.nlayers - (o->arch.hidden > 0 ? 3 : 1)]),
-                o->arch.hidden > 0 ? "hidden -> " : "", o->arch.classes);
+        int depth = o->arch.model == NET_MLP ? o->arch.depth : o->arch.hidden > 0;
+        fprintf(out, ", fc %d -> ", (int)layer_in_size(&net.layers[net.nlayers - 2 * depth - 1]));
+        for (int d = 0; d < depth; d++)
+            fprintf(out, "%d -> ", o->arch.hidden);
+        fprintf(out, "%d\n", o->arch.classes);
         if (o->zero_code) {
             const char *e = getenv("GVQ_CODEC");
             fprintf(out,

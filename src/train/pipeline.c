@@ -4,8 +4,12 @@
  * micro-batch, the schedule here.
  *
  *   create: check this stage's arguments -> allgather every stage's
- *           [refused | microBatches | schedule | inCount | outCount] -> the same verdict on
- *           every stage (agree_stages) -> the micro-batches' buffers
+ *           [refused | microBatches | schedule | inCount | outCount | flush | overlapped] ->
+ *           the same verdict on every stage (agree_stages) -> the slots' buffers, and with
+ *           overlapped transfers two streams and the slots' events
+ *   step:   plan this step's task list (plan_tasks) -> the first inputs' receives, unless the
+ *           last step made them -> each task: (overlapped: wait for its input) -> run it ->
+ *           its output with the next task's input (move_blocking / move_overlapped)
  *
  *   gvqPipeGpipe, stage k of S, one step (4 stages, 3 micro-batches: F forward, B backward):
  *
@@ -15,8 +19,7 @@
  *     stage 3   .. .. .. F0 F1 F2 B2 B1 B0 .. .. ..      (then every stage's gradients are the
  *                                                         mini-batch's: a flush, no staleness)
  *
- * Transfers are blocking gvqSend/gvqRecv between neighbours: within a phase the data flows one
- * way along the chain, so every send meets a receive its neighbour is already waiting in.
+ * (the task lists of every schedule, and how transfers go between tasks: above plan_tasks)
  */
 #include <math.h>
 #include <stdlib.h>
@@ -35,8 +38,23 @@ struct gvqPipe {
     gvqPipeForwardFn_t forward;
     gvqPipeBackwardFn_t backward;
     void *user;
-    float *in, *out; /* micro x in_count, micro x out_count */
-    float *din, *dout;
+    float *in, *out, *din, *dout; /* nslots x in_count / out_count each */
+    int nslots;                   /* micro-batch g uses slot g mod nslots: M, or 2M without flush */
+    int flush;                    /* config flush */
+    long long base;               /* the first micro-batch of the current step */
+    long long wbase;              /* the first micro-batch of the last warm-up */
+    int warm; /* forwards of the next step already made (0, or w without a flush) */
+    long long pre_fwd, pre_bwd; /* the next step's first forward and backward whose input's
+                                   receive the last step made (or posted); -1: none */
+    struct pipe_task {
+        int fwd;
+        long long g;
+    } * tasks; /* one step's, in order */
+    /* overlapped transfers: activations on fcomm/fstream, errors on bcomm/bstream; per slot,
+     * events after the group that receives its input or sends its output */
+    gvqComm_t fcomm, bcomm;
+    gvqStream_t fstream, bstream;
+    gvqEvent_t *ev; /* 4 x nslots: in, out, dout, din */
     long long steps;
     gvqResult_t failed; /* a step that failed: later steps are refused */
     /* gvqPipePipedream: the weights (copied range list), their versions and the update */
@@ -66,11 +84,12 @@ static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
 
 static void copy_weights(gvqPipe_t p, float *buf, int to_ranges);
 
-enum { R_REFUSED, R_MICRO, R_SCHEDULE, R_IN, R_OUT, R_N };
+enum { R_REFUSED, R_MICRO, R_SCHEDULE, R_IN, R_OUT, R_FLUSH, R_OVERLAP, R_N };
 
 /* This stage's own arguments; a WARN names what is wrong. */
-static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqPipeForwardFn_t fwd,
-                             gvqPipeBackwardFn_t bwd, int *micro, int *schedule) {
+static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqComm_t comm, int S, int me,
+                             gvqPipeForwardFn_t fwd, gvqPipeBackwardFn_t bwd, int *micro,
+                             int *schedule) {
     const char *fn = "gvqPipeCreate";
     *micro = c->microBatches == GVQ_CONFIG_UNDEF_INT ? 1 : c->microBatches;
     *schedule = c->schedule == GVQ_CONFIG_UNDEF_INT ? gvqPipeGpipe : c->schedule;
@@ -118,8 +137,38 @@ static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqPipeForwardFn_t fwd,
         }
         total += c->weightCounts[r];
     }
+    int flush = c->flush == GVQ_CONFIG_UNDEF_INT ? 1 : c->flush;
+    if (flush != 0 && flush != 1) {
+        GVQ_WARN("%s: flush %d must be 0 or 1", fn, flush);
+        return gvqInvalidArgument;
+    }
+    if (flush == 0 && (*schedule == gvqPipeGpipe || *micro < S - 1)) {
+        GVQ_WARN("%s: flush 0 (the pipeline running on across steps) needs PipeDream, DualPipe or "
+                 "SpecTrain and microBatches >= stages - 1 (schedule %s, %d micro-batches, %d "
+                 "stages)",
+                 fn, *schedule == gvqPipeGpipe ? "gpipe" : "1F1B", *micro, S);
+        return gvqInvalidArgument;
+    }
+    if ((c->forwardComm == NULL) != (c->backwardComm == NULL)) {
+        GVQ_WARN("%s: forwardComm %p and backwardComm %p: give both (overlapped transfers) or "
+                 "neither",
+                 fn, (void *)c->forwardComm, (void *)c->backwardComm);
+        return gvqInvalidArgument;
+    }
+    for (int i = 0; c->forwardComm != NULL && i < 2; i++) {
+        gvqComm_t x = i ? c->backwardComm : c->forwardComm;
+        int n = 0, r = -1;
+        if (gvq_comm_check(x, fn, 1) != gvqSuccess || gvqCommCount(x, &n) != gvqSuccess ||
+            gvqCommUserRank(x, &r) != gvqSuccess || n != S || r != me || x == comm ||
+            (i && x == c->forwardComm)) {
+            GVQ_WARN("%s: %s must be a live communicator of its own over the pipe's ranks in the "
+                     "same order (it has %d ranks, this one rank %d; the pipe %d, rank %d)",
+                     fn, i ? "backwardComm" : "forwardComm", n, r, S, me);
+            return gvqInvalidArgument;
+        }
+    }
     size_t most = c->inCount > c->outCount ? c->inCount : c->outCount;
-    if (most > ((size_t)1 << 40) / (size_t)*micro) { /* M buffers of each: no overflow */
+    if (most > ((size_t)1 << 40) / (size_t)(2 * *micro)) { /* 2M buffers of each: no overflow */
         GVQ_WARN("%s: %d micro-batches of inCount %zu / outCount %zu floats: more than 2^40", fn,
                  *micro, c->inCount, c->outCount);
         return gvqInvalidArgument;
@@ -137,11 +186,16 @@ static gvqResult_t agree_stages(const int64_t *rows, int S, int me) {
         }
     for (int k = 1; k < S; k++)
         if (rows[k * R_N + R_MICRO] != rows[R_MICRO] ||
-            rows[k * R_N + R_SCHEDULE] != rows[R_SCHEDULE]) {
-            GVQ_WARN("%s: stage 0 has microBatches %lld, schedule %lld; stage %d %lld, %lld (must "
-                     "be equal on every stage)",
-                     fn, (long long)rows[R_MICRO], (long long)rows[R_SCHEDULE], k,
-                     (long long)rows[k * R_N + R_MICRO], (long long)rows[k * R_N + R_SCHEDULE]);
+            rows[k * R_N + R_SCHEDULE] != rows[R_SCHEDULE] ||
+            rows[k * R_N + R_FLUSH] != rows[R_FLUSH] ||
+            rows[k * R_N + R_OVERLAP] != rows[R_OVERLAP]) {
+            GVQ_WARN("%s: stage 0 has microBatches %lld, schedule %lld, flush %lld, overlapped "
+                     "transfers %lld; stage %d %lld, %lld, %lld, %lld (must be equal on every "
+                     "stage)",
+                     fn, (long long)rows[R_MICRO], (long long)rows[R_SCHEDULE],
+                     (long long)rows[R_FLUSH], (long long)rows[R_OVERLAP], k,
+                     (long long)rows[k * R_N + R_MICRO], (long long)rows[k * R_N + R_SCHEDULE],
+                     (long long)rows[k * R_N + R_FLUSH], (long long)rows[k * R_N + R_OVERLAP]);
             return gvqInvalidArgument;
         }
     if (rows[R_IN] != 0 || rows[(S - 1) * R_N + R_OUT] != 0) {
@@ -166,6 +220,11 @@ static gvqResult_t agree_stages(const int64_t *rows, int S, int me) {
 static void pipe_free(gvqPipe_t p) {
     if (p == NULL) return;
     p->magic = 0;
+    if (p->fstream != NULL) gvqStreamDestroy(p->fstream);
+    if (p->bstream != NULL) gvqStreamDestroy(p->bstream);
+    for (int i = 0; p->ev != NULL && i < 4 * p->nslots; i++)
+        if (p->ev[i] != NULL) gvqEventDestroy(p->ev[i]);
+    free(p->ev), free(p->tasks);
     free(p->in), free(p->out), free(p->din), free(p->dout);
     free(p->wptr), free(p->wlen), free(p->stash), free(p->current);
     free(p->gptr), free(p->v);
@@ -205,7 +264,8 @@ static gvqResult_t alloc_versions(gvqPipe_t p, const gvqPipeConfig_t *c) {
     p->update = c->update;
     p->nw = c->weightRanges;
     int warm = p->nstages - p->stage - 1 < p->micro ? p->nstages - p->stage - 1 : p->micro;
-    p->nversions = warm + 1 < p->micro ? warm + 1 : p->micro;
+    /* in flight between a forward and its backward: w + 1, at most M within a flushed step */
+    p->nversions = warm + 1 < p->micro || !p->flush ? warm + 1 : p->micro;
     p->wptr = calloc((size_t)p->nw + 1, sizeof *p->wptr);
     p->wlen = calloc((size_t)p->nw + 1, sizeof *p->wlen);
     if (p->wptr == NULL || p->wlen == NULL) return gvqSystemError;
@@ -240,20 +300,29 @@ static gvqResult_t alloc_versions(gvqPipe_t p, const gvqPipeConfig_t *c) {
     return alloc_records(p);
 }
 
-/* in/out for every micro-batch, and one din/dout reused by the backward pass. */
-static gvqResult_t alloc_buffers(gvqPipe_t p) {
-    size_t M = (size_t)p->micro;
-    p->in = p->in_count ? malloc(sizeof(float) * M * p->in_count) : NULL;
-    p->din = p->in_count ? malloc(sizeof(float) * p->in_count) : NULL;
-    p->out = p->out_count ? malloc(sizeof(float) * M * p->out_count) : NULL;
-    p->dout = p->out_count ? malloc(sizeof(float) * p->out_count) : NULL;
+/* in, out, din and dout for every slot; the task list; with overlapped transfers the streams
+ * and the slots' events. */
+static gvqResult_t alloc_buffers(gvqPipe_t p, const gvqPipeConfig_t *c) {
+    size_t n = (size_t)p->nslots;
+    p->in = p->in_count ? malloc(sizeof(float) * n * p->in_count) : NULL;
+    p->din = p->in_count ? malloc(sizeof(float) * n * p->in_count) : NULL;
+    p->out = p->out_count ? malloc(sizeof(float) * n * p->out_count) : NULL;
+    p->dout = p->out_count ? malloc(sizeof(float) * n * p->out_count) : NULL;
+    p->tasks = malloc(sizeof *p->tasks * (size_t)(2 * p->micro + p->nstages + 2));
     if ((p->in_count && (p->in == NULL || p->din == NULL)) ||
-        (p->out_count && (p->out == NULL || p->dout == NULL))) {
-        GVQ_WARN("gvqPipeCreate: cannot allocate %d micro-batches of %zu + %zu floats", p->micro,
+        (p->out_count && (p->out == NULL || p->dout == NULL)) || p->tasks == NULL) {
+        GVQ_WARN("gvqPipeCreate: cannot allocate %d slots of %zu + %zu floats", p->nslots,
                  p->in_count, p->out_count);
         return gvqSystemError;
     }
-    return gvqSuccess;
+    if (c->forwardComm == NULL) return gvqSuccess;
+    p->fcomm = c->forwardComm;
+    p->bcomm = c->backwardComm;
+    if ((p->ev = calloc(4 * n, sizeof *p->ev)) == NULL) return gvqSystemError;
+    for (size_t i = 0; i < 4 * n; i++)
+        GVQCHECK(gvqEventCreate(&p->ev[i]));
+    GVQCHECK(gvqStreamCreate(&p->fstream));
+    return gvqStreamCreate(&p->bstream);
 }
 
 static const char *schedule_name(int s) {
@@ -271,18 +340,23 @@ static gvqPipe_t make_stage(gvqComm_t comm, const gvqPipeConfig_t *config, int m
         *res = gvqSystemError;
         return NULL;
     }
+    int flush = config->flush == GVQ_CONFIG_UNDEF_INT ? 1 : config->flush;
     *p = (struct gvqPipe){.magic = PIPE_MAGIC,
                           .comm = comm,
                           .stage = me,
                           .nstages = S,
                           .micro = micro,
                           .schedule = schedule,
+                          .flush = flush,
+                          .pre_fwd = -1,
+                          .pre_bwd = -1,
+                          .nslots = flush ? micro : 2 * micro,
                           .in_count = config->inCount,
                           .out_count = config->outCount,
                           .forward = forward,
                           .backward = backward,
                           .user = user};
-    *res = alloc_buffers(p);
+    *res = alloc_buffers(p, config);
     if (*res == gvqSuccess && schedule != gvqPipeGpipe) *res = alloc_versions(p, config);
     if (*res == gvqSuccess) *res = gvq_handles_add(&live, p);
     if (*res == gvqSuccess) return p;
@@ -309,13 +383,18 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
                                       GVQ_PIPE_CONFIG_MAGIC, sizeof *config, sizeof *config,
                                       "GVQ_PIPE_CONFIG_INITIALIZER");
     }
-    if (own == gvqSuccess) own = check_own(config, forward, backward, &micro, &schedule);
+    if (own == gvqSuccess)
+        own = check_own(config, comm, S, me, forward, backward, &micro, &schedule);
     gvqPipe_t p = NULL;
     if (own == gvqSuccess)
         p = make_stage(comm, config, micro, schedule, me, S, forward, backward, user, &own);
-    int64_t row[R_N] = {own != gvqSuccess, micro, schedule,
+    int64_t row[R_N] = {own != gvqSuccess,
+                        micro,
+                        schedule,
                         own == gvqSuccess ? (int64_t)config->inCount : 0,
-                        own == gvqSuccess ? (int64_t)config->outCount : 0};
+                        own == gvqSuccess ? (int64_t)config->outCount : 0,
+                        p != NULL ? p->flush : 1,
+                        p != NULL && p->fcomm != NULL};
     int64_t *rows = malloc(sizeof(int64_t) * R_N * (size_t)S); /* S rows of 40 bytes */
     gvqResult_t res = rows == NULL ? gvqSystemError : gvqSuccess;
     if (rows != NULL) res = gvqAllGather(row, rows, R_N, gvqInt64, comm, NULL);
@@ -328,8 +407,9 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
         }
         return own != gvqSuccess ? own : res;
     }
-    GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule %s, in %zu out %zu floats", fn, me, S,
-             micro, schedule_name(schedule), config->inCount, config->outCount);
+    GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule %s%s, in %zu out %zu floats%s", fn, me,
+             S, micro, schedule_name(schedule), p->flush ? "" : " without a flush", config->inCount,
+             config->outCount, p->fcomm != NULL ? ", overlapped transfers" : "");
     *pipe = p;
     return gvqSuccess;
 }
@@ -343,38 +423,150 @@ static gvqResult_t pipe_check(const char *fn, gvqPipe_t p) {
     return gvq_comm_check(p->comm, fn, 1);
 }
 
-/* ---- gvqPipeGpipe: all forwards, then all backwards --------------------------------------- */
-
-static gvqResult_t gpipe_forward(gvqPipe_t p, int m) {
-    float *in = p->in_count ? p->in + (size_t)m * p->in_count : NULL;
-    float *out = p->out_count ? p->out + (size_t)m * p->out_count : NULL;
-    if (in != NULL) GVQCHECK(gvqRecv(in, p->in_count, gvqFloat32, p->stage - 1, p->comm, NULL));
-    GVQCHECK(p->forward(p->user, m, in, out));
-    if (out != NULL) GVQCHECK(gvqSend(out, p->out_count, gvqFloat32, p->stage + 1, p->comm, NULL));
-    return gvqSuccess;
-}
-
-static gvqResult_t gpipe_backward(gvqPipe_t p, int m) {
-    if (p->dout != NULL)
-        GVQCHECK(gvqRecv(p->dout, p->out_count, gvqFloat32, p->stage + 1, p->comm, NULL));
-    GVQCHECK(p->backward(p->user, m, p->dout, p->din));
-    if (p->din != NULL)
-        GVQCHECK(gvqSend(p->din, p->in_count, gvqFloat32, p->stage - 1, p->comm, NULL));
-    return gvqSuccess;
-}
-
-/* ---- gvqPipePipedream: one forward, one backward, weight stashing ---------------------------
+/* ---- the schedules as task lists -------------------------------------------------------------
  *
- *   stage k, w = min(S - k - 1, M):   F(0) .. F(w-1)        each: receive, forward, send
- *                                     F(w+i), B(i)          i = 0 .. M-w-1: the forward's send
- *                                                           goes with the backward's receive, the
- *                                                           backward's send with the next
- *                                                           forward's receive (one group each)
- *                                     B(M-w) .. B(M-1)      each: receive, backward, send
- *   F(m) keeps the weights it ran on in version slot m mod V (V = min(w + 1, M): at most w + 1
- *   micro-batches are between their forward and backward here); B(m) runs on that version, then
- *   the current weights come back and update(m) changes them.
+ *   One step of stage k is a list of tasks, F(g) a forward and B(g) a backward of micro-batch g
+ *   (counted since creation; the step's are base .. base+M-1; slot g mod nslots):
+ *
+ *     gvqPipeGpipe:  F(base) .. F(base+M-1), then B(base+M-1) .. B(base)
+ *     the others (w = min(S-k-1, M) forwards ahead):
+ *       warm-up    F(base) .. F(base+w-1)          unless the last step left them made
+ *       units      F(base+w+i), B(base+i)          i = 0 .. M-1 without a flush (the step's
+ *                                                  last w forwards are the next step's first),
+ *                                                  i = 0 .. M-w-1 with one
+ *       cool-down  B(base+M-w) .. B(base+M-1)      with a flush only
+ *
+ *   Transfers between the tasks: after a task its output leaves with the receive of the next
+ *   task's input (the next step's first task's, without a flush). Blocking: both in one group on
+ *   the pipe's communicator (a stage never waits in a send its neighbour can only match after
+ *   its own send). Overlapped: forwards on fstream (out(g) with in(next forward)), backwards on
+ *   bstream (din(g) with dout(next backward)); a task first waits for its input's event.
+ *
+ *   PipeDream: F(g) keeps the weights it ran on in version slot g mod V (V = w + 1, at most M
+ *   within a flushed step: the micro-batches between their forward and backward here); B(g)
+ *   runs on that version, then the current weights come back and update(g) changes them.
  */
+
+static int slot_of(const gvqPipe_t p, long long g) {
+    return (int)(g % p->nslots);
+}
+
+static int warm_of(const gvqPipe_t p) {
+    int w = p->nstages - p->stage - 1;
+    return w < p->micro ? w : p->micro;
+}
+
+/* This step's tasks (flushed: the step starts no forward of the next one). */
+static int plan_tasks(gvqPipe_t p, int flushed) {
+    struct pipe_task *t = p->tasks;
+    int n = 0, M = p->micro;
+    long long b = p->base;
+    if (p->schedule == gvqPipeGpipe) {
+        for (int m = 0; m < M; m++)
+            t[n++] = (struct pipe_task){1, b + m};
+        for (int m = M - 1; m >= 0; m--)
+            t[n++] = (struct pipe_task){0, b + m};
+        return n;
+    }
+    int w = warm_of(p), units = flushed ? M - w : M;
+    if (p->warm == 0) p->wbase = b;
+    for (int m = p->warm; m < w; m++)
+        t[n++] = (struct pipe_task){1, b + m};
+    for (int i = 0; i < units; i++) {
+        t[n++] = (struct pipe_task){1, b + w + i};
+        t[n++] = (struct pipe_task){0, b + i};
+    }
+    for (int i = units; i < M; i++)
+        t[n++] = (struct pipe_task){0, b + i};
+    return n;
+}
+
+static float *in_of(gvqPipe_t p, long long g) {
+    return p->in_count ? p->in + (size_t)slot_of(p, g) * p->in_count : NULL;
+}
+static float *out_of(gvqPipe_t p, long long g) {
+    return p->out_count ? p->out + (size_t)slot_of(p, g) * p->out_count : NULL;
+}
+static float *din_of(gvqPipe_t p, long long g) {
+    return p->in_count ? p->din + (size_t)slot_of(p, g) * p->in_count : NULL;
+}
+static float *dout_of(gvqPipe_t p, long long g) {
+    return p->out_count ? p->dout + (size_t)slot_of(p, g) * p->out_count : NULL;
+}
+
+/* A task's input (NULL: none on this stage) and output buffers, their counts and peers. */
+static float *task_input(gvqPipe_t p, const struct pipe_task *t, size_t *count, int *peer) {
+    *count = t->fwd ? p->in_count : p->out_count;
+    *peer = t->fwd ? p->stage - 1 : p->stage + 1;
+    return t->fwd ? in_of(p, t->g) : dout_of(p, t->g);
+}
+static float *task_output(gvqPipe_t p, const struct pipe_task *t, size_t *count, int *peer) {
+    *count = t->fwd ? p->out_count : p->in_count;
+    *peer = t->fwd ? p->stage + 1 : p->stage - 1;
+    return t->fwd ? out_of(p, t->g) : din_of(p, t->g);
+}
+
+/* A send and a receive (either absent), together: one group on comm, queued on stream (NULL:
+ * blocking). */
+static gvqResult_t exchange(gvqComm_t comm, gvqStream_t stream, const float *send, size_t scount,
+                            int speer, float *recv, size_t rcount, int rpeer) {
+    if (send == NULL && recv == NULL) return gvqSuccess;
+    GVQCHECK(gvqGroupStart());
+    gvqResult_t a =
+        send != NULL ? gvqSend(send, scount, gvqFloat32, speer, comm, stream) : gvqSuccess;
+    gvqResult_t b =
+        recv != NULL ? gvqRecv(recv, rcount, gvqFloat32, rpeer, comm, stream) : gvqSuccess;
+    gvqResult_t c = gvqGroupEnd();
+    return a != gvqSuccess ? a : b != gvqSuccess ? b : c;
+}
+
+enum { EV_IN, EV_OUT, EV_DOUT, EV_DIN };
+
+static gvqEvent_t event_of(gvqPipe_t p, int kind, long long g) {
+    return p->ev[kind * p->nslots + slot_of(p, g)];
+}
+
+/* Blocking: after task `done` (NULL: before the step's first task), its output with the
+ * receive of `next`'s input (NULL: none). */
+static gvqResult_t move_blocking(gvqPipe_t p, const struct pipe_task *done,
+                                 const struct pipe_task *next) {
+    size_t sc = 0, rc = 0;
+    int sp = 0, rp = 0;
+    const float *send = done != NULL ? task_output(p, done, &sc, &sp) : NULL;
+    float *recv = next != NULL ? task_input(p, next, &rc, &rp) : NULL;
+    return exchange(p->comm, NULL, send, sc, sp, recv, rc, rp);
+}
+
+/* Overlapped: after task `done` (or before the first), its output with the receive of the next
+ * task of the same direction, `next` (NULL: none), on that direction's stream; the events of
+ * the slots involved mark the group. */
+static gvqResult_t move_overlapped(gvqPipe_t p, int fwd, const struct pipe_task *done,
+                                   const struct pipe_task *next) {
+    size_t sc = 0, rc = 0;
+    int sp = 0, rp = 0;
+    const float *send = done != NULL ? task_output(p, done, &sc, &sp) : NULL;
+    float *recv = next != NULL ? task_input(p, next, &rc, &rp) : NULL;
+    if (send == NULL && recv == NULL) return gvqSuccess;
+    gvqStream_t st = fwd ? p->fstream : p->bstream;
+    GVQCHECK(exchange(fwd ? p->fcomm : p->bcomm, st, send, sc, sp, recv, rc, rp));
+    if (send != NULL) GVQCHECK(gvqEventRecord(event_of(p, fwd ? EV_OUT : EV_DIN, done->g), st));
+    if (recv != NULL) GVQCHECK(gvqEventRecord(event_of(p, fwd ? EV_IN : EV_DOUT, next->g), st));
+    return gvqSuccess;
+}
+
+/* The next task of direction fwd after index i of the list (n tasks), or the next step's first
+ * (without a flush: F(base+M+w), B(base+M)) in *spare; NULL when none. */
+static const struct pipe_task *next_of(gvqPipe_t p, int i, int n, int fwd, int flushed,
+                                       struct pipe_task *spare) {
+    for (int j = i + 1; j < n; j++)
+        if (p->tasks[j].fwd == fwd || fwd < 0) return &p->tasks[j];
+    if (flushed) return NULL;
+    long long b = p->base + p->micro;
+    *spare = (struct pipe_task){fwd < 0 ? 1 : fwd, fwd == 0 ? b : b + warm_of(p)};
+    return spare;
+}
+
+/* ---- a task: the callbacks, PipeDream's versions, SpecTrain's prediction --------------------- */
 
 static void copy_weights(gvqPipe_t p, float *buf, int to_ranges) {
     size_t at = 0;
@@ -387,29 +579,8 @@ static void copy_weights(gvqPipe_t p, float *buf, int to_ranges) {
     }
 }
 
-static float *version_of(gvqPipe_t p, int m) {
-    return p->stash + (size_t)(m % p->nversions) * p->wtotal;
-}
-
-static float *in_of(gvqPipe_t p, int m) {
-    return p->in_count ? p->in + (size_t)m * p->in_count : NULL;
-}
-
-static float *out_of(gvqPipe_t p, int m) {
-    return p->out_count ? p->out + (size_t)m * p->out_count : NULL;
-}
-
-/* The transfers of one time unit, posted together; either may be absent (an end stage). */
-static gvqResult_t exchange(gvqPipe_t p, const float *send, size_t scount, int speer, float *recv,
-                            size_t rcount, int rpeer) {
-    if (send == NULL && recv == NULL) return gvqSuccess;
-    if (send == NULL) return gvqRecv(recv, rcount, gvqFloat32, rpeer, p->comm, NULL);
-    if (recv == NULL) return gvqSend(send, scount, gvqFloat32, speer, p->comm, NULL);
-    GVQCHECK(gvqGroupStart());
-    gvqResult_t a = gvqSend(send, scount, gvqFloat32, speer, p->comm, NULL);
-    gvqResult_t b = gvqRecv(recv, rcount, gvqFloat32, rpeer, p->comm, NULL);
-    gvqResult_t c = gvqGroupEnd();
-    return a != gvqSuccess ? a : b != gvqSuccess ? b : c;
+static float *version_of(gvqPipe_t p, long long g) {
+    return p->stash + (size_t)(g % p->nversions) * p->wtotal;
 }
 
 /* SpecTrain: the current weights aside, then W - s lr v in their place. */
@@ -477,85 +648,119 @@ static gvqResult_t pd_update(gvqPipe_t p, int m) {
     return gvqSuccess;
 }
 
-/* SpecTrain's version distance of micro-batch m's forward (fwd) or backward at this stage. */
-static int distance(const gvqPipe_t p, int m, int fwd) {
-    int S = p->nstages, k = p->stage;
+/* SpecTrain's version distance of micro-batch g's forward (fwd) or backward at this stage. */
+static int distance(const gvqPipe_t p, long long g, int fwd) {
+    int S = p->nstages, k = p->stage, w = warm_of(p);
     if (p->predict_distance == gvqPredictPaper) return fwd ? 2 * S - k - 2 : k;
-    int w = S - k - 1 < p->micro ? S - k - 1 : p->micro;
-    return fwd ? (m < w ? m : w) : 0;
+    long long since = g - p->wbase; /* the updates between F(g) and B(g) */
+    return fwd ? (int)(since < w ? since : w) : 0;
 }
 
-static gvqResult_t pd_forward(gvqPipe_t p, int m) {
-    if (p->schedule == gvqPipePipedream) copy_weights(p, version_of(p, m), 0);
-    if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, m, 1));
+static gvqResult_t pd_forward(gvqPipe_t p, long long g) {
+    if (p->schedule == gvqPipePipedream) copy_weights(p, version_of(p, g), 0);
+    if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, g, 1));
     if (p->schedule == gvqPipeDualpipe && p->recs != NULL) copy_weights(p, p->current, 0);
-    if (p->recs != NULL) record_task(p, distance(p, m, 1));
-    gvqResult_t res = p->forward(p->user, m, in_of(p, m), out_of(p, m));
+    if (p->recs != NULL) record_task(p, distance(p, g, 1));
+    gvqResult_t res = p->forward(p->user, slot_of(p, g), in_of(p, g), out_of(p, g));
     if (p->schedule == gvqPipeSpectrain) copy_weights(p, p->current, 1);
     return res;
 }
 
-static gvqResult_t pd_backward(gvqPipe_t p, int m) {
-    if (p->schedule == gvqPipePipedream) { /* the current weights aside, m's version in */
+static gvqResult_t pd_backward(gvqPipe_t p, long long g) {
+    if (p->schedule == gvqPipePipedream) { /* the current weights aside, g's version in */
         copy_weights(p, p->current, 0);
-        copy_weights(p, version_of(p, m), 1);
+        copy_weights(p, version_of(p, g), 1);
     }
-    if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, m, 0));
+    if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, g, 0));
     if (p->schedule == gvqPipeDualpipe && p->recs != NULL) copy_weights(p, p->current, 0);
-    if (p->recs != NULL) record_task(p, distance(p, m, 0));
-    gvqResult_t res = p->backward(p->user, m, p->dout, p->din);
+    if (p->recs != NULL) record_task(p, distance(p, g, 0));
+    gvqResult_t res = p->backward(p->user, slot_of(p, g), dout_of(p, g), din_of(p, g));
     if (p->schedule != gvqPipeDualpipe) copy_weights(p, p->current, 1);
     if (res != gvqSuccess) return res;
     if (p->schedule == gvqPipeSpectrain) smooth_gradient(p);
-    return pd_update(p, m);
+    return pd_update(p, slot_of(p, g));
 }
 
-static gvqResult_t pipedream_step(gvqPipe_t p) {
-    int k = p->stage, S = p->nstages, M = p->micro, prev = k - 1, next = k + 1;
-    int w = S - k - 1 < M ? S - k - 1 : M;
-    for (int m = 0; m < w; m++) {
-        GVQCHECK(exchange(p, NULL, 0, 0, in_of(p, m), p->in_count, prev));
-        GVQCHECK(pd_forward(p, m));
-        GVQCHECK(exchange(p, out_of(p, m), p->out_count, next, NULL, 0, 0));
+static gvqResult_t run_task(gvqPipe_t p, const struct pipe_task *t) {
+    int s = slot_of(p, t->g);
+    if (p->schedule == gvqPipeGpipe)
+        return t->fwd ? p->forward(p->user, s, in_of(p, t->g), out_of(p, t->g))
+                      : p->backward(p->user, s, dout_of(p, t->g), din_of(p, t->g));
+    return t->fwd ? pd_forward(p, t->g) : pd_backward(p, t->g);
+}
+
+/* Overlapped: a task's input has arrived and its output slot's last send has left. */
+static gvqResult_t wait_slots(gvqPipe_t p, const struct pipe_task *t) {
+    size_t c = 0;
+    int peer = 0;
+    if (task_input(p, t, &c, &peer) != NULL)
+        GVQCHECK(gvqEventSynchronize(event_of(p, t->fwd ? EV_IN : EV_DOUT, t->g)));
+    if (task_output(p, t, &c, &peer) != NULL)
+        GVQCHECK(gvqEventSynchronize(event_of(p, t->fwd ? EV_OUT : EV_DIN, t->g)));
+    return gvqSuccess;
+}
+
+/* The receive of the step's first task's input (blocking), or of its first forward's and first
+ * backward's (overlapped), unless the last step already made it. */
+static gvqResult_t first_inputs(gvqPipe_t p, int n) {
+    for (int fwd = 1; fwd >= 0; fwd--) {
+        const struct pipe_task *t = NULL;
+        for (int j = 0; j < n && t == NULL; j++)
+            if (p->tasks[j].fwd == fwd) t = &p->tasks[j];
+        if (p->fcomm == NULL && t != &p->tasks[0]) continue;
+        if (t == NULL || t->g == (fwd ? p->pre_fwd : p->pre_bwd)) continue;
+        GVQCHECK(p->fcomm != NULL ? move_overlapped(p, fwd, NULL, t) : move_blocking(p, NULL, t));
     }
-    if (w < M) GVQCHECK(exchange(p, NULL, 0, 0, in_of(p, w), p->in_count, prev));
-    for (int i = 0; i < M - w; i++) {
-        int m = w + i, last = i + 1 == M - w;
-        GVQCHECK(pd_forward(p, m));
-        GVQCHECK(exchange(p, out_of(p, m), p->out_count, next, p->dout, p->out_count, next));
-        GVQCHECK(pd_backward(p, i));
-        GVQCHECK(exchange(p, p->din, p->in_count, prev, last ? NULL : in_of(p, m + 1), p->in_count,
-                          prev));
+    return gvqSuccess;
+}
+
+static gvqResult_t run_step(gvqPipe_t p, int flushed) {
+    flushed |= p->flush || p->schedule == gvqPipeGpipe;
+    int n = plan_tasks(p, flushed), overlap = p->fcomm != NULL;
+    GVQCHECK(first_inputs(p, n));
+    p->pre_fwd = p->pre_bwd = -1;
+    for (int i = 0; i < n; i++) {
+        const struct pipe_task *t = &p->tasks[i];
+        if (overlap) GVQCHECK(wait_slots(p, t));
+        GVQCHECK(run_task(p, t));
+        struct pipe_task spare;
+        const struct pipe_task *next = next_of(p, i, n, overlap ? t->fwd : -1, flushed, &spare);
+        GVQCHECK(overlap ? move_overlapped(p, t->fwd, t, next) : move_blocking(p, t, next));
+        if (next == &spare) *(spare.fwd ? &p->pre_fwd : &p->pre_bwd) = spare.g;
     }
-    for (int i = M - w; i < M; i++) {
-        GVQCHECK(exchange(p, NULL, 0, 0, p->dout, p->out_count, next));
-        GVQCHECK(pd_backward(p, i));
-        GVQCHECK(exchange(p, p->din, p->in_count, prev, NULL, 0, 0));
+    if (overlap && flushed) { /* the step's last sends */
+        GVQCHECK(gvqStreamSynchronize(p->fstream));
+        GVQCHECK(gvqStreamSynchronize(p->bstream));
     }
+    p->base += p->micro;
+    p->warm = flushed ? 0 : warm_of(p);
     return gvqSuccess;
 }
 
 /* A step that fails leaves transfers half done between the stages: the pipe refuses later
  * steps (destroy it; gvqCommAbort frees neighbours still waiting). */
-GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t p) {
-    GVQCHECK(pipe_check("gvqPipeStep", p));
+static gvqResult_t pipe_step(const char *fn, gvqPipe_t p, int flushed) {
+    GVQCHECK(pipe_check(fn, p));
     if (p->failed != gvqSuccess) {
-        GVQ_WARN("gvqPipeStep: an earlier step failed (%s); destroy this pipe",
+        GVQ_WARN("%s: an earlier step failed (%s); destroy this pipe", fn,
                  gvqGetErrorString(p->failed));
         return gvqInvalidUsage;
     }
-    gvqResult_t res = gvqSuccess;
-    if (p->schedule != gvqPipeGpipe) res = pipedream_step(p);
-    for (int m = 0; p->schedule == gvqPipeGpipe && m < p->micro && res == gvqSuccess; m++)
-        res = gpipe_forward(p, m);
-    for (int m = p->micro - 1; p->schedule == gvqPipeGpipe && m >= 0 && res == gvqSuccess; m--)
-        res = gpipe_backward(p, m);
+    gvqResult_t res = run_step(p, flushed);
     if (res != gvqSuccess) {
         p->failed = res;
         return res;
     }
     p->steps++;
     return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t p) {
+    return pipe_step("gvqPipeStep", p, 0);
+}
+
+GVQ_API gvqResult_t gvqPipeStepFlush(gvqPipe_t p) {
+    return pipe_step("gvqPipeStepFlush", p, 1);
 }
 
 GVQ_API gvqResult_t gvqPipeSetLearningRate(gvqPipe_t p, float lr) {

@@ -35,7 +35,8 @@ static const int width[NL + 1] = {6, 8, 8, 8, 3};
 
 typedef struct {
     float *w[NL], *b[NL], *gw[NL], *gb[NL];
-    float *act[MB][NL + 1]; /* act[m][l]: input of layer l (act[m][NL]: the output) */
+    float *act[2 * MB][NL + 1]; /* act[m][l]: input of layer l (act[m][NL]: the output); slots
+                                   MB .. 2MB-1: a pipeline without a flush */
 } mlp_t;
 
 static float value(uint32_t a, uint32_t b, uint32_t c) {
@@ -56,17 +57,17 @@ static void mlp_init(mlp_t *n) {
         n->gb[l] = calloc((size_t)width[l + 1], sizeof(float));
         for (size_t i = 0; i < nw; i++)
             n->w[l][i] = 0.5f * value(1, (uint32_t)l, (uint32_t)i);
-        for (int m = 0; m < MB; m++)
+        for (int m = 0; m < 2 * MB; m++)
             n->act[m][l + 1] = malloc(sizeof(float) * ROWS * (size_t)width[l + 1]);
     }
-    for (int m = 0; m < MB; m++)
+    for (int m = 0; m < 2 * MB; m++)
         n->act[m][0] = malloc(sizeof(float) * ROWS * (size_t)width[0]);
 }
 
 static void mlp_free(mlp_t *n) {
     for (int l = 0; l < NL; l++)
         free(n->w[l]), free(n->b[l]), free(n->gw[l]), free(n->gb[l]);
-    for (int m = 0; m < MB; m++)
+    for (int m = 0; m < 2 * MB; m++)
         for (int l = 0; l <= NL; l++)
             free(n->act[m][l]);
 }
@@ -157,8 +158,20 @@ static void reference_step(mlp_t *n, int step) {
 typedef struct {
     mlp_t net;
     int l0, l1, step;
-    int track; /* part 3: record the tasks' weights (rt) */
+    int track;  /* part 3: record the tasks' weights (rt) */
+    int nflush; /* a pipeline without a flush: slot m is micro-batch m mod MB of the step of
+                   parity m / MB, this one or the next (gvq_train.h) */
 } stage_t;
+
+/* Slot m's micro-batch: its step and index; *since: the updates' count SpecTrain's schedule
+ * distance starts from (the step's first micro-batch, or the first of all without a flush). */
+static int micro_of(const stage_t *s, int m, int *index, int *since) {
+    int step = s->step;
+    if (s->nflush && (step & 1) != m / MB) step++;
+    *index = m % MB;
+    *since = s->nflush ? step * MB + *index : *index;
+    return step;
+}
 
 /* Part 3's record for the RMSE check: the weights after every update, and every task's weights
  * (in place when it ran) with its version distance s and the update count it ran at. */
@@ -188,10 +201,10 @@ static void stage_weights(const stage_t *s, float *buf) {
 
 /* SpecTrain's version distance of micro-batch m's forward (fwd) or backward at stage k of S
  * (include/gvq_train.h's gvqPipePredictDistance_t). */
-static int ref_distance(int mode, int k, int S, int m, int fwd) {
+static int ref_distance(int mode, int k, int S, int since, int fwd) {
     if (mode == gvqPredictPaper) return fwd ? 2 * S - k - 2 : k;
     int w = S - k - 1 < MB ? S - k - 1 : MB;
-    return fwd ? (m < w ? m : w) : 0;
+    return fwd ? (since < w ? since : w) : 0;
 }
 
 static void rt_task(const stage_t *s, int dist) {
@@ -203,9 +216,10 @@ static void rt_task(const stage_t *s, int dist) {
 
 static gvqResult_t stage_forward(void *user, int m, const float *in, float *out) {
     stage_t *s = user;
-    rt_task(s, ref_distance(rt.mode, rt.k, rt.S, m, 1));
+    int index = 0, since = 0, step = micro_of(s, m, &index, &since);
+    rt_task(s, ref_distance(rt.mode, rt.k, rt.S, since, 1));
     if (in == NULL)
-        input_of(s->step, m, s->net.act[m][0]);
+        input_of(step, index, s->net.act[m][0]);
     else
         memcpy(s->net.act[m][s->l0], in, sizeof(float) * ROWS * (size_t)width[s->l0]);
     for (int l = s->l0; l < s->l1; l++)
@@ -216,10 +230,11 @@ static gvqResult_t stage_forward(void *user, int m, const float *in, float *out)
 
 static gvqResult_t stage_backward(void *user, int m, const float *dout, float *din) {
     stage_t *s = user;
-    rt_task(s, ref_distance(rt.mode, rt.k, rt.S, m, 0));
+    int index = 0, since = 0, step = micro_of(s, m, &index, &since);
+    rt_task(s, ref_distance(rt.mode, rt.k, rt.S, since, 0));
     float dy[ROWS * 8], dx[ROWS * 8];
     if (dout == NULL)
-        loss_grad(s->step, m, s->net.act[m][NL], dy);
+        loss_grad(step, index, s->net.act[m][NL], dy);
     else
         memcpy(dy, dout, sizeof(float) * ROWS * (size_t)width[s->l1]);
     for (int l = s->l1 - 1; l >= s->l0; l--) {
@@ -238,10 +253,12 @@ static gvqPipeConfig_t stage_config(int l0, int l1) {
     return c;
 }
 
-static void part_gpipe(void) {
+static void part_gpipe(int overlap) {
     if (mt.rank == 0)
-        printf("-- 1 gpipe on %d stages reproduces single-process training\n", mt.nranks);
-    gvqComm_t comm = mt_new_comm();
+        printf("-- 1 gpipe on %d stages%s reproduces single-process training\n", mt.nranks,
+               overlap ? ", overlapped transfers," : "");
+    gvqComm_t comm = mt_new_comm(), xc[2] = {NULL, NULL};
+    if (overlap) xc[0] = mt_new_comm(), xc[1] = mt_new_comm();
     int S = mt.nranks, k = mt.rank;
     MT_CHECK(S <= NL, "this test cuts %d layers into at most %d stages", NL, NL);
     stage_t st = {0};
@@ -249,6 +266,8 @@ static void part_gpipe(void) {
     st.l0 = k * NL / S;
     st.l1 = (k + 1) * NL / S;
     gvqPipeConfig_t cfg = stage_config(st.l0, st.l1);
+    cfg.forwardComm = xc[0];
+    cfg.backwardComm = xc[1];
     gvqPipe_t p = NULL;
     MT_OK(gvqPipeCreate(comm, &cfg, stage_forward, stage_backward, &st, &p));
     mlp_t ref;
@@ -276,6 +295,8 @@ static void part_gpipe(void) {
     mlp_free(&ref);
     mlp_free(&st.net);
     MT_OK(gvqCommDestroy(comm));
+    for (int i = 0; overlap && i < 2; i++)
+        MT_OK(gvqCommDestroy(xc[i]));
 }
 
 /* ---- part 2 ------------------------------------------------------------------------------------
@@ -287,6 +308,11 @@ static gvqResult_t no_forward(void *u, int m, const float *in, float *out) {
 }
 static gvqResult_t no_backward(void *u, int m, const float *dout, float *din) {
     (void)u, (void)m, (void)dout, (void)din;
+    return gvqSuccess;
+}
+
+static gvqResult_t no_update(void *u, int m) {
+    (void)u, (void)m;
     return gvqSuccess;
 }
 
@@ -324,6 +350,38 @@ static void part_refusals(void) {
     bad = c;
     if (k == S - 1) bad.schedule = 7; /* not a schedule: this stage refuses */
     expect_refused(comm, &bad, "an unknown schedule on the last stage");
+    bad = c;
+    bad.flush = 0; /* GPipe always flushes */
+    expect_refused(comm, &bad, "gpipe without a flush");
+    bad = c;
+    bad.forwardComm = mt_new_comm(); /* without backwardComm */
+    expect_refused(comm, &bad, "forwardComm without backwardComm");
+    bad.backwardComm = comm; /* the pipe's own */
+    expect_refused(comm, &bad, "backwardComm the pipe's communicator");
+    MT_OK(gvqCommDestroy(bad.forwardComm));
+    bad = c; /* 1F1B without a flush needs M >= S - 1 */
+    bad.schedule = gvqPipeDualpipe;
+    bad.update = no_update;
+    bad.weightRanges = 0;
+    bad.flush = 0;
+    if (S > 2) {
+        bad.microBatches = S - 2;
+        expect_refused(comm, &bad, "no flush with M < S - 1");
+    }
+    bad.microBatches = S > 1 ? S - 1 : 1; /* and M = S - 1 is accepted */
+    gvqPipe_t ok = NULL;
+    MT_OK(gvqPipeCreate(comm, &bad, no_forward, no_backward, NULL, &ok));
+    MT_OK(gvqPipeStep(ok));
+    MT_OK(gvqPipeStepFlush(ok));
+    MT_OK(gvqPipeDestroy(ok));
+    if (S > 1) {
+        gvqComm_t f = mt_new_comm(), b = mt_new_comm();
+        bad = c;
+        if (k == 0) bad.forwardComm = f, bad.backwardComm = b;
+        expect_refused(comm, &bad, "overlapped transfers on stage 0 only");
+        MT_OK(gvqCommDestroy(f));
+        MT_OK(gvqCommDestroy(b));
+    }
     { /* the last stage passes no config: it still takes part, every stage refuses */
         gvqPipe_t q = NULL;
         gvqResult_t r =
@@ -407,16 +465,17 @@ static void rt_check(gvqPipe_t p, const stage_t *st, int schedule) {
     MT_CHECK(cnt > 0 || !some, "stage %d: no task measured", mt.rank);
 }
 
-/* Stage k's operations: +m+1 a forward of micro-batch m, -(m+1) its backward. */
-static void pipedream_order(int k, int S, int *ops) {
+/* Stage k's operations on nmb micro-batches in a row (one step, or every step of a pipeline
+ * without a flush): +j+1 a forward of the j-th, -(j+1) its backward. */
+static void pipedream_order(int k, int S, int nmb, int *ops) {
     int w = S - k - 1 < MB ? S - k - 1 : MB, n = 0;
     for (int m = 0; m < w; m++)
         ops[n++] = m + 1;
-    for (int i = 0; i < MB - w; i++) {
+    for (int i = 0; i < nmb - w; i++) {
         ops[n++] = w + i + 1;
         ops[n++] = -(i + 1);
     }
-    for (int i = MB - w; i < MB; i++)
+    for (int i = nmb - w; i < nmb; i++)
         ops[n++] = -(i + 1);
 }
 
@@ -460,44 +519,49 @@ enum { MAXW = 8 * 8 * NL + 8 * NL };
 static float ref_v[NL][MAXW]; /* SpecTrain's smoothed gradients of the reference's stages */
 
 /* schedule: gvqPipePipedream (stashed versions), Dualpipe (current weights) or Spectrain
- * (predicted weights). */
-static void reference_pipedream(stage_t *st, int S, int step, int schedule, int mode) {
-    static float stash[NL][MB][MAXW], cur[MAXW], fwd[NL][MB][ROWS * 8], bwd[NL][MB][ROWS * 8];
-    int ops[NL][2 * MB], pos[NL] = {0}, fdone[NL][MB] = {{0}}, bdone[NL][MB] = {{0}},
-                         left = 2 * MB * S;
+ * (predicted weights); the micro-batches of steps [step, step + nsteps) in a row. */
+static void reference_pipedream(stage_t *st, int S, int step, int nsteps, int schedule, int mode) {
+    enum { N = STEPS * MB };
+    static float stash[NL][N][MAXW], cur[MAXW], fwd[NL][N][ROWS * 8], bwd[NL][N][ROWS * 8];
+    const int nmb = nsteps * MB;
+    int ops[NL][2 * N], pos[NL] = {0}, fdone[NL][N] = {{0}}, bdone[NL][N] = {{0}},
+                        left = 2 * nmb * S;
     for (int k = 0; k < S; k++)
-        pipedream_order(k, S, ops[k]);
+        pipedream_order(k, S, nmb, ops[k]);
     while (left > 0) {
         int moved = 0;
         for (int k = 0; k < S; k++)
-            while (pos[k] < 2 * MB) {
+            while (pos[k] < 2 * nmb) {
                 stage_t *s = &st[k];
-                int op = ops[k][pos[k]], m = (op > 0 ? op : -op) - 1;
-                if (op > 0 ? (k > 0 && !fdone[k - 1][m]) : (k < S - 1 && !bdone[k + 1][m])) break;
-                s->step = step;
+                int op = ops[k][pos[k]], j = (op > 0 ? op : -op) - 1;
+                if (op > 0 ? (k > 0 && !fdone[k - 1][j]) : (k < S - 1 && !bdone[k + 1][j])) break;
+                /* the callbacks' slot of the j-th: step + j / MB, index j mod MB */
+                s->step = step + j / MB;
+                int m = s->nflush ? (s->step % 2) * MB + j % MB : j % MB, since = 0, index = 0;
+                micro_of(s, m, &index, &since);
                 if (op > 0) {
                     weights_copy(&s->net, s->l0, s->l1,
-                                 schedule == gvqPipeSpectrain ? cur : stash[k][m], 0);
+                                 schedule == gvqPipeSpectrain ? cur : stash[k][j], 0);
                     if (schedule == gvqPipeSpectrain)
                         predict_by_hand(&s->net, s->l0, s->l1, ref_v[k],
-                                        ref_distance(mode, k, S, m, 1));
-                    stage_forward(s, m, k > 0 ? fwd[k - 1][m] : NULL, k < S - 1 ? fwd[k][m] : NULL);
+                                        ref_distance(mode, k, S, since, 1));
+                    stage_forward(s, m, k > 0 ? fwd[k - 1][j] : NULL, k < S - 1 ? fwd[k][j] : NULL);
                     if (schedule == gvqPipeSpectrain) weights_copy(&s->net, s->l0, s->l1, cur, 1);
-                    fdone[k][m] = 1;
+                    fdone[k][j] = 1;
                 } else {
                     weights_copy(&s->net, s->l0, s->l1, cur, 0);
                     if (schedule == gvqPipePipedream)
-                        weights_copy(&s->net, s->l0, s->l1, stash[k][m], 1);
+                        weights_copy(&s->net, s->l0, s->l1, stash[k][j], 1);
                     if (schedule == gvqPipeSpectrain)
                         predict_by_hand(&s->net, s->l0, s->l1, ref_v[k],
-                                        ref_distance(mode, k, S, m, 0));
-                    stage_backward(s, m, k < S - 1 ? bwd[k + 1][m] : NULL,
-                                   k > 0 ? bwd[k][m] : NULL);
+                                        ref_distance(mode, k, S, since, 0));
+                    stage_backward(s, m, k < S - 1 ? bwd[k + 1][j] : NULL,
+                                   k > 0 ? bwd[k][j] : NULL);
                     weights_copy(&s->net, s->l0, s->l1, cur, 1);
                     if (schedule == gvqPipeSpectrain)
                         smooth_by_hand(&s->net, s->l0, s->l1, ref_v[k]);
                     sgd(&s->net, s->l0, s->l1);
-                    bdone[k][m] = 1;
+                    bdone[k][j] = 1;
                 }
                 pos[k]++;
                 left--;
@@ -510,13 +574,17 @@ static void reference_pipedream(stage_t *st, int S, int step, int schedule, int 
     }
 }
 
-static void part_pipedream(int schedule, int mode) {
+/* flush 0: the pipeline runs on across steps (the last step gvqPipeStepFlush), compared with
+ * the reference at the end; overlap: transfers on two more communicators' streams. */
+static void part_pipedream(int schedule, int mode, int flush, int overlap) {
     static const char *const name[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
     if (mt.rank == 0)
-        printf("-- 3 %s on %d stages (%s distances), against an in-process reference\n",
-               name[schedule], mt.nranks, mode == gvqPredictPaper ? "paper" : "schedule");
+        printf("-- 3 %s on %d stages (%s distances)%s%s, against an in-process reference\n",
+               name[schedule], mt.nranks, mode == gvqPredictPaper ? "paper" : "schedule",
+               flush ? "" : ", no flush between steps", overlap ? ", overlapped transfers" : "");
     memset(ref_v, 0, sizeof ref_v);
-    gvqComm_t comm = mt_new_comm();
+    gvqComm_t comm = mt_new_comm(), xc[2] = {NULL, NULL};
+    if (overlap) xc[0] = mt_new_comm(), xc[1] = mt_new_comm();
     int S = mt.nranks, k = mt.rank;
     stage_t st = {0}, ref[NL] = {0};
     mlp_init(&st.net);
@@ -542,6 +610,10 @@ static void part_pipedream(int schedule, int mode) {
     cfg.weights = wp;
     cfg.weightCounts = wc;
     cfg.update = stage_update;
+    cfg.flush = flush;
+    cfg.forwardComm = xc[0];
+    cfg.backwardComm = xc[1];
+    st.nflush = !flush;
     gvqPipe_t p = NULL;
     MT_OK(gvqPipeCreate(comm, &cfg, stage_forward, stage_backward, &st, &p));
     MT_OK(gvqPipeSetLearningRate(p, LR));
@@ -550,11 +622,17 @@ static void part_pipedream(int schedule, int mode) {
         mlp_init(&ref[j].net);
         ref[j].l0 = j * NL / S;
         ref[j].l1 = (j + 1) * NL / S;
+        ref[j].nflush = !flush;
     }
     for (int step = 0; step < STEPS; step++) {
         st.step = step;
-        MT_OK(gvqPipeStep(p));
-        reference_pipedream(ref, S, step, schedule, mode);
+        MT_OK(step + 1 == STEPS && !flush ? gvqPipeStepFlush(p) : gvqPipeStep(p));
+        if (flush)
+            reference_pipedream(ref, S, step, 1, schedule, mode);
+        else if (step + 1 == STEPS) /* in a row, then compared */
+            reference_pipedream(ref, S, 0, STEPS, schedule, mode);
+        else
+            continue;
         for (int l = st.l0; l < st.l1; l++) {
             size_t nw = (size_t)width[l + 1] * (size_t)width[l];
             MT_CHECK(
@@ -580,16 +658,26 @@ static void part_pipedream(int schedule, int mode) {
         mlp_free(&ref[j].net);
     mlp_free(&st.net);
     MT_OK(gvqCommDestroy(comm));
+    for (int i = 0; overlap && i < 2; i++)
+        MT_OK(gvqCommDestroy(xc[i]));
 }
 
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
-    part_gpipe();
+    part_gpipe(0);
+    part_gpipe(1);
     part_refusals();
-    part_pipedream(gvqPipePipedream, gvqPredictPaper);
-    part_pipedream(gvqPipeDualpipe, gvqPredictPaper);
-    part_pipedream(gvqPipeSpectrain, gvqPredictPaper);
-    part_pipedream(gvqPipeDualpipe, gvqPredictSchedule);
-    part_pipedream(gvqPipeSpectrain, gvqPredictSchedule);
+    part_pipedream(gvqPipePipedream, gvqPredictPaper, 1, 0);
+    part_pipedream(gvqPipeDualpipe, gvqPredictPaper, 1, 0);
+    part_pipedream(gvqPipeSpectrain, gvqPredictPaper, 1, 0);
+    part_pipedream(gvqPipeDualpipe, gvqPredictSchedule, 1, 0);
+    part_pipedream(gvqPipeSpectrain, gvqPredictSchedule, 1, 0);
+    for (int overlap = 0; overlap < 2; overlap++) { /* without a flush; overlapped transfers */
+        part_pipedream(gvqPipePipedream, gvqPredictPaper, 0, overlap);
+        part_pipedream(gvqPipeDualpipe, gvqPredictSchedule, 0, overlap);
+        part_pipedream(gvqPipeSpectrain, gvqPredictPaper, 0, overlap);
+        part_pipedream(gvqPipeSpectrain, gvqPredictSchedule, 0, overlap);
+    }
+    part_pipedream(gvqPipeSpectrain, gvqPredictSchedule, 1, 1);
     return mt_finish("test_pipeline");
 }
