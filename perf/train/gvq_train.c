@@ -110,9 +110,15 @@ static void usage(FILE *f) {
         "                        weight stashing), dualpipe (the same on stale weights) or\n"
         "                        spectrain (dualpipe on SpecTrain's predicted weights)\n"
         "  --predict-distance D  SpecTrain's s: schedule (default: to the micro-batch's own\n"
-        "                        backward, which this flushed schedule runs min(m, N-k-1)\n"
-        "                        updates later) or paper (forward 2N-k-2, backward k: it\n"
-        "                        diverged on the ResNet, perf/RESULTS.md section 10)\n"
+        "                        backward, which the schedule runs min(m, N-k-1) updates\n"
+        "                        later, N-k-1 without a flush) or paper (forward 2N-k-2,\n"
+        "                        backward k: it diverged on the flushed ResNet, perf/RESULTS.md\n"
+        "                        section 10)\n"
+        "  --no-flush            pipedream, dualpipe, spectrain: the pipeline runs on across\n"
+        "                        steps (the next step's first forwards inside this step; the\n"
+        "                        last step flushes), as their papers run it\n"
+        "  --overlap-transfers   activations and errors on two more communicators, each from a\n"
+        "                        host stream, while the stage computes\n"
         "  --basis fit|track     GradiVeQ's basis: fitted from sampling phases (the paper, the\n"
         "                        default) or tracked on every call (--max-dims d, default 4)\n"
         "  --int-bits B          0, 8 or 16: integer-summed wire for GradiVeQ and QSGD (0: "
@@ -254,6 +260,8 @@ enum {
     OPT_STAGES,
     OPT_SCHEDULE,
     OPT_PREDICT_DISTANCE,
+    OPT_NO_FLUSH,
+    OPT_OVERLAP_TRANSFERS,
     OPT_MICRO,
     OPT_INT_BITS,
     OPT_EF_BOUND,
@@ -324,6 +332,8 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"stages", required_argument, NULL, OPT_STAGES},
         {"schedule", required_argument, NULL, OPT_SCHEDULE},
         {"predict-distance", required_argument, NULL, OPT_PREDICT_DISTANCE},
+        {"no-flush", no_argument, NULL, OPT_NO_FLUSH},
+        {"overlap-transfers", no_argument, NULL, OPT_OVERLAP_TRANSFERS},
         {"micro-batches", required_argument, NULL, OPT_MICRO},
         {"int-bits", required_argument, NULL, OPT_INT_BITS},
         {"ef-bound", required_argument, NULL, OPT_EF_BOUND},
@@ -399,6 +409,12 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
             break;
         case OPT_MICRO:
             if (parse_int(optarg, 1, 1 << 16, &o->micro_batches)) what = "--micro-batches (>= 1)";
+            break;
+        case OPT_NO_FLUSH:
+            o->pipe_no_flush = 1;
+            break;
+        case OPT_OVERLAP_TRANSFERS:
+            o->pipe_overlap = 1;
             break;
         case OPT_BASIS:
             if (strcmp(optarg, "fit") == 0 || strcmp(optarg, "track") == 0)
@@ -599,6 +615,15 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
     }
     if (o->arch.model != NET_RESNET && o->arch.blocks != 1) {
         fprintf(stderr, "gvq-train: --blocks applies to --model resnet\n");
+        return -1;
+    }
+    if ((o->pipe_no_flush || o->pipe_overlap) && o->stages < 1) {
+        fprintf(stderr, "gvq-train: --no-flush and --overlap-transfers apply to --stages\n");
+        return -1;
+    }
+    if (o->pipe_no_flush && o->pipe_schedule == 0) {
+        fprintf(stderr, "gvq-train: --no-flush needs --schedule pipedream, dualpipe or spectrain "
+                        "(gpipe flushes every step)\n");
         return -1;
     }
     if (o->arch.model != NET_MLP && o->arch.depth != 0) {

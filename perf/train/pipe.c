@@ -82,14 +82,18 @@ static int layer_ranges(const layer_t *l, float **ptr, size_t *len) {
 typedef struct {
     net_t *net;
     int l0, l1, stage, nstages, micro, mb; /* layers [l0, l1), micro-batches of mb images */
-    const float *images;                   /* the step's global batch */
+    const float *images; /* the step's batch (this replica's share); without a flush two, the
+                            step of slot m's micro-batch in the half m / micro */
     const uint8_t *labels;
+    size_t share;        /* images of a step's batch per replica */
     const float **in_of; /* the input gvqPipe gave forward(m), valid until backward(m) */
     float *acc;          /* gradients summed over the micro-batches (nparams) */
     double loss;
     long correct;
     /* the update (GPipe: once a step; PipeDream: after every micro-batch's backward) */
     const unsigned char *owned; /* the parameters this stage updates */
+    size_t (*ranges)[2];        /* ... as ranges [from, to) of net->params */
+    int nranges;
     float *velocity;
     double lr; /* this step's */
     float mu, wd;
@@ -102,8 +106,9 @@ typedef struct {
  * the replicas first), acc cleared. */
 static gvqResult_t stage_apply(stage_t *s) {
     net_t *net = s->net;
-    for (size_t j = 0; j < net->nparams; j++) /* where the training layer reads them */
-        if (s->owned[j]) net->grads[j] = s->acc[j];
+    for (int r = 0; r < s->nranges; r++) /* where the training layer reads them */
+        memcpy(net->grads + s->ranges[r][0], s->acc + s->ranges[r][0],
+               sizeof(float) * (s->ranges[r][1] - s->ranges[r][0]));
     if (s->replicas > 1) {
         gvqResult_t gr = agg_ready_all_wait(s->agg);
         if (gr != gvqSuccess) {
@@ -112,13 +117,13 @@ static gvqResult_t stage_apply(stage_t *s) {
             return gr;
         }
     }
-    for (size_t j = 0; j < net->nparams; j++) {
-        if (!s->owned[j]) continue;
-        s->velocity[j] = s->mu * s->velocity[j] + net->grads[j] + s->wd * net->params[j];
-        net->params[j] -=
-            (float)(net->lr_scale != NULL ? s->lr * net->lr_scale[j] : s->lr) * s->velocity[j];
-        s->acc[j] = 0;
-    }
+    for (int r = 0; r < s->nranges; r++)
+        for (size_t j = s->ranges[r][0]; j < s->ranges[r][1]; j++) {
+            s->velocity[j] = s->mu * s->velocity[j] + net->grads[j] + s->wd * net->params[j];
+            net->params[j] -=
+                (float)(net->lr_scale != NULL ? s->lr * net->lr_scale[j] : s->lr) * s->velocity[j];
+            s->acc[j] = 0;
+        }
     return gvqSuccess;
 }
 
@@ -128,10 +133,16 @@ static gvqResult_t stage_update(void *user, int m) {
     return stage_apply(user);
 }
 
+/* Slot m's first image (or label) in the step buffers: half m / micro (a pipeline without a
+ * flush), micro-batch m mod micro of it. */
+static size_t slot_first(const stage_t *s, int m) {
+    return (size_t)(m / s->micro) * s->share + (size_t)(m % s->micro) * (size_t)s->mb;
+}
+
 /* Micro-batch m's input to the stage: its images on stage 0, else what forward(m) was given. */
 static const float *stage_input(const stage_t *s, int m) {
     if (s->l0 > 0) return s->in_of[m];
-    return s->images + (size_t)m * (size_t)s->mb * layer_in_size(&s->net->layers[0]);
+    return s->images + slot_first(s, m) * layer_in_size(&s->net->layers[0]);
 }
 
 static const float *run_layers(stage_t *s, int m) {
@@ -159,8 +170,8 @@ static gvqResult_t stage_backward(void *user, int m, const float *dout, float *d
     const float *dnext = dout;
     if (dout == NULL) { /* the last stage: the loss, as a mean over the global batch */
         long correct = 0;
-        s->loss += softmax_xent(x, s->labels + (size_t)m * (size_t)s->mb, s->mb, net->classes,
-                                net->probs, net->dlogits, &correct) /
+        s->loss += softmax_xent(x, s->labels + slot_first(s, m), s->mb, net->classes, net->probs,
+                                net->dlogits, &correct) /
                    s->micro;
         s->correct += correct;
         for (size_t j = 0; j < (size_t)s->mb * (size_t)net->classes; j++)
@@ -172,8 +183,9 @@ static gvqResult_t stage_backward(void *user, int m, const float *dout, float *d
         layer_backward(l, i > s->l0 ? net->layers[i - 1].out : stage_input(s, m), dnext, s->mb);
         dnext = l->dout;
     }
-    for (size_t j = 0; j < net->nparams; j++)
-        s->acc[j] += net->grads[j];
+    for (int r = 0; r < s->nranges; r++)
+        for (size_t j = s->ranges[r][0]; j < s->ranges[r][1]; j++)
+            s->acc[j] += net->grads[j];
     if (din != NULL)
         memcpy(din, net->layers[s->l0].dout,
                sizeof(float) * (size_t)s->mb * layer_in_size(&net->layers[s->l0]));
@@ -303,8 +315,14 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     int *perm = malloc(sizeof(int) * (size_t)train.n), *idx = malloc(sizeof(int) * held);
     float *velocity = calloc(net.nparams, sizeof(float)), *acc = calloc(net.nparams, sizeof(float));
     unsigned char *owned = calloc(net.nparams, 1);
-    const float **in_of = calloc((size_t)M, sizeof *in_of);
-    if (!images || !labels || !perm || !idx || !velocity || !acc || !owned || !in_of) {
+    const float **in_of = calloc(2 * (size_t)M, sizeof *in_of);
+    const size_t share = (size_t)(batch / R); /* a step's images on this replica */
+    float *step_images = malloc(sizeof(float) * 2 * share * img); /* two steps: --no-flush */
+    uint8_t *step_labels = malloc(2 * share);
+    size_t(*ranges)[2] = calloc(4 * (size_t)net.nlayers + 1, sizeof *ranges);
+    int nranges = 0;
+    if (!images || !labels || !perm || !idx || !velocity || !acc || !owned || !in_of ||
+        !step_images || !step_labels || !ranges) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", wrank);
         MPI_Abort(comm, 1);
     }
@@ -312,8 +330,12 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         float *ptr[4];
         size_t len[4];
         int n = layer_ranges(&net.layers[i], ptr, len);
-        for (int r = 0; r < n; r++)
+        for (int r = 0; r < n; r++) {
             memset(owned + (ptr[r] - net.params), 1, len[r]);
+            ranges[nranges][0] = (size_t)(ptr[r] - net.params);
+            ranges[nranges][1] = ranges[nranges][0] + len[r];
+            nranges++;
+        }
     }
     stage_t st;
     memset(&st, 0, sizeof st);
@@ -324,8 +346,11 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     st.nstages = S;
     st.micro = M;
     st.mb = mb;
-    st.images = images;
-    st.labels = labels;
+    st.images = step_images;
+    st.labels = step_labels;
+    st.share = share;
+    st.ranges = ranges;
+    st.nranges = nranges;
     st.in_of = in_of;
     st.acc = acc;
     st.owned = owned;
@@ -359,6 +384,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     pc.weightCounts = wlen;
     pc.update = stage_update;
     pc.gradients = gptr;
+    pc.flush = !o->pipe_no_flush;
     pc.inCount = rank == 0 ? 0 : (size_t)mb * layer_in_size(&net.layers[st.l0]);
     pc.outCount = rank == S - 1 ? 0 : (size_t)mb * layer_out_size(&net.layers[st.l1 - 1]);
     gvqComm_t gstage = NULL;
@@ -366,6 +392,14 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     memset(&agg, 0, sizeof agg);
     st.agg = &agg;
     gvqResult_t gr = gvqCommInitMPI(&gcomm, pcomm, NULL);
+    MPI_Comm xmpi[2] = {MPI_COMM_NULL, MPI_COMM_NULL}; /* --overlap-transfers */
+    gvqComm_t xcomm[2] = {NULL, NULL};
+    for (int i = 0; o->pipe_overlap && i < 2 && gr == gvqSuccess; i++) {
+        MPI_Comm_dup(pcomm, &xmpi[i]);
+        gr = gvqCommInitMPI(&xcomm[i], xmpi[i], NULL);
+    }
+    pc.forwardComm = xcomm[0];
+    pc.backwardComm = xcomm[1];
     if (gr == gvqSuccess && R > 1) gr = gvqCommInitMPI(&gstage, scomm, NULL);
     if (gr == gvqSuccess && R > 1 &&
         agg_setup_layers(&agg, o, &net, gstage, st.l0, st.l1, &gr) != 0) {
@@ -380,10 +414,11 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     }
     if (wrank == 0 && !o->quiet) {
         fprintf(out,
-                "# gvq-train: %d replica%s of a pipeline of %d stages (%s), global batch "
+                "# gvq-train: %d replica%s of a pipeline of %d stages (%s%s%s), global batch "
                 "%d, %d micro-batches of %d per replica, %ld steps, lr %g%s momentum %g seed "
                 "%llu\n",
-                R, R > 1 ? "s" : "", S, sched, batch, M, mb, iters, o->lr,
+                R, R > 1 ? "s" : "", S, sched, o->pipe_no_flush ? ", no flush" : "",
+                o->pipe_overlap ? ", overlapped transfers" : "", batch, M, mb, iters, o->lr,
                 o->cosine ? " (cosine decay)" : "", o->momentum, o->seed);
         fprintf(out, "# stages:");
         for (int k = 0; k < S; k++)
@@ -398,14 +433,25 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     double train_s = 0, win_start = now_s(), win_loss = 0, test_acc = -1;
     long win_correct = 0, win_steps = 0, pos = train.n, step;
     int epoch = 0;
+    /* the step's batch in half h of the step buffers (h = step mod 2 without a flush, whose
+     * step also runs the next one's first forwards: its batch is loaded a step ahead) */
+    int epoch_of[2] = {0, 0}, loaded = -1;
+    const int nflush = o->pipe_no_flush;
     for (step = 0; step < iters; step++) {
-        if (pos + batch > train.n) {
-            train_shuffle(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
-            epoch++;
-            pos = 0;
+        for (long want = nflush && step + 1 < iters ? step + 1 : step; loaded < want;) {
+            if (pos + batch > train.n) {
+                train_shuffle(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
+                epoch++;
+                pos = 0;
+            }
+            loaded++;
+            int h = nflush ? loaded % 2 : 0;
+            mnist_batch(&train, perm + pos + (long)replica * (batch / R), batch / R,
+                        step_images + (size_t)h * share * img, step_labels + (size_t)h * share);
+            epoch_of[h] = epoch;
+            pos += batch;
         }
-        mnist_batch(&train, perm + pos + (long)replica * (batch / R), batch / R, images, labels);
-        pos += batch;
+        const int ep = epoch_of[nflush ? step % 2 : 0]; /* this step's epoch */
         st.loss = 0;
         st.correct = 0;
         st.lr = o->cosine ? o->lr * 0.5 *
@@ -415,7 +461,8 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
          * gradients, this SGD's velocity the undamped one (v' = mu v' + g), so a step moves the
          * weights lr v' = lr / (1 - mu) v: the rate the prediction needs */
         gr = gvqPipeSetLearningRate(pipe, (float)(st.lr / (st.mu < 1 ? 1.0 - st.mu : 1.0)));
-        if (gr == gvqSuccess) gr = gvqPipeStep(pipe); /* all but GPipe update inside it */
+        /* all but GPipe update inside it; without a flush the last step drains the pipeline */
+        if (gr == gvqSuccess) gr = step + 1 == iters ? gvqPipeStepFlush(pipe) : gvqPipeStep(pipe);
         if (gr == gvqSuccess && o->pipe_schedule == 0) gr = stage_apply(&st);
         if (gr != gvqSuccess) {
             fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", wrank, gvqGetErrorString(gr));
@@ -443,11 +490,11 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             if (evaluated) snprintf(accs, sizeof accs, "%5.2f%%", test_acc);
             if (!o->quiet && replica == 0)
                 fprintf(out,
-                        "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s\n",
-                        epoch, step + 1, loss, tacc, accs, ips);
+                        "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s\n", ep,
+                        step + 1, loss, tacc, accs, ips);
             fflush(out);
             if (csv != NULL) {
-                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,0,0,1,%s\n", step + 1, epoch, train_s,
+                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,0,0,1,%s\n", step + 1, ep, train_s,
                         loss, tacc, evaluated ? test_acc : -1.0, ips, sched);
                 fflush(csv);
             }
@@ -465,6 +512,14 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             break;
         }
         win_start = now_s();
+    }
+    if (nflush && step < iters) { /* stopped early: the next step's forwards are under way */
+        gr = gvqPipeStepFlush(pipe);
+        if (gr != gvqSuccess) {
+            fprintf(stderr, "gvq-train: rank %d: gvqPipeStepFlush: %s\n", wrank,
+                    gvqGetErrorString(gr));
+            MPI_Abort(comm, 1);
+        }
     }
     int differ = R > 1 && !replicas_agree(net.params, owned, net.nparams, scomm), anydiff = 0;
     MPI_Allreduce(&differ, &anydiff, 1, MPI_INT, MPI_MAX, comm);
@@ -486,11 +541,15 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     gvqPipeDestroy(pipe);
     if (R > 1) agg_free(&agg);
     gvqCommDestroy(gcomm);
+    for (int i = 0; i < 2; i++) {
+        if (xcomm[i] != NULL) gvqCommDestroy(xcomm[i]);
+        if (xmpi[i] != MPI_COMM_NULL) MPI_Comm_free(&xmpi[i]);
+    }
     if (gstage != NULL) gvqCommDestroy(gstage);
     MPI_Comm_free(&pcomm);
     MPI_Comm_free(&scomm);
     free(images), free(labels), free(perm), free(idx), free(velocity), free(acc), free(owned);
-    free(in_of);
+    free(in_of), free(step_images), free(step_labels), free(ranges);
     net_free(&net);
     mnist_free(&train);
     mnist_free(&test);

@@ -72,6 +72,8 @@ typedef struct {
     int micro_batches;    /* micro-batches per step of the pipeline (0: 4) */
     int pipe_schedule;    /* gvqPipeSchedule_t: 0 gpipe, 1 pipedream, 2 dualpipe, 3 spectrain */
     int predict_distance; /* gvqPipePredictDistance_t */
+    int pipe_no_flush;    /* the pipeline runs on across steps (gvqPipeConfig_t.flush 0) */
+    int pipe_overlap;     /* transfers on two more communicators' streams */
     int integer_bits;     /* integer-summed wire, 0, 8 or 16 (TRAIN_UNSET: the library's) */
     double ef_bound;      /* error-feedback residual clip (< 0: the library's) */
     /* what the user sees */

@@ -45,4 +45,20 @@ for sched in pipedream spectrain; do # they train, and 2 x 2 replicas stay ident
     [ $np = 2 ] || echo "$out" | grep -q "identical across its replicas: yes" || { echo "FAIL: $sched 2 x 2: replicas differ"; exit 1; }
   done
 done
-echo "PASS: 2 and 3 stages reproduce 1 stage; 2 x 2 replicas agree; pipedream and spectrain train; bad stage counts refused"
+# overlapped transfers move the same data: every printed digit as the blocking run's; so does
+# the pipeline without a flush (dualpipe, 3 stages); and it trains
+ref=$(run 3 --stages 3 --schedule dualpipe --no-flush | digits)
+got=$(run 3 --stages 3 --schedule dualpipe --no-flush --overlap-transfers | digits)
+[ "$got" = "$ref" ] || { printf 'FAIL: overlapped transfers printed\n%s\nblocking ones\n%s\n' "$got" "$ref"; exit 1; }
+first=$(echo "$ref" | head -1 | awk '{print $6}') last=$(echo "$ref" | tail -1 | awk '{print $6}')
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || { echo "FAIL: dualpipe without a flush: loss $first -> $last"; exit 1; }
+got=$(run 3 --stages 3 --overlap-transfers | digits)
+ref=$(run 3 --stages 3 | digits)
+[ "$got" = "$ref" ] || { echo "FAIL: gpipe with overlapped transfers differs"; exit 1; }
+# the mlp (wide fc layers) cut into 4 stages prints 1 stage's digits
+mlp() { "$mpiexec" -n "$1" --oversubscribe "$train" --model mlp --hidden 64 --depth 3 --micro-batches 4 \
+        --batch 64 --iters 20 --train-subset 1280 --test-subset 200 --print-every 10 --eval-every 20 --stages "$1"; }
+[ "$(mlp 4 | digits)" = "$(mlp 1 | digits)" ] || { echo "FAIL: the mlp on 4 stages differs from 1 stage"; exit 1; }
+if out=$(run 2 --stages 2 --no-flush 2>&1); then echo "FAIL: gpipe --no-flush was accepted"; exit 1; fi
+echo "$out" | grep -q 'gpipe flushes every step' || { echo "FAIL: no reason for refusing gpipe --no-flush: $out"; exit 1; }
+echo "PASS: 2 and 3 stages reproduce 1 stage; 2 x 2 replicas agree; pipedream and spectrain train; overlapped transfers change no digit; dualpipe without a flush trains; the mlp on 4 stages reproduces 1 stage; bad stage counts and gpipe --no-flush refused"
