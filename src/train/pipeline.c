@@ -62,6 +62,8 @@ struct gvqPipe {
     float **wptr;
     size_t *wlen, wtotal;
     int nversions;
+    long long *version_at;  /* PipeDream: the update count when version slot v was taken */
+    int predicted;          /* SpecTrain: a prediction is in the ranges, the weights in current */
     float *stash, *current; /* nversions x wtotal, wtotal */
     gvqResult_t (*update)(void *user, int micro);
     /* gvqPipeSpectrain: the gradient ranges, the smoothed gradient v, gamma and lr */
@@ -226,7 +228,7 @@ static void pipe_free(gvqPipe_t p) {
         if (p->ev[i] != NULL) gvqEventDestroy(p->ev[i]);
     free(p->ev), free(p->tasks);
     free(p->in), free(p->out), free(p->din), free(p->dout);
-    free(p->wptr), free(p->wlen), free(p->stash), free(p->current);
+    free(p->wptr), free(p->wlen), free(p->stash), free(p->current), free(p->version_at);
     free(p->gptr), free(p->v);
     for (int i = 0; p->recs != NULL && i < p->nrecs; i++)
         free(p->recs[i].stale);
@@ -292,7 +294,8 @@ static gvqResult_t alloc_versions(gvqPipe_t p, const gvqPipeConfig_t *c) {
     size_t versions = p->schedule == gvqPipePipedream ? (size_t)p->nversions : 0;
     p->stash = malloc(sizeof(float) * (p->wtotal * versions + 1));
     p->current = malloc(sizeof(float) * (p->wtotal + 1));
-    if (p->stash == NULL || p->current == NULL) {
+    p->version_at = calloc((size_t)p->nversions, sizeof *p->version_at);
+    if (p->stash == NULL || p->current == NULL || p->version_at == NULL) {
         GVQ_WARN("gvqPipeCreate: cannot allocate %d weight versions of %zu floats", p->nversions,
                  p->wtotal);
         return gvqSystemError;
@@ -584,13 +587,31 @@ static float *version_of(gvqPipe_t p, long long g) {
 }
 
 /* SpecTrain: the current weights aside, then W - s lr v in their place. */
+static void unpredict(gvqPipe_t p);
+
+/* One pass: the weights aside (unless a prediction is already in place: then current holds
+ * them) and W - s lr v in the ranges; s = 0 leaves (or puts back) the weights themselves. */
 static void predict(gvqPipe_t p, int s) {
-    copy_weights(p, p->current, 0);
+    if (s == 0) {
+        unpredict(p);
+        return;
+    }
     size_t at = 0;
     float f = (float)s * p->lr;
-    for (int r = 0; r < p->nw; r++)
-        for (size_t i = 0; i < p->wlen[r]; i++, at++)
-            p->wptr[r][i] = p->current[at] - f * p->v[at];
+    for (int r = 0; r < p->nw; r++) {
+        float *w = p->wptr[r];
+        if (!p->predicted) memcpy(p->current + at, w, sizeof(float) * p->wlen[r]);
+        for (size_t i = 0; i < p->wlen[r]; i++)
+            w[i] = p->current[at + i] - f * p->v[at + i];
+        at += p->wlen[r];
+    }
+    p->predicted = 1;
+}
+
+/* The weights back in place of a prediction. */
+static void unpredict(gvqPipe_t p) {
+    if (p->predicted) copy_weights(p, p->current, 1);
+    p->predicted = 0;
 }
 
 /* SpecTrain: v <- gamma v + (1 - gamma) g, g what the backward left in the gradient ranges. */
@@ -656,26 +677,40 @@ static int distance(const gvqPipe_t p, long long g, int fwd) {
     return fwd ? (int)(since < w ? since : w) : 0;
 }
 
+/* The weights in place before any prediction, in p->current (the RMSE's stale weights). */
+static void keep_current(gvqPipe_t p) {
+    if (!p->predicted) copy_weights(p, p->current, 0);
+}
+
+/* A SpecTrain prediction stays in place from a forward to the next task (a backward's own, or
+ * the next forward's, replaces it in one pass); the weights come back before every update. */
 static gvqResult_t pd_forward(gvqPipe_t p, long long g) {
-    if (p->schedule == gvqPipePipedream) copy_weights(p, version_of(p, g), 0);
+    int v = (int)(g % p->nversions);
+    if (p->schedule == gvqPipePipedream) { /* this version, and when it was taken */
+        copy_weights(p, version_of(p, g), 0);
+        p->version_at[v] = p->updates;
+    }
     if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, g, 1));
-    if (p->schedule == gvqPipeDualpipe && p->recs != NULL) copy_weights(p, p->current, 0);
-    if (p->recs != NULL) record_task(p, distance(p, g, 1));
+    if (p->recs != NULL && distance(p, g, 1) > 0)
+        keep_current(p), record_task(p, distance(p, g, 1));
     gvqResult_t res = p->forward(p->user, slot_of(p, g), in_of(p, g), out_of(p, g));
-    if (p->schedule == gvqPipeSpectrain) copy_weights(p, p->current, 1);
+    if (res != gvqSuccess) unpredict(p);
     return res;
 }
 
 static gvqResult_t pd_backward(gvqPipe_t p, long long g) {
-    if (p->schedule == gvqPipePipedream) { /* the current weights aside, g's version in */
-        copy_weights(p, p->current, 0);
+    int v = (int)(g % p->nversions), swapped = 0;
+    if (p->schedule == gvqPipePipedream && p->version_at[v] != p->updates) {
+        copy_weights(p, p->current, 0); /* the current weights aside, g's version in */
         copy_weights(p, version_of(p, g), 1);
+        swapped = 1;
     }
     if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, g, 0));
-    if (p->schedule == gvqPipeDualpipe && p->recs != NULL) copy_weights(p, p->current, 0);
-    if (p->recs != NULL) record_task(p, distance(p, g, 0));
+    if (p->recs != NULL && distance(p, g, 0) > 0)
+        keep_current(p), record_task(p, distance(p, g, 0));
     gvqResult_t res = p->backward(p->user, slot_of(p, g), dout_of(p, g), din_of(p, g));
-    if (p->schedule != gvqPipeDualpipe) copy_weights(p, p->current, 1);
+    if (swapped) copy_weights(p, p->current, 1);
+    unpredict(p);
     if (res != gvqSuccess) return res;
     if (p->schedule == gvqPipeSpectrain) smooth_gradient(p);
     return pd_update(p, slot_of(p, g));
