@@ -374,7 +374,9 @@ typedef struct {
     int flush;           /* 1: every step ends with its micro-batches' backwards done; 0: the
                             pipeline runs on across steps (above; not gvqPipeGpipe, and needs
                             microBatches >= S - 1) [1] */
-    gvqComm_t forwardComm, backwardComm; /* both or neither: overlapped transfers (above) */
+    gvqComm_t forwardComm, backwardComm; /* both or neither: overlapped transfers (above), the
+                                            same communicators in the same roles on every
+                                            stage */
 } gvqPipeConfig_t;
 
 #define GVQ_PIPE_CONFIG_INITIALIZER                                                             \
@@ -384,13 +386,13 @@ typedef struct {
             GVQ_CONFIG_UNDEF_INT, NULL, NULL                                                    \
     }
 
-/* A stage's work on micro-batch `micro` (0 .. M-1). forward: in (inCount floats; NULL on stage 0,
- * which reads its own data) -> out (outCount floats; NULL on the last stage, which computes its
- * loss); it keeps what its backward needs. backward: dout (the error at its output, outCount
- * floats; NULL on the last stage) -> din (the error at its input, inCount floats; NULL on stage
- * 0), accumulating the stage's weight gradients. in and out stay valid and unchanged until the
- * micro-batch's backward returns. A non-gvqSuccess return ends the step with that error on this
- * stage (its neighbours' transfers then fail by the communicator's timeout). */
+/* A stage's work on micro-batch `micro` (0 .. M-1; without a flush 0 .. 2M-1, above). forward: in
+ * (inCount floats; NULL on stage 0, which reads its own data) -> out (outCount floats; NULL on the
+ * last stage, which computes its loss); it keeps what its backward needs. backward: dout (the error
+ * at its output, outCount floats; NULL on the last stage) -> din (the error at its input, inCount
+ * floats; NULL on stage 0), accumulating the stage's weight gradients. in and out stay valid and
+ * unchanged until the micro-batch's backward returns. A non-gvqSuccess return ends the step with
+ * that error on this stage (its neighbours' transfers then fail by the communicator's timeout). */
 typedef gvqResult_t (*gvqPipeForwardFn_t)(void *user, int micro, const float *in, float *out);
 typedef gvqResult_t (*gvqPipeBackwardFn_t)(void *user, int micro, const float *dout, float *din);
 
@@ -411,7 +413,7 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
  * this stage's part is done: its weight gradients are complete. Errors: the callbacks', and
  * those of gvqSend/gvqRecv (gvqTimeout when a neighbour stopped); after a failed step the pipe
  * refuses later steps with gvqInvalidUsage (destroy it; gvqCommAbort releases neighbours still
- * waiting on it). */
+ * waiting on it: abort forwardComm and backwardComm as well with overlapped transfers). */
 GVQ_API gvqResult_t gvqPipeStep(gvqPipe_t pipe);
 
 /* gvqPipeStep, but the step starts no forward of the next one: with flush 0, the pipeline is
@@ -445,9 +447,10 @@ typedef struct {
 GVQ_API gvqResult_t gvqPipeGetStats(gvqPipe_t pipe, gvqPipeStats_t *stats);
 
 /* Frees the stage. Local. Forwards of a pipeline without a flush that still wait for their
- * backward are dropped; with overlapped transfers their transfers still pending end by the
- * communicators' timeout (make the last step gvqPipeStepFlush on every stage: then nothing is
- * pending). */
+ * backward are dropped; with overlapped transfers a receive still pending waits for its
+ * neighbour's last step, bounded by the communicators' timeout (make the last step
+ * gvqPipeStepFlush on every stage: then nothing is pending). Errors: gvqInvalidArgument, and a
+ * failed transfer of the last step that no step reported (with a WARN). */
 GVQ_API gvqResult_t gvqPipeDestroy(gvqPipe_t pipe);
 
 #ifdef __cplusplus

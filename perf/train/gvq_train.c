@@ -621,6 +621,11 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         fprintf(stderr, "gvq-train: --no-flush and --overlap-transfers apply to --stages\n");
         return -1;
     }
+    if (o->pipe_no_flush && (o->micro_batches > 0 ? o->micro_batches : 4) < o->stages - 1) {
+        fprintf(stderr, "gvq-train: --no-flush needs --micro-batches >= --stages - 1 (the next "
+                        "step's first forwards fit in its micro-batches)\n");
+        return -1;
+    }
     if (o->pipe_no_flush && o->pipe_schedule == 0) {
         fprintf(stderr, "gvq-train: --no-flush needs --schedule pipedream, dualpipe or spectrain "
                         "(gpipe flushes every step)\n");

@@ -513,13 +513,17 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         }
         win_start = now_s();
     }
-    if (nflush && step < iters) { /* stopped early: the next step's forwards are under way */
-        gr = gvqPipeStepFlush(pipe);
+    if (nflush && step < iters) {    /* stopped early: the next step's forwards are under way */
+        gr = gvqPipeStepFlush(pipe); /* one more step, its batch loaded: counted, not timed */
         if (gr != gvqSuccess) {
             fprintf(stderr, "gvq-train: rank %d: gvqPipeStepFlush: %s\n", wrank,
                     gvqGetErrorString(gr));
             MPI_Abort(comm, 1);
         }
+        step++;
+        if (wrank == S - 1 && !o->quiet)
+            fprintf(out, "# the target was reached: one more step drained the pipeline (its "
+                         "forwards had begun; not timed, not evaluated)\n");
     }
     int differ = R > 1 && !replicas_agree(net.params, owned, net.nparams, scomm), anydiff = 0;
     MPI_Allreduce(&differ, &anydiff, 1, MPI_INT, MPI_MAX, comm);

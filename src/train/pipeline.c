@@ -219,11 +219,12 @@ static gvqResult_t agree_stages(const int64_t *rows, int S, int me) {
     return gvqSuccess;
 }
 
-static void pipe_free(gvqPipe_t p) {
-    if (p == NULL) return;
+/* Returns the first unreported error of the streams' transfers. */
+static gvqResult_t pipe_free(gvqPipe_t p) {
+    if (p == NULL) return gvqSuccess;
     p->magic = 0;
-    if (p->fstream != NULL) gvqStreamDestroy(p->fstream);
-    if (p->bstream != NULL) gvqStreamDestroy(p->bstream);
+    gvqResult_t a = p->fstream != NULL ? gvqStreamDestroy(p->fstream) : gvqSuccess;
+    gvqResult_t b = p->bstream != NULL ? gvqStreamDestroy(p->bstream) : gvqSuccess;
     for (int i = 0; p->ev != NULL && i < 4 * p->nslots; i++)
         if (p->ev[i] != NULL) gvqEventDestroy(p->ev[i]);
     free(p->ev), free(p->tasks);
@@ -234,6 +235,7 @@ static void pipe_free(gvqPipe_t p) {
         free(p->recs[i].stale);
     free(p->recs), free(p->prev);
     free(p);
+    return a != gvqSuccess ? a : b;
 }
 
 /* GVQ_PIPE_RMSE=1 with DualPipe or SpecTrain: room for the tasks in flight between a version and
@@ -557,15 +559,17 @@ static gvqResult_t move_overlapped(gvqPipe_t p, int fwd, const struct pipe_task 
     return gvqSuccess;
 }
 
-/* The next task of direction fwd after index i of the list (n tasks), or the next step's first
- * (without a flush: F(base+M+w), B(base+M)) in *spare; NULL when none. */
+/* The next task of direction fwd (-1: either) after index i of the list (n tasks), or the next
+ * step's first forward (without a flush: F(base+M+w)) in *spare; NULL when none. The next
+ * step's first backward's input is not received ahead: its sender makes it only in the next
+ * step, and an overlapped receive waiting across the gap between steps would count towards the
+ * communicator's timeout (an evaluation or a checkpoint in between); first_inputs posts it. */
 static const struct pipe_task *next_of(gvqPipe_t p, int i, int n, int fwd, int flushed,
                                        struct pipe_task *spare) {
     for (int j = i + 1; j < n; j++)
         if (p->tasks[j].fwd == fwd || fwd < 0) return &p->tasks[j];
-    if (flushed) return NULL;
-    long long b = p->base + p->micro;
-    *spare = (struct pipe_task){fwd < 0 ? 1 : fwd, fwd == 0 ? b : b + warm_of(p)};
+    if (flushed || fwd == 0) return NULL;
+    *spare = (struct pipe_task){1, p->base + p->micro + warm_of(p)};
     return spare;
 }
 
@@ -827,6 +831,9 @@ GVQ_API gvqResult_t gvqPipeDestroy(gvqPipe_t p) {
                  p == NULL ? "NULL" : "not a live pipeline stage (destroyed?)");
         return gvqInvalidArgument;
     }
-    pipe_free(p);
-    return gvqSuccess;
+    gvqResult_t failed = p->failed, res = pipe_free(p);
+    if (res == gvqSuccess || failed != gvqSuccess) return gvqSuccess; /* reported by its step */
+    GVQ_WARN("gvqPipeDestroy: a transfer of the pipe's last step failed: %s",
+             gvqGetErrorString(res));
+    return res;
 }

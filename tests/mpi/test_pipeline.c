@@ -28,7 +28,7 @@
 #define NL 4    /* layers */
 #define MB 4    /* micro-batches */
 #define ROWS 5  /* rows per micro-batch */
-#define STEPS 3 /* mini-batches */
+#define STEPS 4 /* mini-batches */
 #define LR 0.05f
 
 static const int width[NL + 1] = {6, 8, 8, 8, 3};
@@ -161,6 +161,8 @@ typedef struct {
     int track;  /* part 3: record the tasks' weights (rt) */
     int nflush; /* a pipeline without a flush: slot m is micro-batch m mod MB of the step of
                    parity m / MB, this one or the next (gvq_train.h) */
+    int wbase;  /* ... the first micro-batch since the last flush (SpecTrain's distances) */
+    const float *in_at[2 * MB]; /* the input gvqPipe gave forward(m), checked at backward(m) */
 } stage_t;
 
 /* Slot m's micro-batch: its step and index; *since: the updates' count SpecTrain's schedule
@@ -169,7 +171,7 @@ static int micro_of(const stage_t *s, int m, int *index, int *since) {
     int step = s->step;
     if (s->nflush && (step & 1) != m / MB) step++;
     *index = m % MB;
-    *since = s->nflush ? step * MB + *index : *index;
+    *since = s->nflush ? step * MB + *index - s->wbase : *index;
     return step;
 }
 
@@ -222,6 +224,7 @@ static gvqResult_t stage_forward(void *user, int m, const float *in, float *out)
         input_of(step, index, s->net.act[m][0]);
     else
         memcpy(s->net.act[m][s->l0], in, sizeof(float) * ROWS * (size_t)width[s->l0]);
+    s->in_at[m] = in;
     for (int l = s->l0; l < s->l1; l++)
         layer_forward(&s->net, l, m);
     if (out != NULL) memcpy(out, s->net.act[m][s->l1], sizeof(float) * ROWS * (size_t)width[s->l1]);
@@ -233,6 +236,12 @@ static gvqResult_t stage_backward(void *user, int m, const float *dout, float *d
     int index = 0, since = 0, step = micro_of(s, m, &index, &since);
     rt_task(s, ref_distance(rt.mode, rt.k, rt.S, since, 0));
     float dy[ROWS * 8], dx[ROWS * 8];
+    /* the contract: forward's input stays valid and unchanged until this backward returns */
+    if (s->in_at[m] != NULL)
+        MT_CHECK(memcmp(s->in_at[m], s->net.act[m][s->l0],
+                        sizeof(float) * ROWS * (size_t)width[s->l0]) == 0,
+                 "stage %d: the input of micro-batch slot %d changed before its backward", s->l0,
+                 m);
     if (dout == NULL)
         loss_grad(step, index, s->net.act[m][NL], dy);
     else
@@ -526,8 +535,10 @@ static void reference_pipedream(stage_t *st, int S, int step, int nsteps, int sc
     const int nmb = nsteps * MB;
     int ops[NL][2 * N], pos[NL] = {0}, fdone[NL][N] = {{0}}, bdone[NL][N] = {{0}},
                         left = 2 * nmb * S;
-    for (int k = 0; k < S; k++)
+    for (int k = 0; k < S; k++) {
         pipedream_order(k, S, nmb, ops[k]);
+        st[k].wbase = step * MB;
+    }
     while (left > 0) {
         int moved = 0;
         for (int k = 0; k < S; k++)
@@ -625,12 +636,15 @@ static void part_pipedream(int schedule, int mode, int flush, int overlap) {
         ref[j].nflush = !flush;
     }
     for (int step = 0; step < STEPS; step++) {
+        /* without a flush: steps 0-1 in a row, the second flushed, then 2-3 (a refill) */
+        int last_of_row = flush || step % 2 == 1;
         st.step = step;
-        MT_OK(step + 1 == STEPS && !flush ? gvqPipeStepFlush(p) : gvqPipeStep(p));
+        if (!flush && step % 2 == 0) st.wbase = step * MB;
+        MT_OK(!flush && last_of_row ? gvqPipeStepFlush(p) : gvqPipeStep(p));
         if (flush)
             reference_pipedream(ref, S, step, 1, schedule, mode);
-        else if (step + 1 == STEPS) /* in a row, then compared */
-            reference_pipedream(ref, S, 0, STEPS, schedule, mode);
+        else if (last_of_row) /* in a row, then compared */
+            reference_pipedream(ref, S, step - 1, 2, schedule, mode);
         else
             continue;
         for (int l = st.l0; l < st.l1; l++) {
