@@ -347,7 +347,9 @@ typedef enum {
                               forwards in flight), the backward runs on the current weights */
 } gvqPipePredictDistance_t;
 
-/* Versioned pipeline configuration of this rank's stage (GVQ_PIPE_CONFIG_INITIALIZER). */
+/* Versioned pipeline configuration of this rank's stage (GVQ_PIPE_CONFIG_INITIALIZER). A config
+ * of the layout before flush, forwardComm and backwardComm (its size ends after
+ * predictDistance) is still accepted, those at their defaults. */
 typedef struct {
     size_t size;
     unsigned int magic;

@@ -49,7 +49,7 @@ static void usage(FILE *f) {
         "                        resnet: the 3 stages' widths (default 16,32,64)\n"
         "  --kernel K            conv kernel size, odd (default 3)\n"
         "  --hidden H            cnn: a hidden fc layer of H units before the output (default\n"
-        "                        0: none)\n"
+        "                        0: none); mlp: the hidden layers' width (default 1024)\n"
         "training:\n"
         "  --batch B             global batch, a multiple of the ranks (default: cnn 64, resnet\n"
         "                        32 per rank)\n"

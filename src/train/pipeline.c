@@ -22,6 +22,7 @@
  * (the task lists of every schedule, and how transfers go between tasks: above plan_tasks)
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -369,10 +370,32 @@ static gvqPipe_t make_stage(gvqComm_t comm, const gvqPipeConfig_t *config, int m
     return NULL;
 }
 
+/* The caller's config in this library's layout: one of the layout before flush and the
+ * transfer communicators (stop 30's, without them) gets their defaults, never its padding. */
+static gvqResult_t resolve_config(const gvqPipeConfig_t *in, gvqPipeConfig_t *out) {
+    const char *fn = "gvqPipeCreate";
+    const size_t fields = offsetof(gvqPipeConfig_t, flush);
+    const size_t align = _Alignof(gvqPipeConfig_t);
+    const size_t old = (fields + align - 1) / align * align; /* its size, padding in */
+    GVQCHECK(gvq_config_header_check(fn, "config", in->size, in->magic, in->version,
+                                     GVQ_PIPE_CONFIG_MAGIC, old, sizeof *in,
+                                     "GVQ_PIPE_CONFIG_INITIALIZER"));
+    if (in->size != old && in->size != sizeof *in) {
+        GVQ_WARN("%s: config->size %zu is neither this library's (%zu) nor the older layout's "
+                 "(%zu); initialize it with GVQ_PIPE_CONFIG_INITIALIZER",
+                 fn, in->size, sizeof *in, old);
+        return gvqInvalidArgument;
+    }
+    memcpy(out, in, in->size == old ? fields : sizeof *out);
+    out->size = sizeof *out;
+    return gvqSuccess;
+}
+
 GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
                                   gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
                                   void *user, gvqPipe_t *pipe) {
     const char *fn = "gvqPipeCreate";
+    gvqPipeConfig_t full = GVQ_PIPE_CONFIG_INITIALIZER;
     GVQCHECK(gvq_comm_check(comm, fn, 1)); /* without a communicator nobody can be told */
     int micro = 0, schedule = 0, S = 0, me = 0;
     GVQCHECK(gvqCommCount(comm, &S));
@@ -384,9 +407,8 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
         own = gvqInvalidArgument;
     } else {
         *pipe = NULL;
-        own = gvq_config_header_check(fn, "config", config->size, config->magic, config->version,
-                                      GVQ_PIPE_CONFIG_MAGIC, sizeof *config, sizeof *config,
-                                      "GVQ_PIPE_CONFIG_INITIALIZER");
+        own = resolve_config(config, &full);
+        if (own == gvqSuccess) config = &full;
     }
     if (own == gvqSuccess)
         own = check_own(config, comm, S, me, forward, backward, &micro, &schedule);

@@ -21,6 +21,7 @@
  *                 failing callback fails its step and the pipe refuses the next
  */
 #include <math.h>
+#include <stddef.h>
 
 #include "gvq_train.h"
 #include "mpitest.h"
@@ -406,6 +407,20 @@ static void part_refusals(void) {
         MT_EXPECT_RES(gvqPipeStep(q), gvqInternalError);
         MT_EXPECT_RES(gvqPipeStep(q), gvqInvalidUsage);
         MT_OK(gvqPipeDestroy(q));
+    }
+    { /* a config of the older layout (before flush and the transfer communicators) is taken at
+       * its size, its tail padding never read: 0x07 there would ask for no flush otherwise */
+        const size_t fields = offsetof(gvqPipeConfig_t, flush), al = _Alignof(gvqPipeConfig_t);
+        gvqPipeConfig_t old;
+        memset(&old, 0x07, sizeof old);
+        memcpy(&old, &c, fields);
+        old.size = (fields + al - 1) / al * al;
+        gvqPipe_t q = NULL;
+        MT_OK(gvqPipeCreate(comm, &old, no_forward, no_backward, NULL, &q));
+        MT_OK(gvqPipeStep(q));
+        MT_OK(gvqPipeDestroy(q));
+        old.size = fields + 1; /* neither layout */
+        expect_refused(comm, &old, "a config size of neither layout");
     }
     gvqPipe_t p = NULL; /* and the right configs still work on the same communicator */
     MT_OK(gvqPipeCreate(comm, &c, no_forward, no_backward, NULL, &p));
