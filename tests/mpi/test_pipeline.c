@@ -24,6 +24,7 @@
 #include <stddef.h>
 
 #include "gvq_train.h"
+#include "../test_hash.h"
 #include "mpitest.h"
 
 #define NL 4    /* layers */
@@ -40,14 +41,6 @@ typedef struct {
                                    MB .. 2MB-1: a pipeline without a flush */
 } mlp_t;
 
-static float value(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t h = a * 2654435761u ^ (b + 0x9e3779b9u) * 40503u ^ (c + 7u) * 2246822519u;
-    h ^= h >> 15;
-    h *= 0x2c1b3c6du;
-    h ^= h >> 12;
-    return (float)(h % 2001u) / 1000.0f - 1.0f;
-}
-
 static void mlp_init(mlp_t *n) {
     memset(n, 0, sizeof *n);
     for (int l = 0; l < NL; l++) {
@@ -57,7 +50,7 @@ static void mlp_init(mlp_t *n) {
         n->b[l] = calloc((size_t)width[l + 1], sizeof(float));
         n->gb[l] = calloc((size_t)width[l + 1], sizeof(float));
         for (size_t i = 0; i < nw; i++)
-            n->w[l][i] = 0.5f * value(1, (uint32_t)l, (uint32_t)i);
+            n->w[l][i] = 0.5f * test_hash_value(1, (uint32_t)l, (uint32_t)i);
         for (int m = 0; m < 2 * MB; m++)
             n->act[m][l + 1] = malloc(sizeof(float) * ROWS * (size_t)width[l + 1]);
     }
@@ -113,13 +106,14 @@ static void layer_backward(mlp_t *n, int l, int m, const float *dy, float *dx) {
 
 static void input_of(int step, int m, float *x) {
     for (int i = 0; i < ROWS * width[0]; i++)
-        x[i] = value(2, (uint32_t)(step * MB + m), (uint32_t)i);
+        x[i] = test_hash_value(2, (uint32_t)(step * MB + m), (uint32_t)i);
 }
 
 /* d(loss)/d(output) of the squared loss against the micro-batch's targets. */
 static void loss_grad(int step, int m, const float *y, float *dy) {
     for (int i = 0; i < ROWS * width[NL]; i++)
-        dy[i] = 2.0f * (y[i] - value(3, (uint32_t)(step * MB + m), (uint32_t)i)) / (ROWS * MB);
+        dy[i] = 2.0f * (y[i] - test_hash_value(3, (uint32_t)(step * MB + m), (uint32_t)i)) /
+                (ROWS * MB);
 }
 
 static void sgd(mlp_t *n, int l0, int l1) {

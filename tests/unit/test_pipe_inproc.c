@@ -16,20 +16,13 @@
 
 #include "gvq_test.h"
 #include "gvq_train.h"
+#include "test_hash.h"
 
 #define N 6      /* a layer's width */
 #define MB 4     /* micro-batches */
 #define ROWS 3   /* rows per micro-batch */
 #define STEPS 4  /* steps */
 #define LR 0.05f /* SGD rate */
-
-static float value(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t h = a * 2654435761u ^ (b + 0x9e3779b9u) * 40503u ^ (c + 7u) * 2246822519u;
-    h ^= h >> 15;
-    h *= 0x2c1b3c6du;
-    h ^= h >> 12;
-    return (float)(h % 2001u) / 1000.0f - 1.0f;
-}
 
 typedef struct {
     int k, S, flush, step, fail_at; /* fail_at: the step whose backward fails (-1: none) */
@@ -46,7 +39,8 @@ static int step_of(const stage_t *s, int m) {
 static gvqResult_t fwd(void *u, int m, const float *in, float *out) {
     stage_t *s = u;
     for (int i = 0; i < ROWS * N; i++)
-        s->x[m][i] = in != NULL ? in[i] : value(1, (uint32_t)(step_of(s, m) * MB + m % MB), i);
+        s->x[m][i] =
+            in != NULL ? in[i] : test_hash_value(1, (uint32_t)(step_of(s, m) * MB + m % MB), i);
     s->in_at[m] = in;
     for (int r = 0; r < ROWS; r++)
         for (int o = 0; o < N; o++) {
@@ -67,8 +61,10 @@ static gvqResult_t bwd(void *u, int m, const float *dout, float *din) {
                "stage %d: slot %d's input changed before its backward", s->k, m);
     float dz[ROWS * N];
     for (int i = 0; i < ROWS * N; i++) {
-        float dy = dout != NULL ? dout[i]
-                                : s->y[m][i] - value(2, (uint32_t)(step_of(s, m) * MB + m % MB), i);
+        float dy =
+            dout != NULL
+                ? dout[i]
+                : s->y[m][i] - test_hash_value(2, (uint32_t)(step_of(s, m) * MB + m % MB), i);
         dz[i] = dy * (1 - s->y[m][i] * s->y[m][i]);
     }
     for (int r = 0; r < ROWS; r++)
@@ -115,7 +111,7 @@ static void *stage_main(void *arg) {
     s->k = t->k, s->S = t->S, s->flush = a->flush, s->fail_at = a->fail ? 1 : -1;
     if (!a->fail || s->k != t->S - 1) s->fail_at = -1;
     for (int i = 0; i < N * N; i++)
-        s->w[i] = 0.5f * value(3, (uint32_t)s->k, (uint32_t)i);
+        s->w[i] = 0.5f * test_hash_value(3, (uint32_t)s->k, (uint32_t)i);
     float *wr[1] = {s->w}, *gr[1] = {s->g};
     size_t wc[1] = {N * N};
     gvqPipeConfig_t c = GVQ_PIPE_CONFIG_INITIALIZER;
@@ -185,7 +181,7 @@ static void same_bits(int S, int schedule, int predict, int flush) {
     float w0[N * N];
     for (int k = 0; k < S; k++) {
         for (int i = 0; i < N * N; i++)
-            w0[i] = 0.5f * value(3, (uint32_t)k, (uint32_t)i);
+            w0[i] = 0.5f * test_hash_value(3, (uint32_t)k, (uint32_t)i);
         EXPECT(memcmp(blocking.w[k], w0, sizeof w0) != 0, "%s: stage %d's weights did not move",
                name[schedule], k);
         EXPECT(memcmp(blocking.w[k], overlapped.w[k], sizeof w0) == 0,
