@@ -373,22 +373,9 @@ static gvqPipe_t make_stage(gvqComm_t comm, const gvqPipeConfig_t *config, int m
 /* The caller's config in this library's layout: one of the layout before flush and the
  * transfer communicators (stop 30's, without them) gets their defaults, never its padding. */
 static gvqResult_t resolve_config(const gvqPipeConfig_t *in, gvqPipeConfig_t *out) {
-    const char *fn = "gvqPipeCreate";
-    const size_t fields = offsetof(gvqPipeConfig_t, flush);
-    const size_t align = _Alignof(gvqPipeConfig_t);
-    const size_t old = (fields + align - 1) / align * align; /* its size, padding in */
-    GVQCHECK(gvq_config_header_check(fn, "config", in->size, in->magic, in->version,
-                                     GVQ_PIPE_CONFIG_MAGIC, old, sizeof *in,
-                                     "GVQ_PIPE_CONFIG_INITIALIZER"));
-    if (in->size != old && in->size != sizeof *in) {
-        GVQ_WARN("%s: config->size %zu is neither this library's (%zu) nor the older layout's "
-                 "(%zu); initialize it with GVQ_PIPE_CONFIG_INITIALIZER",
-                 fn, in->size, sizeof *in, old);
-        return gvqInvalidArgument;
-    }
-    memcpy(out, in, in->size == old ? fields : sizeof *out);
-    out->size = sizeof *out;
-    return gvqSuccess;
+    return gvq_config_layouts("gvqPipeCreate", "config", in, out, offsetof(gvqPipeConfig_t, flush),
+                              _Alignof(gvqPipeConfig_t), sizeof *out, GVQ_PIPE_CONFIG_MAGIC,
+                              "GVQ_PIPE_CONFIG_INITIALIZER");
 }
 
 GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,

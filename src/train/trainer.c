@@ -60,22 +60,10 @@ static gvqResult_t copy_compressor_cfg(const char *fn, const char *what,
 static gvqResult_t resolve_config(const gvqTrainConfig_t *in, gvqTrainer_t t) {
     const char *fn = "gvqTrainCreate";
     gvqTrainConfig_t def = GVQ_TRAIN_CONFIG_INITIALIZER;
-    if (in != NULL) { /* a config of the layout before schedule: those two at their defaults */
-        const size_t fields = offsetof(gvqTrainConfig_t, schedule);
-        const size_t align = _Alignof(gvqTrainConfig_t);
-        const size_t old = (fields + align - 1) / align * align; /* its size, padding in */
-        GVQCHECK(gvq_config_header_check(fn, "config", in->size, in->magic, in->version,
-                                         GVQ_TRAIN_CONFIG_MAGIC, old, sizeof *in,
-                                         "GVQ_TRAIN_CONFIG_INITIALIZER"));
-        if (in->size != old && in->size != sizeof *in) {
-            GVQ_WARN("%s: config->size %zu is neither this library's (%zu) nor the older layout's "
-                     "(%zu); initialize it with GVQ_TRAIN_CONFIG_INITIALIZER",
-                     fn, in->size, sizeof *in, old);
-            return gvqInvalidArgument;
-        }
-        memcpy(&def, in, in->size == old ? fields : sizeof def); /* never the old padding */
-        def.size = sizeof def;
-    }
+    if (in != NULL) /* a config of the layout before schedule: those two at their defaults */
+        GVQCHECK(gvq_config_layouts(fn, "config", in, &def, offsetof(gvqTrainConfig_t, schedule),
+                                    _Alignof(gvqTrainConfig_t), sizeof def, GVQ_TRAIN_CONFIG_MAGIC,
+                                    "GVQ_TRAIN_CONFIG_INITIALIZER"));
     in = &def;
     long bucket = (long)gvq_param(GVQ_PARAM_TRAIN_BUCKET_BYTES);
     if (in->bucketBytes != GVQ_CONFIG_UNDEF_INT) bucket = in->bucketBytes;

@@ -8,6 +8,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gvq_util.h"
 
@@ -25,6 +26,28 @@ gvqResult_t gvq_config_header_check(const char *fn, const char *what, size_t siz
                  fn, what, size, version, min_size, max_size, GVQ_VERSION, initializer);
         return gvqInvalidArgument;
     }
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_config_layouts(const char *fn, const char *what, const void *in, void *out,
+                               size_t fields, size_t align, size_t full, unsigned want_magic,
+                               const char *initializer) {
+    struct {
+        size_t size;
+        unsigned magic, version;
+    } head;
+    memcpy(&head, in, sizeof head);
+    const size_t old = (fields + align - 1) / align * align; /* its size, padding in */
+    GVQCHECK(gvq_config_header_check(fn, what, head.size, head.magic, head.version, want_magic, old,
+                                     full, initializer));
+    if (head.size != old && head.size != full) {
+        GVQ_WARN("%s: %s->size %zu is neither this library's (%zu) nor the older layout's (%zu); "
+                 "initialize it with %s",
+                 fn, what, head.size, full, old, initializer);
+        return gvqInvalidArgument;
+    }
+    memcpy(out, in, head.size == old ? fields : full);
+    memcpy(out, &full, sizeof full); /* the size field comes first */
     return gvqSuccess;
 }
 

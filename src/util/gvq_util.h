@@ -212,6 +212,15 @@ gvqResult_t gvq_config_header_check(const char *fn, const char *what, size_t siz
                                     unsigned version, unsigned want_magic, size_t min_size,
                                     size_t max_size, const char *initializer);
 
+/* A versioned config (every one starts with size_t size, unsigned magic, unsigned version) of
+ * this library's layout, `full` bytes, or of the older one whose fields end at `fields` (its size
+ * those rounded up to `align`): checked as above, other sizes refused with a WARN, then copied to
+ * *out, which holds the initializer's defaults: the whole struct, or the older one's fields only,
+ * never its tail padding. out's size becomes full. */
+gvqResult_t gvq_config_layouts(const char *fn, const char *what, const void *in, void *out,
+                               size_t fields, size_t align, size_t full, unsigned want_magic,
+                               const char *initializer);
+
 /* A handle's save call (buf NULL: *size = bytes needed) and load call, as the public
  * gvq*Save / gvq*Load take them. */
 typedef gvqResult_t (*gvq_save_fn_t)(void *obj, void *buf, size_t *size);
