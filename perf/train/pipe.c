@@ -1,8 +1,13 @@
 /*
- * pipe.c -- gvq-train --stages S [--schedule gpipe|pipedream]: pipeline model parallelism
- * through the training layer's gvqPipe (include/gvq_train.h; GPipe, or PipeDream's 1F1B with an
- * update after every micro-batch and weight stashing, the versions kept by the layer from the
- * stage's parameter ranges). Every rank builds the whole network (the same seed) and runs
+ * pipe.c -- gvq-train --stages S [--schedule gpipe|pipedream|dualpipe|spectrain] [--no-flush]
+ * [--overlap-transfers]: pipeline model parallelism through the training layer's gvqPipe
+ * (include/gvq_train.h; GPipe, or the 1F1B family with an update after every micro-batch:
+ * PipeDream's weight stashing, DualPipe's stale weights, SpecTrain's predicted ones, the versions
+ * and predictions made by the layer on the stage's parameter ranges). --no-flush: the pipeline
+ * runs on across steps, so a step's call also starts the next step's first forwards: stage 0
+ * reads them from the other half of the step buffers, loaded a step ahead. --overlap-transfers:
+ * the layer sends on two more communicators (MPI_Comm_dup of the pipeline's) from host streams.
+ * Every rank builds the whole network (the same seed) and runs
  * the layers of its stage; the layers are cut into S consecutive ranges of about equal compute
  * (a stage gets at least one layer). A step is one global batch cut into M micro-batches:
  *
