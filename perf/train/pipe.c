@@ -96,8 +96,7 @@ typedef struct {
     double loss;
     long correct;
     /* the update (GPipe: once a step; PipeDream: after every micro-batch's backward) */
-    const unsigned char *owned; /* the parameters this stage updates */
-    size_t (*ranges)[2];        /* ... as ranges [from, to) of net->params */
+    size_t (*ranges)[2]; /* the parameters this stage updates: [from, to) of net->params */
     int nranges;
     float *velocity;
     double lr; /* this step's */
@@ -235,11 +234,10 @@ static void share_parameters(net_t *net, const int *first, int S, MPI_Comm comm)
 }
 
 /* 1 when the stage's replicas hold the same weights (min and max of their hashes agree). */
-static int replicas_agree(const float *params, const unsigned char *owned, size_t n,
-                          MPI_Comm scomm) {
+static int replicas_agree(const float *params, size_t (*ranges)[2], int nranges, MPI_Comm scomm) {
     unsigned long long h = 1469598103934665603ull, lo = 0, hi = 0;
-    for (size_t j = 0; j < n; j++)
-        if (owned[j]) {
+    for (int r = 0; r < nranges; r++)
+        for (size_t j = ranges[r][0]; j < ranges[r][1]; j++) {
             uint32_t b;
             memcpy(&b, &params[j], 4);
             h = (h ^ b) * 1099511628211ull;
@@ -319,15 +317,14 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     uint8_t *labels = malloc(held);
     int *perm = malloc(sizeof(int) * (size_t)train.n), *idx = malloc(sizeof(int) * held);
     float *velocity = calloc(net.nparams, sizeof(float)), *acc = calloc(net.nparams, sizeof(float));
-    unsigned char *owned = calloc(net.nparams, 1);
     const float **in_of = calloc(2 * (size_t)M, sizeof *in_of);
     const size_t share = (size_t)(batch / R); /* a step's images on this replica */
     float *step_images = malloc(sizeof(float) * 2 * share * img); /* two steps: --no-flush */
     uint8_t *step_labels = malloc(2 * share);
     size_t(*ranges)[2] = calloc(4 * (size_t)net.nlayers + 1, sizeof *ranges);
     int nranges = 0;
-    if (!images || !labels || !perm || !idx || !velocity || !acc || !owned || !in_of ||
-        !step_images || !step_labels || !ranges) {
+    if (!images || !labels || !perm || !idx || !velocity || !acc || !in_of || !step_images ||
+        !step_labels || !ranges) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", wrank);
         MPI_Abort(comm, 1);
     }
@@ -336,7 +333,6 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         size_t len[4];
         int n = layer_ranges(&net.layers[i], ptr, len);
         for (int r = 0; r < n; r++) {
-            memset(owned + (ptr[r] - net.params), 1, len[r]);
             ranges[nranges][0] = (size_t)(ptr[r] - net.params);
             ranges[nranges][1] = ranges[nranges][0] + len[r];
             nranges++;
@@ -358,7 +354,6 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     st.nranges = nranges;
     st.in_of = in_of;
     st.acc = acc;
-    st.owned = owned;
     st.velocity = velocity;
     st.mu = (float)o->momentum;
     st.wd = (float)o->weight_decay;
@@ -530,7 +525,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             fprintf(out, "# the target was reached: one more step drained the pipeline (its "
                          "forwards had begun; not timed, not evaluated)\n");
     }
-    int differ = R > 1 && !replicas_agree(net.params, owned, net.nparams, scomm), anydiff = 0;
+    int differ = R > 1 && !replicas_agree(net.params, ranges, nranges, scomm), anydiff = 0;
     MPI_Allreduce(&differ, &anydiff, 1, MPI_INT, MPI_MAX, comm);
     if (wrank == S - 1 && !o->quiet && R > 1)
         fprintf(out, "# replicas: %d; every stage's weights identical across its replicas: %s\n", R,
@@ -557,7 +552,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     if (gstage != NULL) gvqCommDestroy(gstage);
     MPI_Comm_free(&pcomm);
     MPI_Comm_free(&scomm);
-    free(images), free(labels), free(perm), free(idx), free(velocity), free(acc), free(owned);
+    free(images), free(labels), free(perm), free(idx), free(velocity), free(acc);
     free(in_of), free(step_images), free(step_labels), free(ranges);
     net_free(&net);
     mnist_free(&train);

@@ -9,7 +9,7 @@
  *           overlapped transfers two streams and the slots' events
  *   step:   plan this step's task list (plan_tasks) -> the first inputs' receives, unless the
  *           last step made them -> each task: (overlapped: wait for its input) -> run it ->
- *           its output with the next task's input (move_blocking / move_overlapped)
+ *           its output with the next task's input (move)
  *
  *   gvqPipeGpipe, stage k of S, one step (4 stages, 3 micro-batches: F forward, B backward):
  *
@@ -87,12 +87,18 @@ static gvq_handles_t live = GVQ_HANDLES_INITIALIZER;
 
 static void copy_weights(gvqPipe_t p, float *buf, int to_ranges);
 
+/* w: the forwards stage k makes ahead of its backwards in the 1F1B family, min(S-k-1, M). */
+static int warm_of(const gvqPipe_t p) {
+    int w = p->nstages - p->stage - 1;
+    return w < p->micro ? w : p->micro;
+}
+
 enum { R_REFUSED, R_MICRO, R_SCHEDULE, R_IN, R_OUT, R_FLUSH, R_OVERLAP, R_N };
 
 /* This stage's own arguments; a WARN names what is wrong. */
 static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqComm_t comm, int S, int me,
                              gvqPipeForwardFn_t fwd, gvqPipeBackwardFn_t bwd, int *micro,
-                             int *schedule) {
+                             int *schedule, int *flush) {
     const char *fn = "gvqPipeCreate";
     *micro = c->microBatches == GVQ_CONFIG_UNDEF_INT ? 1 : c->microBatches;
     *schedule = c->schedule == GVQ_CONFIG_UNDEF_INT ? gvqPipeGpipe : c->schedule;
@@ -140,12 +146,12 @@ static gvqResult_t check_own(const gvqPipeConfig_t *c, gvqComm_t comm, int S, in
         }
         total += c->weightCounts[r];
     }
-    int flush = c->flush == GVQ_CONFIG_UNDEF_INT ? 1 : c->flush;
-    if (flush != 0 && flush != 1) {
-        GVQ_WARN("%s: flush %d must be 0 or 1", fn, flush);
+    *flush = c->flush == GVQ_CONFIG_UNDEF_INT ? 1 : c->flush;
+    if (*flush != 0 && *flush != 1) {
+        GVQ_WARN("%s: flush %d must be 0 or 1", fn, *flush);
         return gvqInvalidArgument;
     }
-    if (flush == 0 && (*schedule == gvqPipeGpipe || *micro < S - 1)) {
+    if (*flush == 0 && (*schedule == gvqPipeGpipe || *micro < S - 1)) {
         GVQ_WARN("%s: flush 0 (the pipeline running on across steps) needs PipeDream, DualPipe or "
                  "SpecTrain and microBatches >= stages - 1 (schedule %s, %d micro-batches, %d "
                  "stages)",
@@ -268,7 +274,7 @@ oom:
 static gvqResult_t alloc_versions(gvqPipe_t p, const gvqPipeConfig_t *c) {
     p->update = c->update;
     p->nw = c->weightRanges;
-    int warm = p->nstages - p->stage - 1 < p->micro ? p->nstages - p->stage - 1 : p->micro;
+    int warm = warm_of(p);
     /* in flight between a forward and its backward: w + 1, at most M within a flushed step */
     p->nversions = warm + 1 < p->micro || !p->flush ? warm + 1 : p->micro;
     p->wptr = calloc((size_t)p->nw + 1, sizeof *p->wptr);
@@ -339,14 +345,13 @@ static const char *schedule_name(int s) {
 /* This stage, made and registered before the agreement (so that a failure here is this stage's
  * refusal, which every stage learns), or NULL with *res set. */
 static gvqPipe_t make_stage(gvqComm_t comm, const gvqPipeConfig_t *config, int micro, int schedule,
-                            int me, int S, gvqPipeForwardFn_t forward, gvqPipeBackwardFn_t backward,
-                            void *user, gvqResult_t *res) {
+                            int flush, int me, int S, gvqPipeForwardFn_t forward,
+                            gvqPipeBackwardFn_t backward, void *user, gvqResult_t *res) {
     gvqPipe_t p = calloc(1, sizeof *p);
     if (p == NULL) {
         *res = gvqSystemError;
         return NULL;
     }
-    int flush = config->flush == GVQ_CONFIG_UNDEF_INT ? 1 : config->flush;
     *p = (struct gvqPipe){.magic = PIPE_MAGIC,
                           .comm = comm,
                           .stage = me,
@@ -384,7 +389,7 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
     const char *fn = "gvqPipeCreate";
     gvqPipeConfig_t full = GVQ_PIPE_CONFIG_INITIALIZER;
     GVQCHECK(gvq_comm_check(comm, fn, 1)); /* without a communicator nobody can be told */
-    int micro = 0, schedule = 0, S = 0, me = 0;
+    int micro = 0, schedule = 0, flush = 1, S = 0, me = 0;
     GVQCHECK(gvqCommCount(comm, &S));
     GVQCHECK(gvqCommUserRank(comm, &me));
     /* this stage's own refusal still takes part in the agreement, so the others fail too */
@@ -398,10 +403,10 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
         if (own == gvqSuccess) config = &full;
     }
     if (own == gvqSuccess)
-        own = check_own(config, comm, S, me, forward, backward, &micro, &schedule);
+        own = check_own(config, comm, S, me, forward, backward, &micro, &schedule, &flush);
     gvqPipe_t p = NULL;
     if (own == gvqSuccess)
-        p = make_stage(comm, config, micro, schedule, me, S, forward, backward, user, &own);
+        p = make_stage(comm, config, micro, schedule, flush, me, S, forward, backward, user, &own);
     int64_t row[R_N] = {own != gvqSuccess,
                         micro,
                         schedule,
@@ -463,11 +468,6 @@ static gvqResult_t pipe_check(const char *fn, gvqPipe_t p) {
 
 static int slot_of(const gvqPipe_t p, long long g) {
     return (int)(g % p->nslots);
-}
-
-static int warm_of(const gvqPipe_t p) {
-    int w = p->nstages - p->stage - 1;
-    return w < p->micro ? w : p->micro;
 }
 
 /* This step's tasks (flushed: the step starts no forward of the next one). */
@@ -540,26 +540,17 @@ static gvqEvent_t event_of(gvqPipe_t p, int kind, long long g) {
     return p->ev[kind * p->nslots + slot_of(p, g)];
 }
 
-/* Blocking: after task `done` (NULL: before the step's first task), its output with the
- * receive of `next`'s input (NULL: none). */
-static gvqResult_t move_blocking(gvqPipe_t p, const struct pipe_task *done,
-                                 const struct pipe_task *next) {
+/* After task `done` (NULL: before the step's first task), its output with the receive of
+ * `next`'s input (NULL: none). Blocking: on the pipe's communicator. Overlapped: `next` is the
+ * next task of direction fwd, the group goes on that direction's stream, and the events of the
+ * slots involved mark it. */
+static gvqResult_t move(gvqPipe_t p, int fwd, const struct pipe_task *done,
+                        const struct pipe_task *next) {
     size_t sc = 0, rc = 0;
     int sp = 0, rp = 0;
     const float *send = done != NULL ? task_output(p, done, &sc, &sp) : NULL;
     float *recv = next != NULL ? task_input(p, next, &rc, &rp) : NULL;
-    return exchange(p->comm, NULL, send, sc, sp, recv, rc, rp);
-}
-
-/* Overlapped: after task `done` (or before the first), its output with the receive of the next
- * task of the same direction, `next` (NULL: none), on that direction's stream; the events of
- * the slots involved mark the group. */
-static gvqResult_t move_overlapped(gvqPipe_t p, int fwd, const struct pipe_task *done,
-                                   const struct pipe_task *next) {
-    size_t sc = 0, rc = 0;
-    int sp = 0, rp = 0;
-    const float *send = done != NULL ? task_output(p, done, &sc, &sp) : NULL;
-    float *recv = next != NULL ? task_input(p, next, &rc, &rp) : NULL;
+    if (p->fcomm == NULL) return exchange(p->comm, NULL, send, sc, sp, recv, rc, rp);
     if (send == NULL && recv == NULL) return gvqSuccess;
     gvqStream_t st = fwd ? p->fstream : p->bstream;
     GVQCHECK(exchange(fwd ? p->fcomm : p->bcomm, st, send, sc, sp, recv, rc, rp));
@@ -599,7 +590,6 @@ static float *version_of(gvqPipe_t p, long long g) {
     return p->stash + (size_t)(g % p->nversions) * p->wtotal;
 }
 
-/* SpecTrain: the current weights aside, then W - s lr v in their place. */
 static void unpredict(gvqPipe_t p);
 
 /* One pass: the weights aside (unless a prediction is already in place: then current holds
@@ -703,9 +693,9 @@ static gvqResult_t pd_forward(gvqPipe_t p, long long g) {
         copy_weights(p, version_of(p, g), 0);
         p->version_at[v] = p->updates;
     }
-    if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, g, 1));
-    if (p->recs != NULL && distance(p, g, 1) > 0)
-        keep_current(p), record_task(p, distance(p, g, 1));
+    int s = distance(p, g, 1);
+    if (p->schedule == gvqPipeSpectrain) predict(p, s);
+    if (p->recs != NULL && s > 0) keep_current(p), record_task(p, s);
     gvqResult_t res = p->forward(p->user, slot_of(p, g), in_of(p, g), out_of(p, g));
     if (res != gvqSuccess) unpredict(p);
     return res;
@@ -718,9 +708,9 @@ static gvqResult_t pd_backward(gvqPipe_t p, long long g) {
         copy_weights(p, version_of(p, g), 1);
         swapped = 1;
     }
-    if (p->schedule == gvqPipeSpectrain) predict(p, distance(p, g, 0));
-    if (p->recs != NULL && distance(p, g, 0) > 0)
-        keep_current(p), record_task(p, distance(p, g, 0));
+    int s = distance(p, g, 0);
+    if (p->schedule == gvqPipeSpectrain) predict(p, s);
+    if (p->recs != NULL && s > 0) keep_current(p), record_task(p, s);
     gvqResult_t res = p->backward(p->user, slot_of(p, g), dout_of(p, g), din_of(p, g));
     if (swapped) copy_weights(p, p->current, 1);
     unpredict(p);
@@ -757,7 +747,7 @@ static gvqResult_t first_inputs(gvqPipe_t p, int n) {
             if (p->tasks[j].fwd == fwd) t = &p->tasks[j];
         if (p->fcomm == NULL && t != &p->tasks[0]) continue;
         if (t == NULL || t->g == (fwd ? p->pre_fwd : p->pre_bwd)) continue;
-        GVQCHECK(p->fcomm != NULL ? move_overlapped(p, fwd, NULL, t) : move_blocking(p, NULL, t));
+        GVQCHECK(move(p, fwd, NULL, t));
     }
     return gvqSuccess;
 }
@@ -773,7 +763,7 @@ static gvqResult_t run_step(gvqPipe_t p, int flushed) {
         GVQCHECK(run_task(p, t));
         struct pipe_task spare;
         const struct pipe_task *next = next_of(p, i, n, overlap ? t->fwd : -1, flushed, &spare);
-        GVQCHECK(overlap ? move_overlapped(p, t->fwd, t, next) : move_blocking(p, t, next));
+        GVQCHECK(move(p, t->fwd, t, next));
         if (next == &spare) *(spare.fwd ? &p->pre_fwd : &p->pre_bwd) = spare.g;
     }
     if (overlap && flushed) { /* the step's last sends */
