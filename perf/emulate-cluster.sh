@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # emulate-cluster.sh -- run an MPI program on N emulated hosts with rate-limited links.
 #
-#   bash perf/emulate-cluster.sh [-n RANKS] [-r RATE] [-l LATENCY] [-b BURST] [-- ] PROGRAM [ARGS...]
+#   bash perf/emulate-cluster.sh [-n RANKS] [-r RATE] [-l LATENCY] [-b BURST] [-k LINKS] [-- ] PROGRAM [ARGS...]
 #   bash perf/emulate-cluster.sh -n 4 -r 1gbit -- build/perf/gvq-perf -b 64M -e 64M -C none,mpi
 #
 # Each rank gets a network namespace (gvqN-<pid>-<i>) with one veth link to a bridge that lives
@@ -13,6 +13,13 @@
 # told to use TCP on the emulated subnet only (no shared memory between ranks). Everything is
 # torn down on exit, error or Ctrl-C. Needs root (or CAP_NET_ADMIN), iproute2 and Open MPI.
 #
+# -k LINKS: TCP connections per pair of ranks (Open MPI's btl_tcp_links; default 1, Open MPI's
+# own). With one, a pair that sends both ways at once shares one TCP connection, and through
+# these shaped links that makes the pair about half duplex: a 2 MB MPI_Sendrecv between two
+# ranks takes 1.96x a one-way send at 50mbit -b 16kb, against 1.12x with -k 2 and 1.14x for
+# two plain sockets (2026-11-26). Measurements of traffic in both directions (a 2-rank ring,
+# a pipeline's activations and errors) need -k 2.
+#
 # Environment: GVQ_EMU_SUBNET (default 10.213.7), extra mpirun options in GVQ_EMU_MPIRUN_ARGS.
 set -euo pipefail
 
@@ -20,19 +27,22 @@ RANKS=4
 RATE=1gbit
 LATENCY=25ms
 BURST=256kb
+LINKS=1
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) RANKS=$2; shift 2 ;;
         -r) RATE=$2; shift 2 ;;
         -l) LATENCY=$2; shift 2 ;;
         -b) BURST=$2; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -k) LINKS=$2; shift 2 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
 done
 [ $# -gt 0 ] || { echo "emulate-cluster: no program given (see -h)" >&2; exit 2; }
 [ "$RANKS" -ge 1 ] && [ "$RANKS" -le 32 ] || { echo "emulate-cluster: -n must be 1..32" >&2; exit 2; }
+case "$LINKS" in [1-8]) ;; *) echo "emulate-cluster: -k must be 1..8" >&2; exit 2 ;; esac
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "emulate-cluster: needs iproute2 (ip, tc)" >&2; exit 2; }
 
 SUBNET=${GVQ_EMU_SUBNET:-10.213.7}
@@ -85,11 +95,12 @@ HOSTS=$(IFS=,; echo "${NS[*]/%/:1}")
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PMIX_MCA_gds=hash
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-echo "# emulate-cluster: $RANKS hosts, links $RATE each way (tbf, $LATENCY queue, burst $BURST), subnet $SUBNET.0/24"
+echo "# emulate-cluster: $RANKS hosts, links $RATE each way (tbf, $LATENCY queue, burst $BURST), $LINKS TCP connection(s) per pair, subnet $SUBNET.0/24"
 set +e
 ip netns exec "${NS[0]}" mpirun -np "$RANKS" --host "$HOSTS" \
     --mca plm_rsh_agent "$WORK/agent" --mca rtc ^hwloc --mca pml ob1 --mca btl tcp,self \
     --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
+    --mca btl_tcp_links "$LINKS" \
     -x OPENBLAS_NUM_THREADS -x PMIX_MCA_gds -x GVQ_SOCKET_IFNAME=eth0 \
     ${GVQ_EMU_MPIRUN_ARGS:-} "$@"
 rc=$?
