@@ -6,7 +6,8 @@
  *   create: check this stage's arguments -> allgather every stage's
  *           [refused | microBatches | schedule | inCount | outCount | flush | overlapped] ->
  *           the same verdict on every stage (agree_stages) -> the slots' buffers, and with
- *           overlapped transfers two streams and the slots' events
+ *           overlapped transfers two streams, the slots' events and the communicators' roles
+ *           agreed (agree_roles)
  *   step:   plan this step's task list (plan_tasks) -> the first inputs' receives, unless the
  *           last step made them -> each task: (overlapped: wait for its input) -> run it ->
  *           its output with the next task's input (move)
@@ -226,6 +227,28 @@ static gvqResult_t agree_stages(const int64_t *rows, int S, int me) {
     return gvqSuccess;
 }
 
+/* Overlapped transfers: every stage gives the same two communicators in the same roles. Each
+ * allreduces its role (1 forward, 2 backward; max of r and -r) on its own stream, so a stage that
+ * swapped them still meets the others: a blocking call on each, one after the other, would then
+ * wait in a circle. */
+static gvqResult_t agree_roles(gvqPipe_t p) {
+    const char *fn = "gvqPipeCreate";
+    int32_t mine[2][2] = {{1, -1}, {2, -2}}, seen[2][2] = {{0, 0}, {0, 0}};
+    gvqResult_t f = gvqAllReduce(mine[0], seen[0], 2, gvqInt32, gvqMax, p->fcomm, p->fstream);
+    gvqResult_t b = gvqAllReduce(mine[1], seen[1], 2, gvqInt32, gvqMax, p->bcomm, p->bstream);
+    gvqResult_t fs = gvqStreamSynchronize(p->fstream); /* the buffers are this frame's */
+    gvqResult_t bs = gvqStreamSynchronize(p->bstream);
+    GVQCHECK(f != gvqSuccess ? f : b != gvqSuccess ? b : fs != gvqSuccess ? fs : bs);
+    for (int i = 0; i < 2; i++)
+        if (seen[i][0] != i + 1 || -seen[i][1] != i + 1) {
+            GVQ_WARN("%s: this stage's %s is forwardComm on some stages and backwardComm on "
+                     "others: give every stage the same two in the same roles",
+                     fn, i ? "backwardComm" : "forwardComm");
+            return gvqInvalidArgument;
+        }
+    return gvqSuccess;
+}
+
 /* Returns the first unreported error of the streams' transfers. */
 static gvqResult_t pipe_free(gvqPipe_t p) {
     if (p == NULL) return gvqSuccess;
@@ -419,6 +442,7 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
     if (rows != NULL) res = gvqAllGather(row, rows, R_N, gvqInt64, comm, NULL);
     if (res == gvqSuccess) res = agree_stages(rows, S, me);
     free(rows);
+    if (own == gvqSuccess && res == gvqSuccess && p->fcomm != NULL) res = agree_roles(p);
     if (own != gvqSuccess || res != gvqSuccess) {
         if (p != NULL) {
             gvq_handles_remove(&live, p);

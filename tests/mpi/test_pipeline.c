@@ -17,8 +17,9 @@
  *                 the callbacks' own record of the weights; without it, no samples
  *   2 refusals    on every stage alike: stage k's outCount not stage k+1's inCount, an input on
  *                 stage 0, microBatches differing between stages, one stage's own refusal (a
- *                 reserved schedule, a NULL config); a NULL pipe to gvqPipeStep; on one stage, a
- *                 failing callback fails its step and the pipe refuses the next
+ *                 reserved schedule, a NULL config), forwardComm and backwardComm swapped on
+ *                 one stage; a NULL pipe to gvqPipeStep; on one stage, a failing callback fails
+ *                 its step and the pipe refuses the next
  */
 #include <math.h>
 #include <stddef.h>
@@ -383,6 +384,15 @@ static void part_refusals(void) {
         bad = c;
         if (k == 0) bad.forwardComm = f, bad.backwardComm = b;
         expect_refused(comm, &bad, "overlapped transfers on stage 0 only");
+        bad = c; /* the same two communicators, swapped on stage 0 */
+        bad.forwardComm = k == 0 ? b : f;
+        bad.backwardComm = k == 0 ? f : b;
+        expect_refused(comm, &bad, "forwardComm and backwardComm swapped on stage 0");
+        bad.forwardComm = f; /* and in the same roles everywhere they are taken */
+        bad.backwardComm = b;
+        gvqPipe_t q = NULL;
+        MT_OK(gvqPipeCreate(comm, &bad, no_forward, no_backward, NULL, &q));
+        MT_OK(gvqPipeDestroy(q));
         MT_OK(gvqCommDestroy(f));
         MT_OK(gvqCommDestroy(b));
     }
