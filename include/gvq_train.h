@@ -404,7 +404,8 @@ typedef gvqResult_t (*gvqPipeBackwardFn_t)(void *user, int micro, const float *d
  * stage k's outCount not stage k+1's inCount, an input on stage 0 or an output on the last
  * stage, a stage whose own arguments were refused: NULL config or pipe, NULL functions, M < 1,
  * M x counts above 2^40, a schedule outside gvqPipeSchedule_t, a PipeDream/DualPipe/SpecTrain
- * stage without weights or update, SpecTrain without gradients or with a smoothing outside
+ * stage without update or with weightRanges > 0 but NULL weights or weightCounts (a stage of
+ * no weights, weightRanges 0, is accepted), SpecTrain without gradients or with a smoothing outside
  * [0, 1), flush 0 with GPipe or with M < S - 1, only one of forwardComm and backwardComm, one
  * whose ranks are not comm's, or the two swapped on some stages, no memory). */
 GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,

@@ -359,14 +359,20 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     st.wd = (float)o->weight_decay;
     st.replicas = R;
     st.wrank = wrank;
-    float *wptr[64], *gptr[64];
-    size_t wlen[64];
+    /* the ranges again, as the pipe takes them: versions, predictions (one per range above) */
+    float **wptr = malloc(sizeof(float *) * (size_t)(nranges + 1)),
+          **gptr = malloc(sizeof(float *) * (size_t)(nranges + 1));
+    size_t *wlen = malloc(sizeof(size_t) * (size_t)(nranges + 1));
+    if (!wptr || !gptr || !wlen) {
+        fprintf(stderr, "gvq-train: rank %d: out of memory\n", wrank);
+        MPI_Abort(comm, 1);
+    }
     int nw = 0;
-    for (int i = st.l0; i < st.l1 && o->pipe_schedule > 0; i++) { /* versions, predictions */
+    for (int i = st.l0; i < st.l1 && o->pipe_schedule > 0; i++) {
         float *ptr[4];
         size_t len[4];
         int n = layer_ranges(&net.layers[i], ptr, len);
-        for (int r = 0; r < n && nw < 64; r++) {
+        for (int r = 0; r < n; r++) {
             gptr[nw] = acc + (ptr[r] - net.params); /* where backward sums the gradients */
             wptr[nw] = ptr[r], wlen[nw++] = len[r];
         }
@@ -554,6 +560,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     MPI_Comm_free(&scomm);
     free(images), free(labels), free(perm), free(idx), free(velocity), free(acc);
     free(in_of), free(step_images), free(step_labels), free(ranges);
+    free(wptr), free(gptr), free(wlen);
     net_free(&net);
     mnist_free(&train);
     mnist_free(&test);

@@ -437,11 +437,13 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
                         own == gvqSuccess ? (int64_t)config->outCount : 0,
                         p != NULL ? p->flush : 1,
                         p != NULL && p->fcomm != NULL};
-    int64_t *rows = malloc(sizeof(int64_t) * R_N * (size_t)S); /* S rows of 40 bytes */
+    /* up to 64 stages on the stack: a stage without memory would leave the others waiting */
+    int64_t rows_s[64 * R_N];
+    int64_t *rows = S <= 64 ? rows_s : malloc(sizeof(int64_t) * R_N * (size_t)S);
     gvqResult_t res = rows == NULL ? gvqSystemError : gvqSuccess;
     if (rows != NULL) res = gvqAllGather(row, rows, R_N, gvqInt64, comm, NULL);
     if (res == gvqSuccess) res = agree_stages(rows, S, me);
-    free(rows);
+    if (rows != rows_s) free(rows);
     if (own == gvqSuccess && res == gvqSuccess && p->fcomm != NULL) res = agree_roles(p);
     if (own != gvqSuccess || res != gvqSuccess) {
         if (p != NULL) {
@@ -810,6 +812,7 @@ static gvqResult_t pipe_step(const char *fn, gvqPipe_t p, int flushed) {
     }
     gvqResult_t res = run_step(p, flushed);
     if (res != gvqSuccess) {
+        unpredict(p); /* the caller's weights are its own again (a checkpoint after the error) */
         p->failed = res;
         return res;
     }
