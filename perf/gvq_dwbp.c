@@ -250,7 +250,8 @@ int main(int argc, char **argv) {
                "compute_ms", "comm_ms", "step/max(c,comm)");
     static const char *const names[MODES] = {"after", "wait-free", "overlap"};
     double flat = run_flat(total, steps, P);
-    if (rank == 0) printf("%-10s %10.2f %12s %10.2f %16s\n", "flat", 1e3 * flat, "-", 1e3 * flat, "-");
+    if (rank == 0)
+        printf("%-10s %10.2f %12s %10.2f %16s\n", "flat", 1e3 * flat, "-", 1e3 * flat, "-");
     timing_t after = {0, 0, 0};
     for (int mode = 0; mode < MODES; mode++) {
         timing_t r = run_mode(&m, mode, steps, chunk, bucket, P);
@@ -279,7 +280,8 @@ int main(int argc, char **argv) {
         free(m.grad[l]);
     }
     MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0 && wrong > 0) printf("FAIL: %ld gradient values are not the ranks' mean\n", wrong);
+    if (rank == 0 && wrong > 0)
+        printf("FAIL: %ld gradient values are not the ranks' mean\n", wrong);
     MPI_Finalize();
     return wrong > 0;
 }
