@@ -14,7 +14,10 @@
  *     step:  F0 F1 .. F(L-1)  B(L-1) -> ready(L-1) .. B0 -> ready(0)  [after: wait all]
  *     overlap, the next step:  wait(0) F0  wait(1) F1 ..  wait all  B(L-1) ..
  *
- *   mpirun -np P gvq-dwbp [-l SPEC] [-s STEPS] [-c CHUNK_BYTES] [-k BUCKET_BYTES]
+ *   mpirun -np P gvq-dwbp [-l SPEC] [-s STEPS] [-c CHUNK_BYTES] [-k BUCKET_BYTES] [-t PREFIX]
+ *
+ * -t: rank 0 writes the middle step of each mode to PREFIX-MODE.csv in gvq-train's --timeline
+ * format (perf/train/plot_timeline.py draws them).
  *
  * The chunks and buckets are the overlap mode's (the negotiated order needs small ones); the
  * other modes keep the layer's defaults.
@@ -127,25 +130,84 @@ static gvqTrainer_t make_trainer(model_t *m, int mode, int chunk, int bucket, gv
     return t;
 }
 
-/* One step; *pending: the last step's aggregation is still in flight (overlap only). */
-static void step(gvqTrainer_t t, const model_t *m, int mode, int *pending, double *comm_s) {
+/* A step's times (CLOCK_MONOTONIC seconds), for --timeline. */
+typedef struct {
+    double t0, fwd_end, bwd_end[MAX_LAYERS], wait_all[2];
+    double wait[MAX_LAYERS][2], fwd[MAX_LAYERS][2]; /* per layer of the forward pass */
+    gvqTrainVariableInfo_t info[MAX_LAYERS];        /* the aggregation this step completed */
+} steprec_t;
+
+/* What the aggregation just completed did, per variable (snap: record it). */
+static void snapshot(gvqTrainer_t t, const model_t *m, steprec_t *r, int snap) {
+    for (int l = 0; snap && l < m->n; l++)
+        if (m->id[l] >= 0) CHECK(gvqTrainGetVariableInfo(t, m->id[l], &r->info[l]));
+}
+
+/* One step, its times in *r; *pending: the last step's aggregation is still in flight (overlap
+ * only); snap_prev / snap: keep the variables' record of the last step's / this step's
+ * aggregation when it completes (the layer keeps only the latest). */
+static void step(gvqTrainer_t t, const model_t *m, int mode, int *pending, double *comm_s,
+                 steprec_t *r, int snap_prev, steprec_t *prev, int snap) {
+    r->t0 = now_s();
     for (int l = 0; l < m->n; l++) {
+        r->wait[l][0] = now_s();
         if (*pending && m->id[l] >= 0) CHECK(gvqTrainWaitVariable(t, m->id[l]));
+        r->wait[l][1] = r->fwd[l][0] = now_s();
         compute_us(m->fwd_us[l]);
+        r->fwd[l][1] = now_s();
     }
-    if (*pending) CHECK(gvqTrainWaitAll(t));
+    if (*pending) {
+        CHECK(gvqTrainWaitAll(t));
+        snapshot(t, m, prev, snap_prev);
+    }
     *pending = 0;
+    r->fwd_end = now_s();
     for (int l = m->n - 1; l >= 0; l--) {
         compute_us(m->bwd_us[l]);
+        r->bwd_end[l] = now_s();
         if (m->id[l] >= 0) CHECK(gvqTrainGradReady(t, m->id[l], m->grad[l]));
     }
+    r->wait_all[0] = r->wait_all[1] = now_s();
     if (mode == MODE_OVERLAP) {
         *pending = 1;
         return;
     }
-    double w = now_s();
     CHECK(gvqTrainWaitAll(t));
-    *comm_s += now_s() - w;
+    r->wait_all[1] = now_s();
+    *comm_s += r->wait_all[1] - r->wait_all[0];
+    snapshot(t, m, r, snap);
+}
+
+/* gvq-train's --timeline format (perf/train/plot_timeline.py draws it): step r, and with the
+ * overlap the next step's forward pass, which waits for r's aggregation layer by layer. */
+static void write_timeline(const char *path, const model_t *m, int mode, const steprec_t *r,
+                           const steprec_t *next) {
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "gvq-dwbp: cannot write '%s'\n", path);
+        return;
+    }
+    double t0 = r->t0;
+    fprintf(f, "# gvq-dwbp\nwhat,name,start_s,end_s,ready_s\n");
+    fprintf(f, "forward,net,%.6f,%.6f,\n", 0.0, r->fwd_end - t0);
+    double prev = r->fwd_end;
+    for (int l = m->n - 1; l >= 0; l--) {
+        fprintf(f, "backward,layer%d,%.6f,%.6f,\n", l, prev - t0, r->bwd_end[l] - t0);
+        prev = r->bwd_end[l];
+    }
+    for (int l = m->n - 1; l >= 0; l--)
+        if (m->id[l] >= 0)
+            fprintf(f, "aggregate,%s,%.6f,%.6f,%.6f\n", r->info[l].name, r->info[l].startTime - t0,
+                    r->info[l].endTime - t0, r->info[l].readyTime - t0);
+    if (mode != MODE_OVERLAP) {
+        fprintf(f, "wait,all,%.6f,%.6f,\n", r->wait_all[0] - t0, r->wait_all[1] - t0);
+    } else {
+        for (int l = 0; l < m->n; l++)
+            fprintf(f, "wait,layer%d,%.6f,%.6f,\nforward,layer%d,%.6f,%.6f,\n", l,
+                    next->wait[l][0] - t0, next->wait[l][1] - t0, l, next->fwd[l][0] - t0,
+                    next->fwd[l][1] - t0);
+    }
+    fclose(f);
 }
 
 static double median_over_ranks(double x, int P) {
@@ -179,22 +241,32 @@ static double run_flat(long total, int steps, int P) {
     return median_over_ranks(el / steps, P);
 }
 
-static timing_t run_mode(model_t *m, int mode, int steps, int chunk, int bucket, int P) {
+/* The mode's steps; with timeline (rank 0), the middle step written to timeline-MODE.csv. */
+static timing_t run_mode(model_t *m, int mode, int steps, int chunk, int bucket, int P,
+                         const char *timeline, const char *name) {
+    static steprec_t rec[3]; /* the traced step, the one after it, scratch */
     gvqComm_t comm;
     gvqTrainer_t t = make_trainer(m, mode, chunk, bucket, &comm);
-    int pending = 0;
+    int pending = 0, traced = steps / 2;
     double comm_s = 0.0;
     for (int s = 0; s < 5; s++) /* warm-up: connections, buffers, the negotiation's state */
-        step(t, m, mode, &pending, &comm_s);
+        step(t, m, mode, &pending, &comm_s, &rec[2], 0, &rec[2], 0);
     if (pending) CHECK(gvqTrainWaitAll(t));
     pending = 0;
     comm_s = 0.0;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = now_s();
-    for (int s = 0; s < steps; s++)
-        step(t, m, mode, &pending, &comm_s);
+    for (int s = 0; s < steps; s++) {
+        steprec_t *r = s == traced ? &rec[0] : s == traced + 1 ? &rec[1] : &rec[2];
+        step(t, m, mode, &pending, &comm_s, r, s == traced + 1, &rec[0], s == traced);
+    }
     if (pending) CHECK(gvqTrainWaitAll(t));
     double el = now_s() - t0;
+    if (timeline != NULL && (mode != MODE_OVERLAP || traced + 1 < steps)) {
+        char path[512];
+        snprintf(path, sizeof path, "%s-%s.csv", timeline, name);
+        write_timeline(path, m, mode, &rec[0], &rec[1]);
+    }
     CHECK(gvqTrainDestroy(t));
     CHECK(gvqCommDestroy(comm));
     timing_t r;
@@ -212,6 +284,7 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &P);
     prctl(PR_SET_TIMERSLACK, 1UL); /* sleeps to the microsecond, not the default 50 */
     const char *spec = DEFAULT_SPEC;
+    const char *timeline = NULL;
     int steps = 200, chunk = 16384, bucket = 16384, bad = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && !strcmp(argv[i], "-l"))
@@ -222,6 +295,8 @@ int main(int argc, char **argv) {
             chunk = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "-k"))
             bucket = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "-t"))
+            timeline = argv[++i];
         else
             bad = 1;
     }
@@ -229,7 +304,7 @@ int main(int argc, char **argv) {
     if (bad || steps < 1 || chunk < 0 || bucket < 0 || parse_spec(spec, &m) != 0) {
         if (rank == 0)
             fprintf(stderr, "usage: gvq-dwbp [-l floats:fwd_us:bwd_us,...] [-s STEPS] "
-                            "[-c CHUNK_BYTES] [-k BUCKET_BYTES]\n");
+                            "[-c CHUNK_BYTES] [-k BUCKET_BYTES] [-t TIMELINE_PREFIX]\n");
         MPI_Finalize();
         return 2;
     }
@@ -254,7 +329,8 @@ int main(int argc, char **argv) {
         printf("%-10s %10.2f %12s %10.2f %16s\n", "flat", 1e3 * flat, "-", 1e3 * flat, "-");
     timing_t after = {0, 0, 0};
     for (int mode = 0; mode < MODES; mode++) {
-        timing_t r = run_mode(&m, mode, steps, chunk, bucket, P);
+        timing_t r =
+            run_mode(&m, mode, steps, chunk, bucket, P, rank == 0 ? timeline : NULL, names[mode]);
         if (mode == MODE_AFTER) after = r;
         double comm = after.comm < flat ? after.comm : flat;
         double floor = after.compute > comm ? after.compute : comm;
