@@ -41,16 +41,7 @@
 #include "gvq.h"
 #include "gvq_mpi.h"
 #include "gvq_train.h"
-
-#define CHECK(call)                                                                  \
-    do {                                                                             \
-        gvqResult_t r_ = (call);                                                     \
-        if (r_ != gvqSuccess) {                                                      \
-            fprintf(stderr, "gvq-dwbp: %s: %s (%s)\n", #call, gvqGetErrorString(r_), \
-                    gvqGetLastError(NULL));                                          \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                            \
-        }                                                                            \
-    } while (0)
+#include "perf_common.h"
 
 enum { MAX_LAYERS = 64, MODE_AFTER = 0, MODE_WAIT_FREE, MODE_OVERLAP, MODES };
 
@@ -105,7 +96,7 @@ static int parse_spec(const char *spec, model_t *m) {
 
 /* A layer over its own communicator, the variables registered in backward order. */
 static gvqTrainer_t make_trainer(model_t *m, int mode, int chunk, int bucket, gvqComm_t *comm) {
-    CHECK(gvqCommInitMPI(comm, MPI_COMM_WORLD, NULL));
+    GVQTEST(gvqCommInitMPI(comm, MPI_COMM_WORLD, NULL));
     gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
     cfg.waitFree = mode != MODE_AFTER;
     cfg.schedule = mode == MODE_OVERLAP ? gvqTrainScheduleForward : gvqTrainScheduleReady;
@@ -114,7 +105,7 @@ static gvqTrainer_t make_trainer(model_t *m, int mode, int chunk, int bucket, gv
         cfg.bucketBytes = bucket;
     }
     gvqTrainer_t t;
-    CHECK(gvqTrainCreate(*comm, &cfg, &t));
+    GVQTEST(gvqTrainCreate(*comm, &cfg, &t));
     for (int l = m->n - 1; l >= 0; l--) {
         m->id[l] = -1;
         if (m->floats[l] == 0) continue;
@@ -124,9 +115,9 @@ static gvqTrainer_t make_trainer(model_t *m, int mode, int chunk, int bucket, gv
         v.name = name;
         v.kind = gvqVarDense;
         v.shape[0] = (int)m->floats[l];
-        CHECK(gvqTrainAddVariable(t, &v, &m->id[l]));
+        GVQTEST(gvqTrainAddVariable(t, &v, &m->id[l]));
     }
-    CHECK(gvqTrainCommit(t));
+    GVQTEST(gvqTrainCommit(t));
     return t;
 }
 
@@ -140,7 +131,7 @@ typedef struct {
 /* What the aggregation just completed did, per variable (snap: record it). */
 static void snapshot(gvqTrainer_t t, const model_t *m, steprec_t *r, int snap) {
     for (int l = 0; snap && l < m->n; l++)
-        if (m->id[l] >= 0) CHECK(gvqTrainGetVariableInfo(t, m->id[l], &r->info[l]));
+        if (m->id[l] >= 0) GVQTEST(gvqTrainGetVariableInfo(t, m->id[l], &r->info[l]));
 }
 
 /* One step, its times in *r; *pending: the last step's aggregation is still in flight (overlap
@@ -151,13 +142,13 @@ static void step(gvqTrainer_t t, const model_t *m, int mode, int *pending, doubl
     r->t0 = now_s();
     for (int l = 0; l < m->n; l++) {
         r->wait[l][0] = now_s();
-        if (*pending && m->id[l] >= 0) CHECK(gvqTrainWaitVariable(t, m->id[l]));
+        if (*pending && m->id[l] >= 0) GVQTEST(gvqTrainWaitVariable(t, m->id[l]));
         r->wait[l][1] = r->fwd[l][0] = now_s();
         compute_us(m->fwd_us[l]);
         r->fwd[l][1] = now_s();
     }
     if (*pending) {
-        CHECK(gvqTrainWaitAll(t));
+        GVQTEST(gvqTrainWaitAll(t));
         snapshot(t, m, prev, snap_prev);
     }
     *pending = 0;
@@ -165,14 +156,14 @@ static void step(gvqTrainer_t t, const model_t *m, int mode, int *pending, doubl
     for (int l = m->n - 1; l >= 0; l--) {
         compute_us(m->bwd_us[l]);
         r->bwd_end[l] = now_s();
-        if (m->id[l] >= 0) CHECK(gvqTrainGradReady(t, m->id[l], m->grad[l]));
+        if (m->id[l] >= 0) GVQTEST(gvqTrainGradReady(t, m->id[l], m->grad[l]));
     }
     r->wait_all[0] = r->wait_all[1] = now_s();
     if (mode == MODE_OVERLAP) {
         *pending = 1;
         return;
     }
-    CHECK(gvqTrainWaitAll(t));
+    GVQTEST(gvqTrainWaitAll(t));
     r->wait_all[1] = now_s();
     *comm_s += r->wait_all[1] - r->wait_all[0];
     snapshot(t, m, r, snap);
@@ -212,14 +203,8 @@ static void write_timeline(const char *path, const model_t *m, int mode, const s
 
 static double median_over_ranks(double x, int P) {
     double *all = malloc(sizeof(double) * (size_t)P);
-    MPI_Allgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, MPI_COMM_WORLD);
-    for (int i = 1; i < P; i++) /* P is small: insertion sort */
-        for (int j = i; j > 0 && all[j] < all[j - 1]; j--) {
-            double s = all[j];
-            all[j] = all[j - 1];
-            all[j - 1] = s;
-        }
-    double med = all[P / 2];
+    MPITEST(MPI_Allgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, MPI_COMM_WORLD));
+    double med = perf_median(all, P);
     free(all);
     return med;
 }
@@ -227,17 +212,17 @@ static double median_over_ranks(double x, int P) {
 /* Seconds per plain allreduce of all the model's floats, without compute. */
 static double run_flat(long total, int steps, int P) {
     gvqComm_t comm;
-    CHECK(gvqCommInitMPI(&comm, MPI_COMM_WORLD, NULL));
+    GVQTEST(gvqCommInitMPI(&comm, MPI_COMM_WORLD, NULL));
     float *buf = calloc((size_t)(total > 0 ? total : 1), sizeof(float));
     for (int s = 0; s < 5; s++)
-        CHECK(gvqAllReduce(buf, buf, (size_t)total, gvqFloat32, gvqAvg, comm, NULL));
+        GVQTEST(gvqAllReduce(buf, buf, (size_t)total, gvqFloat32, gvqAvg, comm, NULL));
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = now_s();
     for (int s = 0; s < steps; s++)
-        CHECK(gvqAllReduce(buf, buf, (size_t)total, gvqFloat32, gvqAvg, comm, NULL));
+        GVQTEST(gvqAllReduce(buf, buf, (size_t)total, gvqFloat32, gvqAvg, comm, NULL));
     double el = now_s() - t0;
     free(buf);
-    CHECK(gvqCommDestroy(comm));
+    GVQTEST(gvqCommDestroy(comm));
     return median_over_ranks(el / steps, P);
 }
 
@@ -251,7 +236,7 @@ static timing_t run_mode(model_t *m, int mode, int steps, int chunk, int bucket,
     double comm_s = 0.0;
     for (int s = 0; s < 5; s++) /* warm-up: connections, buffers, the negotiation's state */
         step(t, m, mode, &pending, &comm_s, &rec[2], 0, &rec[2], 0);
-    if (pending) CHECK(gvqTrainWaitAll(t));
+    if (pending) GVQTEST(gvqTrainWaitAll(t));
     pending = 0;
     comm_s = 0.0;
     MPI_Barrier(MPI_COMM_WORLD);
@@ -260,15 +245,15 @@ static timing_t run_mode(model_t *m, int mode, int steps, int chunk, int bucket,
         steprec_t *r = s == traced ? &rec[0] : s == traced + 1 ? &rec[1] : &rec[2];
         step(t, m, mode, &pending, &comm_s, r, s == traced + 1, &rec[0], s == traced);
     }
-    if (pending) CHECK(gvqTrainWaitAll(t));
+    if (pending) GVQTEST(gvqTrainWaitAll(t));
     double el = now_s() - t0;
     if (timeline != NULL && (mode != MODE_OVERLAP || traced + 1 < steps)) {
         char path[512];
         snprintf(path, sizeof path, "%s-%s.csv", timeline, name);
         write_timeline(path, m, mode, &rec[0], &rec[1]);
     }
-    CHECK(gvqTrainDestroy(t));
-    CHECK(gvqCommDestroy(comm));
+    GVQTEST(gvqTrainDestroy(t));
+    GVQTEST(gvqCommDestroy(comm));
     timing_t r;
     r.step = median_over_ranks(el / steps, P);
     r.comm = median_over_ranks(comm_s / steps, P);
@@ -278,10 +263,10 @@ static timing_t run_mode(model_t *m, int mode, int steps, int chunk, int bucket,
 
 int main(int argc, char **argv) {
     int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    int rank, P;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    MPITEST(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided)); /* the layer's thread */
+    MPITEST(MPI_Comm_rank(MPI_COMM_WORLD, &perf_rank));
+    MPITEST(MPI_Comm_size(MPI_COMM_WORLD, &perf_nranks));
+    const int rank = perf_rank, P = perf_nranks;
     prctl(PR_SET_TIMERSLACK, 1UL); /* sleeps to the microsecond, not the default 50 */
     const char *spec = DEFAULT_SPEC;
     const char *timeline = NULL;
