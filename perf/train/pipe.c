@@ -367,15 +367,11 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", wrank);
         MPI_Abort(comm, 1);
     }
-    int nw = 0;
-    for (int i = st.l0; i < st.l1 && o->pipe_schedule > 0; i++) {
-        float *ptr[4];
-        size_t len[4];
-        int n = layer_ranges(&net.layers[i], ptr, len);
-        for (int r = 0; r < n; r++) {
-            gptr[nw] = acc + (ptr[r] - net.params); /* where backward sums the gradients */
-            wptr[nw] = ptr[r], wlen[nw++] = len[r];
-        }
+    int nw = o->pipe_schedule > 0 ? nranges : 0;
+    for (int r = 0; r < nw; r++) {
+        wptr[r] = net.params + ranges[r][0];
+        gptr[r] = acc + ranges[r][0]; /* where backward sums the gradients */
+        wlen[r] = ranges[r][1] - ranges[r][0];
     }
     gvqComm_t gcomm = NULL;
     gvqPipe_t pipe = NULL;

@@ -722,9 +722,7 @@ static gvqResult_t pd_forward(gvqPipe_t p, long long g) {
     int s = distance(p, g, 1);
     if (p->schedule == gvqPipeSpectrain) predict(p, s);
     if (p->recs != NULL && s > 0) keep_current(p), record_task(p, s);
-    gvqResult_t res = p->forward(p->user, slot_of(p, g), in_of(p, g), out_of(p, g));
-    if (res != gvqSuccess) unpredict(p);
-    return res;
+    return p->forward(p->user, slot_of(p, g), in_of(p, g), out_of(p, g));
 }
 
 static gvqResult_t pd_backward(gvqPipe_t p, long long g) {
