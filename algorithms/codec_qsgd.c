@@ -13,7 +13,9 @@
  * QSGD is not linear: combining at a ring hop decodes the incoming bucket, adds the local
  * values and quantizes again, so error grows with every hop (the paper's comparison point).
  * The random bits come from Philox keyed by (seed, rank) with the counter (element index,
- * call), so a run is reproducible and no two ranks, calls or elements share bits.
+ * call), so a run is reproducible and no two ranks, calls or elements share bits. Several
+ * tensors fused into one ring keep their own element indices and calls (map_first, map_call),
+ * so a fused call draws the bits of the calls one by one.
  * A bucket holding NaN or Inf travels with a NaN scale and decodes to NaN, as a plain
  * allreduce would propagate it; nothing stops mid-ring.
  */
@@ -59,12 +61,16 @@ static void qsgd_quantize(const gvq_qsgd_t *q, size_t first, const float *v, siz
     if (!(scale > 0) || !finite) return; /* all-zero bucket (codes 0), or NaN scale */
     const int s = q->levels, bits = q->bits, per_byte = 8 / bits;
     const float inv = (float)s / scale;
-    uint32_t key[2] = {q->seed, q->rank};
+    uint32_t key[2] = {q->seed, q->rank}, call = q->call;
     uint32_t rnd[4] = {0, 0, 0, 0};
+    if (q->map_first != NULL) { /* a bucket of one of several tensors (gvq_qsgd_t) */
+        call = q->map_call[first / q->bucket];
+        first = (size_t)q->map_first[first / q->bucket];
+    }
     for (size_t i = 0; i < len; i++) {
         size_t e = first + i;
         if (i == 0 || (e & 3) == 0) {
-            uint32_t ctr[4] = {(uint32_t)(e >> 2), (uint32_t)(e >> 34), q->call, 0x51534744u};
+            uint32_t ctr[4] = {(uint32_t)(e >> 2), (uint32_t)(e >> 34), call, 0x51534744u};
             gvq_philox4x32_10(ctr, key, rnd);
         }
         float r = fabsf(v[i]) * inv;

@@ -67,6 +67,11 @@ typedef struct {
     uint32_t seed, rank;
     uint32_t call; /* set per allreduce, part of the random counter */
     float *tmp;    /* one bucket, for decode-add-encode at a hop */
+    /* Several tensors in one ring (the fused QSGD call): for bucket j of the ring's vector, the
+     * index its first value has in its own tensor, and that tensor's call, so that every value
+     * draws the random bits it draws when its tensor runs alone. NULL: one tensor. */
+    const uint64_t *map_first;
+    const uint32_t *map_call;
 } gvq_qsgd_t;
 gvqResult_t gvq_qsgd_init(gvq_qsgd_t *q, int bits, size_t bucket, int norm, uint32_t seed,
                           uint32_t rank);
@@ -230,6 +235,11 @@ gvqResult_t gvq_ring_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, 
 /* Cut count elements into n segments on granule boundaries (seg_off: n+1 element offsets), as
  * the ring cuts a tensor. */
 void gvq_ring_partition(size_t *seg_off, int n, size_t count, size_t granule);
+/* gvqSum ring allreduce whose segment s is [seg_off[s], seg_off[s+1]) (n + 1 boundaries on the
+ * codec's granule) instead of gvq_ring_partition's: several tensors in one ring, each value in
+ * the segment (and so the order of additions) it has when its tensor runs alone. */
+gvqResult_t gvq_ring_allreduce_given(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
+                                     void *dst, size_t count, const size_t *seg_off);
 
 /* The ring allreduce's reduce-scatter half (nranks >= 2) over the segments seg_off, its result
  * kept in library memory: on return *own points at this rank's segment of the sum in the

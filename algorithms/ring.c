@@ -362,6 +362,15 @@ gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *cod
     return gvqSuccess;
 }
 
+gvqResult_t gvq_ring_allreduce_given(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
+                                     void *dst, size_t count, const size_t *seg_off) {
+    if (ctx->xport->nranks == 1 || count == 0)
+        return gvq_ring_allreduce_tally(ctx, codec, src, dst, count, gvqSum, NULL);
+    if (codec->begin != NULL) GVQCHECK(codec->begin(codec, ctx, src, count));
+    return ring_run(ctx, codec, src, dst, count, ctx->xport->nranks - 1, ctx->xport->nranks - 1, -1,
+                    codec->wire_is_values ? OUT_DST : OUT_WIRE, seg_off, NULL, NULL, NULL);
+}
+
 /* Segment boundaries that are the users' blocks: block s = [s*block, (s+1)*block). */
 static size_t *block_offsets(int n, size_t block) {
     size_t *off = malloc(sizeof(size_t) * (size_t)(n + 1));
