@@ -129,6 +129,8 @@ static void usage(FILE *f) {
         "  --check-every N       compare weight checksums across ranks every N steps (default:\n"
         "                        at every progress line)\n"
         "  --stop-at ACC         stop once test accuracy reaches ACC percent\n"
+        "  --stop-step N         end after step N; the learning-rate schedule still spans\n"
+        "                        --epochs (a short run of a long run's first steps)\n"
         "  --log FILE            CSV: iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,\n"
         "                        compute_s,comm_s,conv_ratio,phase (perf/train/plot.sh draws it)\n"
         "  --dump-grads FILE     record rank 0's local gradient of one conv layer per step in\n"
@@ -246,6 +248,7 @@ enum {
     OPT_EVAL_EVERY,
     OPT_CHECK_EVERY,
     OPT_STOP_AT,
+    OPT_STOP_STEP,
     OPT_LOG,
     OPT_DUMP,
     OPT_DUMP_LAYER,
@@ -320,6 +323,7 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
         {"check-every", required_argument, NULL, OPT_CHECK_EVERY},
         {"stop-at", required_argument, NULL, OPT_STOP_AT},
+        {"stop-step", required_argument, NULL, OPT_STOP_STEP},
         {"log", required_argument, NULL, OPT_LOG},
         {"dump-grads", required_argument, NULL, OPT_DUMP},
         {"dump-layer", required_argument, NULL, OPT_DUMP_LAYER},
@@ -582,6 +586,9 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         case OPT_STOP_AT:
             if (parse_double(optarg, 0.0, 100.0, &o->stop_at)) what = "--stop-at (0..100)";
             break;
+        case OPT_STOP_STEP:
+            if (parse_long(optarg, 1, 1L << 40, &o->stop_step)) what = "--stop-step (>= 1)";
+            break;
         case OPT_LOG:
             o->log_path = optarg;
             break;
@@ -651,6 +658,11 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
                         "backprop and an image model (not --zero-code, --no-wait-free, --stages, "
                         "--model text, or --sfb: the factors are the fc's activations, which the "
                         "next forward pass overwrites before the step ends)\n");
+        return -1;
+    }
+    if (o->stop_step > 0 && (o->stages > 0 || o->text)) {
+        fprintf(stderr, "gvq-train: --stop-step applies to data-parallel image models (not "
+                        "--stages or --model text)\n");
         return -1;
     }
     if (o->zero_code && (o->codec == TRAIN_CODEC_QSGD || o->codec == TRAIN_CODEC_POWERSGD ||

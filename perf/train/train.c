@@ -605,7 +605,7 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                 : o->lr;
         const sgd_t sgd = {&net, velocity, (float)lr_step, (float)o->momentum,
                            (float)o->weight_decay};
-        int last = step + 1 == iters;
+        int last = step + 1 == iters || step + 1 == o->stop_step;
         int printing = (step + 1) % o->print_every == 0 || last;
         int checking = (o->check_every > 0 && (step + 1) % o->check_every == 0) || printing;
         double t2 = t1, t3 = t1;
@@ -710,6 +710,10 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             break;
         }
         res->iters = step + 1;
+        if (step + 1 == o->stop_step) { /* --stop-step: the rest of the schedule is not run */
+            step++;
+            break;
+        }
         win_start = now_s();
     }
 

@@ -34,9 +34,10 @@ typedef struct {
     int train_subset, test_subset; /* 0: all */
     /* model and optimizer */
     net_arch_t arch;
-    int batch;  /* global batch, a multiple of the number of ranks (0: 32 per rank) */
-    int epochs; /* used when iters is 0 */
-    long iters; /* total steps (0: epochs x steps per epoch) */
+    int batch;      /* global batch, a multiple of the number of ranks (0: 32 per rank) */
+    int epochs;     /* used when iters is 0 */
+    long iters;     /* total steps (0: epochs x steps per epoch) */
+    long stop_step; /* end after this step, the schedule still spanning all steps (0: never) */
     double lr, momentum, weight_decay;
     int cosine; /* 1: lr x (1 + cos(pi step / steps)) / 2 */
     unsigned long long seed;
