@@ -491,10 +491,12 @@ GVQ_API gvqResult_t gvqCompressorGetStats(gvqCompressor_t compressor, gvqCompres
  * at the group's end its consecutive compressed calls on one communicator agree once, and
  * those with a tracked basis (gvqBasisTrack) on host buffers and the same op run as one call
  * (three rings for all of them instead of three each), the PowerSGD ones likewise (two rings),
- * and the QSGD ones of equal QSGD settings without error feedback or integer wire in one ring
- * (each tensor padded to whole buckets) (the computation of separate calls, but
- * the ring's summation order and the integer wire's random draws differ, so the bits may; each
- * compressor counts its share of the bytes). Every rank
+ * and the QSGD ones of equal QSGD settings without error feedback or integer wire in one ring.
+ * Fused QSGD gives the bits of the calls made one by one (each value meets the ring segment,
+ * order of additions, bucket and random bits its own call gives it; tests/mpi/test_reference.c);
+ * the fused tracked-basis and PowerSGD calls compute what separate calls compute, but the
+ * ring's summation order and the integer wire's random draws differ, so their bits may. Each
+ * compressor counts its share of the bytes. Every rank
  * must group the same calls alike. Errors: as gvqAllReduce, plus gvqInvalidArgument for a count,
  * type or op the compressor was not made for. */
 GVQ_API gvqResult_t gvqAllReduceCompressed(const void *sendbuff, void *recvbuff, size_t count,
