@@ -321,7 +321,8 @@ static void after_compressed(gvqCompressor_t c, double loss, int32_t vote) {
         gvq_compressor_set_reason(c, "majority of ranks above the loss threshold: resampling");
         enter_phase(c, gvqPhaseSample);
     } else if (c->st.phase_iter >= c->cfg.compressed) {
-        gvq_compressor_set_reason(c, "compressed phase over: resampling");
+        gvq_compressor_set_reason(c, "sampling again, as scheduled after compressedIters calls "
+                                     "(not a failure)");
         enter_phase(c, gvqPhaseSample);
     }
 }

@@ -105,11 +105,14 @@ static void describe(const int64_t *row, int show_algo, char *buf, size_t len) {
                       (long long)row[F_ROOT]);
     else if (row[F_ROOT] >= 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", root %lld", (long long)row[F_ROOT]);
-    static const char *const codec[] = {"none", "gradiveq", "qsgd", "powersgd"};
+    static const char *const codec[] = {"none", "gradiveq", "qsgd", "powersgd", "auto"};
     uint64_t id = (uint64_t)row[F_IDENTITY];
     if (id != 0 && row[F_KIND] == GVQ_SIG_ALLREDUCE && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", GVQ_CODEC=%s with zero-code settings %014llx",
-                      (id & 0xffu) < 4 ? codec[id & 0xffu] : "?", (unsigned long long)(id >> 8));
+                      (id & 0xffu) < 5        ? codec[id & 0xffu]
+                      : (id & 0xffu) == 0xffu ? "(a value that names no codec)"
+                                              : "?",
+                      (unsigned long long)(id >> 8));
     else if (id != 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ", compressor config %016llx",
                       (unsigned long long)id);

@@ -177,9 +177,10 @@ static int layer_codec(int master, const gvqLayer_t *l) {
     return 4 * r * (rows + cols) <= rows * cols ? gvqCodecPowersgd : gvqCodecQsgd;
 }
 
-/* GVQ_INTEGER_BITS: 0, 8 or 16 (the param's choices 0, 1, 2). */
-static int integer_bits(void) {
-    return (int)gvq_param(GVQ_PARAM_INTEGER_BITS) * 8;
+/* GVQ_INTEGER_BITS (the tracked basis) or GVQ_QSGD_INTEGER_BITS: 0, 8 or 16 (the params'
+ * choices 0, 1, 2). One knob each: a width right for the basis costs QSGD 4x its ratio. */
+static int integer_bits(gvq_param_id_t knob) {
+    return (int)gvq_param(knob) * 8;
 }
 
 /* The compressor config of a part (l: its layer, NULL for the whole buffer). */
@@ -195,7 +196,7 @@ static void part_config(const zc_part_t *p, const gvqLayer_t *l, gvqCompressorCo
         cfg->sampleSlices = slices == GVQ_CONFIG_UNDEF_INT ? ZC_SAMPLE_SLICES : (int)slices;
         if (gvq_param(GVQ_PARAM_GRADIVEQ_BASIS) == 1) {
             cfg->basisUpdate = gvqBasisTrack;
-            cfg->integerBits = integer_bits();
+            cfg->integerBits = integer_bits(GVQ_PARAM_INTEGER_BITS);
         }
         if (l != NULL && l->kind == gvqLayerConv) {
             cfg->filters = l->dims[0];
@@ -204,7 +205,7 @@ static void part_config(const zc_part_t *p, const gvqLayer_t *l, gvqCompressorCo
             cfg->width = l->dims[3];
         }
     } else if (p->codec == gvqCodecQsgd) {
-        cfg->integerBits = integer_bits();
+        cfg->integerBits = integer_bits(GVQ_PARAM_QSGD_INTEGER_BITS);
     } else if (p->codec == gvqCodecPowersgd) {
         size_t rows, cols;
         power_shape(l, p->count, &rows, &cols);
@@ -320,24 +321,35 @@ static gvqResult_t agree_plan(gvqComm_t comm, gvqResult_t local, const zc_entry_
     return gvq_agree_fields(&ctx, fn_call, mine, names, 4, NULL);
 }
 
-static void log_plan(const zc_entry_t *e, const gvq_layout_t *lay) {
+/* The plan of a new buffer. A buffer split by a layout is shown once on rank 0 at the default
+ * level (the layout as gvq understood it: a layout of the right count but of another model's
+ * layers shows here); the rest at INFO. */
+static void log_plan(const gvqComm_t comm, const zc_entry_t *e, const gvq_layout_t *lay) {
     static const char *const codec_name[] = {"plain", "gradiveq", "qsgd", "powersgd"};
-    if (!GVQ_LOG_ENABLED(GVQ_LOG_INFO)) return;
+    int shown = e->split && comm->rank == 0;
+    if (!GVQ_LOG_ENABLED(shown ? GVQ_LOG_WARN : GVQ_LOG_INFO)) return;
     if (!e->split) {
         GVQ_INFO("GVQ_CODEC: buffer %p count %zu: one %s compressor (no layout of this count)",
                  e->buf, e->count, codec_name[e->parts[0].codec]);
         return;
     }
-    GVQ_INFO("GVQ_CODEC: buffer %p count %zu split by its layout of %d layers; %zu elements in "
+    GVQ_NOTE("GVQ_CODEC: buffer %p count %zu split by its layout of %d layers; %zu elements in "
              "%d plain range(s)",
              e->buf, e->count, lay->nlayers, e->plain_count, e->nranges);
     for (int i = 0; i < e->nparts; i++) {
         const zc_part_t *p = &e->parts[i];
         if (p->layer < 0) continue;
         const gvqLayer_t *l = &lay->layers[p->layer];
-        GVQ_INFO("GVQ_CODEC:   layer %d %s at %zu (%zu elements, dims %dx%dx%dx%d) -> %s", p->layer,
-                 gvq_layer_kind_name(l->kind), p->offset, p->count, l->dims[0], l->dims[1],
-                 l->dims[2], l->dims[3], codec_name[p->codec]);
+        char dims[64];
+        if (l->kind == gvqLayerConv)
+            snprintf(dims, sizeof dims, "%dx%dx%dx%d", l->dims[0], l->dims[1], l->dims[2],
+                     l->dims[3]);
+        else if (l->kind == gvqLayerFc)
+            snprintf(dims, sizeof dims, "%dx%d", l->dims[0], l->dims[1]);
+        else
+            snprintf(dims, sizeof dims, "%zu", p->count);
+        GVQ_NOTE("GVQ_CODEC:   layer %d %s at %zu (%zu elements, dims %s) -> %s", p->layer,
+                 gvq_layer_kind_name(l->kind), p->offset, p->count, dims, codec_name[p->codec]);
     }
 }
 
@@ -351,7 +363,15 @@ static gvqResult_t new_entry(gvqComm_t comm, zc_state_t *st, int master, const v
     e->buf = buf;
     e->count = count;
     gvqResult_t res = current_layout(st, &lay);
-    if (lay != NULL && lay->count != count) lay = NULL;
+    if (lay != NULL && lay->count != count) {
+        /* said at the default level: the user asked for a layout and this buffer runs without
+         * it (buffers below GVQ_LAYOUT_MIN_COUNT, a loss or a metric, stay quiet) */
+        if (count >= (size_t)gvq_param(GVQ_PARAM_LAYOUT_MIN_COUNT))
+            GVQ_WARN("%s: buffer %p of %zu floats: the layout (%d layers) describes %zu floats, "
+                     "so it is not used for this buffer; it runs as one whole-buffer compressor",
+                     fn_call, buf, count, lay->nlayers, lay->count);
+        lay = NULL;
+    }
     if (res == gvqSuccess) res = plan_parts(e, master, lay);
     if (res == gvqSuccess) res = make_compressors(comm, e, lay);
     res = agree_plan(comm, res, e, lay);
@@ -360,7 +380,7 @@ static gvqResult_t new_entry(gvqComm_t comm, zc_state_t *st, int master, const v
         comm->ntensors = tensors;
         return res;
     }
-    log_plan(e, lay);
+    log_plan(comm, e, lay);
     *out = e;
     return gvqSuccess;
 }
@@ -477,6 +497,8 @@ static void total_stats(const zc_state_t *st, gvqCompressorStats_t *t, unsigned 
             t->fitSeconds += s.fitSeconds;
             t->lastLoss = GVQ_MAX(t->lastLoss, s.lastLoss);
             if (s.fits > 0) t->keptEnergy = GVQ_MIN(t->keptEnergy, s.keptEnergy);
+            if (s.fits > 0 && s.dims > 0)
+                t->dims = t->dims == 0 ? s.dims : GVQ_MIN(t->dims, s.dims);
             if (s.codec >= 0 && s.codec <= gvqCodecPowersgd) wire[s.codec] += s.wireBytes;
             if (t->reason[0] != '\0' || s.reason[0] == '\0') continue;
             if (p->layer >= 0)
@@ -490,33 +512,55 @@ static void total_stats(const zc_state_t *st, gvqCompressorStats_t *t, unsigned 
     t->ratio = t->wireBytes > 0 ? (double)t->rawBytes / (double)t->wireBytes : 0;
 }
 
+/* Rank 0's statistics line every GVQ_STATS_EVERY calls: at INFO, or at the default level when
+ * GVQ_STATS_EVERY was set (asked for by name, it is shown without GVQ_DEBUG=INFO). */
 static void report(gvqComm_t comm, const zc_state_t *st) {
     int64_t every = gvq_param(GVQ_PARAM_STATS_EVERY);
-    if (every <= 0 || st->calls % every != 0 || comm->rank != 0 || !GVQ_LOG_ENABLED(GVQ_LOG_INFO))
+    int asked = gvq_param_is_set(GVQ_PARAM_STATS_EVERY);
+    if (every <= 0 || st->calls % every != 0 || comm->rank != 0 ||
+        !GVQ_LOG_ENABLED(asked ? GVQ_LOG_WARN : GVQ_LOG_INFO))
         return;
     gvqCompressorStats_t t;
     unsigned long long w[gvqCodecPowersgd + 1] = {0};
     total_stats(st, &t, w);
     const double MB = 1e6;
-    GVQ_INFO("zero-code stats after %lld calls: ratio %.2fx (%.4g MB a plain ring would send per "
+    char fit[96] = "";
+    if (t.fits > 0) /* why GradiVeQ's ratio is what it is */
+        snprintf(fit, sizeof fit, ", GradiVeQ d %d (smallest fitted) keeping %.4f of the energy",
+                 t.dims, t.keptEnergy);
+    char line[900];
+    snprintf(line, sizeof line,
+             "zero-code stats after %lld calls: ratio %.2fx (%.4g MB a plain ring would send per "
              "rank, %.4g MB sent); sent by plain allreduce %.4g MB, gradiveq %.4g MB, qsgd %.4g "
-             "MB, powersgd %.4g MB; %d compressors, fits %lld (refused %lld), early exits %lld%s%s",
+             "MB, powersgd %.4g MB; %d compressors, fits %lld (refused %lld)%s, early exits "
+             "%lld%s%s",
              st->calls, t.ratio, (double)t.rawBytes / MB, (double)t.wireBytes / MB,
              (double)w[gvqCodecNone] / MB, (double)w[gvqCodecGradiveq] / MB,
              (double)w[gvqCodecQsgd] / MB, (double)w[gvqCodecPowersgd] / MB, t.groups, t.fits,
-             t.fitsRefused, t.earlyExits, t.reason[0] != '\0' ? "; not compressing: " : "",
-             t.reason);
+             t.fitsRefused, fit, t.earlyExits,
+             t.reason[0] != '\0' ? "; not compressing at this call: " : "", t.reason);
+    if (asked)
+        GVQ_NOTE("%s", line);
+    else
+        GVQ_INFO("%s", line);
 }
 
 /* ---- entry points --------------------------------------------------------------------------- */
 
+/* GVQ_CODEC's value names no codec: its calls are refused, not run uncompressed. */
+static int codec_rejected(gvqDataType_t dtype, gvqRedOp_t op) {
+    return gvq_param_rejected(GVQ_PARAM_CODEC) != NULL && dtype == gvqFloat32 &&
+           (op == gvqSum || op == gvqAvg);
+}
+
 uint64_t gvq_zero_code_identity(gvqDataType_t dtype, gvqRedOp_t op) {
     int master = (int)gvq_param(GVQ_PARAM_CODEC);
+    if (codec_rejected(dtype, op)) return 0xff; /* unlike any rank whose GVQ_CODEC parsed */
     if (master == gvqCodecNone || dtype != gvqFloat32 || (op != gvqSum && op != gvqAvg)) return 0;
     const gvq_param_id_t knobs[] = {GVQ_PARAM_CODEC_CONV,       GVQ_PARAM_CODEC_FC,
                                     GVQ_PARAM_POWER_RANK,       GVQ_PARAM_GRADIVEQ_SAMPLE_SLICES,
                                     GVQ_PARAM_LAYOUT_MIN_COUNT, GVQ_PARAM_GRADIVEQ_BASIS,
-                                    GVQ_PARAM_INTEGER_BITS};
+                                    GVQ_PARAM_INTEGER_BITS,     GVQ_PARAM_QSGD_INTEGER_BITS};
     uint64_t h = 1469598103934665603ull; /* FNV-1a over the knobs' values */
     for (size_t k = 0; k < sizeof knobs / sizeof knobs[0]; k++) {
         uint64_t v = (uint64_t)gvq_param(knobs[k]);
@@ -530,6 +574,13 @@ gvqResult_t gvq_zero_code_allreduce(gvqComm_t comm, const void *send, void *recv
                                     gvqDataType_t dtype, gvqRedOp_t op, int *handled) {
     int master = (int)gvq_param(GVQ_PARAM_CODEC);
     *handled = 0;
+    if (codec_rejected(dtype, op) && count > 0) {
+        *handled = 1;
+        GVQ_WARN("%s: GVQ_CODEC='%s' names no codec (none, gradiveq, qsgd, powersgd or auto, in "
+                 "any case): the call is refused rather than run uncompressed",
+                 fn_call, gvq_param_rejected(GVQ_PARAM_CODEC));
+        return gvqInvalidArgument;
+    }
     if (master == gvqCodecNone || dtype != gvqFloat32 || (op != gvqSum && op != gvqAvg) ||
         count == 0)
         return gvqSuccess;

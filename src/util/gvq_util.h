@@ -48,6 +48,11 @@ int gvq_thread_may_sleep(void);
 #define GVQ_LOG_ENABLED(lvl) \
     ((gvq_log_level_cached >= 0 ? gvq_log_level_cached : gvq_log_level()) >= (lvl))
 #define GVQ_WARN(...) gvq_log(GVQ_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
+/* An INFO line that the default level (WARN) shows too: what the user asked for by name (a
+ * statistics line whose GVQ_STATS_EVERY was set). GVQ_DEBUG=NONE or VERSION hides it. */
+void gvq_log_note(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define GVQ_NOTE(...) gvq_log_note(__FILE__, __LINE__, __VA_ARGS__)
 #define GVQ_INFO(...)                                                                              \
     do {                                                                                           \
         if (GVQ_LOG_ENABLED(GVQ_LOG_INFO)) gvq_log(GVQ_LOG_INFO, __FILE__, __LINE__, __VA_ARGS__); \
@@ -145,7 +150,11 @@ int gvq_thread_may_sleep(void);
       "zero-code mode: GradiVeQ's basisUpdate (fit: sampling phases, the paper; track: a "        \
       "power iteration every call, gvqBasisTrack)")                                               \
     X(INTEGER_BITS, "GVQ_INTEGER_BITS", CHOICE, 0, "0,8,16",                                      \
-      "zero-code mode: integerBits of QSGD and of the tracked GradiVeQ basis (0: float sums)")    \
+      "zero-code mode: integerBits of the tracked GradiVeQ basis (0: float sums; QSGD has its "   \
+      "own, GVQ_QSGD_INTEGER_BITS)")                                                              \
+    X(QSGD_INTEGER_BITS, "GVQ_QSGD_INTEGER_BITS", CHOICE, 0, "0,8,16",                            \
+      "zero-code mode: integerBits of QSGD (0: levels re-quantized at every hop, ~8x fewer "      \
+      "bytes at 4 bits; 8 or 16: integer sums of the levels, 4x or 2x fewer)")                    \
     X(GRADIVEQ_SAMPLE_SLICES, "GVQ_GRADIVEQ_SAMPLE_SLICES", INT, GVQ_CONFIG_UNDEF_INT, NULL,      \
       "zero-code mode: GradiVeQ's sampleSlices (unset: 64 spread over each reuse group)")         \
     X(LAYOUT, "GVQ_LAYOUT", TEXT, 0, NULL,                                                        \
@@ -200,6 +209,11 @@ typedef enum {
 int64_t gvq_param(gvq_param_id_t id);
 double gvq_param_real(gvq_param_id_t id);
 const char *gvq_param_text(gvq_param_id_t id);
+/* The environment's value of a parameter when it did not parse (the default is used then), else
+ * NULL: GVQ_CODEC refuses zero-code calls rather than run them uncompressed. */
+const char *gvq_param_rejected(gvq_param_id_t id);
+/* 1 when the environment set the parameter (and it parsed). */
+int gvq_param_is_set(gvq_param_id_t id);
 /* Log every tunable with its value, source and help at INFO. */
 void gvq_param_dump(void);
 

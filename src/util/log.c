@@ -99,6 +99,8 @@ void gvq_log_set_last_warn(const char *text) {
     snprintf(log_last, sizeof log_last, "%s", text);
 }
 
+static void log_write(gvq_log_level_t level, const char *file, int line, const char *msg);
+
 void gvq_log(gvq_log_level_t level, const char *file, int line, const char *fmt, ...) {
     int cur = gvq_log_level();
     char msg[900];
@@ -108,6 +110,20 @@ void gvq_log(gvq_log_level_t level, const char *file, int line, const char *fmt,
     va_end(ap);
     if (level == GVQ_LOG_WARN) snprintf(log_last, sizeof log_last, "%s", msg);
     if (cur < (int)level) return;
+    log_write(level, file, line, msg);
+}
+
+void gvq_log_note(const char *file, int line, const char *fmt, ...) {
+    if (gvq_log_level() < GVQ_LOG_WARN) return;
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    log_write(GVQ_LOG_INFO, file, line, msg);
+}
+
+static void log_write(gvq_log_level_t level, const char *file, int line, const char *msg) {
     static const char *names[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
     char rank[24] = "";
     if (log_rank >= 0) snprintf(rank, sizeof rank, " [%d]", log_rank);

@@ -42,6 +42,7 @@
  */
 #include <inttypes.h>
 #include <math.h>
+#include <strings.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1040,8 +1041,9 @@ static int32_t zc_int(int r, int t, size_t i) {
 static void run_zerocode(void) {
     part("zerocode: GVQ_CODEC=gradiveq, plain gvqAllReduce");
     const char *e = getenv("GVQ_CODEC");
-    MT_CHECK(e != NULL && strcmp(e, "gradiveq") == 0,
-             "zerocode mode needs GVQ_CODEC=gradiveq in the environment, got '%s'", e ? e : "");
+    MT_CHECK(e != NULL && strcasecmp(e, "gradiveq") == 0,
+             "zerocode mode needs GVQ_CODEC=gradiveq (any case) in the environment, got '%s'",
+             e ? e : "");
     int N = mt.nranks;
     const size_t n = ZC_COUNT;
     gvqComm_t comm = new_comm();
@@ -1152,18 +1154,132 @@ static void run_zerocode_bad(void) {
     MT_OK(gvqCommDestroy(comm));
 }
 
+/* GVQ_CODEC=qsgd8 (no such codec): every zero-code call is refused, never run uncompressed;
+ * other calls run. */
+static void run_zerocode_badname(void) {
+    part("zerocode-badname: GVQ_CODEC=qsgd8 refuses float allreduces");
+    gvqComm_t comm = new_comm();
+    float f[300];
+    int32_t i32[300];
+    for (int i = 0; i < 300; i++)
+        f[i] = (float)i, i32[i] = i;
+    MT_EXPECT_RES(gvqAllReduce(f, f, 300, gvqFloat32, gvqAvg, comm, NULL), gvqInvalidArgument);
+    const char *err = gvqGetLastError(comm);
+    MT_CHECK(strstr(err, "GVQ_CODEC='qsgd8'") != NULL && strstr(err, "uncompressed") != NULL,
+             "the refusal does not name GVQ_CODEC's value: '%s'", err);
+    MT_CHECK(f[299] == 299.0f, "the refused call wrote its buffer: %g", f[299]);
+    MT_OK(gvqAllReduce(i32, i32, 300, gvqInt32, gvqSum, comm, NULL));
+    MT_CHECK(i32[299] == 299 * mt.nranks, "int32 sum after the refusal: %d", (int)i32[299]);
+    MT_OK(gvqCommDestroy(comm));
+}
+
+/* zerocode-layout-count: GVQ_LAYOUT describes 5001 floats, the buffer holds 5000: the call
+ * runs (one whole-buffer compressor) and a WARN, at the default level, says the layout is not
+ * used for it. */
+static void run_zerocode_layout_count(void) {
+    part("zerocode-layout-count: a layout of another count is reported unused");
+    gvqComm_t comm = new_comm();
+    const size_t n = 5000;
+    float *f = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)(i % 7);
+    MT_OK(gvqAllReduce(f, f, n, gvqFloat32, gvqSum, comm, NULL));
+    const char *err = gvqGetLastError(comm);
+    MT_CHECK(strstr(err, "describes 5001 floats") != NULL &&
+                 strstr(err, "not used for this buffer") != NULL,
+             "no WARN that the layout is unused: '%s'", err);
+    free(f);
+    MT_OK(gvqCommDestroy(comm));
+}
+
+/* zerocode-stats (GVQ_CODEC=gradiveq, GVQ_STATS_EVERY=55, GVQ_DEBUG unset, GVQ_DEBUG_FILE=
+ * zc_stats_%p.log): 110 calls of slices in a two-dimensional subspace, so the fit after the 100
+ * sampled calls keeps d 2; rank 0's statistics line shows at the default level, with the fitted
+ * d and its kept energy. */
+static void run_zerocode_stats(void) {
+    part("zerocode-stats: the statistics line at the default level, with d and kept energy");
+    gvqComm_t comm = new_comm();
+    const size_t n = 256 * 32;
+    float *f = malloc(sizeof(float) * n);
+    for (int t = 0; t < 110; t++) {
+        for (size_t i = 0; i < n; i++) { /* slice j: a_j v0 + b_j v1 */
+            size_t j = i / 256, k = i % 256;
+            f[i] = (float)((1 + 0.1 * (double)((j * 7 + (size_t)t + (size_t)mt.rank) % 5)) *
+                               sin(0.05 * (double)k) +
+                           0.3 * (double)((j + (size_t)t) % 3) * cos(0.11 * (double)k));
+        }
+        MT_OK(gvqAllReduce(f, f, n, gvqFloat32, gvqAvg, comm, NULL));
+    }
+    char path[64], line[1024];
+    snprintf(path, sizeof path, "zc_stats_%d.log", (int)getpid());
+    if (mt.rank == 0) {
+        FILE *fp = fopen(path, "r");
+        int found = 0, fitted = 0;
+        while (fp != NULL && fgets(line, sizeof line, fp) != NULL) {
+            if (strstr(line, "GVQ INFO zero-code stats after 110 calls") == NULL) continue;
+            found = 1;
+            fitted = strstr(line, "GradiVeQ d 2 (smallest fitted) keeping") != NULL &&
+                     strstr(line, "of the energy") != NULL;
+            if (!fitted) printf("   the line: %s", line);
+        }
+        if (fp != NULL) fclose(fp);
+        MT_CHECK(found, "no statistics line after 110 calls in %s at the default level", path);
+        MT_CHECK(fitted, "the statistics line does not give the fitted d 2 and its energy");
+    }
+    remove(path); /* every rank's own */
+    free(f);
+    MT_OK(gvqCommDestroy(comm));
+}
+
+/* zerocode-ratio MIN MAX: ten zero-code calls on a flat buffer (GVQ_CODEC and the integer
+ * widths from the environment); the wire's ratio (gvqCommGetCompressionStats) must lie in
+ * [MIN, MAX]: GVQ_INTEGER_BITS=16 leaves QSGD at ~7.9x, GVQ_QSGD_INTEGER_BITS=16 takes it to 2x. */
+static void run_zerocode_ratio(double lo, double hi) {
+    part("zerocode-ratio: the zero-code wire's ratio");
+    gvqComm_t comm = new_comm();
+    const size_t n = 40000;
+    float *f = malloc(sizeof(float) * n);
+    for (int t = 0; t < 10; t++) {
+        for (size_t i = 0; i < n; i++)
+            f[i] = (float)sin(0.001 * (double)(i * (size_t)(mt.rank + 1)) + t);
+        MT_OK(gvqAllReduce(f, f, n, gvqFloat32, gvqAvg, comm, NULL));
+    }
+    gvqCompressorStats_t st;
+    MT_OK(gvqCommGetCompressionStats(comm, GVQ_STATS_TOTAL, &st));
+    MT_CHECK(st.ratio >= lo && st.ratio <= hi, "zero-code ratio %.3f, want [%g, %g] (codec %d)",
+             st.ratio, lo, hi, st.codec);
+    if (mt.rank == 0) printf("   ratio %.3f (codec %d)\n", st.ratio, st.codec);
+    free(f);
+    MT_OK(gvqCommDestroy(comm));
+}
+
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     signal(SIGALRM, watchdog);
     alarm(WATCHDOG_S);
     int zerocode = argc > 1 && strcmp(argv[1], "zerocode") == 0;
     int zerocode_bad = argc > 1 && strcmp(argv[1], "zerocode-bad") == 0;
-    if (argc > 1 && !zerocode && !zerocode_bad) {
-        if (mt.rank == 0) printf("usage: test_compressed [zerocode|zerocode-bad]\n");
+    int zerocode_badname = argc > 1 && strcmp(argv[1], "zerocode-badname") == 0;
+    int zerocode_ratio = argc > 3 && strcmp(argv[1], "zerocode-ratio") == 0;
+    int zerocode_count = argc > 1 && strcmp(argv[1], "zerocode-layout-count") == 0;
+    int zerocode_stats = argc > 1 && strcmp(argv[1], "zerocode-stats") == 0;
+    if (argc > 1 && !zerocode && !zerocode_bad && !zerocode_badname && !zerocode_ratio &&
+        !zerocode_count && !zerocode_stats) {
+        if (mt.rank == 0)
+            printf("usage: test_compressed [zerocode|zerocode-bad|zerocode-badname|"
+                   "zerocode-ratio MIN MAX|zerocode-layout-count|zerocode-stats]\n");
         MPI_Finalize();
         return 2;
     }
-    if (zerocode_bad) {
+    if (zerocode_stats) {
+        run_zerocode_stats();
+    } else if (zerocode_count) {
+        run_zerocode_layout_count();
+    } else if (zerocode_ratio) {
+        run_zerocode_ratio(atof(argv[2]), atof(argv[3]));
+    } else if (zerocode_badname) {
+        run_zerocode_badname();
+    } else if (zerocode_bad) {
         run_zerocode_bad();
     } else if (zerocode) {
         run_zerocode();
@@ -1183,7 +1299,11 @@ int main(int argc, char **argv) {
     }
     alarm(0);
     if (mt.rank == 0) printf("-- done (%.1f s)\n", elapsed());
-    return mt_finish(zerocode_bad ? "test_compressed zerocode-bad"
-                     : zerocode   ? "test_compressed zerocode"
-                                  : "test_compressed");
+    return mt_finish(zerocode_stats     ? "test_compressed zerocode-stats"
+                     : zerocode_count   ? "test_compressed zerocode-layout-count"
+                     : zerocode_ratio   ? "test_compressed zerocode-ratio"
+                     : zerocode_badname ? "test_compressed zerocode-badname"
+                     : zerocode_bad     ? "test_compressed zerocode-bad"
+                     : zerocode         ? "test_compressed zerocode"
+                                        : "test_compressed");
 }
