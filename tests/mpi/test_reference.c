@@ -21,10 +21,14 @@
  *               rounding of the mean, QSGD conv variables (one fused group) bitwise equal to
  *               the same compressors called directly, PowerSGD fc variables exact on rank-r
  *               gradients; wait-free and after backprop
+ *   6 zerocode  (its own ctest entries, GVQ_CODEC=qsgd) plain gvqAllReduce on a flat buffer with
+ *               a layout: each compressed layer the bits of its compressor called directly and
+ *               within the bound, the plain rest within rounding
  *
  * The shm setting comes from ctest (GVQ_SHM=0/1 entries) at 1-5 ranks. GVQ_TEST_SWEEP=full runs
  * every datatype and op, every QSGD setting and more counts; the default is a representative
- * sweep quick enough for CI. An argument names one part (plain, qsgd, intwire, lowrank, layer).
+ * sweep quick enough for CI. An argument names one part (plain, qsgd, intwire, lowrank, layer,
+ * zerocode).
  */
 #include <math.h>
 #include <stdint.h>
@@ -924,6 +928,94 @@ static void part_layer(gvqComm_t comm, int wait_free) {
     }
 }
 
+/* ---- 6 zero-code mode ---------------------------------------------------------------------------
+ * Its ctest entries set GVQ_CODEC=qsgd: plain gvqAllReduce calls on one flat buffer with a layout
+ * (gvqCommSetLayout): the conv and fc layers from GVQ_LAYOUT_MIN_COUNT up through QSGD (fused in
+ * one set), the rest (small layers, biases, gaps) one plain allreduce. Each QSGD layer equals the
+ * same QSGD compressor called directly and lies within the variance bound; the rest within
+ * rounding; every rank the same bits. */
+
+static void part_zerocode(gvqComm_t comm) {
+    mt_part("6 zerocode: GVQ_CODEC=qsgd on a flat buffer with a layout", 300);
+    const char *codec = getenv("GVQ_CODEC");
+    if (codec == NULL || strcmp(codec, "qsgd") != 0) {
+        if (mt.rank == 0) printf("   SKIPPED: part 6 needs GVQ_CODEC=qsgd (its own ctest entry)\n");
+        return;
+    }
+    int N = mt.nranks;
+    /* conv7, conv6, fc 64 x 100 compressed; conv1 (144 < 4096), biases and a gap plain */
+    const shape_t ls[5] = {{"conv7", 64, 64, 3, 3},
+                           {"conv6", 64, 32, 3, 3},
+                           {"fc", 0, 6400, 0, 0},
+                           {"conv1", 16, 1, 3, 3},
+                           {"biases", 0, 300, 0, 0}};
+    size_t off[6] = {0}, total;
+    for (int l = 0; l < 5; l++)
+        off[l + 1] = off[l] + shape_count(&ls[l]);
+    total = off[5] + 77; /* a gap no layer claims */
+    gvqLayer_t layers[5] = {GVQ_LAYER_CONV(off[0], 64, 64, 3, 3),
+                            GVQ_LAYER_CONV(off[1], 64, 32, 3, 3), GVQ_LAYER_FC(off[2], 64, 100),
+                            GVQ_LAYER_CONV(off[3], 16, 1, 3, 3), GVQ_LAYER_OTHER(off[4], 300)};
+    MT_OK(gvqCommSetLayout(comm, total, layers, 5));
+    gvqCompressor_t direct[3];
+    for (int l = 0; l < 3; l++) {
+        gvqCompressorConfig_t c = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+        c.codec = gvqCodecQsgd;
+        MT_OK(gvqCompressorCreate(comm, shape_count(&ls[l]), &c, &direct[l]));
+    }
+    float *buf = malloc(4 * total), *d = malloc(4 * total), *xs = malloc(4 * total * (size_t)N);
+    double *ref = malloc(8 * total);
+    for (int t = 0; t < 3; t++) {
+        gvqRedOp_t op = t == 1 ? gvqSum : gvqAvg;
+        double scale = op == gvqAvg ? N : 1;
+        memset(ref, 0, 8 * total);
+        for (int r = 0; r < N; r++)
+            for (size_t i = 0; i < total; i++) {
+                float v = grad_val(r, 90, t, i, &ls[2]);
+                xs[(size_t)r * total + i] = v;
+                ref[i] += v;
+            }
+        memcpy(buf, xs + (size_t)mt.rank * total, 4 * total);
+        memcpy(d, buf, 4 * total);
+        MT_OK(gvqAllReduce(buf, buf, total, gvqFloat32, op, comm, NULL));
+        for (int l = 0; l < 3; l++)
+            MT_OK(gvqAllReduceCompressed(d + off[l], d + off[l], shape_count(&ls[l]), gvqFloat32,
+                                         op, direct[l], comm, NULL));
+        for (int l = 0; l < 3; l++) {
+            size_t n = shape_count(&ls[l]);
+            MT_CHECK(memcmp(buf + off[l], d + off[l], 4 * n) == 0,
+                     "zerocode call %d: layer %s differs from its QSGD compressor called directly",
+                     t, ls[l].name);
+            float *xl = malloc(4 * n * (size_t)N);
+            for (int r = 0; r < N; r++)
+                memcpy(xl + (size_t)r * n, xs + (size_t)r * total + off[l], 4 * n);
+            shape_t flat = {ls[l].name, 0, (int)n, 0, 0}; /* zero-code QSGD runs flat */
+            double e = rel_err(buf + off[l], ref + off[l], n, scale);
+            double b = qsgd_bound(xl, ref + off[l], n, 4, 512, &flat);
+            free(xl);
+            MT_CHECK(e <= b, "zerocode call %d: layer %s relative error %.4g above the bound %.4g",
+                     t, ls[l].name, e, b);
+        }
+        int bad = 0;
+        for (size_t i = off[3]; i < total && bad < 3; i++) {
+            double mag = 0;
+            for (int r = 0; r < N; r++)
+                mag += fabs(xs[(size_t)r * total + i]);
+            if (!ref_close(buf[i] * scale, ref[i], mag * scale, gvqFloat32, gvqSum, N)) {
+                MT_FAIL("zerocode call %d: plain element %zu is %.9g, reference %.9g", t, i,
+                        buf[i] * scale, ref[i]);
+                bad++;
+            }
+        }
+        mt.checks++;
+        MT_CHECK(mt_identical(buf, 4 * total), "zerocode call %d: outputs differ between ranks", t);
+    }
+    for (int l = 0; l < 3; l++)
+        MT_OK(gvqCompressorDestroy(direct[l]));
+    MT_OK(gvqCommSetLayout(comm, 0, NULL, 0));
+    free(buf), free(d), free(xs), free(ref);
+}
+
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -937,6 +1029,7 @@ int main(int argc, char **argv) {
     if (only == NULL || strcmp(only, "qsgd") == 0) part_qsgd(comm);
     if (only == NULL || strcmp(only, "intwire") == 0) part_intwire(comm);
     if (only == NULL || strcmp(only, "lowrank") == 0) part_lowrank(comm);
+    if (only != NULL && strcmp(only, "zerocode") == 0) part_zerocode(comm);
     if (only == NULL || strcmp(only, "layer") == 0) {
         part_layer(comm, 1);
         part_layer(comm, 0);
