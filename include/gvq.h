@@ -592,6 +592,23 @@ GVQ_API gvqResult_t gvqCommSetLayout(gvqComm_t comm, size_t count, const gvqLaye
  * a WARN naming every malformed entry (and gvqCommSetLayout's), gvqSystemError. */
 GVQ_API gvqResult_t gvqCommSetLayoutString(gvqComm_t comm, const char *layout);
 
+/* A layout built from the trainer's own tensors, in buffer order, without offset arithmetic:
+ * appends one layer at *offset (where the next tensor starts in the flat buffer) to
+ * layers[*nlayers], then advances both. kind gvqLayerConv takes dims = {K, D, H, W} (a conv
+ * weight's shape), gvqLayerFc dims = {out, in}, gvqLayerOther `count` elements (dims unused).
+ *
+ *     gvqLayer_t l[8]; int n = 0; size_t at = 0;
+ *     gvqLayoutAppend(l, 8, &n, &at, gvqLayerConv, (int[]){32, 1, 5, 5}, 0);
+ *     gvqLayoutAppend(l, 8, &n, &at, gvqLayerOther, NULL, 32);            (its bias)
+ *     gvqLayoutAppend(l, 8, &n, &at, gvqLayerFc, (int[]){10, 4608}, 0);
+ *     if (at != nparams) ... the tensors do not add up to the buffer ...
+ *     gvqCommSetLayout(comm, nparams, l, n);
+ *
+ * Errors: gvqInvalidArgument with a WARN (NULL pointers, no room left in layers, unknown kind,
+ * dims < 1, count 0, an offset past SIZE_MAX); nothing is appended then. Local. */
+GVQ_API gvqResult_t gvqLayoutAppend(gvqLayer_t *layers, int capacity, int *nlayers, size_t *offset,
+                                    int kind, const int *dims, size_t count);
+
 #define GVQ_STATS_TOTAL (-1)
 
 /* The statistics of the communicator's zero-code calls, on this rank. layer GVQ_STATS_TOTAL:

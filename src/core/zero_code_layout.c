@@ -79,6 +79,41 @@ static gvqResult_t layer_count(const char *fn, int i, const gvqLayer_t *l, size_
     return gvqSuccess;
 }
 
+GVQ_API gvqResult_t gvqLayoutAppend(gvqLayer_t *layers, int capacity, int *nlayers, size_t *offset,
+                                    int kind, const int *dims, size_t count) {
+    const char *fn = "gvqLayoutAppend";
+    if (layers == NULL || nlayers == NULL || offset == NULL) {
+        GVQ_WARN("%s: layers %p, nlayers %p, offset %p: none may be NULL", fn, (void *)layers,
+                 (void *)nlayers, (void *)offset);
+        return gvqInvalidArgument;
+    }
+    if (*nlayers < 0 || *nlayers >= capacity) {
+        GVQ_WARN("%s: no room for layer %d (capacity %d)", fn, *nlayers, capacity);
+        return gvqInvalidArgument;
+    }
+    if (kind != gvqLayerConv && kind != gvqLayerFc && kind != gvqLayerOther) {
+        GVQ_WARN("%s: layer %d: kind %d is not gvqLayerConv, gvqLayerFc or gvqLayerOther", fn,
+                 *nlayers, kind);
+        return gvqInvalidArgument;
+    }
+    if (kind != gvqLayerOther && dims == NULL) {
+        GVQ_WARN("%s: layer %d (%s): dims is NULL", fn, *nlayers, gvq_layer_kind_name(kind));
+        return gvqInvalidArgument;
+    }
+    gvqLayer_t l = GVQ_LAYER_OF(kind, *offset, kind == gvqLayerOther ? count : 0, 0, 0, 0, 0);
+    for (int d = 0; kind != gvqLayerOther && d < (kind == gvqLayerConv ? 4 : 2); d++)
+        l.dims[d] = dims[d];
+    size_t n;
+    GVQCHECK(layer_count(fn, *nlayers, &l, &n));
+    if (n > SIZE_MAX - *offset) {
+        GVQ_WARN("%s: layer %d ends past SIZE_MAX", fn, *nlayers);
+        return gvqInvalidArgument;
+    }
+    layers[(*nlayers)++] = l;
+    *offset += n;
+    return gvqSuccess;
+}
+
 static gvqResult_t check_layer(const char *fn, int i, const gvqLayer_t *in, size_t count,
                                gvqLayer_t *out) {
     char what[32];

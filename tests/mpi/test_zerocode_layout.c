@@ -309,6 +309,41 @@ static void run_bad_layouts(gvqComm_t comm) {
     MT_EXPECT_RES(gvqCommGetCompressionStats(comm, 4, &s), gvqInvalidArgument);
 }
 
+/* gvqLayoutAppend: a layout in buffer order from tensor shapes, the same layers as the macros
+ * at the offsets summed by hand; accepted by gvqCommSetLayout; refusals append nothing. */
+static void run_layout_append(void) {
+    mt_part("gvqLayoutAppend builds the layout from the tensors' shapes", 100);
+    gvqLayer_t l[3],
+        want[3] = {GVQ_LAYER_CONV(0, 2, 3, 2, 2), GVQ_LAYER_OTHER(24, 5), GVQ_LAYER_FC(29, 4, 6)};
+    int n = 0;
+    size_t at = 0;
+    MT_OK(gvqLayoutAppend(l, 3, &n, &at, gvqLayerConv, (const int[]){2, 3, 2, 2}, 0));
+    MT_OK(gvqLayoutAppend(l, 3, &n, &at, gvqLayerOther, NULL, 5));
+    MT_OK(gvqLayoutAppend(l, 3, &n, &at, gvqLayerFc, (const int[]){4, 6}, 0));
+    MT_CHECK(n == 3 && at == 53, "3 layers over 53 floats, got %d over %zu", n, at);
+    for (int i = 0; i < 3 && n == 3; i++)
+        MT_CHECK(l[i].size == want[i].size && l[i].magic == want[i].magic &&
+                     l[i].version == want[i].version && l[i].kind == want[i].kind &&
+                     l[i].offset == want[i].offset && l[i].count == want[i].count &&
+                     memcmp(l[i].dims, want[i].dims, sizeof l[i].dims) == 0,
+                 "layer %d: kind %d offset %zu count %zu dims %dx%dx%dx%d, want kind %d offset "
+                 "%zu count %zu dims %dx%dx%dx%d",
+                 i, l[i].kind, l[i].offset, l[i].count, l[i].dims[0], l[i].dims[1], l[i].dims[2],
+                 l[i].dims[3], want[i].kind, want[i].offset, want[i].count, want[i].dims[0],
+                 want[i].dims[1], want[i].dims[2], want[i].dims[3]);
+    expect_refused(gvqLayoutAppend(l, 3, &n, &at, gvqLayerOther, NULL, 1), "no room", "full");
+    n = 1;
+    expect_refused(gvqLayoutAppend(l, 3, &n, &at, gvqLayerConv, (const int[]){2, 0, 1, 1}, 0),
+                   "dims[1] = 0", "zero dim");
+    expect_refused(gvqLayoutAppend(l, 3, &n, &at, gvqLayerFc, NULL, 0), "dims is NULL", "NULL");
+    expect_refused(gvqLayoutAppend(l, 3, &n, &at, gvqLayerOther, NULL, 0), "count 0", "count 0");
+    expect_refused(gvqLayoutAppend(l, 3, &n, &at, 9, NULL, 4), "kind 9", "kind");
+    MT_CHECK(n == 1 && at == 53, "a refused append moved the layout: %d layers, %zu floats", n, at);
+    gvqComm_t comm = mt_new_comm();
+    MT_OK(gvqCommSetLayout(comm, 53, want, 3));
+    MT_OK(gvqCommDestroy(comm));
+}
+
 /* Ranks that describe the buffer differently are refused on every rank. */
 static void run_mismatch(void) {
     mt_part("ranks with different layouts are refused on every rank", 100);
@@ -393,6 +428,7 @@ int main(int argc, char **argv) {
         if (strcmp(mode, "env") != 0) run_bad_layouts(comm);
         MT_OK(gvqCommDestroy(comm));
         if (strcmp(mode, "env") != 0) run_mismatch();
+        if (strcmp(mode, "env") != 0) run_layout_append();
         if (mt.rank == 0) {
             mt_part("the GVQ_STATS_EVERY INFO line", 100);
             FILE *f = fopen(logpath, "r");

@@ -20,8 +20,9 @@ from . import _lib, _structs
 _lib.declare(_structs)
 abi_check = _structs.check_abi()
 
-from .comm import (AVG, MAX, MIN, PROD, SUM, Communicator, Op, allgather, allreduce,  # noqa: E402
-                   broadcast, get_unique_id, group, recv, reduce, reduce_scatter, send, version)
+from .comm import (AVG, MAX, MIN, PROD, SUM, Communicator, Layout, Op, allgather,  # noqa: E402
+                   allreduce, broadcast, get_unique_id, group, recv, reduce, reduce_scatter, send,
+                   version)
 from .compressor import (Basis, Codec, Compressor, Phase, allreduce_compressed,  # noqa: E402
                          make_config)
 from .sparse import RAW, SUMMED, ParameterServer, Rule, SparseRows, sparse_allgatherv  # noqa: E402
@@ -29,7 +30,7 @@ from . import train  # noqa: E402  (gvq.train: the training layer, include/gvq_t
 
 __version__ = "0.1.0"
 __all__ = ["GvqError", "InvalidArgument", "InvalidUsage", "RemoteError", "SystemError_", "Timeout",
-           "LibraryNotFound", "library_path", "abi_check", "Communicator", "Op", "SUM", "PROD",
+           "LibraryNotFound", "library_path", "abi_check", "Communicator", "Layout", "Op", "SUM", "PROD",
            "MAX", "MIN", "AVG", "allreduce", "broadcast", "reduce", "reduce_scatter", "allgather",
            "send", "recv", "group", "get_unique_id", "version", "Basis", "Codec", "Phase",
            "Compressor",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import enum
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, List, Optional, Sequence
 
 from . import _lib, _structs
 from ._buffers import as_buffer, same_kind
@@ -195,6 +195,71 @@ class Communicator:
         st = _structs.CompressorStats()
         call("gvqCommGetCompressionStats", self.handle, int(layer), ctypes.byref(st))
         return _stats_dict(st)
+
+
+class Layout:
+    """A zero-code layout built from the trainer's own tensors, in the order they sit in the
+    flat buffer, without offset arithmetic (C: gvqLayoutAppend):
+
+        layout = gvq.Layout.of(p.shape for p in model.parameters())   # or .conv/.fc/.other
+        comm.set_layout(layout.text(flat.numel()))                    # checks the total
+
+    A 4-d shape is a conv weight (K, D, H, W), a 2-d one an fc weight (out, in), anything else
+    (biases, scalars) an "other" layer of its element count."""
+
+    def __init__(self) -> None:
+        self.entries: List[str] = []
+        self.count = 0  # floats so far: where the next tensor starts
+
+    def _add(self, kind: str, dims: Sequence[int]) -> "Layout":
+        dims = [int(d) for d in dims]
+        if not dims or any(d < 1 for d in dims):
+            raise ValueError("layer %d (%s): dims %s must all be >= 1" %
+                             (len(self.entries), kind, dims))
+        self.entries.append("%s:%d:%s" % (kind, self.count, "x".join(str(d) for d in dims)))
+        n = 1
+        for d in dims:
+            n *= d
+        self.count += n
+        return self
+
+    def conv(self, k: int, d: int, h: int, w: int) -> "Layout":
+        return self._add("conv", (k, d, h, w))
+
+    def fc(self, out: int, inp: int) -> "Layout":
+        return self._add("fc", (out, inp))
+
+    def other(self, count: int) -> "Layout":
+        return self._add("other", (count,))
+
+    def add(self, shape: Sequence[int]) -> "Layout":
+        """One tensor by its shape: 4-d conv, 2-d fc, else other."""
+        shape = tuple(int(d) for d in shape)
+        if len(shape) == 4:
+            return self.conv(*shape)
+        if len(shape) == 2:
+            return self.fc(*shape)
+        n = 1
+        for d in shape:
+            n *= d
+        return self.other(n)
+
+    @classmethod
+    def of(cls, shapes: Iterable[Sequence[int]]) -> "Layout":
+        layout = cls()
+        for shape in shapes:
+            layout.add(shape)
+        return layout
+
+    def text(self, total: Optional[int] = None) -> str:
+        """GVQ_LAYOUT's syntax; with total (the flat buffer's length), refuses a layout whose
+        tensors do not add up to it (a layout of another count would go unused)."""
+        if total is not None and int(total) != self.count:
+            raise ValueError("the layout's tensors add up to %d floats, the buffer holds %d" %
+                             (self.count, int(total)))
+        return ",".join(self.entries + ["count:%d" % self.count])
+
+    __str__ = text
 
 
 def _comm(comm: Any, func: str) -> int:

@@ -312,3 +312,19 @@ def test_parameter_server(comm):
         ps.load(blob)
         with pytest.raises(gvq.InvalidArgument):
             ps.load(blob[:-3])
+
+
+def test_layout_from_shapes(comm):
+    """gvq.Layout: the layout of a flat buffer from its tensors' shapes, in buffer order."""
+    shapes = [(32, 1, 5, 5), (32,), (10, 800), (10,)]
+    layout = gvq.Layout.of(shapes)
+    total = 32 * 25 + 32 + 8000 + 10
+    assert layout.count == total
+    assert layout.text(total) == ("conv:0:32x1x5x5,other:800:32,fc:832:10x800,other:8832:10,"
+                                  "count:8842")
+    with pytest.raises(ValueError, match="add up to 8842 floats, the buffer holds 8843"):
+        layout.text(total + 1)
+    with pytest.raises(ValueError, match="must all be >= 1"):
+        gvq.Layout().conv(4, 0, 3, 3)
+    comm.set_layout(layout.text(total))  # the library accepts it (checks dims and bounds)
+    comm.set_layout(None)
