@@ -129,6 +129,26 @@ separate_arguments(libs UNIX_COMMAND "${libs_text}")
 run("gcc + pkg-config consumer: build (${CC} app.c ${cflags_text} -o app_pc ${libs_text})" ${CC}
     ${CONSUMER}/app.c ${cflags} -o ${WORK}/app_pc ${libs})
 run("gcc + pkg-config consumer: run at 2 ranks" ${ldenv} ${mpirun} ${WORK}/app_pc)
+# 3. docs/PORTING.md's compile lines as written (its first ```sh block, PREFIX replaced by the
+#    prefix, trainer.c by consumer/zero_code_app.c), then the program started without
+#    LD_LIBRARY_PATH: the documented -rpath must let it find libgvq.so.0; GVQ_CODEC=auto with a
+#    layout built by gvqLayoutAppend (docs/ZERO_CODE.md). Only where the libdir is PREFIX/lib,
+#    the folder the documented PKG_CONFIG_PATH names.
+if(EXISTS ${SRC}/docs/PORTING.md AND pcdir STREQUAL "${prefix}/lib/pkgconfig")
+  file(READ ${SRC}/docs/PORTING.md porting)
+  string(FIND "${porting}" "```sh\n" at)
+  string(SUBSTRING "${porting}" ${at} -1 porting)
+  string(SUBSTRING "${porting}" 6 -1 porting)
+  string(FIND "${porting}" "```" end)
+  string(SUBSTRING "${porting}" 0 ${end} doc_cmds)
+  string(REPLACE "PREFIX" "${prefix}" doc_cmds "${doc_cmds}")
+  string(REPLACE "trainer.c" "${CONSUMER}/zero_code_app.c" doc_cmds "${doc_cmds}")
+  string(REPLACE "-o trainer" "-o ${WORK}/trainer" doc_cmds "${doc_cmds}")
+  file(WRITE ${WORK}/porting_build.sh "set -e\n${doc_cmds}")
+  run("PORTING.md's compile lines as written:\n${doc_cmds}" bash ${WORK}/porting_build.sh)
+  run("PORTING.md's program started without LD_LIBRARY_PATH, GVQ_CODEC=auto" ${CMAKE_COMMAND} -E env
+      --unset=LD_LIBRARY_PATH GVQ_CODEC=auto ${mpirun} ${WORK}/trainer)
+endif()
 if(remove_work)
   file(REMOVE_RECURSE ${WORK})
 endif()
