@@ -216,6 +216,29 @@ static void compressor_free(gvqCompressor_t c) {
     free(c);
 }
 
+/* The INFO line of a new compressor: the fields of its own method only. */
+static void log_created(const gvqCompressor_t c, size_t count) {
+    const gvq_comp_cfg_t *g = &c->cfg;
+    if (!GVQ_LOG_ENABLED(GVQ_LOG_INFO)) return;
+    if (g->codec == gvqCodecPowersgd)
+        GVQ_INFO("compressor %p: tensor %d count %zu powersgd rank %d error feedback %d", (void *)c,
+                 c->tensor_index, count, g->prank, g->error_feedback);
+    else if (g->codec == gvqCodecQsgd)
+        GVQ_INFO("compressor %p: tensor %d count %zu qsgd %d bits bucket %d %s norm integer "
+                 "wire %d",
+                 (void *)c, c->tensor_index, count, g->qbits, g->qbucket,
+                 g->qmaxnorm ? "max" : "L2", g->int_bits);
+    else if (g->track)
+        GVQ_INFO("compressor %p: tensor %d count %zu gradiveq tracked basis d %d L=%d K=%d "
+                 "integer wire %d",
+                 (void *)c, c->tensor_index, count, g->dmax, g->L, g->K, g->int_bits);
+    else
+        GVQ_INFO("compressor %p: tensor %d count %zu gradiveq L=%d C=%d groups %zu K=%d W=%d "
+                 "T=%d S=%d",
+                 (void *)c, c->tensor_index, count, g->L, g->C, c->ngroups, g->K, g->warmup,
+                 g->sample, g->compressed);
+}
+
 GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
                                         const gvqCompressorConfig_t *config,
                                         gvqCompressor_t *compressor) {
@@ -247,9 +270,7 @@ GVQ_API gvqResult_t gvqCompressorCreate(gvqComm_t comm, size_t count,
         compressor_free(c);
         return res;
     }
-    GVQ_INFO("compressor %p: tensor %d count %zu codec %d L=%d C=%d groups %zu K=%d W=%d T=%d S=%d",
-             (void *)c, c->tensor_index, count, cfg.codec, cfg.L, c->cfg.C, c->ngroups, cfg.K,
-             cfg.warmup, cfg.sample, cfg.compressed);
+    log_created(c, count);
     *compressor = c;
     return gvqSuccess;
 }
