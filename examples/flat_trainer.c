@@ -2,7 +2,8 @@
  * flat_trainer.c -- the smallest complete data-parallel trainer on gvq, the program that
  * docs/PORTING.md walks through. Build it against an installed gvq and run it on N ranks:
  *
- *   gcc flat_trainer.c $(pkg-config --cflags --libs gvq) -lm -o flat_trainer
+ *   gcc flat_trainer.c $(pkg-config --cflags --libs gvq) \
+ *       -Wl,-rpath,$(pkg-config --variable=libdir gvq) -lm -o flat_trainer
  *   mpirun -np 2 ./flat_trainer                       # plain, exact gvqAllReduce
  *   GVQ_CODEC=auto mpirun -np 2 -x GVQ_CODEC ./flat_trainer --layout   # compressed per layer
  *
@@ -152,15 +153,22 @@ static int weights_agree(const float *p, gvqComm_t comm) {
     return hmax == hmin;
 }
 
-/* Tells gvq where the layers of the flat gradient are (used by GVQ_CODEC's zero-code mode). */
+/* Tells gvq where the layers of the flat gradient are (used by GVQ_CODEC's zero-code mode):
+ * each tensor's shape in buffer order; gvqLayoutAppend keeps the offsets, and the total must
+ * come out as the buffer's length (a layout of another length would go unused). */
 static void describe_layers(gvqComm_t comm) {
-    gvqLayer_t layers[] = {
-        GVQ_LAYER_FC(OFF_W1, HID, IN), /* [out][in], row-major */
-        GVQ_LAYER_OTHER(OFF_B1, HID),  /* biases: always summed exactly */
-        GVQ_LAYER_FC(OFF_W2, OUT, HID),
-        GVQ_LAYER_OTHER(OFF_B2, OUT),
-    };
-    CHECK(gvqCommSetLayout(comm, NPARAMS, layers, (int)(sizeof layers / sizeof layers[0])));
+    gvqLayer_t layers[4];
+    int n = 0;
+    size_t at = 0;
+    CHECK(gvqLayoutAppend(layers, 4, &n, &at, gvqLayerFc, (const int[]){HID, IN}, 0)); /* W1 */
+    CHECK(gvqLayoutAppend(layers, 4, &n, &at, gvqLayerOther, NULL, HID)); /* b1: summed exactly */
+    CHECK(gvqLayoutAppend(layers, 4, &n, &at, gvqLayerFc, (const int[]){OUT, HID}, 0)); /* W2 */
+    CHECK(gvqLayoutAppend(layers, 4, &n, &at, gvqLayerOther, NULL, OUT));               /* b2 */
+    if (at != NPARAMS) {
+        fprintf(stderr, "the layers add up to %zu floats, the buffer holds %d\n", at, NPARAMS);
+        exit(1);
+    }
+    CHECK(gvqCommSetLayout(comm, NPARAMS, layers, n));
 }
 
 int main(int argc, char **argv) {
