@@ -625,7 +625,7 @@ GVQ_API gvqResult_t gvqCommGetCompressionStats(gvqComm_t comm, int layer,
                                                gvqCompressorStats_t *stats);
 
 /* =============================================================================================
- * Sparse variables (ALGORITHMS.md section 4, after Parallax, EuroSys 2019)
+ * Sparse variables (docs/ALGORITHMS.md section 4, after Parallax, EuroSys 2019)
  *
  * A sparse variable has `rows` rows of `dim` elements; a step touches a few of them (an
  * embedding). Two ways to aggregate its gradient:
@@ -874,7 +874,7 @@ typedef struct {
     double bestSampledSeconds;
 } gvqPsTuneResult_t;
 
-/* Finds the number of partitions P for a parameter server as Parallax does (ALGORITHMS.md
+/* Finds the number of partitions P for a parameter server as Parallax does (docs/ALGORITHMS.md
  * section 4): starting at startPartitions, runs itersPerSample calls of `step` on a fresh
  * parameter server (gvqPsCreate(comm, rows, dim, datatype, config with partitions = P)) and
  * times them, doubling P until the time rises, then halving from the start until it rises; fits

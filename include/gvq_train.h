@@ -270,7 +270,7 @@ GVQ_API gvqResult_t gvqTrainLoadFile(gvqTrainer_t trainer, const char *path);
 GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);
 
 /* ---------------------------------------------------------------------------------------------
- * Pipeline model parallelism (ALGORITHMS.md section 6). The model is cut into S consecutive
+ * Pipeline model parallelism (docs/ALGORITHMS.md section 6). The model is cut into S consecutive
  * stages, one per rank of a pipeline communicator (stage k = rank k); a mini-batch is cut into M
  * micro-batches; activations travel forward and errors backward with gvqSend/gvqRecv. The layer
  * runs the schedule; the trainer gives each stage's forward and backward of one micro-batch.
@@ -297,7 +297,7 @@ GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);
  *   runs both on the current (stale) weights. SpecTrain predicts the weights a micro-batch will
  *   meet: with v the momentum-smoothed gradient (v <- gamma v + (1 - gamma) g after every
  *   backward) and lr the step's learning rate, the forward at stage k of N runs on
- *   W - s lr v with s = 2N - k - 2, the backward with s = k (ALGORITHMS.md section 6; k counts
+ *   W - s lr v with s = 2N - k - 2, the backward with s = k (docs/ALGORITHMS.md section 6; k counts
  *   from 0 here; predictDistance gvqPredictSchedule: the schedule's own distances), and the
  *   current weights come back for the update.
  *
@@ -338,7 +338,7 @@ typedef enum {
 
 /* SpecTrain's version distance s (the weights are predicted s updates ahead). */
 typedef enum {
-    gvqPredictPaper = 0,   /* the paper's (ALGORITHMS.md section 6): forward at stage k of N
+    gvqPredictPaper = 0,   /* the paper's (docs/ALGORITHMS.md section 6): forward at stage k of N
                               s = 2N - k - 2, backward s = k: the version at the end of the
                               round trip of a pipeline that never flushes */
     gvqPredictSchedule = 1 /* this layer's schedule, which flushes every step: the forward of

@@ -17,7 +17,7 @@
  *   mpirun -np P gvq-dwbp [-l SPEC] [-s STEPS] [-c CHUNK_BYTES] [-k BUCKET_BYTES] [-t PREFIX]
  *
  * -t: rank 0 writes the middle step of each mode to PREFIX-MODE.csv in gvq-train's --timeline
- * format (perf/train/plot_timeline.py draws them).
+ * format (apps/gvq-train/plot_timeline.py draws them).
  *
  * The chunks and buckets are the overlap mode's (the negotiated order needs small ones); the
  * other modes keep the layer's defaults.
@@ -169,7 +169,7 @@ static void step(gvqTrainer_t t, const model_t *m, int mode, int *pending, doubl
     snapshot(t, m, r, snap);
 }
 
-/* gvq-train's --timeline format (perf/train/plot_timeline.py draws it): step r, and with the
+/* gvq-train's --timeline format (apps/gvq-train/plot_timeline.py draws it): step r, and with the
  * overlap the next step's forward pass, which waits for r's aggregation layer by layer. */
 static void write_timeline(const char *path, const model_t *m, int mode, const steprec_t *r,
                            const steprec_t *next) {

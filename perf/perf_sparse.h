@@ -4,7 +4,7 @@
  * step with a Zipf-skewed access pattern, aggregated by gvq's sparse allgatherv, by its
  * parameter server (push, apply, pull) or densely (gvqAllReduce of the whole variable).
  * Reports time per step and bytes on the wire per rank next to the Parallax cost table
- * (ALGORITHMS.md section 4); --ps-tune runs gvqPsTunePartitions and a sweep of P beside it.
+ * (docs/ALGORITHMS.md section 4); --ps-tune runs gvqPsTunePartitions and a sweep of P beside it.
  */
 #ifndef PERF_SPARSE_H_
 #define PERF_SPARSE_H_

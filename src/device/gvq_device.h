@@ -1,7 +1,7 @@
 /*
  * gvq_device.h -- the device ops table: where buffers live and where math runs.
  * The host device (host_device.c) is synchronous and uses BLAS/LAPACKE; the CUDA device
- * (cuda/cuda_device.cu) queues kernels, cuBLAS and cuSOLVER calls on a stream. Pointers handed
+ * (src/device/cuda/cuda_device.cu) queues kernels, cuBLAS and cuSOLVER calls on a stream. Pointers handed
  * to a device's operations are memory of that device.
  */
 #ifndef GVQ_DEVICE_H_
@@ -76,7 +76,7 @@ typedef struct gvq_device_ops {
      * cov (L x L, lower triangle written) = (1/T) sum (s - Z)(s - Z)^T. */
     gvqResult_t (*scov)(int L, int T, const float *samples, float *Z, float *cov);
     /* The codecs' chunk operations, with the meaning of the gvq_codec_t entries of the same
-     * names in algorithms/gvq_algo.h (same wire format, bit for bit for QSGD); every pointer,
+     * names in src/algorithms/gvq_algo.h (same wire format, bit for bit for QSGD); every pointer,
      * those in the parameter structs included, is memory of this device. The host device points
      * them at the "not supported" stub: the host codecs run their own loops. */
     gvqResult_t (*qsgd_encode_combine)(const struct gvq_dev_qsgd *q, size_t off, size_t count,
@@ -97,7 +97,7 @@ typedef struct gvq_device_ops {
 #define GVQ_DEVICE_HAS(ops, field) \
     ((ops)->size >= offsetof(gvq_device_ops_t, field) + sizeof((ops)->field))
 
-/* Parameters of the QSGD codec ops (gvq_qsgd_t in algorithms/gvq_algo.h, less its scratch). */
+/* Parameters of the QSGD codec ops (gvq_qsgd_t in src/algorithms/gvq_algo.h, less its scratch). */
 typedef struct gvq_dev_qsgd {
     int bits, levels, norm;
     size_t bucket;
@@ -123,7 +123,7 @@ gvqResult_t gvq_device_not_supported(const char *device, const char *op);
 /* The host device (host_device.c). */
 extern const gvq_device_ops_t gvq_host_device;
 #ifdef GVQ_WITH_CUDA
-extern const gvq_device_ops_t gvq_cuda_device; /* cuda/cuda_device.cu */
+extern const gvq_device_ops_t gvq_cuda_device; /* src/device/cuda/cuda_device.cu */
 /* 1 if p is CUDA device or managed memory (cudaPointerGetAttributes); 0 on any error. */
 int gvq_cuda_is_device_ptr(const void *p);
 /* The calling thread's current stream of the CUDA device (a cudaStream_t). */

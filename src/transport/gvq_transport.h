@@ -42,7 +42,7 @@ typedef struct gvq_transport_ops {
      * `bytes` long (irecv_upto: longer than `bytes`) completes with gvqRemoteError. */
     gvqResult_t (*test)(struct gvq_transport *t, gvq_req_t *req, int *done);
     /* Optional (NULL: nothing to do): let transfers still in the transport's hands move on while
-     * the caller waits for something else (shared memory, algorithms/shm.c). MPI needs its
+     * the caller waits for something else (shared memory, src/algorithms/shm_collectives.c). MPI needs its
      * progress engine driven: a rendezvous send of the peer's completes only once this rank
      * acknowledges its receive. */
     void (*progress)(struct gvq_transport *t);

@@ -2,7 +2,7 @@
  * gvq_util.h -- internal utilities shared by every layer: error checks, logging, tunables,
  * time, and the element types' sizes and conversions.
  *
- * Nothing here knows about MPI, NCCL or CUDA; algorithms/ may include it.
+ * Nothing here knows about MPI, NCCL or CUDA; src/algorithms/ may include it.
  */
 #ifndef GVQ_UTIL_H_
 #define GVQ_UTIL_H_
@@ -102,7 +102,7 @@ void gvq_log_note(const char *file, int line, const char *fmt, ...)
       "allgather: Bruck), rab (Rabenseifner), tree (binomial broadcast/reduce), direct "          \
       "(allreduce/allgather forwarding from library memory), shm (every plain collective on "     \
       "one host through shared memory, GVQ_SHM) or auto (the measured table, "                    \
-      "src/core/select.c), for all or per collective, e.g. "                                      \
+      "src/comm/select.c), for all or per collective, e.g. "                                      \
       "'allreduce=rd,broadcast=tree' (allreduce, broadcast, reduce, reducescatter, "              \
       "allgather)")                                                                               \
     X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", UINT, 1 << 18, NULL,                            \

@@ -36,7 +36,7 @@
 #include "gvq_train.h"
 #include "mpitest.h"
 
-/* The selection's override (src/core/select.c; the static library): GVQ_ALGO's syntax, NULL
+/* The selection's override (src/comm/select.c; the static library): GVQ_ALGO's syntax, NULL
  * back to the environment's. */
 void gvq_select_override(const char *spec);
 
@@ -237,7 +237,7 @@ static int ref_close(double got, double want, double mag, gvqDataType_t t, gvqRe
 enum { C_ALLREDUCE, C_REDUCESCATTER, C_ALLGATHER, C_BROADCAST, C_REDUCE, C_COUNT };
 static const char *const coll_name[C_COUNT] = {"allreduce", "reducescatter", "allgather",
                                                "broadcast", "reduce"};
-/* every algorithm the selection knows for each collective (src/core/select.c), auto first */
+/* every algorithm the selection knows for each collective (src/comm/select.c), auto first */
 static const char *const coll_algos[C_COUNT][7] = {
     {"auto", "ring", "rd", "rab", "direct", "shm", NULL},
     {"auto", "ring", "rab", "shm", NULL},
@@ -462,7 +462,7 @@ static size_t colloc(size_t i, const shape_t *s) {
     return (p * (size_t)s->D + d) * (size_t)s->K + k;
 }
 
-/* QSGD's variance bound for one ring allreduce (ALGORITHMS.md section 3, docs/RELIABILITY.md):
+/* QSGD's variance bound for one ring allreduce (docs/ALGORITHMS.md section 3, docs/RELIABILITY.md):
  * each of the N-1 hops re-quantizes a partial sum whose bucket max is at most P_b (1 + 1/s)^N,
  * P_b the sum over ranks of each rank's bucket max, and the errors are martingale differences:
  *     E ||y - sum||^2 <= N sum_b |b| (P_b (1 + 1/s)^N / s)^2 / 4.

@@ -5,7 +5,7 @@
 # when the mean loss of the last printed window is above MAX_LOSS or not a number, when the
 # ranks' weights ever differed, or when gvq-train fails. A result test, not a timing test: a
 # path that silently corrupts the aggregation (issue 34: fused QSGD trained to chance, loss
-# 2.303) fails it. The thresholds sit beside each registration (perf/train/CMakeLists.txt).
+# 2.303) fails it. The thresholds sit beside each registration (apps/gvq-train/CMakeLists.txt).
 set -uo pipefail
 exe=$1 mpiexec=$2 np=$3 max=$4
 shift 4

@@ -1,5 +1,5 @@
 /*
- * test_train_layers.c -- gvq-train's layers (perf/train/net.c) against independent references:
+ * test_train_layers.c -- gvq-train's layers (apps/gvq-train/net.c) against independent references:
  *
  *   conv forward          a direct 6-deep loop in double (no im2col, no BLAS), stride 1 and 2
  *   every layer backward  central finite differences of f = sum(out .* R), R random, for the

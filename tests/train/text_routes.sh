@@ -8,7 +8,7 @@ set -euo pipefail
 train=$1 mpiexec=$2 np=$3
 corpus=$(mktemp)
 trap 'rm -f "$corpus"' EXIT
-if ! bash "$(dirname "$0")/../../perf/train/apt-text.sh" "$corpus" >/dev/null 2>&1; then
+if ! bash "$(dirname "$0")/../../apps/gvq-train/apt-text.sh" "$corpus" >/dev/null 2>&1; then
     echo "SKIPPED: no apt package lists (run apt-get update)"
     exit 77
 fi

@@ -223,7 +223,7 @@ static void test_identical(void) {
     gvq_select_override(NULL);
 }
 
-/* shm above 64 KiB reduces each rank's segment on that rank (algorithms/shm.c): every datatype
+/* shm above 64 KiB reduces each rank's segment on that rank (src/algorithms/shm_collectives.c): every datatype
  * and op against the reference, in place and not, outputs identical on every rank (1, 3, 5
  * ranks; order-sensitive sums at 2-5). */
 static void test_shm_large(void) {

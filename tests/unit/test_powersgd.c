@@ -1,5 +1,5 @@
 /*
- * test_powersgd.c -- algorithms/powersgd.c against references computed here: the three products
+ * test_powersgd.c -- src/algorithms/powersgd.c against references computed here: the three products
  * against double loops, one power iteration on a 6 x 5 matrix of rank 2 against LAPACKE's QR
  * (sgeqrf + sorgqr, columns sign-normalised to a positive R diagonal), and the degenerate
  * columns (a rank-1 matrix, a zero matrix, an exactly dependent column, a NaN column) against

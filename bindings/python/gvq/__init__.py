@@ -15,10 +15,13 @@ communication hooks; `python3 -m gvq.info` says which library was loaded and how
 
 from ._lib import (GvqError, InvalidArgument, InvalidUsage, LibraryNotFound, RemoteError,
                    SystemError_, Timeout, library_path)
-from . import _lib, _structs
+from . import _lib, _protocheck, _structs
 
 _lib.declare(_structs)
 abi_check = _structs.check_abi()
+prototype_check = _protocheck.check_loaded(
+    _lib.lib, _lib.DECLARED, _structs.find_header(),
+    dict(_structs.MIRRORS, **_structs.TRAIN_MIRRORS, gvqUniqueId=_structs.UniqueId))
 
 from .comm import (AVG, MAX, MIN, PROD, SUM, Communicator, Layout, Op, allgather,  # noqa: E402
                    allreduce, broadcast, get_unique_id, group, recv, reduce, reduce_scatter, send,
@@ -30,7 +33,7 @@ from . import train  # noqa: E402  (gvq.train: the training layer, include/gvq_t
 
 __version__ = "0.1.0"
 __all__ = ["GvqError", "InvalidArgument", "InvalidUsage", "RemoteError", "SystemError_", "Timeout",
-           "LibraryNotFound", "library_path", "abi_check", "Communicator", "Layout", "Op", "SUM", "PROD",
+           "LibraryNotFound", "library_path", "abi_check", "prototype_check", "Communicator", "Layout", "Op", "SUM", "PROD",
            "MAX", "MIN", "AVG", "allreduce", "broadcast", "reduce", "reduce_scatter", "allgather",
            "send", "recv", "group", "get_unique_id", "version", "Basis", "Codec", "Phase",
            "Compressor",

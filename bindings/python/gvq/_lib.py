@@ -5,8 +5,8 @@ Debian's own packages alone (python3-numpy, python3-mpi4py, python3-torch) with 
 and nothing to fetch, and it loads whichever libgvq.so the user built or installed. ctypes releases
 the GIL for the duration of every call through a CDLL, so a collective blocked in MPI never stops
 other Python threads (the DDP hook's worker thread relies on this). The cost, keeping the struct
-mirrors in sync with include/gvq.h, is paid back by _abi.py, which checks them against the header
-at import.
+mirrors and prototypes in sync with include/, is paid back by _structs.check_abi and
+_protocheck.py, which check them against the headers at import.
 
 The library is looked for, in order:
   1. the GVQ_LIBRARY environment variable (a path to libgvq.so, or a folder holding it);
@@ -109,7 +109,12 @@ c_int, c_void_p, c_size_t, c_char_p, c_uint = (ctypes.c_int, ctypes.c_void_p, ct
 P = ctypes.POINTER
 
 
+# the functions given a prototype, in order (_protocheck.py checks them against the headers)
+DECLARED: List[str] = []
+
+
 def _proto(name: str, *args) -> None:
+    DECLARED.append(name)
     f = getattr(lib, name)
     f.restype = c_int
     f.argtypes = list(args)
@@ -122,6 +127,7 @@ def declare(structs) -> None:
     lib.gvqGetErrorString.argtypes = [c_int]
     lib.gvqGetLastError.restype = c_char_p
     lib.gvqGetLastError.argtypes = [c_void_p]
+    DECLARED.extend(["gvqGetErrorString", "gvqGetLastError"])
     _proto("gvqGetVersion", P(c_int))
     _proto("gvqGetUniqueId", P(s.UniqueId))
     _proto("gvqCommInitRank", P(c_void_p), c_int, s.UniqueId, c_int)

@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _lib
 
@@ -122,6 +122,13 @@ MIRRORS = {"gvqConfig_t": Config, "gvqCompressorConfig_t": CompressorConfig,
            "gvqPsConfig_t": PsConfig, "gvqPsStats_t": PsStats}
 TRAIN_MIRRORS = {"gvqTrainConfig_t": TrainConfig, "gvqVariable_t": TrainVariable,
                  "gvqTrainVariableInfo_t": TrainVariableInfo}
+
+def stats_dict(st: CompressorStats) -> Dict[str, Any]:
+    """A gvqCompressorStats_t as a dict (its reason decoded)."""
+    d = {name: getattr(st, name) for name, _ in st._fields_}
+    d["reason"] = st.reason.decode(errors="replace")
+    return d
+
 
 # ---- the check against the header --------------------------------------------------------------
 

@@ -191,10 +191,9 @@ class Communicator:
 
     def compression_stats(self, layer: int = -1) -> dict:
         """gvqCommGetCompressionStats of the zero-code calls (layer -1: all of them) as a dict."""
-        from .compressor import _stats_dict
         st = _structs.CompressorStats()
         call("gvqCommGetCompressionStats", self.handle, int(layer), ctypes.byref(st))
-        return _stats_dict(st)
+        return _structs.stats_dict(st)
 
 
 class Layout:

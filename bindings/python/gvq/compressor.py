@@ -71,12 +71,6 @@ def make_config(shape: Optional[Tuple[int, ...]] = None, **kw: Any) -> _structs.
     return c
 
 
-def _stats_dict(st: _structs.CompressorStats) -> Dict[str, Any]:
-    d = {name: getattr(st, name) for name, _ in st._fields_}
-    d["reason"] = st.reason.decode(errors="replace")
-    return d
-
-
 class Compressor:
     """A compressor for one tensor of `count` float32 values (gvqCompressorCreate). Every rank
     creates its compressors in the same order with the same config; all ranks then hold
@@ -109,7 +103,7 @@ class Compressor:
         wireBytes, rawBytes, reason, ...)."""
         st = _structs.CompressorStats()
         call("gvqCompressorGetStats", self.handle, ctypes.byref(st))
-        return _stats_dict(st)
+        return _structs.stats_dict(st)
 
     def save(self) -> bytes:
         """gvqCompressorSave: the whole state (phase, counters, samples, U, Z, d, residuals)."""

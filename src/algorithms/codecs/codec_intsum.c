@@ -1,0 +1,284 @@
+/*
+ * codec_intsum.c -- integer-summed wires: values quantized against scales every rank shares,
+ * so the ring adds integers (exact, order-independent, identical on every rank), after THC
+ * (Li et al., NSDI 2024) for scalar quantization, applied here to QSGD's values and to
+ * GradiVeQ's coefficients (docs/ALGORITHMS.md section 2: the coefficients are linear in the input, so
+ * their sum is the coefficient vector of the sum; quantizing each rank's coefficients with its
+ * own scale would lose that).
+ *
+ *   begin (once per call, collective)
+ *     y = this rank's values in codec coordinates        QSGD: the values themselves
+ *                                                          GradiVeQ: c = U^T (x - Z/N) per full
+ *                                                          slice, then the raw tail
+ *     m_b = max |y| over block b                          QSGD: a bucket; GradiVeQ: one
+ *                                                          coefficient index of one reuse group
+ *                                                          (all its slices), the tail one block
+ *     scale_b = max over ranks of m_b                     one small max-allreduce of the float
+ *                                                          bit patterns (order-preserving for
+ *                                                          non-negative floats; NaN/Inf > all)
+ *   encode_combine (per chunk, per hop)
+ *     q_i = stochastic_round(y_i lv / scale_b)            |q_i| <= lv, unbiased
+ *     out_i = q_i + in_i                                  b-bit integer add, exact
+ *   decode (once per chunk)
+ *     sum_i scale_b / lv                                  QSGD: the output value;
+ *                                                          GradiVeQ: a coefficient, then
+ *                                                          x = U c + Z (the GradiVeQ decode)
+ *
+ * Headroom: each rank's level is bounded by lv = floor((2^(b-1) - 1) / N) (and for QSGD by its
+ * own s = 2^(qsgdBits-1) - 1), so the sum of N ranks' levels lies in [-(2^(b-1) - 1), 2^(b-1)
+ * - 1] and the b-bit accumulator never overflows, whatever the order of the additions. With
+ * 8 bits, 4 ranks get lv = 31 (GradiVeQ) and QSGD 4-bit keeps its s = 7 up to 18 ranks; a
+ * communicator where lv would be 0 (more than 127 ranks at 8 bits) is refused. Each rank's
+ * rounding error is below one level, so |decoded - exact sum| <= N scale_b / lv per value.
+ *
+ * A block holding NaN or Inf on any rank gets an Inf scale on every rank and decodes to NaN (as
+ * a plain allreduce propagates it); its codes travel as zeros.
+ *
+ *     wire of a chunk:  [ b-bit integers of the chunk's y values, in y order ][ pad to 4 bytes ]
+ *
+ * The random bits come from Philox keyed by (seed, rank), counter (y index, call), so runs
+ * repeat and no two ranks, calls or values share bits.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gvq_algo.h"
+#include "gvq_rng.h"
+
+/* The y values of the chunk [off, off+count) of the tensor: [y0, y0+n) (GradiVeQ: the chunk's
+ * slices' coefficients, then the tail's raw values when the chunk holds the tensor's end). */
+static void is_span(const gvq_intsum_t *s, size_t off, size_t count, size_t *y0, size_t *ncoef,
+                    size_t *t0, size_t *ntail) {
+    if (s->gq == NULL) {
+        *y0 = off;
+        *ncoef = count;
+        *t0 = *ntail = 0;
+        return;
+    }
+    size_t L = s->gq->L, d = s->gq->d;
+    *y0 = off / L * d;
+    *ncoef = count / L * d;
+    *ntail = count % L; /* only the chunk at the tensor's end has one */
+    *t0 = s->gq->count / L * d;
+}
+
+/* The block (scale index) of y value k. */
+static size_t is_block(const gvq_intsum_t *s, size_t k) {
+    if (s->blk != NULL) return s->blk[k];
+    if (s->gq == NULL) return k / s->block;
+    size_t d = s->gq->d, ncoef = s->gq->count / s->gq->L * d;
+    if (k >= ncoef) return s->nscales - 1; /* the raw tail */
+    return k / d / s->gq->C * d + k % d;
+}
+
+static size_t is_bytes(const gvq_intsum_t *s, size_t n) {
+    return (n * (size_t)(s->bits / 8) + 3) & ~(size_t)3;
+}
+
+size_t gvq_intsum_wire_size(const gvq_intsum_t *s, size_t off, size_t count) {
+    size_t y0, nc, t0, nt;
+    is_span(s, off, count, &y0, &nc, &t0, &nt);
+    return is_bytes(s, nc + nt);
+}
+
+static size_t is_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
+    return gvq_intsum_wire_size(c->state, off, count);
+}
+
+/* One value's integer: y lv / scale rounded up with probability equal to the fraction. */
+static int32_t is_quantize(const gvq_intsum_t *s, size_t k, float y, const uint32_t rnd[4]) {
+    float sc = s->scale[is_block(s, k)];
+    if (!(sc > 0) || !(sc <= 3.0e38f)) return 0; /* a zero block, or a NaN/Inf one */
+    float r = fabsf(y) * (float)s->levels / sc;
+    float l = floorf(r);
+    int32_t q = (int32_t)l + (gvq_u01(rnd[k & 3]) < r - l);
+    if (q > s->levels) q = s->levels; /* rounding can touch lv + 1 when |y| = scale */
+    return y < 0 ? -q : q;
+}
+
+/* out[j] = q(y[k0 + j]) + in[j] for n values (in may be NULL). */
+static void is_add_range(const gvq_intsum_t *s, size_t k0, size_t n, const void *in, void *out,
+                         size_t at) {
+    uint32_t key[2] = {s->seed, s->rank}, rnd[4] = {0, 0, 0, 0};
+    for (size_t j = 0; j < n; j++) {
+        size_t k = k0 + j;
+        if (j == 0 || (k & 3) == 0) {
+            uint32_t ctr[4] = {(uint32_t)(k >> 2), (uint32_t)(k >> 34), s->call, 0x49535543u};
+            gvq_philox4x32_10(ctr, key, rnd);
+        }
+        int32_t q = is_quantize(s, k, s->y[k], rnd);
+        if (s->bits == 8) {
+            int8_t *o = (int8_t *)out + at + j;
+            *o = (int8_t)(q + (in ? ((const int8_t *)in)[at + j] : 0));
+        } else {
+            int16_t *o = (int16_t *)out + at + j;
+            *o = (int16_t)(q + (in ? ((const int16_t *)in)[at + j] : 0));
+        }
+    }
+}
+
+static gvqResult_t is_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
+                                     const void *local, const void *in, void *out) {
+    const gvq_intsum_t *s = c->state;
+    size_t y0, nc, t0, nt;
+    (void)local; /* begin took the local values (y) */
+    is_span(s, off, count, &y0, &nc, &t0, &nt);
+    is_add_range(s, y0, nc, in, out, 0);
+    is_add_range(s, t0, nt, in, out, nc);
+    return gvqSuccess;
+}
+
+/* dst[j] = sum of y value k0 + j as a float: wire[at + j] scale / lv. */
+static void is_to_float(const gvq_intsum_t *s, size_t k0, size_t n, const void *wire, size_t at,
+                        float *dst) {
+    for (size_t j = 0; j < n; j++) {
+        float sc = s->scale[is_block(s, k0 + j)];
+        int32_t v = s->bits == 8 ? ((const int8_t *)wire)[at + j] : ((const int16_t *)wire)[at + j];
+        dst[j] = sc <= 3.0e38f ? (float)v * (sc / (float)s->levels) : NAN;
+    }
+}
+
+static gvqResult_t is_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
+                             void *dst) {
+    gvq_intsum_t *s = c->state;
+    size_t y0, nc, t0, nt;
+    is_span(s, off, count, &y0, &nc, &t0, &nt);
+    if (s->gq == NULL) {
+        is_to_float(s, y0, nc, wire, 0, dst);
+        return gvqSuccess;
+    }
+    /* GradiVeQ: rebuild the fp32 wire [coefficients][tail] and let its decode do x = U c + Z */
+    float *w = s->tmp;
+    if (nc + nt > s->tmp_len) {
+        float *t = realloc(s->tmp, sizeof(float) * (nc + nt));
+        if (t == NULL) {
+            GVQ_WARN("integer-summed wire: cannot allocate %zu floats of scratch", nc + nt);
+            return gvqSystemError;
+        }
+        s->tmp = w = t;
+        s->tmp_len = nc + nt;
+    }
+    is_to_float(s, y0, nc, wire, 0, w);
+    is_to_float(s, t0, nt, wire, nc, w + nc);
+    return s->gq_codec.decode(&s->gq_codec, off, count, w, dst);
+}
+
+/* Non-negative floats order like their bit patterns as int32: a max over the patterns is the
+ * max of the floats. A NaN or Inf value makes its block's scale Inf, above every finite one. */
+static gvqResult_t is_agree_scales(gvq_intsum_t *s, gvq_coll_ctx_t *ctx) {
+    int32_t *m = (int32_t *)s->scale;
+    for (size_t b = 0; b < s->nscales; b++)
+        s->scale[b] = 0;
+    for (size_t k = 0; k < s->ny; k++) {
+        float a = fabsf(s->y[k]);
+        size_t b = is_block(s, k);
+        if (a != a) a = INFINITY; /* NaN and Inf alike: the largest pattern short of NaN's */
+        if (a > s->scale[b]) s->scale[b] = a;
+    }
+    return gvq_agree_i32(ctx, m, (int)s->nscales, gvqMax);
+}
+
+static gvqResult_t is_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                            size_t count) {
+    gvq_intsum_t *s = c->state;
+    if (s->gq == NULL) {
+        s->y = local;
+        s->ny = count;
+    } else { /* this rank's coefficients, all at once (the fp32 GradiVeQ encode) */
+        GVQCHECK(s->gq_codec.encode_combine(&s->gq_codec, 0, count, local, NULL, s->ybuf));
+        s->y = s->ybuf;
+    }
+    return is_agree_scales(s, ctx);
+}
+
+gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t block,
+                            gvq_gradiveq_t *gq, const gvq_device_ops_t *dev, size_t count,
+                            int nranks, uint32_t seed, uint32_t rank) {
+    memset(s, 0, sizeof *s);
+    if (bits != 8 && bits != 16) {
+        GVQ_WARN("integer-summed wire: bits=%d must be 8 or 16", bits);
+        return gvqInvalidArgument;
+    }
+    int lv = ((1 << (bits - 1)) - 1) / GVQ_MAX(nranks, 1);
+    if (max_levels > 0 && lv > max_levels) lv = max_levels;
+    if (lv < 1) {
+        GVQ_WARN("integer-summed wire: %d ranks cannot add %d-bit integers without overflow "
+                 "(each rank needs at least one level: at most %d ranks)",
+                 nranks, bits, (1 << (bits - 1)) - 1);
+        return gvqInvalidArgument;
+    }
+    if (gq == NULL && block == 0) {
+        GVQ_WARN("integer-summed wire: block of 0 values");
+        return gvqInvalidArgument;
+    }
+    s->bits = bits;
+    s->levels = lv;
+    s->block = block;
+    s->gq = gq;
+    s->seed = seed;
+    s->rank = rank;
+    if (gq != NULL) {
+        size_t full = count / gq->L;
+        s->ny = full * gq->d + count % gq->L;
+        s->nscales = GVQ_DIV_UP(full, gq->C) * gq->d + 1;
+        gvq_codec_gradiveq_init(&s->gq_codec, dev, gq);
+        if ((s->ybuf = malloc(sizeof(float) * GVQ_MAX(s->ny, (size_t)1))) == NULL) goto oom;
+    } else {
+        s->nscales = GVQ_DIV_UP(count, block);
+    }
+    if ((s->scale = calloc(GVQ_MAX(s->nscales, (size_t)1), sizeof(float))) == NULL) goto oom;
+    return gvqSuccess;
+oom:
+    GVQ_WARN("integer-summed wire: cannot allocate its %zu scales", s->nscales);
+    gvq_intsum_fini(s);
+    return gvqSystemError;
+}
+
+gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col_len, size_t ncols,
+                                    const gvq_device_ops_t *dev, int nranks, uint32_t seed,
+                                    uint32_t rank) {
+    size_t ny = 0;
+    for (size_t j = 0; j < ncols; j++)
+        ny += col_len[j];
+    if (ncols == 0 || ny == 0 || ncols > UINT32_MAX) {
+        GVQ_WARN("integer-summed wire: %zu columns of %zu values in all", ncols, ny);
+        return gvqInvalidArgument;
+    }
+    GVQCHECK(gvq_intsum_init(s, bits, 0, ny, NULL, dev, ny, nranks, seed, rank));
+    free(s->scale);
+    s->nscales = ncols;
+    s->scale = calloc(ncols, sizeof(float));
+    s->blk = malloc(sizeof(uint32_t) * ny);
+    if (s->scale == NULL || s->blk == NULL) {
+        GVQ_WARN("integer-summed wire: cannot allocate the scales of %zu columns", ncols);
+        gvq_intsum_fini(s);
+        return gvqSystemError;
+    }
+    for (size_t j = 0, k = 0; j < ncols; j++)
+        for (size_t i = 0; i < col_len[j]; i++)
+            s->blk[k++] = (uint32_t)j;
+    return gvqSuccess;
+}
+
+void gvq_intsum_fini(gvq_intsum_t *s) {
+    free(s->blk);
+    free(s->ybuf);
+    free(s->scale);
+    free(s->tmp);
+    memset(s, 0, sizeof *s);
+}
+
+void gvq_codec_intsum_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_intsum_t *s) {
+    memset(c, 0, sizeof *c);
+    c->name = s->gq != NULL ? "gradiveq-int" : "qsgd-int";
+    c->wire_is_values = 0;
+    c->granule = s->gq != NULL ? s->gq->L : 1;
+    c->wire_bytes = is_wire_bytes;
+    c->begin = is_begin;
+    c->encode_combine = is_encode_combine;
+    c->decode = is_decode;
+    c->dev = dev;
+    c->dtype = gvqFloat32;
+    c->op = gvqSum;
+    c->state = s;
+}

@@ -1,0 +1,180 @@
+/*
+ * codec_qsgd.c -- QSGD (Alistarh et al., NeurIPS 2017; docs/ALGORITHMS.md section 3) as a ring codec.
+ *
+ * A bucket v of B float values travels as one float scale (the L2 or max norm of v) and, per
+ * value, a sign bit and a level q in 0..s packed into `bits` bits (s = 2^(bits-1) - 1, so
+ * "4-bit QSGD" is s = 7):
+ *
+ *     r = |v_i| s / ||v||,  l = floor(r),  q = l + 1 with probability r - l, else l
+ *     Q(v_i) = ||v|| sgn(v_i) q / s                      (unbiased: E[Q(v)] = v)
+ *
+ *     wire, one bucket:  [ float scale ][ code 0 | code 1 | ... ]   codes packed low bits first
+ *
+ * QSGD is not linear: combining at a ring hop decodes the incoming bucket, adds the local
+ * values and quantizes again, so error grows with every hop (the paper's comparison point).
+ * The random bits come from Philox keyed by (seed, rank) with the counter (element index,
+ * call), so a run is reproducible and no two ranks, calls or elements share bits. Several
+ * tensors fused into one ring keep their own element indices and calls (map_first, map_call),
+ * so a fused call draws the bits of the calls one by one.
+ * A bucket holding NaN or Inf travels with a NaN scale and decodes to NaN, as a plain
+ * allreduce would propagate it; nothing stops mid-ring.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gvq_algo.h"
+#include "gvq_rng.h"
+
+static size_t qsgd_bucket_bytes(int bits, size_t len) {
+    return sizeof(float) + GVQ_DIV_UP(len * (size_t)bits, 8);
+}
+
+size_t gvq_qsgd_wire_size(int bits, size_t bucket, size_t count) {
+    size_t full = count / bucket, tail = count % bucket;
+    return full * qsgd_bucket_bytes(bits, bucket) + (tail ? qsgd_bucket_bytes(bits, tail) : 0);
+}
+
+static size_t qsgd_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
+    const gvq_qsgd_t *q = c->state;
+    (void)off; /* off is a multiple of the bucket: only the last bucket can be short */
+    return gvq_qsgd_wire_size(q->bits, q->bucket, count);
+}
+
+/* Quantize one bucket of len values starting at tensor element `first` into wire. */
+static void qsgd_quantize(const gvq_qsgd_t *q, size_t first, const float *v, size_t len,
+                          uint8_t *wire) {
+    double acc = 0;
+    int finite = 1;
+    for (size_t i = 0; i < len; i++) {
+        float a = fabsf(v[i]);
+        if (!(a <= 3.0e38f)) finite = 0; /* NaN or Inf */
+        if (q->norm == GVQ_QSGD_NORM_MAX)
+            acc = a > acc ? a : acc;
+        else
+            acc += (double)v[i] * v[i];
+    }
+    float scale = q->norm == GVQ_QSGD_NORM_MAX ? (float)acc : (float)sqrt(acc);
+    if (!finite) scale = NAN;
+    memcpy(wire, &scale, sizeof scale);
+    uint8_t *codes = wire + sizeof(float);
+    memset(codes, 0, GVQ_DIV_UP(len * (size_t)q->bits, 8));
+    if (!(scale > 0) || !finite) return; /* all-zero bucket (codes 0), or NaN scale */
+    const int s = q->levels, bits = q->bits, per_byte = 8 / bits;
+    const float inv = (float)s / scale;
+    uint32_t key[2] = {q->seed, q->rank}, call = q->call;
+    uint32_t rnd[4] = {0, 0, 0, 0};
+    if (q->map_first != NULL) { /* a bucket of one of several tensors (gvq_qsgd_t) */
+        call = q->map_call[first / q->bucket];
+        first = (size_t)q->map_first[first / q->bucket];
+    }
+    for (size_t i = 0; i < len; i++) {
+        size_t e = first + i;
+        if (i == 0 || (e & 3) == 0) {
+            uint32_t ctr[4] = {(uint32_t)(e >> 2), (uint32_t)(e >> 34), call, 0x51534744u};
+            gvq_philox4x32_10(ctr, key, rnd);
+        }
+        float r = fabsf(v[i]) * inv;
+        float l = floorf(r);
+        int level = (int)l + (gvq_u01(rnd[e & 3]) < r - l);
+        if (level > s) level = s;
+        unsigned code = (unsigned)level | ((v[i] < 0 && level) ? 1u << (bits - 1) : 0u);
+        codes[i / (size_t)per_byte] |= (uint8_t)(code << ((i % (size_t)per_byte) * (size_t)bits));
+    }
+}
+
+static void qsgd_dequantize(const gvq_qsgd_t *q, const uint8_t *wire, size_t len, float *out) {
+    float scale;
+    memcpy(&scale, wire, sizeof scale);
+    const uint8_t *codes = wire + sizeof(float);
+    const int bits = q->bits, per_byte = 8 / bits;
+    const unsigned mask = (1u << (bits - 1)) - 1u;
+    const float unit = scale / (float)q->levels;
+    for (size_t i = 0; i < len; i++) {
+        unsigned code = (codes[i / (size_t)per_byte] >> ((i % (size_t)per_byte) * (size_t)bits)) &
+                        ((1u << bits) - 1u);
+        float mag = (float)(code & mask) * unit;
+        out[i] = (code >> (bits - 1)) ? -mag : mag;
+        if (scale != scale) out[i] = scale; /* NaN bucket */
+    }
+}
+
+static gvqResult_t qsgd_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
+                                       const void *local, const void *in, void *out) {
+    gvq_qsgd_t *q = c->state;
+    const float *x = local;
+    const uint8_t *win = in;
+    uint8_t *wout = out;
+    for (size_t b = 0; b < count; b += q->bucket) {
+        size_t len = GVQ_MIN(q->bucket, count - b), bytes = qsgd_bucket_bytes(q->bits, len);
+        const float *src = x + b;
+        if (win != NULL) { /* decode, add, re-encode */
+            qsgd_dequantize(q, win, len, q->tmp);
+            for (size_t i = 0; i < len; i++)
+                q->tmp[i] += x[b + i];
+            src = q->tmp;
+            win += bytes;
+        }
+        qsgd_quantize(q, off + b, src, len, wout);
+        wout += bytes;
+    }
+    return gvqSuccess;
+}
+
+static gvqResult_t qsgd_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
+                               void *dst) {
+    gvq_qsgd_t *q = c->state;
+    const uint8_t *w = wire;
+    float *d = dst;
+    (void)off;
+    for (size_t b = 0; b < count; b += q->bucket) {
+        size_t len = GVQ_MIN(q->bucket, count - b);
+        qsgd_dequantize(q, w, len, d + b);
+        w += qsgd_bucket_bytes(q->bits, len);
+    }
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_qsgd_init(gvq_qsgd_t *q, int bits, size_t bucket, int norm, uint32_t seed,
+                          uint32_t rank) {
+    memset(q, 0, sizeof *q);
+    if (bits != 2 && bits != 4 && bits != 8) {
+        GVQ_WARN("QSGD: bits=%d must be 2, 4 or 8 (sign + level bits per value)", bits);
+        return gvqInvalidArgument;
+    }
+    if (bucket < 1 || bucket > (1u << 24)) {
+        GVQ_WARN("QSGD: bucket=%zu must be in [1, 2^24]", bucket);
+        return gvqInvalidArgument;
+    }
+    if (norm != GVQ_QSGD_NORM_L2 && norm != GVQ_QSGD_NORM_MAX) {
+        GVQ_WARN("QSGD: norm=%d must be L2 (0) or max (1)", norm);
+        return gvqInvalidArgument;
+    }
+    q->bits = bits;
+    q->levels = (1 << (bits - 1)) - 1;
+    q->bucket = bucket;
+    q->norm = norm;
+    q->seed = seed;
+    q->rank = rank;
+    q->tmp = malloc(sizeof(float) * bucket);
+    if (q->tmp == NULL) return gvqSystemError;
+    return gvqSuccess;
+}
+
+void gvq_qsgd_fini(gvq_qsgd_t *q) {
+    free(q->tmp);
+    q->tmp = NULL;
+}
+
+void gvq_codec_qsgd_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_qsgd_t *q) {
+    memset(c, 0, sizeof *c);
+    c->name = "qsgd";
+    c->wire_is_values = 0;
+    c->granule = q->bucket;
+    c->wire_bytes = qsgd_wire_bytes;
+    c->encode_combine = qsgd_encode_combine;
+    c->decode = qsgd_decode;
+    c->dev = dev;
+    c->dtype = gvqFloat32;
+    c->op = gvqSum;
+    c->state = q;
+}

@@ -1,0 +1,231 @@
+/*
+ * gradiveq_track.c -- one allreduce through a GradiVeQ compressor whose basis is tracked
+ * (basisUpdate gvqBasisTrack): GradiVeQ's compression (slices of L values projected on a basis
+ * U that every rank shares, the coefficients summed inside the ring) with the PCA of the summed
+ * slices found by a streaming block power iteration, one step per call, instead of sampling
+ * phases of exact sums and eigen-solves (the paper). The products are src/algorithms/powersgd.c's.
+ *
+ *   g --(+ e)--> x --finite on every rank? (agreed)--> collocated, as GradiVeQ's ring input
+ *     S_n = x as nslices x L rows, the tail zero-padded; S = sum over the ranks of S_n
+ *     ring 1: C0 = sum S_n U                       nslices x d, U the kept basis
+ *     ring 2: B = sum S_n^T C0 = S^T S U           L x d
+ *     U <- orth(B)             one power iteration on the covariance of the summed slices
+ *                              (what the paper's PCA fits), warm-started from the kept U; the
+ *                              same on every rank, since B is
+ *     C_n = S_n U              this rank's coefficients on the new basis
+ *     e_n = S_n - C_n U^T      this rank's loss; kept with error feedback (clipped, in tensor
+ *                              order: error_feedback.c)
+ *     ring 3: C = sum C_n                          nslices x d
+ *     y = C U^T (gvqAvg: / N), uncollocated        ~ S projected on U
+ *
+ * Three rings of (2 nslices + L) d values in all: fp32 sums, or with integerBits 8 or 16 the
+ * integer-summed wire (codec_intsum.c) with one shared scale per column of C0, B and C (the
+ * columns are contiguous: the products are column-major), agreed by a max-allreduce before
+ * each ring; its rounding is stochastic (unbiased) and, like a plain ring's, the same on every
+ * rank. One call may carry several tensors (a group of compressed calls, a zero-code layout,
+ * the training layer): each ring then sums all their factors at once (factor_ring.c), three
+ * rings and one finite-input agreement for all of them. Rings 1-2 are one PowerSGD step on the
+ * slice matrix; what stays GradiVeQ's is the output: every slice projected on one shared basis
+ * of slice space, its coefficients summed. Why a power iteration: on small-batch
+ * gradients the samples of a sampling phase are noise-dominated and a PCA fit of them keeps
+ * most of the L dimensions (perf/RESULTS.md section 6), while a few tracked directions plus
+ * error feedback carry what matters. Two cheaper variants measured worse on the ResNet (RESULTS
+ * section 6): the pooled covariance sum S_n^T S_n U in one ring (N times noisier), and that
+ * ring riding with the previous call's coefficients (the basis one call late).
+ * Host buffers only (device buffers are staged by gvqAllReduceCompressed). A gradient holding
+ * NaN or Inf on any rank is sent uncompressed on every rank alike (gvq_compressed_nonfinite; U
+ * untouched, residual dropped).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gvq_compressor.h"
+
+/* x (count floats, tensor order) into the slice matrix S = ps_M, in GradiVeQ's collocated
+ * order; the padding zeroed. */
+static void fill_slices(gvqCompressor_t c, const float *x) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    size_t count = cfg->count, nm = c->ps_n * c->ps_m;
+    if (c->collocate)
+        gvq_collocate(x, c->ps_M, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H, (size_t)cfg->W);
+    else
+        memcpy(c->ps_M, x, sizeof(float) * count);
+    memset(c->ps_M + count, 0, sizeof(float) * (nm - count));
+}
+
+/* count floats of the slice matrix back into tensor order. */
+static void empty_slices(gvqCompressor_t c, float *out) {
+    const gvq_comp_cfg_t *cfg = &c->cfg;
+    if (c->collocate)
+        gvq_uncollocate(c->ps_M, out, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H,
+                        (size_t)cfg->W);
+    else
+        memcpy(out, c->ps_M, sizeof(float) * cfg->count);
+}
+
+/* C_n = S_n U (U the new basis) into the ring's buffer, then S_n - C_n U^T left in ps_M. */
+static gvqResult_t encode(gvqCompressor_t c) {
+    const gvq_device_ops_t *dev = c->comm->dev;
+    size_t n = c->ps_n, L = c->ps_m, d = (size_t)c->cfg.dmax;
+    GVQCHECK(gvq_powersgd_project(dev, c->ps_M, n, L, d, c->ps_Q, c->ps_P));
+    return gvq_powersgd_expand(dev, n, L, d, c->ps_P, c->ps_Q, -1.0f, 1.0f, c->ps_M);
+}
+
+/* This rank's loss (stats.lastLoss) and, with error feedback, its residual. */
+static void keep_residual(gvqCompressor_t c, double xnorm, double gnorm) {
+    double rnorm = gvq_ef_norm(c->ps_M, c->ps_n * c->ps_m);
+    c->st.stats.lastLoss = xnorm > 0 ? rnorm / xnorm : 0;
+    if (!c->cfg.error_feedback) return;
+    empty_slices(c, c->residual);
+    gvq_ef_clip(c, gnorm);
+}
+
+/* y = C U^T into recv. */
+static gvqResult_t decode(gvqCompressor_t c, float *recv, gvqRedOp_t op) {
+    const gvq_device_ops_t *dev = c->comm->dev;
+    size_t n = c->ps_n, L = c->ps_m, d = (size_t)c->cfg.dmax;
+    GVQCHECK(gvq_powersgd_expand(dev, n, L, d, c->ps_P, c->ps_Q, 1.0f, 0.0f, c->ps_M));
+    empty_slices(c, recv);
+    if (op == gvqAvg) GVQCHECK(dev->divide(recv, c->cfg.count, gvqFloat32, c->comm->nranks));
+    return gvqSuccess;
+}
+
+/* ---- one call of several tensors ---------------------------------------------------------- */
+
+/* The tensors of one fused call that compress (not too small, finite on every rank). */
+typedef struct {
+    gvqCompressor_t c;
+    const float *send;
+    float *recv;
+    double gnorm, xnorm;
+} track_item_t;
+
+typedef struct {
+    track_item_t *it;
+    size_t n;
+    gvq_factor_t *f; /* a ring's factors, one per item */
+    gvq_coll_ctx_t ctx;
+} track_call_t;
+
+/* Rows of item i's factor in ring k: the coefficients (k 1, 3: nslices) or the basis (k 2: L). */
+static size_t ring_rows(const track_item_t *x, int k) {
+    return k == 2 ? x->c->ps_m : x->c->ps_n;
+}
+/* Where item x keeps ring k's factor (column-major, rows x d). */
+static float *ring_factor(const track_item_t *x, int k) {
+    size_t n = x->c->ps_n;
+    return k == 2 ? x->c->ps_P + n * (size_t)x->c->cfg.dmax : x->c->ps_P;
+}
+
+/* Ring k (1-3) of the call: every item's factor summed, all in one ring (factor_ring.c): fp32,
+ * or the integer-summed wire with a scale per column (k keys the rounding bits apart). */
+static gvqResult_t track_ring(track_call_t *t, int k) {
+    for (size_t i = 0; i < t->n; i++)
+        t->f[i] = (gvq_factor_t){ring_factor(&t->it[i], k), ring_rows(&t->it[i], k),
+                                 (size_t)t->it[i].c->cfg.dmax};
+    gvqCompressor_t c0 = t->it[0].c;
+    return gvq_factor_ring(&t->ctx, c0, c0->cfg.int_bits, t->f, t->n,
+                           (uint32_t)(c0->st.iter * 3 + (uint64_t)k));
+}
+
+/* The three rings and what lies between them, for every item at once. */
+static gvqResult_t track_compress(track_call_t *t, gvqRedOp_t op) {
+    for (size_t i = 0; i < t->n; i++) { /* C0 = S_n U */
+        gvqCompressor_t c = t->it[i].c;
+        GVQCHECK(gvq_powersgd_project(c->comm->dev, c->ps_M, c->ps_n, c->ps_m, (size_t)c->cfg.dmax,
+                                      c->ps_Q, ring_factor(&t->it[i], 1)));
+    }
+    GVQCHECK(track_ring(t, 1));
+    for (size_t i = 0; i < t->n; i++) { /* B = S_n^T C0 */
+        gvqCompressor_t c = t->it[i].c;
+        GVQCHECK(gvq_powersgd_back(c->comm->dev, c->ps_M, c->ps_n, c->ps_m, (size_t)c->cfg.dmax,
+                                   ring_factor(&t->it[i], 1), ring_factor(&t->it[i], 2)));
+    }
+    GVQCHECK(track_ring(t, 2));
+    for (size_t i = 0; i < t->n; i++) { /* U = orth(B); C_n; the residual */
+        gvqCompressor_t c = t->it[i].c;
+        size_t L = c->ps_m, d = (size_t)c->cfg.dmax;
+        memcpy(c->ps_Q, ring_factor(&t->it[i], 2), sizeof(float) * L * d);
+        gvq_powersgd_orthonormalize(c->ps_Q, L, d);
+        GVQCHECK(encode(c));
+        keep_residual(c, t->it[i].xnorm, t->it[i].gnorm);
+    }
+    GVQCHECK(track_ring(t, 3));
+    for (size_t i = 0; i < t->n; i++)
+        GVQCHECK(decode(t->it[i].c, t->it[i].recv, op));
+    return gvqSuccess;
+}
+
+/* A tensor too small to pay for its basis: the exact sum. */
+static gvqResult_t track_plain(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *send,
+                               float *recv, gvqRedOp_t op, unsigned long long *sent) {
+    size_t count = c->cfg.count;
+    unsigned long long before = *sent;
+    gvq_codec_t plain;
+    gvq_codec_identity_init(&plain, c->comm->dev, gvqFloat32, gvqSum);
+    GVQCHECK(gvq_ring_allreduce(ctx, &plain, send, recv, count, gvqSum));
+    if (op == gvqAvg) GVQCHECK(c->comm->dev->divide(recv, count, gvqFloat32, c->comm->nranks));
+    return gvq_compressor_advance(c, ctx, c->comm->dev, recv, *sent - before, 0, 0);
+}
+
+gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
+                                              float *const *recv, size_t k, gvqRedOp_t op) {
+    if (k == 0) return gvqSuccess;
+    unsigned long long sent = 0;
+    track_call_t t = {0};
+    t.ctx = gvq_comm_ctx(cs[0]->comm, &sent);
+    const float **x = calloc(k, sizeof *x);
+    int32_t *bad = calloc(k, sizeof *bad);
+    t.it = calloc(k, sizeof *t.it);
+    t.f = calloc(k, sizeof *t.f);
+    gvqResult_t res = gvqSuccess;
+    if (x == NULL || bad == NULL || t.it == NULL || t.f == NULL) goto oom;
+    for (size_t i = 0; i < k; i++) {
+        const gvq_comp_cfg_t *cfg = &cs[i]->cfg;
+        if (cs[i]->track_plain) continue;
+        x[i] = cfg->error_feedback ? gvq_ef_input(cs[i], send[i]) : send[i];
+    }
+    GVQCHECKGOTO(gvq_factor_agree_nonfinite(cs, x, k, &t.ctx, bad), res, out);
+    for (size_t i = 0; i < k && res == gvqSuccess; i++) {
+        gvqCompressor_t c = cs[i];
+        if (c->track_plain)
+            res = track_plain(c, &t.ctx, send[i], recv[i], op, &sent);
+        else if (bad[i])
+            res = gvq_compressed_nonfinite(c, &t.ctx, send[i], recv[i], op);
+        if (c->track_plain || bad[i]) continue;
+        track_item_t *it = &t.it[t.n++];
+        *it = (track_item_t){c, send[i], recv[i], 0, 0};
+        it->gnorm = c->cfg.error_feedback ? gvq_ef_norm(send[i], c->cfg.count) : 0;
+        fill_slices(c, x[i]);
+        it->xnorm = gvq_ef_norm(c->ps_M, c->ps_n * c->ps_m);
+    }
+    if (res != gvqSuccess || t.n == 0) goto out;
+    unsigned long long before = sent, total = 0;
+    GVQCHECKGOTO(track_compress(&t, op), res, out);
+    /* wireBytes: the three rings' bytes shared out by each tensor's part of the values */
+    for (size_t i = 0; i < t.n; i++) {
+        gvqCompressor_t c = t.it[i].c;
+        total += (2 * c->ps_n + c->ps_m) * (unsigned long long)c->cfg.dmax;
+    }
+    for (size_t i = 0; i < t.n && res == gvqSuccess; i++) {
+        gvqCompressor_t c = t.it[i].c;
+        unsigned long long part = (2 * c->ps_n + c->ps_m) * (unsigned long long)c->cfg.dmax;
+        res = gvq_compressor_advance(c, &t.ctx, c->comm->dev, t.it[i].recv,
+                                     (sent - before) * part / total, 0, 0);
+    }
+    goto out;
+oom:
+    GVQ_WARN("gvqAllReduceCompressed: out of memory for a tracked-basis call of %zu tensors", k);
+    res = gvqSystemError;
+out:
+    free(x);
+    free(bad);
+    free(t.it);
+    free(t.f);
+    return res;
+}
+
+gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, float *recv,
+                                         gvqRedOp_t op) {
+    return gvq_gradiveq_track_allreduce_many(&c, &send, &recv, 1, op);
+}

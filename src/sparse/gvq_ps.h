@@ -1,0 +1,80 @@
+/*
+ * gvq_ps.h -- the parameter-server handle shared by its files (docs/ALGORITHMS.md section 4):
+ *
+ *   ps.c        the handle: config, create / destroy, stats, the live registry, the checks
+ *               every entry point shares
+ *   ps_push.c   push (with local aggregation) and apply
+ *   ps_pull.c   pull
+ *   ps_save.c   save / load of a rank's shards
+ *   ps_tune.c   the partition tuner's driver
+ *
+ * The shards are colocated with the workers: shard s lives on rank s mod N, and each rank keeps
+ * its shards' rows in one array of slots (gvq_part_t maps row -> rank, slot). A slot with a
+ * pending gradient sum is listed in pending_slots (in the order first pushed) and flagged in
+ * is_pending; apply runs the rule on those slots and clears them.
+ *
+ * A shard serves pushes and pulls inside the same calls on its own rank: the calls are
+ * collective. With a host stream in the config they run on the stream's progress thread
+ * (queued in issue order, like every call on the stream), so a trainer can overlap them with
+ * its own work; a shard is still only served inside a push or pull of its own rank.
+ */
+#ifndef GVQ_PS_H_
+#define GVQ_PS_H_
+
+#include "gvq_comm.h"
+#include "gvq_sparse.h"
+
+#define GVQ_PS_MAGIC 0x67767350u /* 'gvqP' */
+#define GVQ_PS_MAX_PARTITIONS (1 << 24)
+
+/* A gvqPsConfig_t with the defaults filled in. */
+typedef struct {
+    int partitions, partitioning, rule, average, local_aggregation, init;
+    double lr, momentum, adagrad_init, eps, init_scale;
+    unsigned long long seed;
+    const void *init_values; /* gvqPsInitValues: rows x dim elements, read in gvqPsCreate */
+    gvqStream_t stream;      /* a host stream: push, apply and pull are queued on it; or NULL */
+} gvq_ps_cfg_t;
+
+struct gvqPs {
+    uint32_t magic;
+    gvqComm_t comm;
+    uint64_t rows;
+    size_t dim, esize, row_bytes; /* row_bytes = dim * esize */
+    gvqDataType_t dtype;
+    gvq_ps_cfg_t cfg;
+    gvq_part_t map;
+    size_t nlocal;           /* slots (rows) held here */
+    char *values;            /* nlocal rows: the variable's values */
+    char *rule_state;        /* nlocal rows: momentum or Adagrad accumulator; NULL for SGD */
+    char *grad_sum;          /* nlocal rows: pending gradient sums */
+    uint8_t *is_pending;     /* per slot: has a pending sum */
+    uint64_t *pending_slots; /* the pending slots, in the order first pushed */
+    size_t npending;
+    int hosts, leader;  /* distinct hosts; the lowest rank of this rank's host */
+    uint8_t *same_host; /* per rank: on this rank's host */
+    gvqPsStats_t stats;
+};
+
+/* Row `slot` of one of the handle's row arrays. */
+static inline char *gvq_ps_row(const struct gvqPs *ps, char *rows, uint64_t slot) {
+    return rows + slot * ps->row_bytes;
+}
+
+/* Whether ps is a live parameter server (never dereferences a destroyed one). */
+int gvq_ps_live(gvqPs_t ps);
+
+/* The checks of push and pull that do not depend on the rows: a live handle (gvqInvalidArgument)
+ * outside a group (gvqInvalidUsage), with a WARN naming fn. */
+gvqResult_t gvq_ps_check_call(gvqPs_t ps, const char *fn);
+
+/* The rows a caller gave (n indices and their rows `vals`, called vname in the WARN): 1 when
+ * refused (NULL with n > 0, an index outside [0, rows)), with a WARN naming fn; else 0. */
+int gvq_ps_refuse_rows(gvqPs_t ps, const char *fn, const int64_t *idx, const void *vals,
+                       const char *vname, size_t n);
+
+/* A block of indices received by a shard: in range, strictly ascending and (with owner_check)
+ * held by this rank. Returns the first bad position, or n. */
+size_t gvq_ps_check_block(gvqPs_t ps, const int64_t *idx, size_t n, int owner_check);
+
+#endif /* GVQ_PS_H_ */
