@@ -1,7 +1,8 @@
 /*
  * perf_sparse.c -- gvq-perf -C sparse-ag,ps,dense: a sparse variable aggregated three ways, side
  * by side in one run, with the bytes each rank put on the wire next to the Parallax cost table
- * (docs/ALGORITHMS.md section 4; w = rows x dim x 4 bytes of values, N ranks, per rank, sent+received):
+ * (docs/ALGORITHMS.md section 4; w = rows x dim x 4 bytes of values, N ranks, per rank,
+ * sent+received):
  *
  *     dense (gvqAllReduce)         4 w (N-1)/N
  *     sparse-ag (allgatherv)       2 alpha w (N-1)

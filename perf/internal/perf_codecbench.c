@@ -24,7 +24,7 @@ static double now_s(void) {
 }
 
 size_t cb_chunk_bytes(void) {
-    /* as gvqCompressorCreate in src/compress/compressor.c: out-of-range values fall back to 256 KiB */
+    /* as gvqCompressorCreate (src/compress/compressor.c): out-of-range values give 256 KiB */
     int64_t c = gvq_param(GVQ_PARAM_CODEC_CHUNK_BYTES);
     return c < 1024 || c > (1 << 30) ? (size_t)1 << 18 : (size_t)c;
 }

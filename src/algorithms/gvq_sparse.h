@@ -122,8 +122,8 @@ gvqResult_t gvq_sparse_native_allgatherv(gvq_coll_ctx_t *ctx, void *blocks, cons
  * fewer than 3 distinct P or the system is singular. */
 int gvq_lsq_fit3(const double *P, const double *t, int n, double theta[3]);
 
-/* The search of docs/ALGORITHMS.md: sample start; double while the time falls (up to maxp); then halve
- * from start while the time falls (down to 1). Then up to GVQ_PTUNE_REFINE refinement samples
+/* The search of docs/ALGORITHMS.md: sample start; double while the time falls (up to maxp); then
+ * halve from start while the time falls (down to 1). Then up to GVQ_PTUNE_REFINE refinement samples
  * (the doubling/halving grid is coarse, and the measured curve is often flat near its minimum
  * with bumps the model cannot see): the fit's argmin if it was not sampled, else the untried
  * candidate midway between the fastest sample and its sampled neighbour above (then below).

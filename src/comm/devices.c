@@ -1,7 +1,7 @@
 /*
  * device.c -- the registry of devices built into the library (the host device of src/device/,
- * the CUDA device of src/device/cuda/), which device a buffer's memory belongs to, and staging of device
- * buffers through pinned host memory.
+ * the CUDA device of src/device/cuda/), which device a buffer's memory belongs to, and staging of
+ * device buffers through pinned host memory.
  */
 #include <strings.h>
 

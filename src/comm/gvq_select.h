@@ -14,7 +14,8 @@ typedef enum {
     GVQ_ALGO_RAB,    /* Rabenseifner's recursive halving/doubling */
     GVQ_ALGO_TREE,   /* binomial tree */
     GVQ_ALGO_DIRECT, /* ring reduce-scatter, direct allgather: sends from library memory only */
-    GVQ_ALGO_SHM,    /* allreduce through the communicator's shared memory (src/algorithms/shm_collectives.c) */
+    GVQ_ALGO_SHM,    /* allreduce through the communicator's shared memory
+                        (src/algorithms/shm_collectives.c) */
     GVQ_ALGO_COUNT
 } gvq_algo_t;
 

@@ -26,12 +26,12 @@
  * not overlap as the ring's pipeline does, was 1.20x: there the ring stays (perf/RESULTS.md
  * section 7).
  *
- * With a shared-memory segment mapped by every rank (one host, GVQ_SHM=1; src/comm/shm_setup.c) every
- * plain collective runs `shm` before any row, at every size (the others than allreduce up to 8
- * ranks): every rank writes its input into
- * its slot, the call agreement in the same exchange, and takes its output from the slots
- * (reductions above 64 KiB in segments, one per rank; a slot's worth at a time;
- * src/algorithms/shm_collectives.c). GVQ_ALGO=shm without the segment falls back to the table.
+ * With a shared-memory segment mapped by every rank (one host, GVQ_SHM=1; src/comm/shm_setup.c)
+ * every plain collective runs `shm` before any row, at every size (the others than allreduce up to
+ * 8 ranks): every rank writes its input into its slot, the call agreement in the same exchange, and
+ * takes its output from the slots (reductions above 64 KiB in segments, one per rank; a slot's
+ * worth at a time; src/algorithms/shm_collectives.c). GVQ_ALGO=shm without the segment falls back
+ * to the table.
  *
  * A name a collective does not have, or a malformed item, is reported at WARN and that item
  * ignored. The choice is reported at INFO the first time each (collective, algorithm) runs.

@@ -1,7 +1,7 @@
 /*
  * shm.c -- the shared memory of a communicator whose ranks share one host (gvq_comm.h), for the
- * call agreement and the plain collectives of src/algorithms/shm_collectives.c, and for gvqSend/gvqRecv through
- * the transport's channels (src/transport/chan.c).
+ * call agreement and the plain collectives of src/algorithms/shm_collectives.c, and for
+ * gvqSend/gvqRecv through the transport's channels (src/transport/chan.c).
  *
  *   when:  at creation for gvqCommInitRank and gvqCommInitMPI (gvq_comm_shm_at_init: every
  *          rank a process of its own, all in the call at once), with the channels up to 8

@@ -1,8 +1,8 @@
 /*
  * gvq_device.h -- the device ops table: where buffers live and where math runs.
  * The host device (host_device.c) is synchronous and uses BLAS/LAPACKE; the CUDA device
- * (src/device/cuda/cuda_device.cu) queues kernels, cuBLAS and cuSOLVER calls on a stream. Pointers handed
- * to a device's operations are memory of that device.
+ * (src/device/cuda/cuda_device.cu) queues kernels, cuBLAS and cuSOLVER calls on a stream. Pointers
+ * handed to a device's operations are memory of that device.
  */
 #ifndef GVQ_DEVICE_H_
 #define GVQ_DEVICE_H_

@@ -42,9 +42,9 @@ typedef struct gvq_transport_ops {
      * `bytes` long (irecv_upto: longer than `bytes`) completes with gvqRemoteError. */
     gvqResult_t (*test)(struct gvq_transport *t, gvq_req_t *req, int *done);
     /* Optional (NULL: nothing to do): let transfers still in the transport's hands move on while
-     * the caller waits for something else (shared memory, src/algorithms/shm_collectives.c). MPI needs its
-     * progress engine driven: a rendezvous send of the peer's completes only once this rank
-     * acknowledges its receive. */
+     * the caller waits for something else (shared memory, src/algorithms/shm_collectives.c). MPI
+     * needs its progress engine driven: a rendezvous send of the peer's completes only once this
+     * rank acknowledges its receive. */
     void (*progress)(struct gvq_transport *t);
     /* Give up on a request that will not complete (after a timeout or an abort). */
     void (*cancel)(struct gvq_transport *t, gvq_req_t *req);

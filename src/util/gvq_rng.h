@@ -9,8 +9,8 @@
 
 #include <stdint.h>
 
-/* Compiled by nvcc, the generator is also a device function (src/device/cuda/qsgd_kernels.cu draws QSGD's
- * bits with this very code, so host and device streams are bit-identical). */
+/* Compiled by nvcc, the generator is also a device function (src/device/cuda/qsgd_kernels.cu draws
+ * QSGD's bits with this very code, so host and device streams are bit-identical). */
 #ifdef __CUDACC__
 #define GVQ_RNG_FN __host__ __device__ static inline
 #else

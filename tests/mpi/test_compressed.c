@@ -219,7 +219,8 @@ static double lr_outside(size_t e, int L) {
 }
 
 /* ---- conv gradients: rank 3 in the filter-collocated order ---------------------------------
- * Tensor layout [K][D][H][W]; collocated index j = ((h*W + w)*D + d)*K + k (docs/ALGORITHMS.md 2). */
+ * Tensor layout [K][D][H][W]; collocated index j = ((h*W + w)*D + d)*K + k (docs/ALGORITHMS.md 2).
+ */
 typedef struct {
     size_t K, D, H, W;
     lr_t col; /* generator of the collocated vector */

@@ -519,7 +519,8 @@ static void weights_copy(mlp_t *n, int l0, int l1, float *buf, int restore) {
 }
 
 /* SpecTrain's prediction by hand: W <- W - s lr v over the stage's weights (v in weights_copy's
- * order), s = 2S - k - 2 for a forward at stage k, k for a backward (docs/ALGORITHMS.md section 6). */
+ * order), s = 2S - k - 2 for a forward at stage k, k for a backward (docs/ALGORITHMS.md section 6).
+ */
 static void predict_by_hand(mlp_t *n, int l0, int l1, const float *v, int s) {
     size_t at = 0;
     float f = (float)s * LR;

@@ -223,9 +223,9 @@ static void test_identical(void) {
     gvq_select_override(NULL);
 }
 
-/* shm above 64 KiB reduces each rank's segment on that rank (src/algorithms/shm_collectives.c): every datatype
- * and op against the reference, in place and not, outputs identical on every rank (1, 3, 5
- * ranks; order-sensitive sums at 2-5). */
+/* shm above 64 KiB reduces each rank's segment on that rank (src/algorithms/shm_collectives.c):
+ * every datatype and op against the reference, in place and not, outputs identical on every rank
+ * (1, 3, 5 ranks; order-sensitive sums at 2-5). */
 static void test_shm_large(void) {
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     gvq_select_override("shm");

@@ -1,9 +1,9 @@
 /*
  * test_shm_mixed.c -- many collectives of every kind, one after another on one communicator
- * through shared memory (GVQ_ALGO=shm, src/algorithms/shm_collectives.c), with ranks delayed at random so
- * that they leave a call at different times and reuse the two slots in every order: in place and
- * not, roots that vary, a reduce's non-root recvbuff and a broadcast's non-root sendbuff NULL,
- * counts from one element to several pieces (a segmented first piece with a small last one
+ * through shared memory (GVQ_ALGO=shm, src/algorithms/shm_collectives.c), with ranks delayed at
+ * random so that they leave a call at different times and reuse the two slots in every order: in
+ * place and not, roots that vary, a reduce's non-root recvbuff and a broadcast's non-root sendbuff
+ * NULL, counts from one element to several pieces (a segmented first piece with a small last one
  * among them). Every output against values computed from the inputs; and calls whose counts
  * differ between ranks, of every kind, fail on every rank without writing an output.
  */

@@ -1,10 +1,10 @@
 /*
- * test_sparse_algo.c -- the src/algorithms/ pieces of sparse variables against independent references:
- * merging duplicate rows (a dense sum), the partition map (every row placed exactly once, the
- * inverse, balance, P > rows), the update rules (a hand-written double reference), the least-
- * squares fit (exact thetas back from noiseless data), the tuner's search (a known cost curve),
- * and, over in-process ranks, the parameter server end to end against a dense reference plus a
- * malicious peer whose malformed messages must never change a shard.
+ * test_sparse_algo.c -- the src/algorithms/ pieces of sparse variables against independent
+ * references: merging duplicate rows (a dense sum), the partition map (every row placed exactly
+ * once, the inverse, balance, P > rows), the update rules (a hand-written double reference), the
+ * least- squares fit (exact thetas back from noiseless data), the tuner's search (a known cost
+ * curve), and, over in-process ranks, the parameter server end to end against a dense reference
+ * plus a malicious peer whose malformed messages must never change a shard.
  */
 #include <math.h>
 

@@ -2,8 +2,8 @@
  * codec_intsum.c -- integer-summed wires: values quantized against scales every rank shares,
  * so the ring adds integers (exact, order-independent, identical on every rank), after THC
  * (Li et al., NSDI 2024) for scalar quantization, applied here to QSGD's values and to
- * GradiVeQ's coefficients (docs/ALGORITHMS.md section 2: the coefficients are linear in the input, so
- * their sum is the coefficient vector of the sum; quantizing each rank's coefficients with its
+ * GradiVeQ's coefficients (docs/ALGORITHMS.md section 2: the coefficients are linear in the input,
+ * so their sum is the coefficient vector of the sum; quantizing each rank's coefficients with its
  * own scale would lose that).
  *
  *   begin (once per call, collective)

@@ -1,5 +1,6 @@
 /*
- * codec_qsgd.c -- QSGD (Alistarh et al., NeurIPS 2017; docs/ALGORITHMS.md section 3) as a ring codec.
+ * codec_qsgd.c -- QSGD (Alistarh et al., NeurIPS 2017; docs/ALGORITHMS.md section 3) as a ring
+ * codec.
  *
  * A bucket v of B float values travels as one float scale (the L2 or max norm of v) and, per
  * value, a sign bit and a level q in 0..s packed into `bits` bits (s = 2^(bits-1) - 1, so

@@ -1,8 +1,9 @@
 /*
- * gvq_nccl.h -- the NCCL backend (src/transport/nccl/nccl.c, built with GVQ_WITH_NCCL): a NCCL communicator
- * beside a gvq communicator, its native collectives for CUDA device buffers, and a transport ops
- * table whose sends and receives are grouped ncclSend/ncclRecv on a communication stream.
- * No NCCL or CUDA type appears here (streams are void *), so src/ needs no CUDA include path.
+ * gvq_nccl.h -- the NCCL backend (src/transport/nccl/nccl.c, built with GVQ_WITH_NCCL): a NCCL
+ * communicator beside a gvq communicator, its native collectives for CUDA device buffers, and a
+ * transport ops table whose sends and receives are grouped ncclSend/ncclRecv on a communication
+ * stream. No NCCL or CUDA type appears here (streams are void *), so src/ needs no CUDA include
+ * path.
  *
  * Bootstrap: rank 0 makes the NCCL unique id (gvq_nccl_get_id) and the gvq communicator's own
  * transport carries it to the other ranks (src/collectives.c, on the first collective whose
