@@ -1,16 +1,8 @@
 /*
- * collectives.c -- the public collective and point-to-point calls: argument checks, the group
- * queue, and dispatch to src/algorithms/.
- *
- * Outside a group a call runs at once. Inside gvqGroupStart/gvqGroupEnd it is checked and
- * queued; the outermost gvqGroupEnd runs the queued collectives in call order, then posts all
- * queued sends and receives together and waits for them, so a group may hold a send and a
- * receive that depend on each other (a ring exchange, an all-to-all).
- *
- * With a host stream (gvqStreamCreate) the call, or the group at its end, is checked here and
- * then queued as one job on the stream (stream.c), which runs it as above on its progress
- * thread; a refused collective queues its refusal instead, so the other ranks' calls fail in
- * their turn rather than wait.
+ * collectives.c -- running the plain collective and point-to-point calls that calls.c checked
+ * and queued: each collective's agreement on its signature (signature.c), the algorithm the
+ * selection picks (select.c) from src/algorithms/, CUDA buffers on NCCL or staged through pinned
+ * host memory, and a batch's sends and receives posted together.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -21,32 +13,15 @@
 #include "gvq_select.h"
 #include "gvq_stream.h"
 
-static const char *op_fn[] = {"gvqAllReduce",     "gvqBroadcast",          "gvqReduce",
-                              "gvqReduceScatter", "gvqAllGather",          "gvqSend",
-                              "gvqRecv",          "gvqAllReduceCompressed"};
+const char *const gvq_op_fn[] = {"gvqAllReduce",     "gvqBroadcast",          "gvqReduce",
+                                 "gvqReduceScatter", "gvqAllGather",          "gvqSend",
+                                 "gvqRecv",          "gvqAllReduceCompressed"};
 
 /* Point-to-point messages larger than this travel in pieces (one MPI message holds < 2 GiB). */
 #define P2P_PIECE ((size_t)1 << 30)
 
-/* ---- argument checks --------------------------------------------------------------------- */
-
-/* Whether [a, a+alen) and [b, b+blen) share a byte; by distances, which cannot wrap. */
-static int ranges_overlap(const void *a, size_t alen, const void *b, size_t blen) {
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    if (alen == 0 || blen == 0) return 0;
-    return x <= y ? y - x < alen : x - y < blen;
-}
-
-/* A buffer of len bytes at p must fit in the address space: below its top, and within the
- * 2^56 bytes of the largest user address space of today's 64-bit CPUs (x86-64 with 5-level
- * paging), so that a count near SIZE_MAX is refused, not run. */
-#define GVQ_MAX_BUFFER_BYTES ((uint64_t)1 << 56)
-static int buffer_wraps(const void *p, size_t len) {
-    return (uint64_t)len > GVQ_MAX_BUFFER_BYTES || (uintptr_t)p > UINTPTR_MAX - len;
-}
-
 /* Bytes this rank reads from sendbuff and writes to recvbuff. */
-static void op_lengths(const gvq_op_t *o, size_t *slen, size_t *rlen) {
+void gvq_op_lengths(const gvq_op_t *o, size_t *slen, size_t *rlen) {
     int n = o->comm->nranks, r = o->comm->rank;
     size_t one = o->count * gvq_dtype_size(o->dtype), all = one * (size_t)n;
     *slen = *rlen = 0;
@@ -81,76 +56,12 @@ static void op_lengths(const gvq_op_t *o, size_t *slen, size_t *rlen) {
     }
 }
 
-static gvqResult_t check_op(const gvq_op_t *o) {
-    const char *fn = op_fn[o->kind];
-    if (!gvq_comm_is_live(o->comm)) return gvq_comm_refuse_dead(o->comm, fn);
-    int n = o->comm->nranks, r = o->comm->rank;
-    if (!gvq_dtype_valid((int)o->dtype)) {
-        GVQ_WARN("%s: invalid datatype %d", fn, (int)o->dtype);
-        return gvqInvalidArgument;
-    }
-    int reduces =
-        o->kind == GVQ_OP_ALLREDUCE || o->kind == GVQ_OP_REDUCE || o->kind == GVQ_OP_REDUCE_SCATTER;
-    if (reduces && !gvq_op_valid((int)o->op)) {
-        GVQ_WARN("%s: invalid reduction op %d", fn, (int)o->op);
-        return gvqInvalidArgument;
-    }
-    size_t esize = gvq_dtype_size(o->dtype);
-    int blocks = (o->kind == GVQ_OP_REDUCE_SCATTER || o->kind == GVQ_OP_ALLGATHER) ? n : 1;
-    if (o->count > SIZE_MAX / esize / (size_t)blocks) {
-        GVQ_WARN("%s: count %zu of %s overflows the address space", fn, o->count,
-                 gvq_dtype_name(o->dtype));
-        return gvqInvalidArgument;
-    }
-    if ((o->kind == GVQ_OP_BROADCAST || o->kind == GVQ_OP_REDUCE) &&
-        (o->root < 0 || o->root >= n)) {
-        GVQ_WARN("%s: root %d is outside [0, %d)", fn, o->root, n);
-        return gvqInvalidArgument;
-    }
-    if ((o->kind == GVQ_OP_SEND || o->kind == GVQ_OP_RECV) && (o->root < 0 || o->root >= n)) {
-        GVQ_WARN("%s: peer %d is outside [0, %d)", fn, o->root, n);
-        return gvqInvalidArgument;
-    }
-    if (o->count == 0) return gvqSuccess;
-    size_t one = o->count * esize, slen, rlen;
-    op_lengths(o, &slen, &rlen);
-    if (slen && o->sendbuff == NULL) {
-        GVQ_WARN("%s: sendbuff is NULL with count %zu", fn, o->count);
-        return gvqInvalidArgument;
-    }
-    if (rlen && o->recvbuff == NULL) {
-        GVQ_WARN("%s: recvbuff is NULL with count %zu", fn, o->count);
-        return gvqInvalidArgument;
-    }
-    int swraps = slen && buffer_wraps(o->sendbuff, slen);
-    if (swraps || (rlen && buffer_wraps(o->recvbuff, rlen))) {
-        GVQ_WARN("%s: count %zu of %s: %s (%zu bytes from %p) runs past the end of the address "
-                 "space",
-                 fn, o->count, gvq_dtype_name(o->dtype), swraps ? "sendbuff" : "recvbuff",
-                 swraps ? slen : rlen, swraps ? o->sendbuff : (const void *)o->recvbuff);
-        return gvqInvalidArgument;
-    }
-    if (slen && rlen) {
-        /* the in-place position NCCL defines for each call; any other overlap is refused */
-        const char *inplace = (const char *)o->recvbuff;
-        if (o->kind == GVQ_OP_REDUCE_SCATTER) inplace = (const char *)o->recvbuff - (size_t)r * one;
-        if (o->kind == GVQ_OP_ALLGATHER) inplace = (const char *)o->recvbuff + (size_t)r * one;
-        if (o->sendbuff != inplace && ranges_overlap(o->sendbuff, slen, o->recvbuff, rlen)) {
-            GVQ_WARN("%s: recvbuff %p overlaps sendbuff %p but is not the in-place layout", fn,
-                     o->recvbuff, o->sendbuff);
-            return gvqInvalidArgument;
-        }
-    }
-    return gvqSuccess;
-}
-
 /* ---- signatures ------------------------------------------------------------------------------
  * Before a collective moves data, the ranks agree on its signature (signature.c): a call whose
  * arguments differ between the ranks fails on every rank, naming both sides. A rank that refuses
  * its own arguments still takes part (with its refusal), so the others fail at once. */
 
 static gvq_algo_t op_algo(const gvq_op_t *o);
-static const gvq_device_ops_t *op_device(const gvq_op_t *o);
 
 static gvq_call_sig_t op_signature(const gvq_op_t *o, gvqResult_t refused) {
     if (o->kind == GVQ_OP_COMPRESSED) return o->upper->signature(o, refused);
@@ -166,21 +77,21 @@ static gvq_call_sig_t op_signature(const gvq_op_t *o, gvqResult_t refused) {
                                             ? o->upper->identity(o->dtype, o->op)
                                             : 0, /* GVQ_CODEC alike on every rank */
                             .algo = refused == gvqSuccess ? (int)op_algo(o) : -1,
-                            .device = op_device(o) != &gvq_host_device,
+                            .device = gvq_op_device(o) != &gvq_host_device,
                             .refused = refused};
 }
 
-static int is_collective(const gvq_op_t *o) {
+int gvq_op_is_collective(const gvq_op_t *o) {
     return o->kind != GVQ_OP_SEND && o->kind != GVQ_OP_RECV;
 }
 
 /* A collective this rank refused (res) takes part in the agreement when its communicator can
  * carry it (live, not aborted, not broken), so that the other ranks' calls fail at once. */
-static void refuse_together(const gvq_op_t *o, gvqResult_t res) {
-    if (!is_collective(o) || !gvq_comm_is_live(o->comm)) return;
-    if (gvq_comm_enter(o->comm, op_fn[o->kind]) != gvqSuccess) return;
+void gvq_op_refuse_together(const gvq_op_t *o, gvqResult_t res) {
+    if (!gvq_op_is_collective(o) || !gvq_comm_is_live(o->comm)) return;
+    if (gvq_comm_enter(o->comm, gvq_op_fn[o->kind]) != gvqSuccess) return;
     gvq_call_sig_t sig = op_signature(o, res);
-    (void)gvq_call_agree(o->comm, op_fn[o->kind], &sig);
+    (void)gvq_call_agree(o->comm, gvq_op_fn[o->kind], &sig);
     gvq_comm_leave(o->comm);
 }
 
@@ -279,7 +190,7 @@ static gvqResult_t run_collective(const gvq_op_t *o, int allow_auto) {
  * calls skip zero-code compression (its compressors are keyed by the buffer's address). */
 
 /* The device holding the op's buffers (the non-host one when they differ). */
-static const gvq_device_ops_t *op_device(const gvq_op_t *o) {
+const gvq_device_ops_t *gvq_op_device(const gvq_op_t *o) {
     if (o->count == 0) return &gvq_host_device;
     const gvq_device_ops_t *d = gvq_device_of(o->sendbuff);
     return d != &gvq_host_device ? d : gvq_device_of(o->recvbuff);
@@ -294,16 +205,16 @@ static gvqResult_t staged_body(void *arg, const void *send, void *recv) {
 
 static gvqResult_t run_staged(const gvq_op_t *o, const gvq_device_ops_t *dev) {
     size_t slen, rlen;
-    op_lengths(o, &slen, &rlen);
-    return gvq_device_staged(dev, o->stream, op_fn[o->kind], &o->comm->pinned, o->sendbuff, slen,
-                             o->recvbuff, rlen, staged_body, (void *)o);
+    gvq_op_lengths(o, &slen, &rlen);
+    return gvq_device_staged(dev, o->stream, gvq_op_fn[o->kind], &o->comm->pinned, o->sendbuff,
+                             slen, o->recvbuff, rlen, staged_body, (void *)o);
 }
 
 static gvqResult_t run_collective_any(const gvq_op_t *o) {
-    const gvq_device_ops_t *dev = op_device(o);
+    const gvq_device_ops_t *dev = gvq_op_device(o);
     if (dev == &gvq_host_device) return run_collective(o, 1);
     size_t slen, rlen;
-    op_lengths(o, &slen, &rlen);
+    gvq_op_lengths(o, &slen, &rlen);
     int all_dev = (!slen || gvq_device_of(o->sendbuff) == dev) &&
                   (!rlen || gvq_device_of(o->recvbuff) == dev);
     if (all_dev && gvq_comm_nccl_ready(o->comm)) return gvq_comm_nccl_collective(o);
@@ -369,7 +280,8 @@ static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_
  * transport may still touch it: it is then abandoned, never reused or freed. */
 
 static int p2p_on_device(const gvq_op_t *o) {
-    return (o->kind == GVQ_OP_SEND || o->kind == GVQ_OP_RECV) && op_device(o) != &gvq_host_device;
+    return (o->kind == GVQ_OP_SEND || o->kind == GVQ_OP_RECV) &&
+           gvq_op_device(o) != &gvq_host_device;
 }
 
 /* posted[i] = ops[i], with a CUDA buffer replaced by its place in the pinned block (a send's
@@ -385,11 +297,11 @@ static gvqResult_t p2p_stage_in(const gvq_op_t *ops, size_t n, gvq_op_t *posted,
         total += GVQ_DIV_UP(ops[i].count * gvq_dtype_size(ops[i].dtype), 64) * 64;
     }
     if (lead == NULL) return gvqSuccess;
-    const gvq_device_ops_t *dev = op_device(lead);
+    const gvq_device_ops_t *dev = gvq_op_device(lead);
     char *h = gvq_pinned_reserve(&lead->comm->pinned, dev, total);
     if (h == NULL) {
         GVQ_WARN("%s: cannot allocate %zu bytes of pinned host memory to stage CUDA buffers",
-                 op_fn[lead->kind], total);
+                 gvq_op_fn[lead->kind], total);
         return gvqSystemError;
     }
     *pin = &lead->comm->pinned;
@@ -397,8 +309,8 @@ static gvqResult_t p2p_stage_in(const gvq_op_t *ops, size_t n, gvq_op_t *posted,
         if (!p2p_on_device(&ops[i])) continue;
         size_t bytes = ops[i].count * gvq_dtype_size(ops[i].dtype);
         if (ops[i].kind == GVQ_OP_SEND) {
-            GVQCHECK(gvq_device_copy_behind(op_device(&ops[i]), ops[i].stream, h, ops[i].sendbuff,
-                                            bytes, 1));
+            GVQCHECK(gvq_device_copy_behind(gvq_op_device(&ops[i]), ops[i].stream, h,
+                                            ops[i].sendbuff, bytes, 1));
             posted[i].sendbuff = h;
         } else {
             posted[i].recvbuff = h;
@@ -412,7 +324,7 @@ static gvqResult_t p2p_stage_in(const gvq_op_t *ops, size_t n, gvq_op_t *posted,
 static gvqResult_t p2p_stage_out(const gvq_op_t *ops, const gvq_op_t *posted, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (ops[i].kind == GVQ_OP_RECV && p2p_on_device(&ops[i]))
-            GVQCHECK(gvq_device_copy_behind(op_device(&ops[i]), ops[i].stream, ops[i].recvbuff,
+            GVQCHECK(gvq_device_copy_behind(gvq_op_device(&ops[i]), ops[i].stream, ops[i].recvbuff,
                                             posted[i].recvbuff,
                                             ops[i].count * gvq_dtype_size(ops[i].dtype), 0));
     return gvqSuccess;
@@ -428,7 +340,7 @@ static void p2p_stage_abandon(gvq_pinned_t *pin) {
 /* Run a batch of operations: collectives in order, then all point-to-point together. */
 enum { SMALL_BATCH = 8 }; /* sends and receives of a batch whose bookkeeping fits the stack */
 
-static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
+gvqResult_t gvq_op_run_batch(const gvq_op_t *ops, size_t n) {
     gvqResult_t res = gvqSuccess;
     size_t nreq = 0;
     for (size_t i = 0; i < n; i++) {
@@ -445,7 +357,7 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
             i += m - 1;
             continue;
         }
-        GVQCHECK(gvq_comm_enter(ops[i].comm, op_fn[ops[i].kind]));
+        GVQCHECK(gvq_comm_enter(ops[i].comm, gvq_op_fn[ops[i].kind]));
         gvq_shm_t *shm = NULL; /* made at the first collective: the algorithm depends on it */
         res = gvq_comm_shm(ops[i].comm, &shm);
         if (res != gvqSuccess) {
@@ -455,9 +367,9 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
         gvq_call_sig_t sig = op_signature(&ops[i], gvqSuccess);
         gvq_signed_payload_t pay;
         if (rides_along(&ops[i], &sig, &pay)) { /* the agreement and the data in one exchange */
-            res = gvq_call_agree_allreduce(ops[i].comm, op_fn[ops[i].kind], &sig, &pay);
+            res = gvq_call_agree_allreduce(ops[i].comm, gvq_op_fn[ops[i].kind], &sig, &pay);
         } else {
-            res = gvq_call_agree(ops[i].comm, op_fn[ops[i].kind], &sig);
+            res = gvq_call_agree(ops[i].comm, gvq_op_fn[ops[i].kind], &sig);
             if (res == gvqSuccess) res = run_collective_any(&ops[i]);
         }
         gvq_comm_leave(ops[i].comm);
@@ -486,12 +398,12 @@ static gvqResult_t run_batch(const gvq_op_t *ops, size_t n) {
         if (i == n || (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV)) continue;
         for (size_t k = p2p_pieces(&ops[i]); k > 0; k--)
             xports[q++] = ops[i].comm->xport;
-        if (what == NULL) what = op_fn[ops[i].kind]; /* the WARNs name the first */
+        if (what == NULL) what = gvq_op_fn[ops[i].kind]; /* the WARNs name the first */
     }
     GVQCHECKGOTO(p2p_stage_in(ops, n, posted, &pin), res, out_free);
     for (size_t i = 0; i < n; i++) {
         if (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV) continue;
-        GVQCHECKGOTO(gvq_comm_enter(ops[i].comm, op_fn[ops[i].kind]), res, out_leave);
+        GVQCHECKGOTO(gvq_comm_enter(ops[i].comm, gvq_op_fn[ops[i].kind]), res, out_leave);
         entered = i + 1;
         GVQCHECKGOTO(p2p_post(&posted[i], reqs + first[i]), res, out_leave);
     }
@@ -516,204 +428,4 @@ out_free:
         free(posted);
     }
     return res;
-}
-
-/* ---- host streams ------------------------------------------------------------------------ */
-
-/* A batch queued on a host stream, or the refusal of its first collective. */
-typedef struct {
-    gvq_op_t *ops;
-    size_t n;
-    gvqResult_t refused;
-} batch_job_t;
-
-static gvqResult_t batch_job_run(void *arg) {
-    batch_job_t *b = arg;
-    if (b->refused == gvqSuccess) return run_batch(b->ops, b->n);
-    refuse_together(&b->ops[0], b->refused);
-    return gvqSuccess; /* the refusal was the call's result already */
-}
-
-static void batch_job_free(void *arg) {
-    batch_job_t *b = arg;
-    free(b->ops);
-    free(b);
-}
-
-/* Queue ops[0..n) on host stream s as one batch (refused: the refusal of ops[0]). */
-static gvqResult_t enqueue_batch(const gvq_op_t *ops, size_t n, gvqResult_t refused, gvqStream_t s,
-                                 const char *fn) {
-    if (n > INT32_MAX) {
-        GVQ_WARN("%s: a group of %zu calls is too large for a stream", fn, n);
-        return gvqInvalidArgument;
-    }
-    batch_job_t *b = calloc(1, sizeof *b);
-    gvqComm_t *comms = calloc(n, sizeof *comms);
-    if (b == NULL || comms == NULL || (b->ops = malloc(n * sizeof *b->ops)) == NULL) {
-        GVQ_WARN("%s: out of memory queueing %zu calls on stream %p", fn, n, s);
-        free(b);
-        free(comms);
-        return gvqSystemError;
-    }
-    memcpy(b->ops, ops, n * sizeof *ops);
-    b->n = n;
-    b->refused = refused;
-    for (size_t i = 0; i < n; i++)
-        comms[i] = ops[i].comm;
-    gvqResult_t res = gvq_stream_enqueue(s, fn, comms, (int)n, batch_job_run, batch_job_free, b);
-    free(comms);
-    return res;
-}
-
-/* Host streams order host buffers only (a cudaStream_t orders CUDA buffers). */
-static gvqResult_t check_stream_buffers(const gvq_op_t *o) {
-    if (op_device(o) == &gvq_host_device) return gvqSuccess;
-    GVQ_WARN("%s: stream %p is a host stream (gvqStreamCreate), but the buffers are CUDA memory; "
-             "pass a cudaStream_t",
-             op_fn[o->kind], o->stream);
-    return gvqInvalidArgument;
-}
-
-/* The host stream of a group's calls (NULL: none); refuses a group whose calls name a host
- * stream and something else. */
-static gvqResult_t group_stream(const gvq_group_t *g, gvqStream_t *out) {
-    *out = NULL;
-    for (size_t i = 0; i < g->n; i++)
-        if (gvq_stream_is_host(g->ops[i].stream)) *out = g->ops[i].stream;
-    for (size_t i = 0; i < g->n && *out != NULL; i++)
-        if (g->ops[i].stream != *out) {
-            GVQ_WARN("gvqGroupEnd: call %zu (%s) names stream %p, another call host stream %p; "
-                     "a group's calls run on one host stream",
-                     i, op_fn[g->ops[i].kind], g->ops[i].stream, *out);
-            return gvqInvalidUsage;
-        }
-    return gvqSuccess;
-}
-
-/* Check an operation, then run it, queue it on its host stream, or queue it inside a group. */
-gvqResult_t gvq_op_submit(const gvq_op_t *o) {
-    gvq_group_t *g = gvq_group_self();
-    int streamed = gvq_stream_is_host(o->stream);
-    gvqResult_t res = check_op(o);
-    if (res == gvqSuccess && streamed) res = check_stream_buffers(o);
-    if (res != gvqSuccess) {
-        if (g->depth > 0)
-            gvq_group_refuse(g, res);
-        else if (streamed && is_collective(o) && gvq_comm_is_live(o->comm))
-            (void)enqueue_batch(o, 1, res, o->stream, op_fn[o->kind]);
-        else
-            refuse_together(o, res);
-        return res;
-    }
-    if (g->depth > 0) return gvq_group_push(g, o);
-    return streamed ? enqueue_batch(o, 1, gvqSuccess, o->stream, op_fn[o->kind]) : run_batch(o, 1);
-}
-
-GVQ_API gvqResult_t gvqGroupStart(void) {
-    gvq_group_t *g = gvq_group_self();
-    if (g->depth == 0) gvq_group_clear(g);
-    g->depth++;
-    return gvqSuccess;
-}
-
-GVQ_API gvqResult_t gvqGroupEnd(void) {
-    gvq_group_t *g = gvq_group_self();
-    if (g->depth == 0) {
-        GVQ_WARN("gvqGroupEnd: no group is open (gvqGroupStart was not called)");
-        return gvqInvalidUsage;
-    }
-    if (--g->depth > 0) return gvqSuccess;
-    gvqStream_t hs = NULL;
-    gvqResult_t res = g->error, mixed = group_stream(g, &hs);
-    if (res == gvqSuccess && mixed != gvqSuccess) {
-        gvq_group_refuse(g, mixed);
-        res = mixed;
-    }
-    if (res != gvqSuccess) { /* repeat the refused call's facts: they are the reason */
-        /* the other ranks stop at the group's first collective when this rank refuses it */
-        for (size_t i = 0; i < g->n; i++)
-            if (is_collective(&g->ops[i])) {
-                if (hs != NULL && gvq_comm_is_live(g->ops[i].comm))
-                    (void)enqueue_batch(&g->ops[i], 1, res, hs, "gvqGroupEnd");
-                else
-                    refuse_together(&g->ops[i], res);
-                break;
-            }
-        GVQ_WARN("gvqGroupEnd: nothing of the group ran; a call was refused: %s", g->error_text);
-    } else if (hs != NULL && g->n > 0)
-        res = enqueue_batch(g->ops, g->n, gvqSuccess, hs, "gvqGroupEnd");
-    else
-        res = run_batch(g->ops, g->n);
-    gvq_group_clear(g); /* thread-local: nothing else would free it when the thread ends */
-    return res;
-}
-
-/* ---- public calls ------------------------------------------------------------------------ */
-
-/* gvqAllReduce is src/compress/zero_code.c's: it may take the call (zero-code mode). */
-gvqResult_t gvq_allreduce_plain(const void *sendbuff, void *recvbuff, size_t count,
-                                gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
-                                gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm,
-                  stream,           NULL,     NULL};
-    return gvq_op_submit(&o);
-}
-
-GVQ_API gvqResult_t gvqBroadcast(const void *sendbuff, void *recvbuff, size_t count,
-                                 gvqDataType_t datatype, int root, gvqComm_t comm,
-                                 gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_BROADCAST, sendbuff, recvbuff, count, datatype, gvqSum, root, comm,
-                  stream,           NULL,     NULL};
-    return gvq_op_submit(&o);
-}
-
-GVQ_API gvqResult_t gvqBcast(void *buff, size_t count, gvqDataType_t datatype, int root,
-                             gvqComm_t comm, gvqStream_t stream) {
-    return gvqBroadcast(buff, buff, count, datatype, root, comm, stream);
-}
-
-GVQ_API gvqResult_t gvqReduce(const void *sendbuff, void *recvbuff, size_t count,
-                              gvqDataType_t datatype, gvqRedOp_t op, int root, gvqComm_t comm,
-                              gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_REDUCE, sendbuff, recvbuff, count, datatype, op,
-                  root,          comm,     stream,   NULL,  NULL};
-    return gvq_op_submit(&o);
-}
-
-GVQ_API gvqResult_t gvqReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
-                                     gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
-                                     gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_REDUCE_SCATTER,
-                  sendbuff,
-                  recvbuff,
-                  recvcount,
-                  datatype,
-                  op,
-                  0,
-                  comm,
-                  stream,
-                  NULL,
-                  NULL};
-    return gvq_op_submit(&o);
-}
-
-GVQ_API gvqResult_t gvqAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
-                                 gvqDataType_t datatype, gvqComm_t comm, gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, gvqSum, 0, comm,
-                  stream,           NULL,     NULL};
-    return gvq_op_submit(&o);
-}
-
-GVQ_API gvqResult_t gvqSend(const void *sendbuff, size_t count, gvqDataType_t datatype, int peer,
-                            gvqComm_t comm, gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_SEND, sendbuff, NULL,   count, datatype, gvqSum,
-                  peer,        comm,     stream, NULL,  NULL};
-    return gvq_op_submit(&o);
-}
-
-GVQ_API gvqResult_t gvqRecv(void *recvbuff, size_t count, gvqDataType_t datatype, int peer,
-                            gvqComm_t comm, gvqStream_t stream) {
-    gvq_op_t o = {GVQ_OP_RECV, NULL, recvbuff, count, datatype, gvqSum,
-                  peer,        comm, stream,   NULL,  NULL};
-    return gvq_op_submit(&o);
 }

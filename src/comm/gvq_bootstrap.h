@@ -1,5 +1,6 @@
 /*
- * gvq_bootstrap.h -- the bootstrap's id and wire messages (bootstrap.c), for the bootstrap
+ * gvq_bootstrap.h -- the bootstrap's id and wire messages (bootstrap_wire.c; the root side in
+ * bootstrap_root.c, the rank side in bootstrap.c), for the bootstrap
  * itself, its tests and its fuzz target. comm.c sees only gvq_comm.h's two entry points.
  *
  * Every message is a fixed layout of little-endian fields. The parsers below are pure: bytes in,
@@ -106,5 +107,10 @@ gvq_boot_msg_t gvq_boot_reply_parse(const uint8_t *buf, size_t len, const gvq_bo
                                     const uint8_t challenge[GVQ_BOOT_NONCE_BYTES],
                                     const uint8_t nonce[GVQ_BOOT_NONCE_BYTES], int32_t nranks,
                                     int32_t rank, gvq_boot_reply_t *out, gvq_peer_info_t *table);
+
+/* bootstrap_root.c, for both sides: n random bytes from getrandom(2) (0, or -1 with errno), and
+ * an address as "a.b.c.d:port". */
+int gvq_boot_random(void *p, size_t n);
+void gvq_boot_addr_text(const struct sockaddr_in *a, char *out, size_t n);
 
 #endif /* GVQ_BOOTSTRAP_H_ */

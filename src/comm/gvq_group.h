@@ -71,10 +71,23 @@ void gvq_group_refuse(gvq_group_t *g, gvqResult_t res);
 /* Empty the queue and forget the error (frees the queue: the thread may end). */
 void gvq_group_clear(gvq_group_t *g);
 
-/* collectives.c: check o, then run it, queue it on its host stream, or queue it inside the
- * calling thread's group (what every public call does with its op). */
+/* calls.c: check o, then run it, queue it on its host stream, or queue it inside the calling
+ * thread's group (what every public call does with its op). */
 gvqResult_t gvq_op_submit(const gvq_op_t *o);
-/* A plain allreduce (o.upper NULL: never through zero-code mode), for the layers above. */
+
+/* collectives.c, for calls.c: the public name of each op kind; the bytes o reads from sendbuff
+ * and writes to recvbuff; whether it is a collective (not a send or receive); the device that
+ * holds its buffers; a refused collective's part in the agreement, so that the other ranks fail
+ * at once (when its communicator can carry it); and a batch run: its collectives in order, then
+ * all its sends and receives together. */
+extern const char *const gvq_op_fn[];
+void gvq_op_lengths(const gvq_op_t *o, size_t *slen, size_t *rlen);
+int gvq_op_is_collective(const gvq_op_t *o);
+const gvq_device_ops_t *gvq_op_device(const gvq_op_t *o);
+void gvq_op_refuse_together(const gvq_op_t *o, gvqResult_t res);
+gvqResult_t gvq_op_run_batch(const gvq_op_t *ops, size_t n);
+/* calls.c: a plain allreduce (o.upper NULL: never through zero-code mode), for the layers
+ * above. */
 gvqResult_t gvq_allreduce_plain(const void *sendbuff, void *recvbuff, size_t count,
                                 gvqDataType_t datatype, gvqRedOp_t op, gvqComm_t comm,
                                 gvqStream_t stream);

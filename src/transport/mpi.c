@@ -41,151 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gvq_transport.h"
-
-#define MPICHECK(call, what)                                      \
-    do {                                                          \
-        int mpi_rc_ = (call);                                     \
-        if (mpi_rc_ != MPI_SUCCESS) {                             \
-            char mpi_msg_[MPI_MAX_ERROR_STRING];                  \
-            int mpi_len_ = 0;                                     \
-            MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);       \
-            GVQ_WARN("%s: %s failed: %s", what, #call, mpi_msg_); \
-            return gvqRemoteError;                                \
-        }                                                         \
-    } while (0)
-
-/* What one request is doing. */
-typedef enum {
-    OP_SEND,      /* MPI_Isend from buf, the staged copy */
-    OP_RECV_WAIT, /* waiting for its message: nothing posted in MPI, in the probe queue */
-    OP_RECV_DATA, /* matched, MPI_Imrecv into the caller's buffer */
-    OP_RECV_BAD,  /* matched a message of the wrong size (drained): fails when tested */
-    OP_DRAIN,     /* quarantined: MPI_Imrecv of a wrong-size message into buf, its own */
-    OP_COLL       /* the native allgatherv */
-} op_kind_t;
-
-/* The transport's state of one request (gvq_req_t.handle[0] points at it). */
-typedef struct mpi_op {
-    struct mpi_op *next; /* probe queue, free list or quarantine */
-    op_kind_t kind;
-    int peer, tag;
-    void *buf;   /* receive: the caller's buffer */
-    void *stage; /* send: the staged copy; drain: the message (cap bytes, owned by the op) */
-    size_t cap;
-    size_t bytes; /* expected (receive) or sent */
-    int got;      /* OP_RECV_BAD, upto: the message's size */
-    int upto;     /* receive: any size up to `bytes` (irecv_upto) */
-    int direct;   /* OP_SEND from the transport's own_mem, not staged */
-    MPI_Request r;
-} mpi_op_t;
-
-typedef struct {
-    MPI_Comm comm;
-    int *coll_counts;   /* 2 x nranks ints: counts, displacements of the native allgatherv, */
-                        /* which MPI reads until the request completes */
-    mpi_op_t *waiting;  /* receives waiting for their message, oldest first */
-    mpi_op_t *free_ops; /* recycled ops, with their staged copies */
-    int failed;         /* a request was given up: the communicator is quarantined */
-    int send_copy;      /* GVQ_SEND_COPY: stage sends from the caller's memory */
-} mpi_impl_t;
-
-/* ---- process state: MPI start and end, the quarantine -------------------------------------- */
-
-static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
-static int gvq_started_mpi;    /* under mpi_lock */
-static mpi_op_t *quarantine;   /* under mpi_lock: what MPI may still touch, never freed */
-static int any_failed;         /* under mpi_lock: a gvq communicator gave up on transfers */
-static uint64_t exit_bound_ns; /* under mpi_lock: the longest timeout of those communicators */
-
-static void quarantine_add(gvq_transport_t *t, mpi_op_t *op) {
-    pthread_mutex_lock(&mpi_lock);
-    op->next = quarantine;
-    quarantine = op;
-    pthread_mutex_unlock(&mpi_lock);
-    ((mpi_impl_t *)t->impl)->failed = 1;
-}
-
-static void note_failure(gvq_transport_t *t) {
-    pthread_mutex_lock(&mpi_lock);
-    any_failed = 1;
-    if (t->timeout_ns > exit_bound_ns) exit_bound_ns = t->timeout_ns;
-    pthread_mutex_unlock(&mpi_lock);
-    ((mpi_impl_t *)t->impl)->failed = 1;
-}
-
-/* The exit watchdog's orders: set before its thread starts, read only by it. */
-static struct {
-    uint64_t ns;
-    int status;
-} exit_orders;
-
-static void *exit_watchdog(void *arg) {
-    (void)arg;
-    uint64_t ns = exit_orders.ns;
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-    GVQ_WARN("MPI_Finalize at exit did not return within %llu ms after a communicator failed "
-             "(a peer is gone or stuck); leaving without it",
-             (unsigned long long)(ns / 1000000ull));
-    _exit(exit_orders.status);
-}
-
-/* At exit, gvq finalizes the MPI it started. After a failure a peer may never come to
- * MPI_Finalize (it synchronizes the job), so then the wait is bounded by the longest timeout of
- * the failed communicators (none when that is 0: wait forever, as the user asked). */
-static void mpi_finalize_at_exit(int status, void *arg) {
-    (void)arg;
-    int fin = 0;
-    MPI_Finalized(&fin);
-    if (fin) return;
-    pthread_mutex_lock(&mpi_lock); /* another thread may still be failing a communicator */
-    uint64_t bound = any_failed ? exit_bound_ns : 0;
-    pthread_mutex_unlock(&mpi_lock);
-    if (bound > 0) {
-        pthread_t th;
-        GVQ_INFO("finalizing MPI after a communicator failed (bounded: %llu ms)",
-                 (unsigned long long)(bound / 1000000ull));
-        exit_orders.ns = bound;
-        exit_orders.status = status;
-        if (pthread_create(&th, NULL, exit_watchdog, NULL) == 0) pthread_detach(th);
-    }
-    MPI_Finalize();
-}
-
-gvqResult_t gvq_mpi_ensure_init(int *world_rank, int *world_size) {
-    int inited = 0, fin = 0;
-    /* once per process: two threads may get here at once before MPI is initialized */
-    pthread_mutex_lock(&mpi_lock);
-    MPI_Finalized(&fin);
-    if (fin) {
-        pthread_mutex_unlock(&mpi_lock);
-        GVQ_WARN("MPI was already finalized; gvq needs it for its transport");
-        return gvqInvalidUsage;
-    }
-    MPI_Initialized(&inited);
-    if (!inited) {
-        int provided = 0;
-        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
-            pthread_mutex_unlock(&mpi_lock);
-            GVQ_WARN("MPI_Init_thread failed");
-            return gvqSystemError;
-        }
-        gvq_started_mpi = 1;
-        on_exit(mpi_finalize_at_exit, NULL);
-        GVQ_INFO("gvq initialized MPI (thread level %d)", provided);
-    } else if (!gvq_started_mpi) {
-        int level = 0;
-        MPI_Query_thread(&level);
-        if (level < MPI_THREAD_SERIALIZED)
-            GVQ_INFO("MPI thread level %d: call gvq from the thread that initialized MPI", level);
-    }
-    pthread_mutex_unlock(&mpi_lock);
-    MPICHECK(MPI_Comm_rank(MPI_COMM_WORLD, world_rank), "MPI init");
-    MPICHECK(MPI_Comm_size(MPI_COMM_WORLD, world_size), "MPI init");
-    return gvqSuccess;
-}
+#include "gvq_mpi_impl.h"
 
 /* ---- requests ------------------------------------------------------------------------------ */
 
@@ -359,7 +215,7 @@ static gvqResult_t match_one(gvq_transport_t *t, mpi_op_t *op, int *matched) {
     drain->kind = OP_DRAIN;
     drain->stage = sink;
     drain->cap = got > 0 ? (size_t)got : 1;
-    quarantine_add(t, drain);
+    gvq_mpi_quarantine_add(t, drain);
     return gvqSuccess;
 }
 
@@ -434,8 +290,8 @@ static gvqResult_t mpi_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
                  req->peer, rc);
         req->active = 0;
         *done = 1;
-        note_failure(t);
-        quarantine_add(t, op); /* MPI may still hold it */
+        gvq_mpi_note_failure(t);
+        gvq_mpi_quarantine_add(t, op); /* MPI may still hold it */
         return gvqRemoteError;
     }
     if (!flag) return op->kind == OP_RECV_DATA ? gvqSuccess : progress_waiting(t);
@@ -454,7 +310,7 @@ static void mpi_cancel(gvq_transport_t *t, gvq_req_t *req) {
     mpi_impl_t *m = t->impl;
     mpi_op_t *op = req_op(req);
     req->active = 0;
-    note_failure(t);
+    gvq_mpi_note_failure(t);
     switch (op->kind) {
     case OP_RECV_WAIT: /* nothing was posted */
         unlink_waiting(m, op);
@@ -476,14 +332,14 @@ static void mpi_cancel(gvq_transport_t *t, gvq_req_t *req) {
         GVQ_WARN("mpi transport: a %zu-byte receive from rank %d had matched its message but "
                  "did not finish within %llu ms of the failure; MPI may still write it",
                  op->bytes, op->peer, (unsigned long long)(MATCHED_GRACE_NS / 1000000ull));
-        quarantine_add(t, op);
+        gvq_mpi_quarantine_add(t, op);
         return;
     }
     case OP_COLL:
         /* a non-blocking collective cannot be cancelled or freed (MPI-3.1 3.7.3): abandon it
          * with its count arrays */
         m->coll_counts = NULL;
-        quarantine_add(t, op);
+        gvq_mpi_quarantine_add(t, op);
         return;
     case OP_SEND: {
         int flag = 0;
@@ -495,7 +351,7 @@ static void mpi_cancel(gvq_transport_t *t, gvq_req_t *req) {
          * which the communicator keeps once it is marked broken (or, with GVQ_SEND_COPY=0,
          * the caller's buffer, which the caller was told to keep) */
         if (op->direct) gvq_broken_set(t->broken, gvqRemoteError);
-        quarantine_add(t, op);
+        gvq_mpi_quarantine_add(t, op);
         return;
     }
     case OP_DRAIN:
@@ -661,10 +517,7 @@ static gvqResult_t create_group_bounded(MPI_Group group, int tag, uint64_t timeo
     if (!j->done) {
         j->abandoned = 1;
         pthread_mutex_unlock(&j->lock);
-        pthread_mutex_lock(&mpi_lock);
-        any_failed = 1; /* a thread stays inside MPI: bound the finalization at exit */
-        if (timeout_ns > exit_bound_ns) exit_bound_ns = timeout_ns;
-        pthread_mutex_unlock(&mpi_lock);
+        gvq_mpi_bound_exit(timeout_ns); /* a thread stays inside MPI: bound the finalization */
         GVQ_WARN("gvqCommInitRank: MPI_Comm_create_group did not complete within %llu ms (a "
                  "member stopped after the bootstrap?)",
                  (unsigned long long)(timeout_ns / 1000000ull));
