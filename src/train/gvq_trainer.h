@@ -103,6 +103,11 @@ gvqResult_t gvq_train_check(const char *fn, gvqTrainer_t trainer);
 /* The checks of a call inside a step: a live, committed layer whose communicator is live, and
  * the caller outside a group (the layer's own collectives would be queued into it). */
 gvqResult_t gvq_train_check_step(const char *fn, gvqTrainer_t trainer);
+/* The layer's communicator is live and the caller outside a group (the layer's own collectives
+ * would be queued into it). */
+gvqResult_t gvq_train_check_comm(const char *fn, gvqTrainer_t trainer);
+/* "conv", "fc", "sparse" or "dense" */
+const char *gvq_train_kind_name(int kind);
 /* A hash of variables [0, upto): names, kinds, shapes. */
 uint64_t gvq_train_variables_hash(const gvqTrainer_t trainer, int upto);
 

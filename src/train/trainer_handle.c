@@ -31,3 +31,14 @@ gvqResult_t gvq_train_check_step(const char *fn, gvqTrainer_t t) {
     }
     return gvq_comm_check(t->comm, fn, 1); /* live, and the caller outside a group */
 }
+
+gvqResult_t gvq_train_check_comm(const char *fn, gvqTrainer_t t) {
+    return gvq_comm_check(t->comm, fn, 1);
+}
+
+const char *gvq_train_kind_name(int kind) {
+    return kind == gvqVarConv     ? "conv"
+           : kind == gvqVarFc     ? "fc"
+           : kind == gvqVarSparse ? "sparse"
+                                  : "dense";
+}
