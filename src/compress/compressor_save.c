@@ -23,7 +23,7 @@
 #include <stdlib.h>
 
 #include "gvq_stream.h"
-#include "gvq_compressor.h"
+#include "gvq_method.h"
 
 #define SAVE_MAGIC 0x35524d4351564721ull /* "!GVQCMR5" */
 
@@ -53,16 +53,26 @@ static size_t residual_bytes(gvqCompressor_t c) {
     return c->cfg.error_feedback ? sizeof(float) * c->cfg.count : 0;
 }
 
-/* PowerSGD's kept Q (m x r), or a tracked GradiVeQ basis U (L x d). */
-static size_t powersgd_bytes(gvqCompressor_t c) {
-    return sizeof(float) * c->ps_m * gvq_compressor_factor_cols(c);
+/* What the method keeps between calls (PowerSGD's Q, m x r; a tracked GradiVeQ basis U, L x d),
+ * and its bytes. */
+static float *kept_floats(gvqCompressor_t c, size_t *bytes) {
+    size_t n = 0;
+    float *k = c->method->kept != NULL ? c->method->kept(c, &n) : NULL;
+    *bytes = k != NULL ? sizeof(float) * n : 0;
+    return k;
+}
+
+static size_t kept_bytes(gvqCompressor_t c) {
+    size_t b;
+    (void)kept_floats(c, &b);
+    return b;
 }
 
 /* The size of a state of c's config with d columns per basis (d <= L: no overflow, since the
  * compressor holds buffers of these sizes). */
 static size_t save_size(gvqCompressor_t c, size_t d) {
     return sizeof(save_hdr_t) + samples_bytes(c) + basis_bytes(c, d) + residual_bytes(c) +
-           powersgd_bytes(c);
+           kept_bytes(c);
 }
 
 GVQ_API gvqResult_t gvqCompressorSave(gvqCompressor_t c, void *buf, size_t *size) {
@@ -103,7 +113,9 @@ GVQ_API gvqResult_t gvqCompressorSave(gvqCompressor_t c, void *buf, size_t *size
         memcpy(p, c->residual, residual_bytes(c));
         p += residual_bytes(c);
     }
-    if (powersgd_bytes(c) > 0) memcpy(p, c->ps_Q, powersgd_bytes(c));
+    size_t kb;
+    const float *kept = kept_floats(c, &kb);
+    if (kb > 0) memcpy(p, kept, kb);
     gvq_blob_seal(buf, need, CHECKSUM_AT);
     *size = need;
     return gvqSuccess;
@@ -268,11 +280,13 @@ GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t c, const void *buf, size_t
     GVQCHECK(check_finite(s.U, G * L * d, "U"));
     GVQCHECK(check_finite(s.Z, d > 0 ? G * L : 0, "Z"));
     GVQCHECK(check_finite(s.residual, residual_bytes(c) / sizeof(float), "residual"));
-    GVQCHECK(check_finite(s.Q, powersgd_bytes(c) / sizeof(float), "Q"));
+    GVQCHECK(check_finite(s.Q, kept_bytes(c) / sizeof(float), "Q"));
     GVQCHECK(take_basis(c, &s, d));
     if (c->samples != NULL) memcpy(c->samples, s.samples, samples_bytes(c));
     if (c->cfg.error_feedback) memcpy(c->residual, s.residual, residual_bytes(c));
-    if (powersgd_bytes(c) > 0) memcpy(c->ps_Q, s.Q, powersgd_bytes(c));
+    size_t kb;
+    float *kept = kept_floats(c, &kb);
+    if (kb > 0) memcpy(kept, s.Q, kb);
     c->st = h.st;
     if (d > 0) return gvq_compressor_codec_setup(c);
     gvq_gradiveq_fini(&c->gq); /* no basis: no codec state either */

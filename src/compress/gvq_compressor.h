@@ -1,16 +1,19 @@
 /*
  * gvq_compressor.h -- the compressor handle and what its files share:
  *
- *   compressor.c         the handle (create, destroy, stats, registry) and its phase machine
+ *   compressor.c         the handle (create, destroy, stats, registry)
  *   compressor_config.c  the public config resolved into gvq_comp_cfg_t (every refusal names
  *                        its field)
+ *   schedule.c           the phase machine a call advances
  *   compressor_fit.c     the fit spread over the ranks, and the codec state it yields
- *   compressed_call.c    one compressed allreduce: input, codec and ring chosen as one plan,
- *                        the ring, output; device-resident and staged variants
+ *   gvq_method.h         the compression methods behind one ops table: methods.c the registry,
+ *                        methods/ one file per method, phase_call.c the ring of the phase's
+ *                        codec that plain, gradiveq and qsgd share
+ *   compressed_call.c    gvqAllReduceCompressed: checks, agreement, host / device / staged,
+ *                        groups and fused sets
  *   compressor_save.c    saved state
  *   error_feedback.c     the per-call, bounded error-feedback residual (every codec)
- *   powersgd_call.c      one PowerSGD allreduce (codec gvqCodecPowersgd)
- *   gradiveq_track.c     one GradiVeQ allreduce with a tracked basis (gvqBasisTrack)
+ *   factor_ring.c        one ring over several tensors' low-rank factors
  *   zero_code.c          GVQ_CODEC: compressors attached to plain allreduce calls
  */
 #ifndef GVQ_COMPRESSOR_H_
@@ -48,8 +51,12 @@ typedef struct {
     gvqCompressorStats_t stats;
 } gvq_comp_state_t;
 
+struct gvq_method;
+
 struct gvqCompressor {
     uint32_t magic;
+    const struct gvq_method *method; /* gvq_method.h: what serves cfg */
+    void *m;                         /* the method's own state (methods/<name>.c), or NULL */
     gvqComm_t comm;
     int tensor_index;
     gvq_comp_cfg_t cfg;
@@ -79,13 +86,6 @@ struct gvqCompressor {
     gvq_gq_dev_codec_t gq_dev;
     gvq_dev_qsgd_t qsgd_dev;
     gvq_staging_t stg;
-    /* PowerSGD (powersgd_call.c): the n x m matrix (row-major, zero-padded), P (n x r), the kept
-     * Q (m x r: the last summed Q / N, the warm start) and the Q being summed. GradiVeQ with a
-     * tracked basis (gradiveq_track.c) uses the same names: M the nslices x L slice matrix, P
-     * the rings' coefficients (nslices x d) then B (L x d), Q the basis U (L x d); no Qsum. */
-    size_t ps_n, ps_m;
-    int track_plain; /* tracked basis: (2 nslices + L) d >= count, the tensor is sent plain */
-    float *ps_M, *ps_P, *ps_Q, *ps_Qsum;
 };
 
 /* compressor_config.c: resolve a public config (NULL: defaults) for a tensor of count floats. */
@@ -97,8 +97,9 @@ void gvq_powersgd_shape(const gvq_comp_cfg_t *cfg, size_t *rows, size_t *cols);
 
 /* compressor.c */
 int gvq_compressor_live(gvqCompressor_t c);
+/* schedule.c */
 void gvq_compressor_set_reason(gvqCompressor_t c, const char *why);
-/* Drop the device copies (the next device-resident call makes them again). */
+/* phase_call.c: drop the device copies (the next device-resident call makes them again). */
 void gvq_compressor_device_free(gvqCompressor_t c);
 /* The phase machine, after the ring of one call: keeps the samples of a sampling call (dst: the
  * summed, collocated result on dev), counts the bytes, takes the vote (`vote`: the sum of the
@@ -141,20 +142,6 @@ void gvq_ef_clip(gvqCompressor_t c, double gnorm);
 /* ||v|| in double. */
 double gvq_ef_norm(const float *v, size_t n);
 
-/* Columns of the kept factor ps_Q: PowerSGD's rank, a tracked basis's d, else 0. */
-size_t gvq_compressor_factor_cols(gvqCompressor_t c);
-
-/* powersgd_call.c: one PowerSGD allreduce on host buffers (entered, arguments checked). */
-gvqResult_t gvq_powersgd_allreduce(gvqCompressor_t c, const float *send, float *recv,
-                                   gvqRedOp_t op);
-/* The same for k PowerSGD tensors of one communicator: its two rings carry all their factors. */
-gvqResult_t gvq_powersgd_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
-                                        float *const *recv, size_t k, gvqRedOp_t op);
-
-/* gradiveq_track.c: one GradiVeQ allreduce with a tracked basis, host buffers (entered,
- * arguments checked). */
-gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, float *recv,
-                                         gvqRedOp_t op);
 /* factor_ring.c: one ring over several tensors' factors (column-major rows x cols, in place),
  * fp32 (bits 0) or integer-summed with a scale per column, c0's communicator, seed and rank,
  * the rounding keyed by call; and which of k inputs x (NULL: skipped) hold NaN or Inf on any
@@ -167,10 +154,6 @@ gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, gvqCompressor_t c0, int bits,
                             const gvq_factor_t *f, size_t n, uint32_t call);
 gvqResult_t gvq_factor_agree_nonfinite(gvqCompressor_t const *cs, const float *const *x, size_t k,
                                        gvq_coll_ctx_t *ctx, int32_t *bad);
-/* The same for k tensors of one communicator in one call: each of the three rings carries all
- * their factors at once (3 rings, not 3 k), one agreement on which inputs are finite. */
-gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
-                                              float *const *recv, size_t k, gvqRedOp_t op);
 
 /* error_feedback.c: a call whose gradient holds NaN or Inf on some rank (every rank takes
  * this path alike): the uncompressed sum of send into recv, counted and logged once, the
@@ -178,9 +161,9 @@ gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const f
 gvqResult_t gvq_compressed_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const float *send,
                                      float *recv, gvqRedOp_t op);
 
-/* compressed_call.c: whether compressor c's QSGD calls can share one ring with c0's (same QSGD
- * settings, no error feedback, no integer wire). */
-int gvq_compressed_qsgd_fusable(gvqCompressor_t c, gvqCompressor_t c0);
+/* compressed_call.c: whether c's calls can share one call with others of its method (in a
+ * group, a zero-code layout, the training layer's fused group). */
+int gvq_compressor_fuses(gvqCompressor_t c);
 /* compressed_call.c: n compressed allreduces of one communicator on host buffers (entered,
  * agreed), call i with ops[i] (ops NULL: all op): those with op whose codec fuses run fused (the
  * tracked-basis ones in one call, the PowerSGD ones in another, the QSGD ones of the first

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 
+#include "gvq_compressor.h"
 #include "gvq_trainer.h"
 
 /* The bytes of a gvqCompressorConfig_t that hold fields: none of its tail padding, whose bytes
@@ -114,16 +115,10 @@ static gvqResult_t route_all(gvqTrainer_t t) {
 }
 
 /* Fuse the bucket-routed variables, in registration order, into buckets of <= bucketBytes. */
-/* Whether variable x goes through a codec whose calls fuse in a group: GradiVeQ with a tracked
- * basis, PowerSGD, or QSGD without error feedback and integer wire (the library checks the
- * QSGD settings again; QSGD calls of other settings run alone inside the group). */
+/* Whether variable x goes through a compressor whose calls fuse in a group (its method's;
+ * the library checks the settings again: calls of other settings run alone inside the group). */
 static int fusable(const tvar_t *x) {
-    const gvqCompressorConfig_t *c = &x->ccfg;
-    int qsgd = c->codec == gvqCodecQsgd && c->errorFeedback != 1 &&
-               (c->integerBits == GVQ_CONFIG_UNDEF_INT || c->integerBits == 0);
-    return x->info.route == gvqRouteCompressed &&
-           ((c->codec == gvqCodecGradiveq && c->basisUpdate == gvqBasisTrack) ||
-            c->codec == gvqCodecPowersgd || qsgd);
+    return x->info.route == gvqRouteCompressed && gvq_compressor_fuses(x->comp);
 }
 
 /* The fused group of the fusable compressed variables (two or more), after the plain buckets. */

@@ -1,5 +1,6 @@
 /*
- * gradiveq_track.c -- one allreduce through a GradiVeQ compressor whose basis is tracked
+ * gradiveq_track.c -- the tracked-basis GradiVeQ method (gvq_method.h). One allreduce through
+ * a GradiVeQ compressor whose basis is tracked
  * (basisUpdate gvqBasisTrack): GradiVeQ's compression (slices of L values projected on a basis
  * U that every rank shares, the coefficients summed inside the ring) with the PCA of the summed
  * slices found by a streaming block power iteration, one step per call, instead of sampling
@@ -39,41 +40,53 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "gvq_compressor.h"
+#include <string.h>
 
-/* x (count floats, tensor order) into the slice matrix S = ps_M, in GradiVeQ's collocated
+#include "gvq_method.h"
+
+/* The method's state (c->m): the nslices x L slice matrix M (n x m, zero-padded), P the rings'
+ * coefficients (n x d) then B (L x d), Q the basis U (L x d); plain: (2 n + L) d >= count, the
+ * tensor is sent uncompressed. */
+typedef struct {
+    size_t n, m;
+    float *M, *P, *Q;
+    int plain;
+} track_state_t;
+#define ST(c) ((track_state_t *)(c)->m)
+
+/* x (count floats, tensor order) into the slice matrix S = M, in GradiVeQ's collocated
  * order; the padding zeroed. */
 static void fill_slices(gvqCompressor_t c, const float *x) {
     const gvq_comp_cfg_t *cfg = &c->cfg;
-    size_t count = cfg->count, nm = c->ps_n * c->ps_m;
+    size_t count = cfg->count, nm = ST(c)->n * ST(c)->m;
     if (c->collocate)
-        gvq_collocate(x, c->ps_M, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H, (size_t)cfg->W);
+        gvq_collocate(x, ST(c)->M, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H, (size_t)cfg->W);
     else
-        memcpy(c->ps_M, x, sizeof(float) * count);
-    memset(c->ps_M + count, 0, sizeof(float) * (nm - count));
+        memcpy(ST(c)->M, x, sizeof(float) * count);
+    memset(ST(c)->M + count, 0, sizeof(float) * (nm - count));
 }
 
 /* count floats of the slice matrix back into tensor order. */
 static void empty_slices(gvqCompressor_t c, float *out) {
     const gvq_comp_cfg_t *cfg = &c->cfg;
     if (c->collocate)
-        gvq_uncollocate(c->ps_M, out, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H,
+        gvq_uncollocate(ST(c)->M, out, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H,
                         (size_t)cfg->W);
     else
-        memcpy(out, c->ps_M, sizeof(float) * cfg->count);
+        memcpy(out, ST(c)->M, sizeof(float) * cfg->count);
 }
 
-/* C_n = S_n U (U the new basis) into the ring's buffer, then S_n - C_n U^T left in ps_M. */
+/* C_n = S_n U (U the new basis) into the ring's buffer, then S_n - C_n U^T left in M. */
 static gvqResult_t encode(gvqCompressor_t c) {
     const gvq_device_ops_t *dev = c->comm->dev;
-    size_t n = c->ps_n, L = c->ps_m, d = (size_t)c->cfg.dmax;
-    GVQCHECK(gvq_powersgd_project(dev, c->ps_M, n, L, d, c->ps_Q, c->ps_P));
-    return gvq_powersgd_expand(dev, n, L, d, c->ps_P, c->ps_Q, -1.0f, 1.0f, c->ps_M);
+    size_t n = ST(c)->n, L = ST(c)->m, d = (size_t)c->cfg.dmax;
+    GVQCHECK(gvq_powersgd_project(dev, ST(c)->M, n, L, d, ST(c)->Q, ST(c)->P));
+    return gvq_powersgd_expand(dev, n, L, d, ST(c)->P, ST(c)->Q, -1.0f, 1.0f, ST(c)->M);
 }
 
 /* This rank's loss (stats.lastLoss) and, with error feedback, its residual. */
 static void keep_residual(gvqCompressor_t c, double xnorm, double gnorm) {
-    double rnorm = gvq_ef_norm(c->ps_M, c->ps_n * c->ps_m);
+    double rnorm = gvq_ef_norm(ST(c)->M, ST(c)->n * ST(c)->m);
     c->st.stats.lastLoss = xnorm > 0 ? rnorm / xnorm : 0;
     if (!c->cfg.error_feedback) return;
     empty_slices(c, c->residual);
@@ -83,8 +96,8 @@ static void keep_residual(gvqCompressor_t c, double xnorm, double gnorm) {
 /* y = C U^T into recv. */
 static gvqResult_t decode(gvqCompressor_t c, float *recv, gvqRedOp_t op) {
     const gvq_device_ops_t *dev = c->comm->dev;
-    size_t n = c->ps_n, L = c->ps_m, d = (size_t)c->cfg.dmax;
-    GVQCHECK(gvq_powersgd_expand(dev, n, L, d, c->ps_P, c->ps_Q, 1.0f, 0.0f, c->ps_M));
+    size_t n = ST(c)->n, L = ST(c)->m, d = (size_t)c->cfg.dmax;
+    GVQCHECK(gvq_powersgd_expand(dev, n, L, d, ST(c)->P, ST(c)->Q, 1.0f, 0.0f, ST(c)->M));
     empty_slices(c, recv);
     if (op == gvqAvg) GVQCHECK(dev->divide(recv, c->cfg.count, gvqFloat32, c->comm->nranks));
     return gvqSuccess;
@@ -109,12 +122,12 @@ typedef struct {
 
 /* Rows of item i's factor in ring k: the coefficients (k 1, 3: nslices) or the basis (k 2: L). */
 static size_t ring_rows(const track_item_t *x, int k) {
-    return k == 2 ? x->c->ps_m : x->c->ps_n;
+    return k == 2 ? ST(x->c)->m : ST(x->c)->n;
 }
 /* Where item x keeps ring k's factor (column-major, rows x d). */
 static float *ring_factor(const track_item_t *x, int k) {
-    size_t n = x->c->ps_n;
-    return k == 2 ? x->c->ps_P + n * (size_t)x->c->cfg.dmax : x->c->ps_P;
+    size_t n = ST(x->c)->n;
+    return k == 2 ? ST(x->c)->P + n * (size_t)x->c->cfg.dmax : ST(x->c)->P;
 }
 
 /* Ring k (1-3) of the call: every item's factor summed, all in one ring (factor_ring.c): fp32,
@@ -132,21 +145,21 @@ static gvqResult_t track_ring(track_call_t *t, int k) {
 static gvqResult_t track_compress(track_call_t *t, gvqRedOp_t op) {
     for (size_t i = 0; i < t->n; i++) { /* C0 = S_n U */
         gvqCompressor_t c = t->it[i].c;
-        GVQCHECK(gvq_powersgd_project(c->comm->dev, c->ps_M, c->ps_n, c->ps_m, (size_t)c->cfg.dmax,
-                                      c->ps_Q, ring_factor(&t->it[i], 1)));
+        GVQCHECK(gvq_powersgd_project(c->comm->dev, ST(c)->M, ST(c)->n, ST(c)->m,
+                                      (size_t)c->cfg.dmax, ST(c)->Q, ring_factor(&t->it[i], 1)));
     }
     GVQCHECK(track_ring(t, 1));
     for (size_t i = 0; i < t->n; i++) { /* B = S_n^T C0 */
         gvqCompressor_t c = t->it[i].c;
-        GVQCHECK(gvq_powersgd_back(c->comm->dev, c->ps_M, c->ps_n, c->ps_m, (size_t)c->cfg.dmax,
+        GVQCHECK(gvq_powersgd_back(c->comm->dev, ST(c)->M, ST(c)->n, ST(c)->m, (size_t)c->cfg.dmax,
                                    ring_factor(&t->it[i], 1), ring_factor(&t->it[i], 2)));
     }
     GVQCHECK(track_ring(t, 2));
     for (size_t i = 0; i < t->n; i++) { /* U = orth(B); C_n; the residual */
         gvqCompressor_t c = t->it[i].c;
-        size_t L = c->ps_m, d = (size_t)c->cfg.dmax;
-        memcpy(c->ps_Q, ring_factor(&t->it[i], 2), sizeof(float) * L * d);
-        gvq_powersgd_orthonormalize(c->ps_Q, L, d);
+        size_t L = ST(c)->m, d = (size_t)c->cfg.dmax;
+        memcpy(ST(c)->Q, ring_factor(&t->it[i], 2), sizeof(float) * L * d);
+        gvq_powersgd_orthonormalize(ST(c)->Q, L, d);
         GVQCHECK(encode(c));
         keep_residual(c, t->it[i].xnorm, t->it[i].gnorm);
     }
@@ -168,8 +181,8 @@ static gvqResult_t track_plain(gvqCompressor_t c, gvq_coll_ctx_t *ctx, const flo
     return gvq_compressor_advance(c, ctx, c->comm->dev, recv, *sent - before, 0, 0);
 }
 
-gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
-                                              float *const *recv, size_t k, gvqRedOp_t op) {
+static gvqResult_t track_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
+                                        float *const *recv, size_t k, gvqRedOp_t op) {
     if (k == 0) return gvqSuccess;
     unsigned long long sent = 0;
     track_call_t t = {0};
@@ -182,22 +195,22 @@ gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const f
     if (x == NULL || bad == NULL || t.it == NULL || t.f == NULL) goto oom;
     for (size_t i = 0; i < k; i++) {
         const gvq_comp_cfg_t *cfg = &cs[i]->cfg;
-        if (cs[i]->track_plain) continue;
+        if (ST(cs[i])->plain) continue;
         x[i] = cfg->error_feedback ? gvq_ef_input(cs[i], send[i]) : send[i];
     }
     GVQCHECKGOTO(gvq_factor_agree_nonfinite(cs, x, k, &t.ctx, bad), res, out);
     for (size_t i = 0; i < k && res == gvqSuccess; i++) {
         gvqCompressor_t c = cs[i];
-        if (c->track_plain)
+        if (ST(c)->plain)
             res = track_plain(c, &t.ctx, send[i], recv[i], op, &sent);
         else if (bad[i])
             res = gvq_compressed_nonfinite(c, &t.ctx, send[i], recv[i], op);
-        if (c->track_plain || bad[i]) continue;
+        if (ST(c)->plain || bad[i]) continue;
         track_item_t *it = &t.it[t.n++];
         *it = (track_item_t){c, send[i], recv[i], 0, 0};
         it->gnorm = c->cfg.error_feedback ? gvq_ef_norm(send[i], c->cfg.count) : 0;
         fill_slices(c, x[i]);
-        it->xnorm = gvq_ef_norm(c->ps_M, c->ps_n * c->ps_m);
+        it->xnorm = gvq_ef_norm(ST(c)->M, ST(c)->n * ST(c)->m);
     }
     if (res != gvqSuccess || t.n == 0) goto out;
     unsigned long long before = sent, total = 0;
@@ -205,11 +218,11 @@ gvqResult_t gvq_gradiveq_track_allreduce_many(gvqCompressor_t const *cs, const f
     /* wireBytes: the three rings' bytes shared out by each tensor's part of the values */
     for (size_t i = 0; i < t.n; i++) {
         gvqCompressor_t c = t.it[i].c;
-        total += (2 * c->ps_n + c->ps_m) * (unsigned long long)c->cfg.dmax;
+        total += (2 * ST(c)->n + ST(c)->m) * (unsigned long long)c->cfg.dmax;
     }
     for (size_t i = 0; i < t.n && res == gvqSuccess; i++) {
         gvqCompressor_t c = t.it[i].c;
-        unsigned long long part = (2 * c->ps_n + c->ps_m) * (unsigned long long)c->cfg.dmax;
+        unsigned long long part = (2 * ST(c)->n + ST(c)->m) * (unsigned long long)c->cfg.dmax;
         res = gvq_compressor_advance(c, &t.ctx, c->comm->dev, t.it[i].recv,
                                      (sent - before) * part / total, 0, 0);
     }
@@ -225,7 +238,88 @@ out:
     return res;
 }
 
-gvqResult_t gvq_gradiveq_track_allreduce(gvqCompressor_t c, const float *send, float *recv,
-                                         gvqRedOp_t op) {
-    return gvq_gradiveq_track_allreduce_many(&c, &send, &recv, 1, op);
+static gvqResult_t track_allreduce(gvqCompressor_t c, const float *send, float *recv,
+                                   gvqRedOp_t op) {
+    return track_allreduce_many(&c, &send, &recv, 1, op);
 }
+
+/* ---- the method ---------------------------------------------------------------------------- */
+
+static int track_serves(const gvq_comp_cfg_t *cfg) {
+    return cfg->codec == gvqCodecGradiveq && cfg->track;
+}
+
+/* The nslices x L slice matrix (zero-padded), the rings' C0 / C (nslices x d) and B (L x d), and
+ * the basis U, random normal from the seed and orthonormalised (the same on every rank). */
+static gvqResult_t track_create(gvqCompressor_t c) {
+    size_t L = (size_t)c->cfg.L, n = GVQ_DIV_UP((size_t)c->cfg.count, L), d = (size_t)c->cfg.dmax;
+    track_state_t *st = calloc(1, sizeof *st);
+    if (st == NULL) return gvqSystemError;
+    c->m = st;
+    st->n = n;
+    st->m = L;
+    st->M = calloc(n * L, sizeof(float));
+    st->P = malloc(sizeof(float) * (n + L) * d);
+    st->Q = malloc(sizeof(float) * L * d);
+    if (st->M == NULL || st->P == NULL || st->Q == NULL) {
+        GVQ_WARN(
+            "gvqCompressorCreate: cannot allocate the %zu x %zu slice matrix and the %zu x %zu "
+            "basis of a tracked GradiVeQ basis",
+            n, L, L, d);
+        return gvqSystemError;
+    }
+    gvq_powersgd_init_q(st->Q, L, d, (uint32_t)c->cfg.seed);
+    gvq_powersgd_orthonormalize(st->Q, L, d);
+    st->plain = (2 * n + L) * d >= (size_t)c->cfg.count;
+    double vbytes = c->cfg.int_bits ? c->cfg.int_bits / 8.0 : 4.0; /* a value on the wire */
+    c->st.stats.ratio =
+        st->plain ? 1.0 : 4.0 * (double)(n * L) / ((double)((2 * n + L) * d) * vbytes);
+    if (st->plain)
+        gvq_compressor_set_reason(c, "tracking d directions would send more than the tensor: "
+                                     "sent uncompressed");
+    return gvqSuccess;
+}
+
+static void track_destroy(gvqCompressor_t c) {
+    track_state_t *st = c->m;
+    if (st == NULL) return;
+    free(st->M);
+    free(st->P);
+    free(st->Q);
+    free(st);
+    c->m = NULL;
+}
+
+static void track_log(gvqCompressor_t c, size_t count) {
+    const gvq_comp_cfg_t *g = &c->cfg;
+    GVQ_INFO("compressor %p: tensor %d count %zu gradiveq tracked basis d %d L=%d K=%d "
+             "integer wire %d",
+             (void *)c, c->tensor_index, count, g->dmax, g->L, g->K, g->int_bits);
+}
+
+static int track_fusable(gvqCompressor_t c, gvqCompressor_t c0) {
+    (void)c, (void)c0;
+    return 1; /* any two: each ring sums every tensor's factors */
+}
+
+static float *track_kept(gvqCompressor_t c, size_t *floats) {
+    *floats = ST(c)->m * (size_t)c->cfg.dmax;
+    return ST(c)->Q;
+}
+
+static int track_dims(gvqCompressor_t c) {
+    return ST(c)->plain ? 0 : c->cfg.dmax;
+}
+
+const gvq_method_t gvq_method_gradiveq_track = {.name = "gradiveq-track",
+                                                .serves = track_serves,
+                                                .create = track_create,
+                                                .destroy = track_destroy,
+                                                .log_created = track_log,
+                                                .allreduce = track_allreduce,
+                                                .fusable = track_fusable,
+                                                .allreduce_many = track_allreduce_many,
+                                                .kept = track_kept,
+                                                .dims = track_dims,
+                                                .collocates = 1,
+                                                .device_resident = 0};

@@ -1,0 +1,18 @@
+/*
+ * methods.c -- the registry of compression methods (gvq_method.h): one line per method. A
+ * config is served by the first method here whose serves() takes it; the fused calls of a set
+ * run in this order.
+ */
+#include "gvq_method.h"
+
+const gvq_method_t *const gvq_methods[] = {
+    &gvq_method_plain,    /* codec none */
+    &gvq_method_gradiveq, /* fitted basis, sampling phases */
+    &gvq_method_gradiveq_track, &gvq_method_powersgd, &gvq_method_qsgd, NULL,
+};
+
+const gvq_method_t *gvq_method_of(const gvq_comp_cfg_t *cfg) {
+    for (size_t i = 0; gvq_methods[i] != NULL; i++)
+        if (gvq_methods[i]->serves(cfg)) return gvq_methods[i];
+    return &gvq_method_plain; /* not reached: the config was resolved */
+}
