@@ -272,349 +272,382 @@ enum {
     OPT_NO_PROGRESS
 };
 
-/* Returns 0, 1 for --help, or -1 after naming the bad option on stderr. */
-static int parse_args(int argc, char **argv, train_opts_t *o) {
-    static const struct option longs[] = {
-        {"help", no_argument, NULL, 'h'},
-        {"data", required_argument, NULL, OPT_DATA},
-        {"train-subset", required_argument, NULL, OPT_TRAIN_SUBSET},
-        {"test-subset", required_argument, NULL, OPT_TEST_SUBSET},
-        {"channels", required_argument, NULL, OPT_CHANNELS},
-        {"kernel", required_argument, NULL, OPT_KERNEL},
-        {"hidden", required_argument, NULL, OPT_HIDDEN},
-        {"batch", required_argument, NULL, OPT_BATCH},
-        {"epochs", required_argument, NULL, OPT_EPOCHS},
-        {"iters", required_argument, NULL, OPT_ITERS},
-        {"lr", required_argument, NULL, OPT_LR},
-        {"momentum", required_argument, NULL, OPT_MOMENTUM},
-        {"cosine", no_argument, NULL, OPT_COSINE},
-        {"sample-slices", required_argument, NULL, OPT_SAMPLE_SLICES},
-        {"wd", required_argument, NULL, OPT_WD},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"codec", required_argument, NULL, OPT_CODEC},
-        {"rest-codec", required_argument, NULL, OPT_REST_CODEC},
-        {"zero-code", no_argument, NULL, OPT_ZERO_CODE},
-        {"no-wait-free", no_argument, NULL, OPT_NO_WAIT_FREE},
-        {"overlap-forward", no_argument, NULL, OPT_OVERLAP_FORWARD},
-        {"comm-order", required_argument, NULL, OPT_COMM_ORDER},
-        {"chunk-bytes", required_argument, NULL, OPT_CHUNK_BYTES},
-        {"sfb", required_argument, NULL, OPT_SFB},
-        {"text-data", required_argument, NULL, OPT_TEXT_DATA},
-        {"sparse-route", required_argument, NULL, OPT_SPARSE_ROUTE},
-        {"vocab", required_argument, NULL, OPT_VOCAB},
-        {"embed-dim", required_argument, NULL, OPT_EMBED_DIM},
-        {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
-        {"timeline", required_argument, NULL, OPT_TIMELINE},
-        {"timeline-step", required_argument, NULL, OPT_TIMELINE_STEP},
-        {"slice", required_argument, NULL, OPT_SLICE},
-        {"reuse", required_argument, NULL, OPT_REUSE},
-        {"eps", required_argument, NULL, OPT_EPS},
-        {"vote-threshold", required_argument, NULL, OPT_VOTE},
-        {"warmup", required_argument, NULL, OPT_WARMUP},
-        {"sample", required_argument, NULL, OPT_SAMPLE},
-        {"compressed", required_argument, NULL, OPT_COMPRESSED},
-        {"sample-codec", required_argument, NULL, OPT_SAMPLE_CODEC},
-        {"qsgd-bits", required_argument, NULL, OPT_QSGD_BITS},
-        {"qsgd-bucket", required_argument, NULL, OPT_QSGD_BUCKET},
-        {"wire", required_argument, NULL, OPT_WIRE},
-        {"ef", no_argument, NULL, OPT_EF},
-        {"no-ef", no_argument, NULL, OPT_NO_EF},
-        {"max-dims", required_argument, NULL, OPT_MAX_DIMS},
-        {"print-every", required_argument, NULL, OPT_PRINT_EVERY},
-        {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
-        {"check-every", required_argument, NULL, OPT_CHECK_EVERY},
-        {"stop-at", required_argument, NULL, OPT_STOP_AT},
-        {"stop-step", required_argument, NULL, OPT_STOP_STEP},
-        {"log", required_argument, NULL, OPT_LOG},
-        {"dump-grads", required_argument, NULL, OPT_DUMP},
-        {"dump-layer", required_argument, NULL, OPT_DUMP_LAYER},
-        {"dump-iters", required_argument, NULL, OPT_DUMP_ITERS},
-        {"model", required_argument, NULL, OPT_MODEL},
-        {"blocks", required_argument, NULL, OPT_BLOCKS},
-        {"depth", required_argument, NULL, OPT_DEPTH},
-        {"power-rank", required_argument, NULL, OPT_POWER_RANK},
-        {"basis", required_argument, NULL, OPT_BASIS},
-        {"stages", required_argument, NULL, OPT_STAGES},
-        {"schedule", required_argument, NULL, OPT_SCHEDULE},
-        {"predict-distance", required_argument, NULL, OPT_PREDICT_DISTANCE},
-        {"no-flush", no_argument, NULL, OPT_NO_FLUSH},
-        {"overlap-transfers", no_argument, NULL, OPT_OVERLAP_TRANSFERS},
-        {"micro-batches", required_argument, NULL, OPT_MICRO},
-        {"int-bits", required_argument, NULL, OPT_INT_BITS},
-        {"ef-bound", required_argument, NULL, OPT_EF_BOUND},
-        {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
-        {NULL, 0, NULL, 0}};
-    int batch_given = 0;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
-        const char *what = NULL;
-        long seed;
-        switch (c) {
-        case 'h':
-            return 1;
-        case OPT_DATA:
-            o->data_dir = optarg;
-            break;
-        case OPT_TRAIN_SUBSET:
-            if (parse_int(optarg, 0, 1 << 24, &o->train_subset)) what = "--train-subset (>= 0)";
-            break;
-        case OPT_TEST_SUBSET:
-            if (parse_int(optarg, 0, 1 << 24, &o->test_subset)) what = "--test-subset (>= 0)";
-            break;
-        case OPT_CHANNELS:
-            if (parse_channels(optarg, &o->arch))
-                what = "--channels (1..8 numbers, comma-separated)";
-            break;
-        case OPT_KERNEL:
-            if (parse_int(optarg, 1, 15, &o->arch.ksize) || o->arch.ksize % 2 == 0)
-                what = "--kernel (odd, 1..15)";
-            break;
-        case OPT_HIDDEN:
-            if (parse_int(optarg, 0, 1 << 16, &o->arch.hidden)) what = "--hidden (>= 0)";
-            break;
-        case OPT_BATCH:
-            if (parse_int(optarg, 1, 1 << 20, &o->batch)) what = "--batch (>= 1)";
-            batch_given = 1;
-            break;
-        case OPT_MODEL:
-            if (strcmp(optarg, "cnn") == 0)
-                o->arch.model = NET_CNN;
-            else if (strcmp(optarg, "resnet") == 0)
-                o->arch.model = NET_RESNET;
-            else if (strcmp(optarg, "mlp") == 0)
-                o->arch.model = NET_MLP;
-            else if (strcmp(optarg, "text") == 0)
-                o->text = 1;
-            else
-                what = "--model (cnn, resnet, mlp or text)";
-            break;
-        case OPT_BLOCKS:
-            if (parse_int(optarg, 1, 64, &o->arch.blocks)) what = "--blocks (1..64)";
-            break;
-        case OPT_DEPTH:
-            if (parse_int(optarg, 1, 16, &o->arch.depth)) what = "--depth (1..16)";
-            break;
-        case OPT_STAGES:
-            if (parse_int(optarg, 1, 64, &o->stages)) what = "--stages (1..64)";
-            break;
-        case OPT_SCHEDULE: { /* gvqPipeSchedule_t's order */
-            static const char *const names[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
-            o->pipe_schedule = -1;
-            for (int i = 0; i < 4; i++)
-                if (strcmp(optarg, names[i]) == 0) o->pipe_schedule = i;
-            if (o->pipe_schedule < 0) what = "--schedule (gpipe, pipedream, dualpipe, spectrain)";
-            break;
-        }
-        case OPT_PREDICT_DISTANCE: /* gvqPipePredictDistance_t's order */
-            o->predict_distance = strcmp(optarg, "paper") == 0      ? 0
-                                  : strcmp(optarg, "schedule") == 0 ? 1
-                                                                    : -1;
-            if (o->predict_distance < 0) what = "--predict-distance (paper, schedule)";
-            break;
-        case OPT_MICRO:
-            if (parse_int(optarg, 1, 1 << 16, &o->micro_batches)) what = "--micro-batches (>= 1)";
-            break;
-        case OPT_NO_FLUSH:
-            o->pipe_no_flush = 1;
-            break;
-        case OPT_OVERLAP_TRANSFERS:
-            o->pipe_overlap = 1;
-            break;
-        case OPT_BASIS:
-            if (strcmp(optarg, "fit") == 0 || strcmp(optarg, "track") == 0)
-                o->basis_track = strcmp(optarg, "track") == 0;
-            else
-                what = "--basis (fit or track)";
-            break;
-        case OPT_POWER_RANK:
-            if (parse_int(optarg, 1, 1 << 20, &o->power_rank)) what = "--power-rank (>= 1)";
-            break;
-        case OPT_INT_BITS:
-            if (parse_int(optarg, 0, 16, &o->integer_bits) ||
-                (o->integer_bits != 0 && o->integer_bits != 8 && o->integer_bits != 16))
-                what = "--int-bits (0, 8 or 16)";
-            break;
-        case OPT_EF_BOUND:
-            if (parse_double(optarg, 0.0, 1e9, &o->ef_bound)) what = "--ef-bound (>= 0)";
-            break;
-        case OPT_EPOCHS:
-            if (parse_int(optarg, 1, 100000, &o->epochs)) what = "--epochs (>= 1)";
-            break;
-        case OPT_ITERS:
-            if (parse_long(optarg, 1, 1L << 40, &o->iters)) what = "--iters (>= 1)";
-            break;
-        case OPT_LR:
-            if (parse_double(optarg, 0.0, 100.0, &o->lr)) what = "--lr (0..100)";
-            break;
-        case OPT_SAMPLE_SLICES:
-            if (parse_int(optarg, 0, 1 << 24, &o->sample_slices)) what = "--sample-slices (>= 0)";
-            break;
-        case OPT_COSINE:
-            o->cosine = 1;
-            break;
-        case OPT_MOMENTUM:
-            if (parse_double(optarg, 0.0, 0.999999, &o->momentum)) what = "--momentum ([0, 1))";
-            break;
-        case OPT_WD:
-            if (parse_double(optarg, 0.0, 1.0, &o->weight_decay)) what = "--wd ([0, 1])";
-            break;
-        case OPT_SEED:
-            if (parse_long(optarg, 0, 1L << 40, &seed))
-                what = "--seed (>= 0)";
-            else
-                o->seed = (unsigned long long)seed;
-            break;
-        case OPT_CODEC:
-            if (parse_codec(optarg, 1, 1, &o->codec))
-                what = "--codec (none, gradiveq, qsgd or powersgd)";
-            break;
-        case OPT_REST_CODEC:
-            if (parse_codec(optarg, 0, 1, &o->rest_codec))
-                what = "--rest-codec (none, qsgd or powersgd)";
-            break;
-        case OPT_ZERO_CODE:
-            o->zero_code = 1;
-            break;
-        case OPT_NO_WAIT_FREE:
-            o->no_wait_free = 1;
-            break;
-        case OPT_OVERLAP_FORWARD:
-            o->overlap_forward = 1;
-            break;
-        case OPT_COMM_ORDER:
-            o->comm_order = !strcmp(optarg, "ready")     ? gvqTrainScheduleReady
-                            : !strcmp(optarg, "forward") ? gvqTrainScheduleForward
-                                                         : -1;
-            if (o->comm_order == -1) what = "--comm-order (ready or forward)";
-            break;
-        case OPT_CHUNK_BYTES:
-            if (parse_int(optarg, 1024, 1 << 30, &o->chunk_bytes))
-                what = "--chunk-bytes (1024..2^30)";
-            break;
-        case OPT_TEXT_DATA:
-            o->text_data = optarg;
-            break;
-        case OPT_SPARSE_ROUTE:
-            o->sparse_route = !strcmp(optarg, "ps")           ? gvqRoutePs
-                              : !strcmp(optarg, "allgatherv") ? gvqRouteAllGatherv
-                              : !strcmp(optarg, "dense")      ? gvqRouteAllReduce
-                              : !strcmp(optarg, "auto")       ? GVQ_CONFIG_UNDEF_INT
-                                                              : -1;
-            if (o->sparse_route == -1) what = "--sparse-route (ps, allgatherv, dense or auto)";
-            break;
-        case OPT_VOCAB:
-            if (parse_int(optarg, 16, 1 << 24, &o->vocab)) what = "--vocab (16..2^24)";
-            break;
-        case OPT_EMBED_DIM:
-            if (parse_int(optarg, 1, 256, &o->embed_dim)) what = "--embed-dim (1..256)";
-            break;
-        case OPT_SFB:
-            o->sfb = !strcmp(optarg, "full")   ? 0
-                     : !strcmp(optarg, "on")   ? 1
-                     : !strcmp(optarg, "auto") ? 2
-                                               : -2;
-            if (o->sfb == -2) what = "--sfb (full, on or auto)";
-            break;
-        case OPT_BUCKET_BYTES:
-            if (parse_int(optarg, 0, 1 << 30, &o->bucket_bytes)) what = "--bucket-bytes (0..2^30)";
-            break;
-        case OPT_TIMELINE:
-            o->timeline_path = optarg;
-            break;
-        case OPT_TIMELINE_STEP:
-            if (parse_long(optarg, 1, 1L << 40, &o->timeline_step)) what = "--timeline-step (>= 1)";
-            break;
-        case OPT_SLICE:
-            if (parse_int(optarg, 1, 1 << 20, &o->slice)) what = "--slice (>= 1)";
-            break;
-        case OPT_REUSE:
-            if (parse_int(optarg, 1, 1 << 24, &o->reuse)) what = "--reuse (>= 1)";
-            break;
-        case OPT_EPS:
-            if (parse_double(optarg, 1e-9, 0.999999, &o->eps)) what = "--eps (in (0, 1))";
-            break;
-        case OPT_VOTE:
-            if (parse_double(optarg, 1e-9, 1e9, &o->vote)) what = "--vote-threshold (> 0)";
-            break;
-        case OPT_WARMUP:
-            if (parse_int(optarg, 0, 1 << 30, &o->warmup)) what = "--warmup (>= 0)";
-            break;
-        case OPT_SAMPLE:
-            if (parse_int(optarg, 1, 1 << 30, &o->sample)) what = "--sample (>= 1)";
-            break;
-        case OPT_COMPRESSED:
-            if (parse_int(optarg, 1, 1 << 30, &o->compressed)) what = "--compressed (>= 1)";
-            break;
-        case OPT_SAMPLE_CODEC:
-            if (parse_codec(optarg, 0, 0, &o->sample_codec)) what = "--sample-codec (none or qsgd)";
-            break;
-        case OPT_QSGD_BITS:
-            if (parse_int(optarg, 2, 8, &o->qsgd_bits)) what = "--qsgd-bits (2, 4 or 8)";
-            break;
-        case OPT_QSGD_BUCKET:
-            if (parse_int(optarg, 1, 1 << 24, &o->qsgd_bucket)) what = "--qsgd-bucket (>= 1)";
-            break;
-        case OPT_WIRE:
-            if (strcmp(optarg, "fp16") == 0)
-                o->wire_fp16 = 1;
-            else if (strcmp(optarg, "fp32") == 0)
-                o->wire_fp16 = 0;
-            else
-                what = "--wire (fp16 or fp32)";
-            break;
-        case OPT_EF:
-            o->error_feedback = 1;
-            break;
-        case OPT_NO_EF:
-            o->error_feedback = 0;
-            break;
-        case OPT_NO_PROGRESS:
-            o->progress = 0;
-            break;
-        case OPT_MAX_DIMS:
-            if (parse_int(optarg, 1, 1 << 20, &o->max_dims)) what = "--max-dims (>= 1)";
-            break;
-        case OPT_PRINT_EVERY:
-            if (parse_int(optarg, 1, 1 << 30, &o->print_every)) what = "--print-every (>= 1)";
-            break;
-        case OPT_EVAL_EVERY:
-            if (parse_int(optarg, 0, 1 << 30, &o->eval_every)) what = "--eval-every (>= 0)";
-            break;
-        case OPT_CHECK_EVERY:
-            if (parse_int(optarg, 0, 1 << 30, &o->check_every)) what = "--check-every (>= 0)";
-            break;
-        case OPT_STOP_AT:
-            if (parse_double(optarg, 0.0, 100.0, &o->stop_at)) what = "--stop-at (0..100)";
-            break;
-        case OPT_STOP_STEP:
-            if (parse_long(optarg, 1, 1L << 40, &o->stop_step)) what = "--stop-step (>= 1)";
-            break;
-        case OPT_LOG:
-            o->log_path = optarg;
-            break;
-        case OPT_DUMP:
-            o->dump_path = optarg;
-            break;
-        case OPT_DUMP_LAYER:
-            if (parse_int(optarg, 1, 1 << 20, &o->dump_layer)) what = "--dump-layer (>= 1)";
-            break;
-        case OPT_DUMP_ITERS:
-            if (parse_long(optarg, 0, 1L << 40, &o->dump_iters)) what = "--dump-iters (>= 0)";
-            break;
-        default:
-            fprintf(stderr, "gvq-train: unknown option '%s' (see -h)\n", argv[optind - 1]);
-            return -1;
-        }
-        if (what != NULL) {
-            fprintf(stderr, "gvq-train: bad value '%s' for %s\n", optarg, what);
-            return -1;
-        }
+static const struct option long_opts[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"data", required_argument, NULL, OPT_DATA},
+    {"train-subset", required_argument, NULL, OPT_TRAIN_SUBSET},
+    {"test-subset", required_argument, NULL, OPT_TEST_SUBSET},
+    {"channels", required_argument, NULL, OPT_CHANNELS},
+    {"kernel", required_argument, NULL, OPT_KERNEL},
+    {"hidden", required_argument, NULL, OPT_HIDDEN},
+    {"batch", required_argument, NULL, OPT_BATCH},
+    {"epochs", required_argument, NULL, OPT_EPOCHS},
+    {"iters", required_argument, NULL, OPT_ITERS},
+    {"lr", required_argument, NULL, OPT_LR},
+    {"momentum", required_argument, NULL, OPT_MOMENTUM},
+    {"cosine", no_argument, NULL, OPT_COSINE},
+    {"sample-slices", required_argument, NULL, OPT_SAMPLE_SLICES},
+    {"wd", required_argument, NULL, OPT_WD},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"codec", required_argument, NULL, OPT_CODEC},
+    {"rest-codec", required_argument, NULL, OPT_REST_CODEC},
+    {"zero-code", no_argument, NULL, OPT_ZERO_CODE},
+    {"no-wait-free", no_argument, NULL, OPT_NO_WAIT_FREE},
+    {"overlap-forward", no_argument, NULL, OPT_OVERLAP_FORWARD},
+    {"comm-order", required_argument, NULL, OPT_COMM_ORDER},
+    {"chunk-bytes", required_argument, NULL, OPT_CHUNK_BYTES},
+    {"sfb", required_argument, NULL, OPT_SFB},
+    {"text-data", required_argument, NULL, OPT_TEXT_DATA},
+    {"sparse-route", required_argument, NULL, OPT_SPARSE_ROUTE},
+    {"vocab", required_argument, NULL, OPT_VOCAB},
+    {"embed-dim", required_argument, NULL, OPT_EMBED_DIM},
+    {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
+    {"timeline", required_argument, NULL, OPT_TIMELINE},
+    {"timeline-step", required_argument, NULL, OPT_TIMELINE_STEP},
+    {"slice", required_argument, NULL, OPT_SLICE},
+    {"reuse", required_argument, NULL, OPT_REUSE},
+    {"eps", required_argument, NULL, OPT_EPS},
+    {"vote-threshold", required_argument, NULL, OPT_VOTE},
+    {"warmup", required_argument, NULL, OPT_WARMUP},
+    {"sample", required_argument, NULL, OPT_SAMPLE},
+    {"compressed", required_argument, NULL, OPT_COMPRESSED},
+    {"sample-codec", required_argument, NULL, OPT_SAMPLE_CODEC},
+    {"qsgd-bits", required_argument, NULL, OPT_QSGD_BITS},
+    {"qsgd-bucket", required_argument, NULL, OPT_QSGD_BUCKET},
+    {"wire", required_argument, NULL, OPT_WIRE},
+    {"ef", no_argument, NULL, OPT_EF},
+    {"no-ef", no_argument, NULL, OPT_NO_EF},
+    {"max-dims", required_argument, NULL, OPT_MAX_DIMS},
+    {"print-every", required_argument, NULL, OPT_PRINT_EVERY},
+    {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
+    {"check-every", required_argument, NULL, OPT_CHECK_EVERY},
+    {"stop-at", required_argument, NULL, OPT_STOP_AT},
+    {"stop-step", required_argument, NULL, OPT_STOP_STEP},
+    {"log", required_argument, NULL, OPT_LOG},
+    {"dump-grads", required_argument, NULL, OPT_DUMP},
+    {"dump-layer", required_argument, NULL, OPT_DUMP_LAYER},
+    {"dump-iters", required_argument, NULL, OPT_DUMP_ITERS},
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"blocks", required_argument, NULL, OPT_BLOCKS},
+    {"depth", required_argument, NULL, OPT_DEPTH},
+    {"power-rank", required_argument, NULL, OPT_POWER_RANK},
+    {"basis", required_argument, NULL, OPT_BASIS},
+    {"stages", required_argument, NULL, OPT_STAGES},
+    {"schedule", required_argument, NULL, OPT_SCHEDULE},
+    {"predict-distance", required_argument, NULL, OPT_PREDICT_DISTANCE},
+    {"no-flush", no_argument, NULL, OPT_NO_FLUSH},
+    {"overlap-transfers", no_argument, NULL, OPT_OVERLAP_TRANSFERS},
+    {"micro-batches", required_argument, NULL, OPT_MICRO},
+    {"int-bits", required_argument, NULL, OPT_INT_BITS},
+    {"ef-bound", required_argument, NULL, OPT_EF_BOUND},
+    {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {NULL, 0, NULL, 0}};
+
+/* The option groups: each takes option c, with its argument arg, when it is one of the group's
+ * (returns 1, with *what naming the option and its range when arg is bad); else returns 0. */
+
+/* The data and the model: the image sets, the network's shape, --batch, and --model text's
+ * corpus and embedding. */
+static int parse_model_opt(int c, const char *arg, train_opts_t *o, int *batch_given,
+                           const char **what) {
+    switch (c) {
+    case OPT_DATA:
+        o->data_dir = arg;
+        break;
+    case OPT_TRAIN_SUBSET:
+        if (parse_int(arg, 0, 1 << 24, &o->train_subset)) *what = "--train-subset (>= 0)";
+        break;
+    case OPT_TEST_SUBSET:
+        if (parse_int(arg, 0, 1 << 24, &o->test_subset)) *what = "--test-subset (>= 0)";
+        break;
+    case OPT_CHANNELS:
+        if (parse_channels(arg, &o->arch)) *what = "--channels (1..8 numbers, comma-separated)";
+        break;
+    case OPT_KERNEL:
+        if (parse_int(arg, 1, 15, &o->arch.ksize) || o->arch.ksize % 2 == 0)
+            *what = "--kernel (odd, 1..15)";
+        break;
+    case OPT_HIDDEN:
+        if (parse_int(arg, 0, 1 << 16, &o->arch.hidden)) *what = "--hidden (>= 0)";
+        break;
+    case OPT_BATCH:
+        if (parse_int(arg, 1, 1 << 20, &o->batch)) *what = "--batch (>= 1)";
+        *batch_given = 1;
+        break;
+    case OPT_MODEL:
+        if (strcmp(arg, "cnn") == 0)
+            o->arch.model = NET_CNN;
+        else if (strcmp(arg, "resnet") == 0)
+            o->arch.model = NET_RESNET;
+        else if (strcmp(arg, "mlp") == 0)
+            o->arch.model = NET_MLP;
+        else if (strcmp(arg, "text") == 0)
+            o->text = 1;
+        else
+            *what = "--model (cnn, resnet, mlp or text)";
+        break;
+    case OPT_BLOCKS:
+        if (parse_int(arg, 1, 64, &o->arch.blocks)) *what = "--blocks (1..64)";
+        break;
+    case OPT_DEPTH:
+        if (parse_int(arg, 1, 16, &o->arch.depth)) *what = "--depth (1..16)";
+        break;
+    case OPT_TEXT_DATA:
+        o->text_data = arg;
+        break;
+    case OPT_VOCAB:
+        if (parse_int(arg, 16, 1 << 24, &o->vocab)) *what = "--vocab (16..2^24)";
+        break;
+    case OPT_EMBED_DIM:
+        if (parse_int(arg, 1, 256, &o->embed_dim)) *what = "--embed-dim (1..256)";
+        break;
+    default:
+        return 0;
     }
-    if (optind < argc) {
-        fprintf(stderr, "gvq-train: unexpected argument '%s' (see -h)\n", argv[optind]);
-        return -1;
+    return 1;
+}
+
+/* The optimizer: how long, SGD's rates, the seed. */
+static int parse_optimizer_opt(int c, const char *arg, train_opts_t *o, const char **what) {
+    long seed;
+    switch (c) {
+    case OPT_EPOCHS:
+        if (parse_int(arg, 1, 100000, &o->epochs)) *what = "--epochs (>= 1)";
+        break;
+    case OPT_ITERS:
+        if (parse_long(arg, 1, 1L << 40, &o->iters)) *what = "--iters (>= 1)";
+        break;
+    case OPT_LR:
+        if (parse_double(arg, 0.0, 100.0, &o->lr)) *what = "--lr (0..100)";
+        break;
+    case OPT_COSINE:
+        o->cosine = 1;
+        break;
+    case OPT_MOMENTUM:
+        if (parse_double(arg, 0.0, 0.999999, &o->momentum)) *what = "--momentum ([0, 1))";
+        break;
+    case OPT_WD:
+        if (parse_double(arg, 0.0, 1.0, &o->weight_decay)) *what = "--wd ([0, 1])";
+        break;
+    case OPT_SEED:
+        if (parse_long(arg, 0, 1L << 40, &seed))
+            *what = "--seed (>= 0)";
+        else
+            o->seed = (unsigned long long)seed;
+        break;
+    default:
+        return 0;
     }
+    return 1;
+}
+
+/* The aggregation through gvq: the codecs, the training layer's schedule and routes. */
+static int parse_aggregation_opt(int c, const char *arg, train_opts_t *o, const char **what) {
+    switch (c) {
+    case OPT_CODEC:
+        if (parse_codec(arg, 1, 1, &o->codec)) *what = "--codec (none, gradiveq, qsgd or powersgd)";
+        break;
+    case OPT_REST_CODEC:
+        if (parse_codec(arg, 0, 1, &o->rest_codec)) *what = "--rest-codec (none, qsgd or powersgd)";
+        break;
+    case OPT_ZERO_CODE:
+        o->zero_code = 1;
+        break;
+    case OPT_NO_WAIT_FREE:
+        o->no_wait_free = 1;
+        break;
+    case OPT_OVERLAP_FORWARD:
+        o->overlap_forward = 1;
+        break;
+    case OPT_COMM_ORDER:
+        o->comm_order = !strcmp(arg, "ready")     ? gvqTrainScheduleReady
+                        : !strcmp(arg, "forward") ? gvqTrainScheduleForward
+                                                  : -1;
+        if (o->comm_order == -1) *what = "--comm-order (ready or forward)";
+        break;
+    case OPT_CHUNK_BYTES:
+        if (parse_int(arg, 1024, 1 << 30, &o->chunk_bytes)) *what = "--chunk-bytes (1024..2^30)";
+        break;
+    case OPT_SPARSE_ROUTE:
+        o->sparse_route = !strcmp(arg, "ps")           ? gvqRoutePs
+                          : !strcmp(arg, "allgatherv") ? gvqRouteAllGatherv
+                          : !strcmp(arg, "dense")      ? gvqRouteAllReduce
+                          : !strcmp(arg, "auto")       ? GVQ_CONFIG_UNDEF_INT
+                                                       : -1;
+        if (o->sparse_route == -1) *what = "--sparse-route (ps, allgatherv, dense or auto)";
+        break;
+    case OPT_SFB:
+        o->sfb = !strcmp(arg, "full") ? 0 : !strcmp(arg, "on") ? 1 : !strcmp(arg, "auto") ? 2 : -2;
+        if (o->sfb == -2) *what = "--sfb (full, on or auto)";
+        break;
+    case OPT_BUCKET_BYTES:
+        if (parse_int(arg, 0, 1 << 30, &o->bucket_bytes)) *what = "--bucket-bytes (0..2^30)";
+        break;
+    default:
+        return 0;
+    }
+    return 1;
+}
+
+/* The compressors' settings: GradiVeQ's schedule and basis, QSGD, PowerSGD, error feedback,
+ * the wire. */
+static int parse_compression_opt(int c, const char *arg, train_opts_t *o, const char **what) {
+    switch (c) {
+    case OPT_BASIS:
+        if (strcmp(arg, "fit") == 0 || strcmp(arg, "track") == 0)
+            o->basis_track = strcmp(arg, "track") == 0;
+        else
+            *what = "--basis (fit or track)";
+        break;
+    case OPT_POWER_RANK:
+        if (parse_int(arg, 1, 1 << 20, &o->power_rank)) *what = "--power-rank (>= 1)";
+        break;
+    case OPT_INT_BITS:
+        if (parse_int(arg, 0, 16, &o->integer_bits) ||
+            (o->integer_bits != 0 && o->integer_bits != 8 && o->integer_bits != 16))
+            *what = "--int-bits (0, 8 or 16)";
+        break;
+    case OPT_EF_BOUND:
+        if (parse_double(arg, 0.0, 1e9, &o->ef_bound)) *what = "--ef-bound (>= 0)";
+        break;
+    case OPT_SAMPLE_SLICES:
+        if (parse_int(arg, 0, 1 << 24, &o->sample_slices)) *what = "--sample-slices (>= 0)";
+        break;
+    case OPT_SLICE:
+        if (parse_int(arg, 1, 1 << 20, &o->slice)) *what = "--slice (>= 1)";
+        break;
+    case OPT_REUSE:
+        if (parse_int(arg, 1, 1 << 24, &o->reuse)) *what = "--reuse (>= 1)";
+        break;
+    case OPT_EPS:
+        if (parse_double(arg, 1e-9, 0.999999, &o->eps)) *what = "--eps (in (0, 1))";
+        break;
+    case OPT_VOTE:
+        if (parse_double(arg, 1e-9, 1e9, &o->vote)) *what = "--vote-threshold (> 0)";
+        break;
+    case OPT_WARMUP:
+        if (parse_int(arg, 0, 1 << 30, &o->warmup)) *what = "--warmup (>= 0)";
+        break;
+    case OPT_SAMPLE:
+        if (parse_int(arg, 1, 1 << 30, &o->sample)) *what = "--sample (>= 1)";
+        break;
+    case OPT_COMPRESSED:
+        if (parse_int(arg, 1, 1 << 30, &o->compressed)) *what = "--compressed (>= 1)";
+        break;
+    case OPT_SAMPLE_CODEC:
+        if (parse_codec(arg, 0, 0, &o->sample_codec)) *what = "--sample-codec (none or qsgd)";
+        break;
+    case OPT_QSGD_BITS:
+        if (parse_int(arg, 2, 8, &o->qsgd_bits)) *what = "--qsgd-bits (2, 4 or 8)";
+        break;
+    case OPT_QSGD_BUCKET:
+        if (parse_int(arg, 1, 1 << 24, &o->qsgd_bucket)) *what = "--qsgd-bucket (>= 1)";
+        break;
+    case OPT_WIRE:
+        if (strcmp(arg, "fp16") == 0)
+            o->wire_fp16 = 1;
+        else if (strcmp(arg, "fp32") == 0)
+            o->wire_fp16 = 0;
+        else
+            *what = "--wire (fp16 or fp32)";
+        break;
+    case OPT_EF:
+        o->error_feedback = 1;
+        break;
+    case OPT_NO_EF:
+        o->error_feedback = 0;
+        break;
+    case OPT_MAX_DIMS:
+        if (parse_int(arg, 1, 1 << 20, &o->max_dims)) *what = "--max-dims (>= 1)";
+        break;
+    default:
+        return 0;
+    }
+    return 1;
+}
+
+/* The pipeline (--stages and what goes with it). */
+static int parse_pipeline_opt(int c, const char *arg, train_opts_t *o, const char **what) {
+    switch (c) {
+    case OPT_STAGES:
+        if (parse_int(arg, 1, 64, &o->stages)) *what = "--stages (1..64)";
+        break;
+    case OPT_SCHEDULE: { /* gvqPipeSchedule_t's order */
+        static const char *const names[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
+        o->pipe_schedule = -1;
+        for (int i = 0; i < 4; i++)
+            if (strcmp(arg, names[i]) == 0) o->pipe_schedule = i;
+        if (o->pipe_schedule < 0) *what = "--schedule (gpipe, pipedream, dualpipe, spectrain)";
+        break;
+    }
+    case OPT_PREDICT_DISTANCE: /* gvqPipePredictDistance_t's order */
+        o->predict_distance = strcmp(arg, "paper") == 0 ? 0 : strcmp(arg, "schedule") == 0 ? 1 : -1;
+        if (o->predict_distance < 0) *what = "--predict-distance (paper, schedule)";
+        break;
+    case OPT_MICRO:
+        if (parse_int(arg, 1, 1 << 16, &o->micro_batches)) *what = "--micro-batches (>= 1)";
+        break;
+    case OPT_NO_FLUSH:
+        o->pipe_no_flush = 1;
+        break;
+    case OPT_OVERLAP_TRANSFERS:
+        o->pipe_overlap = 1;
+        break;
+    default:
+        return 0;
+    }
+    return 1;
+}
+
+/* The output: progress lines, evaluation, checks, stopping, the log, the timeline, gradient
+ * recording. */
+static int parse_output_opt(int c, const char *arg, train_opts_t *o, const char **what) {
+    switch (c) {
+    case OPT_TIMELINE:
+        o->timeline_path = arg;
+        break;
+    case OPT_TIMELINE_STEP:
+        if (parse_long(arg, 1, 1L << 40, &o->timeline_step)) *what = "--timeline-step (>= 1)";
+        break;
+    case OPT_NO_PROGRESS:
+        o->progress = 0;
+        break;
+    case OPT_PRINT_EVERY:
+        if (parse_int(arg, 1, 1 << 30, &o->print_every)) *what = "--print-every (>= 1)";
+        break;
+    case OPT_EVAL_EVERY:
+        if (parse_int(arg, 0, 1 << 30, &o->eval_every)) *what = "--eval-every (>= 0)";
+        break;
+    case OPT_CHECK_EVERY:
+        if (parse_int(arg, 0, 1 << 30, &o->check_every)) *what = "--check-every (>= 0)";
+        break;
+    case OPT_STOP_AT:
+        if (parse_double(arg, 0.0, 100.0, &o->stop_at)) *what = "--stop-at (0..100)";
+        break;
+    case OPT_STOP_STEP:
+        if (parse_long(arg, 1, 1L << 40, &o->stop_step)) *what = "--stop-step (>= 1)";
+        break;
+    case OPT_LOG:
+        o->log_path = arg;
+        break;
+    case OPT_DUMP:
+        o->dump_path = arg;
+        break;
+    case OPT_DUMP_LAYER:
+        if (parse_int(arg, 1, 1 << 20, &o->dump_layer)) *what = "--dump-layer (>= 1)";
+        break;
+    case OPT_DUMP_ITERS:
+        if (parse_long(arg, 0, 1L << 40, &o->dump_iters)) *what = "--dump-iters (>= 0)";
+        break;
+    default:
+        return 0;
+    }
+    return 1;
+}
+
+/* Settles what depends on the model (the resnet's batch, the mlp's layers) and refuses the
+ * options that do not go together: 0, or -1 after saying why on stderr. */
+static int check_args(train_opts_t *o, int batch_given) {
     if (o->arch.model == NET_RESNET && !batch_given) o->batch = 0; /* 32 per rank */
     if (o->arch.model == NET_RESNET && (o->arch.nconv != 3 || o->arch.hidden != 0)) {
         fprintf(stderr, "gvq-train: --model resnet takes 3 --channels (the stages' widths) and no "
@@ -673,6 +706,34 @@ static int parse_args(int argc, char **argv, train_opts_t *o) {
         return -1;
     }
     return 0;
+}
+
+/* Returns 0, 1 for --help, or -1 after naming the bad option on stderr. */
+static int parse_args(int argc, char **argv, train_opts_t *o) {
+    int batch_given = 0;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        const char *what = NULL;
+        if (c == 'h') return 1;
+        if (!parse_model_opt(c, optarg, o, &batch_given, &what) &&
+            !parse_optimizer_opt(c, optarg, o, &what) &&
+            !parse_aggregation_opt(c, optarg, o, &what) &&
+            !parse_compression_opt(c, optarg, o, &what) &&
+            !parse_pipeline_opt(c, optarg, o, &what) && !parse_output_opt(c, optarg, o, &what)) {
+            fprintf(stderr, "gvq-train: unknown option '%s' (see -h)\n", argv[optind - 1]);
+            return -1;
+        }
+        if (what != NULL) {
+            fprintf(stderr, "gvq-train: bad value '%s' for %s\n", optarg, what);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "gvq-train: unexpected argument '%s' (see -h)\n", argv[optind]);
+        return -1;
+    }
+    return check_args(o, batch_given);
 }
 
 /* Whether what rank 0 writes to stderr ends on a terminal. Under mpirun a rank's stderr is a

@@ -247,13 +247,44 @@ static int replicas_agree(const float *params, size_t (*ranges)[2], int nranges,
     return lo == hi;
 }
 
-int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
-    int wrank = 0, nranks = 1;
-    MPI_Comm_rank(comm, &wrank);
-    MPI_Comm_size(comm, &nranks);
-    FILE *out = o->out != NULL ? o->out : stdout;
-    memset(res, 0, sizeof *res);
-    res->time_to_stop = -1.0;
+/* What the parts of pipe_run share: the stage (its layers, micro-batches, parameter ranges and
+ * buffers: stage_t), the ranks' layout, the data, the model, the pipe, the loop's sums. */
+typedef struct {
+    stage_t st;
+    const train_opts_t *o;
+    train_result_t *res;
+    FILE *out, *csv;
+    MPI_Comm comm, pcomm, scomm; /* all ranks; the replica's pipeline; the stage's replicas */
+    int nranks, replica, batch;  /* world rank = replica x S + stage (st.wrank, st.stage) */
+    mnist_set_t train, test;
+    net_t net;
+    int first[65]; /* stage k: layers first[k] .. first[k+1]-1 */
+    long iters;
+    size_t img;                  /* floats per image */
+    float *images, *step_images; /* a step or an evaluation chunk; two steps (--no-flush) */
+    uint8_t *labels, *step_labels;
+    int *perm, *idx;
+    float **wptr, **gptr; /* the ranges again, as the pipe takes them */
+    size_t *wlen;
+    agg_t agg; /* R > 1: the stage's weights aggregated over its replicas by the training layer */
+    const char *sched;
+    gvqComm_t gcomm, gstage, xcomm[2]; /* xcomm, xmpi: --overlap-transfers */
+    MPI_Comm xmpi[2];
+    gvqPipe_t pipe;
+} prun_t;
+
+/* The ranks' layout (a pipeline communicator per replica, a stage communicator per stage), the
+ * data, and the model cut into the stages (every rank builds the whole network; one failure
+ * stops every rank). -1, what it made freed, when the run cannot start. */
+static int pipe_load(prun_t *p) {
+    const train_opts_t *o = p->o;
+    stage_t *st = &p->st;
+    MPI_Comm_rank(p->comm, &st->wrank);
+    MPI_Comm_size(p->comm, &p->nranks);
+    const int wrank = st->wrank, nranks = p->nranks;
+    p->out = o->out != NULL ? o->out : stdout;
+    memset(p->res, 0, sizeof *p->res);
+    p->res->time_to_stop = -1.0;
     if (o->stages < 1 || nranks % o->stages != 0) {
         if (wrank == 0)
             fprintf(stderr,
@@ -264,176 +295,158 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     }
     /* rank = replica * S + stage: a pipeline communicator per replica, a stage communicator
      * (the stage's replicas, which average its gradients) per stage */
-    const int S = o->stages, R = nranks / S, rank = wrank % S, replica = wrank / S;
-    MPI_Comm pcomm, scomm;
-    MPI_Comm_split(comm, replica, rank, &pcomm);
-    MPI_Comm_split(comm, rank, replica, &scomm);
-    const int M = o->micro_batches > 0 ? o->micro_batches : 4;
-    const int batch = o->batch > 0 ? o->batch : 32 * nranks;
+    const int S = st->nstages = o->stages, R = st->replicas = nranks / S;
+    const int rank = st->stage = wrank % S, replica = p->replica = wrank / S;
+    MPI_Comm_split(p->comm, replica, rank, &p->pcomm);
+    MPI_Comm_split(p->comm, rank, replica, &p->scomm);
+    const int M = st->micro = o->micro_batches > 0 ? o->micro_batches : 4;
+    const int batch = p->batch = o->batch > 0 ? o->batch : 32 * nranks;
     if (batch % (M * R) != 0) {
         if (wrank == 0)
             fprintf(stderr,
                     "gvq-train: the global batch %d is not a multiple of --micro-batches "
                     "%d x %d replicas\n",
                     batch, M, R);
-        MPI_Comm_free(&pcomm);
-        MPI_Comm_free(&scomm);
+        MPI_Comm_free(&p->pcomm);
+        MPI_Comm_free(&p->scomm);
         return -1;
     }
-    const int mb = batch / (M * R);
+    const int mb = st->mb = batch / (M * R);
     char err[4096] = "";
-    mnist_set_t train = {0}, test = {0};
-    int bad = mnist_load(&train, o->data_dir, "train", o->train_subset, err, sizeof err) != 0 ||
-              mnist_load(&test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0,
+    int bad = mnist_load(&p->train, o->data_dir, "train", o->train_subset, err, sizeof err) != 0 ||
+              mnist_load(&p->test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0,
         anybad = 0;
-    net_t net;
     const int capacity = mb > 100 ? mb : 100;
-    int made = !bad && net_create(&net, &o->arch, 1, train.rows, train.cols, capacity, o->seed, err,
-                                  sizeof err) == 0;
-    int first[65];
-    if (made && (S > 64 || cut_stages(&net, S, first) != 0)) {
+    int made = !bad && net_create(&p->net, &o->arch, 1, p->train.rows, p->train.cols, capacity,
+                                  o->seed, err, sizeof err) == 0;
+    if (made && (S > 64 || cut_stages(&p->net, S, p->first) != 0)) {
         snprintf(err, sizeof err,
                  "the network's %d layers cannot be cut into %d stages of at least one layer",
-                 net.nlayers, S);
+                 p->net.nlayers, S);
         bad = 1;
     }
     bad |= !made;
-    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm); /* one failure stops every rank */
+    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, p->comm); /* one failure stops every rank */
     if (anybad) {
-        if (made) net_free(&net);
-        MPI_Comm_free(&pcomm);
-        MPI_Comm_free(&scomm);
+        if (made) net_free(&p->net);
+        MPI_Comm_free(&p->pcomm);
+        MPI_Comm_free(&p->scomm);
         if (wrank == 0) fprintf(stderr, "gvq-train: %s\n", err[0] ? err : "data or model missing");
-        mnist_free(&train);
-        mnist_free(&test);
+        mnist_free(&p->train);
+        mnist_free(&p->test);
         return -1;
     }
-    const long steps_per_epoch = train.n / batch;
-    const long iters = o->iters > 0 ? o->iters : (long)o->epochs * steps_per_epoch;
-    size_t img = (size_t)train.rows * (size_t)train.cols;
-    size_t held =
-        (size_t)(batch > capacity ? batch : capacity); /* a step, or an evaluation chunk */
-    float *images = malloc(sizeof(float) * held * img);
-    uint8_t *labels = malloc(held);
-    int *perm = malloc(sizeof(int) * (size_t)train.n), *idx = malloc(sizeof(int) * held);
-    float *velocity = calloc(net.nparams, sizeof(float)), *acc = calloc(net.nparams, sizeof(float));
-    const float **in_of = calloc(2 * (size_t)M, sizeof *in_of);
-    const size_t share = (size_t)(batch / R); /* a step's images on this replica */
-    float *step_images = malloc(sizeof(float) * 2 * share * img); /* two steps: --no-flush */
-    uint8_t *step_labels = malloc(2 * share);
-    size_t(*ranges)[2] = calloc(4 * (size_t)net.nlayers + 1, sizeof *ranges);
-    int nranges = 0;
-    if (!images || !labels || !perm || !idx || !velocity || !acc || !in_of || !step_images ||
-        !step_labels || !ranges) {
+    p->iters = o->iters > 0 ? o->iters : (long)o->epochs * (p->train.n / batch); /* steps */
+    return 0;
+}
+
+/* The buffers, the stage's parameter ranges and state, the pipe (gvqPipe on the replica's
+ * pipeline), and with R > 1 the training layer over the stage's replicas. */
+static void pipe_setup(prun_t *p) {
+    const train_opts_t *o = p->o;
+    stage_t *st = &p->st;
+    net_t *net = &p->net;
+    const int wrank = st->wrank, rank = st->stage, M = st->micro, mb = st->mb;
+    const int capacity = mb > 100 ? mb : 100;
+    size_t img = p->img = (size_t)p->train.rows * (size_t)p->train.cols;
+    /* a step, or an evaluation chunk */
+    size_t held = (size_t)(p->batch > capacity ? p->batch : capacity);
+    p->images = malloc(sizeof(float) * held * img);
+    p->labels = malloc(held);
+    p->perm = malloc(sizeof(int) * (size_t)p->train.n), p->idx = malloc(sizeof(int) * held);
+    st->velocity = calloc(net->nparams, sizeof(float));
+    st->acc = calloc(net->nparams, sizeof(float));
+    st->in_of = calloc(2 * (size_t)M, sizeof *st->in_of);
+    const size_t share = st->share = (size_t)(p->batch / st->replicas); /* a step's images here */
+    p->step_images = malloc(sizeof(float) * 2 * share * img);           /* two steps: --no-flush */
+    p->step_labels = malloc(2 * share);
+    size_t(*ranges)[2] = st->ranges = calloc(4 * (size_t)net->nlayers + 1, sizeof *ranges);
+    if (!p->images || !p->labels || !p->perm || !p->idx || !st->velocity || !st->acc ||
+        !st->in_of || !p->step_images || !p->step_labels || !ranges) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", wrank);
-        MPI_Abort(comm, 1);
+        MPI_Abort(p->comm, 1);
     }
-    for (int i = first[rank]; i < first[rank + 1]; i++) { /* what this stage updates */
+    int nranges = 0;
+    for (int i = p->first[rank]; i < p->first[rank + 1]; i++) { /* what this stage updates */
         float *ptr[4];
         size_t len[4];
-        int n = layer_ranges(&net.layers[i], ptr, len);
+        int n = layer_ranges(&net->layers[i], ptr, len);
         for (int r = 0; r < n; r++) {
-            ranges[nranges][0] = (size_t)(ptr[r] - net.params);
+            ranges[nranges][0] = (size_t)(ptr[r] - net->params);
             ranges[nranges][1] = ranges[nranges][0] + len[r];
             nranges++;
         }
     }
-    stage_t st;
-    memset(&st, 0, sizeof st);
-    st.net = &net;
-    st.l0 = first[rank];
-    st.l1 = first[rank + 1];
-    st.stage = rank;
-    st.nstages = S;
-    st.micro = M;
-    st.mb = mb;
-    st.images = step_images;
-    st.labels = step_labels;
-    st.share = share;
-    st.ranges = ranges;
-    st.nranges = nranges;
-    st.in_of = in_of;
-    st.acc = acc;
-    st.velocity = velocity;
-    st.mu = (float)o->momentum;
-    st.wd = (float)o->weight_decay;
-    st.replicas = R;
-    st.wrank = wrank;
+    st->net = net;
+    st->l0 = p->first[rank];
+    st->l1 = p->first[rank + 1];
+    st->images = p->step_images;
+    st->labels = p->step_labels;
+    st->nranges = nranges;
+    st->mu = (float)o->momentum;
+    st->wd = (float)o->weight_decay;
     /* the ranges again, as the pipe takes them: versions, predictions (one per range above) */
-    float **wptr = malloc(sizeof(float *) * (size_t)(nranges + 1)),
-          **gptr = malloc(sizeof(float *) * (size_t)(nranges + 1));
-    size_t *wlen = malloc(sizeof(size_t) * (size_t)(nranges + 1));
-    if (!wptr || !gptr || !wlen) {
+    p->wptr = malloc(sizeof(float *) * (size_t)(nranges + 1));
+    p->gptr = malloc(sizeof(float *) * (size_t)(nranges + 1));
+    p->wlen = malloc(sizeof(size_t) * (size_t)(nranges + 1));
+    if (!p->wptr || !p->gptr || !p->wlen) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", wrank);
-        MPI_Abort(comm, 1);
+        MPI_Abort(p->comm, 1);
     }
     int nw = o->pipe_schedule > 0 ? nranges : 0;
     for (int r = 0; r < nw; r++) {
-        wptr[r] = net.params + ranges[r][0];
-        gptr[r] = acc + ranges[r][0]; /* where backward sums the gradients */
-        wlen[r] = ranges[r][1] - ranges[r][0];
+        p->wptr[r] = net->params + ranges[r][0];
+        p->gptr[r] = st->acc + ranges[r][0]; /* where backward sums the gradients */
+        p->wlen[r] = ranges[r][1] - ranges[r][0];
     }
-    gvqComm_t gcomm = NULL;
-    gvqPipe_t pipe = NULL;
     gvqPipeConfig_t pc = GVQ_PIPE_CONFIG_INITIALIZER;
     pc.microBatches = M;
     static const char *const names[] = {"gpipe", "pipedream", "dualpipe", "spectrain"};
     pc.schedule = o->pipe_schedule; /* gvqPipeSchedule_t's order */
     pc.predictDistance = o->predict_distance;
-    const char *sched = names[o->pipe_schedule];
+    p->sched = names[o->pipe_schedule];
     pc.weightRanges = nw;
-    pc.weights = wptr;
-    pc.weightCounts = wlen;
+    pc.weights = p->wptr;
+    pc.weightCounts = p->wlen;
     pc.update = stage_update;
-    pc.gradients = gptr;
+    pc.gradients = p->gptr;
     pc.flush = !o->pipe_no_flush;
-    pc.inCount = rank == 0 ? 0 : (size_t)mb * layer_in_size(&net.layers[st.l0]);
-    pc.outCount = rank == S - 1 ? 0 : (size_t)mb * layer_out_size(&net.layers[st.l1 - 1]);
-    gvqComm_t gstage = NULL;
-    agg_t agg; /* R > 1: the stage's weights aggregated over its replicas by the training layer */
-    memset(&agg, 0, sizeof agg);
-    st.agg = &agg;
-    gvqResult_t gr = gvqCommInitMPI(&gcomm, pcomm, NULL);
-    MPI_Comm xmpi[2] = {MPI_COMM_NULL, MPI_COMM_NULL}; /* --overlap-transfers */
-    gvqComm_t xcomm[2] = {NULL, NULL};
+    pc.inCount = rank == 0 ? 0 : (size_t)mb * layer_in_size(&net->layers[st->l0]);
+    pc.outCount =
+        rank == st->nstages - 1 ? 0 : (size_t)mb * layer_out_size(&net->layers[st->l1 - 1]);
+    st->agg = &p->agg;
+    gvqResult_t gr = gvqCommInitMPI(&p->gcomm, p->pcomm, NULL);
+    p->xmpi[0] = p->xmpi[1] = MPI_COMM_NULL; /* --overlap-transfers */
     for (int i = 0; o->pipe_overlap && i < 2 && gr == gvqSuccess; i++) {
-        MPI_Comm_dup(pcomm, &xmpi[i]);
-        gr = gvqCommInitMPI(&xcomm[i], xmpi[i], NULL);
+        MPI_Comm_dup(p->pcomm, &p->xmpi[i]);
+        gr = gvqCommInitMPI(&p->xcomm[i], p->xmpi[i], NULL);
     }
-    pc.forwardComm = xcomm[0];
-    pc.backwardComm = xcomm[1];
-    if (gr == gvqSuccess && R > 1) gr = gvqCommInitMPI(&gstage, scomm, NULL);
-    if (gr == gvqSuccess && R > 1 &&
-        agg_setup_layers(&agg, o, &net, gstage, st.l0, st.l1, &gr) != 0) {
+    pc.forwardComm = p->xcomm[0];
+    pc.backwardComm = p->xcomm[1];
+    if (gr == gvqSuccess && st->replicas > 1) gr = gvqCommInitMPI(&p->gstage, p->scomm, NULL);
+    if (gr == gvqSuccess && st->replicas > 1 &&
+        agg_setup_layers(&p->agg, o, net, p->gstage, st->l0, st->l1, &gr) != 0) {
         fprintf(stderr, "gvq-train: rank %d: the stage's training layer: %s\n", wrank,
                 gvqGetErrorString(gr));
-        MPI_Abort(comm, 1);
+        MPI_Abort(p->comm, 1);
     }
-    if (gr == gvqSuccess) gr = gvqPipeCreate(gcomm, &pc, stage_forward, stage_backward, &st, &pipe);
+    if (gr == gvqSuccess)
+        gr = gvqPipeCreate(p->gcomm, &pc, stage_forward, stage_backward, st, &p->pipe);
     if (gr != gvqSuccess) {
         fprintf(stderr, "gvq-train: rank %d: %s\n", wrank, gvqGetErrorString(gr));
-        MPI_Abort(comm, 1);
+        MPI_Abort(p->comm, 1);
     }
-    if (wrank == 0 && !o->quiet) {
-        fprintf(out,
-                "# gvq-train: %d replica%s of a pipeline of %d stages (%s%s%s), global batch "
-                "%d, %d micro-batches of %d per replica, %ld steps, lr %g%s momentum %g seed "
-                "%llu\n",
-                R, R > 1 ? "s" : "", S, sched, o->pipe_no_flush ? ", no flush" : "",
-                o->pipe_overlap ? ", overlapped transfers" : "", batch, M, mb, iters, o->lr,
-                o->cosine ? " (cosine decay)" : "", o->momentum, o->seed);
-        fprintf(out, "# stages:");
-        for (int k = 0; k < S; k++)
-            fprintf(out, " %d: layers %d-%d%s", k, first[k], first[k + 1] - 1,
-                    k + 1 < S ? "," : "\n");
-        fflush(out);
-    }
-    FILE *csv = NULL;
-    if (wrank == S - 1 && o->log_path != NULL && (csv = fopen(o->log_path, "w")) != NULL)
-        fprintf(csv, "iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,compute_s,comm_s,"
-                     "conv_ratio,phase\n");
+}
+
+/* The steps, a progress line (the last stages) every print_every; returns how many ran. */
+static long pipe_loop(prun_t *p) {
+    const train_opts_t *o = p->o;
+    stage_t *st = &p->st;
+    train_result_t *res = p->res;
+    const int S = st->nstages, R = st->replicas, rank = st->stage, batch = p->batch;
+    const long iters = p->iters;
     double train_s = 0, win_start = now_s(), win_loss = 0, test_acc = -1;
-    long win_correct = 0, win_steps = 0, pos = train.n, step;
+    long win_correct = 0, win_steps = 0, pos = p->train.n, step;
     int epoch = 0;
     /* the step's batch in half h of the step buffers (h = step mod 2 without a flush, whose
      * step also runs the next one's first forwards: its batch is loaded a step ahead) */
@@ -441,37 +454,41 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     const int nflush = o->pipe_no_flush;
     for (step = 0; step < iters; step++) {
         for (long want = nflush && step + 1 < iters ? step + 1 : step; loaded < want;) {
-            if (pos + batch > train.n) {
-                train_shuffle(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
+            if (pos + batch > p->train.n) {
+                train_shuffle(p->perm, p->train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
                 epoch++;
                 pos = 0;
             }
             loaded++;
             int h = nflush ? loaded % 2 : 0;
-            mnist_batch(&train, perm + pos + (long)replica * (batch / R), batch / R,
-                        step_images + (size_t)h * share * img, step_labels + (size_t)h * share);
+            mnist_batch(&p->train, p->perm + pos + (long)p->replica * (batch / R), batch / R,
+                        p->step_images + (size_t)h * st->share * p->img,
+                        p->step_labels + (size_t)h * st->share);
             epoch_of[h] = epoch;
             pos += batch;
         }
         const int ep = epoch_of[nflush ? step % 2 : 0]; /* this step's epoch */
-        st.loss = 0;
-        st.correct = 0;
-        st.lr = o->cosine ? o->lr * 0.5 *
-                                (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
-                          : o->lr;
+        st->loss = 0;
+        st->correct = 0;
+        st->lr = o->cosine ? o->lr * 0.5 *
+                                 (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
+                           : o->lr;
         /* SpecTrain's prediction: the layer's v is the (1 - gamma)-damped average of the
          * gradients, this SGD's velocity the undamped one (v' = mu v' + g), so a step moves the
          * weights lr v' = lr / (1 - mu) v: the rate the prediction needs */
-        gr = gvqPipeSetLearningRate(pipe, (float)(st.lr / (st.mu < 1 ? 1.0 - st.mu : 1.0)));
+        gvqResult_t gr =
+            gvqPipeSetLearningRate(p->pipe, (float)(st->lr / (st->mu < 1 ? 1.0 - st->mu : 1.0)));
         /* all but GPipe update inside it; without a flush the last step drains the pipeline */
-        if (gr == gvqSuccess) gr = step + 1 == iters ? gvqPipeStepFlush(pipe) : gvqPipeStep(pipe);
-        if (gr == gvqSuccess && o->pipe_schedule == 0) gr = stage_apply(&st);
+        if (gr == gvqSuccess)
+            gr = step + 1 == iters ? gvqPipeStepFlush(p->pipe) : gvqPipeStep(p->pipe);
+        if (gr == gvqSuccess && o->pipe_schedule == 0) gr = stage_apply(st);
         if (gr != gvqSuccess) {
-            fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", wrank, gvqGetErrorString(gr));
-            MPI_Abort(comm, 1);
+            fprintf(stderr, "gvq-train: rank %d: gvqPipeStep: %s\n", st->wrank,
+                    gvqGetErrorString(gr));
+            MPI_Abort(p->comm, 1);
         }
-        win_loss += st.loss;
-        win_correct += st.correct;
+        win_loss += st->loss;
+        win_correct += st->correct;
         win_steps++;
         int last = step + 1 == iters;
         if ((step + 1) % o->print_every != 0 && !last) continue;
@@ -479,26 +496,27 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         train_s += win_s;
         int evaluated = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
         if (evaluated) {
-            share_parameters(&net, first, S, pcomm);
-            test_acc = train_evaluate(&net, &test, wrank, nranks, comm, images, labels, idx);
+            share_parameters(&p->net, p->first, S, p->pcomm);
+            test_acc = train_evaluate(&p->net, &p->test, st->wrank, p->nranks, p->comm, p->images,
+                                      p->labels, p->idx);
         }
         if (rank == S - 1) { /* the last stages saw the losses: their replicas' sum */
             double mine[2] = {win_loss, (double)win_correct}, sum[2];
-            MPI_Allreduce(mine, sum, 2, MPI_DOUBLE, MPI_SUM, scomm);
+            MPI_Allreduce(mine, sum, 2, MPI_DOUBLE, MPI_SUM, p->scomm);
             double loss = sum[0] / ((double)win_steps * R);
             double tacc = 100.0 * sum[1] / ((double)win_steps * batch);
             double ips = (double)batch * (double)win_steps / win_s;
             char accs[32] = "   -  ";
             if (evaluated) snprintf(accs, sizeof accs, "%5.2f%%", test_acc);
-            if (!o->quiet && replica == 0)
-                fprintf(out,
+            if (!o->quiet && p->replica == 0)
+                fprintf(p->out,
                         "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s\n", ep,
                         step + 1, loss, tacc, accs, ips);
-            fflush(out);
-            if (csv != NULL) {
-                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,0,0,1,%s\n", step + 1, ep, train_s,
-                        loss, tacc, evaluated ? test_acc : -1.0, ips, sched);
-                fflush(csv);
+            fflush(p->out);
+            if (p->csv != NULL) {
+                fprintf(p->csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,0,0,1,%s\n", step + 1, ep, train_s,
+                        loss, tacc, evaluated ? test_acc : -1.0, ips, p->sched);
+                fflush(p->csv);
             }
             res->last_loss = loss;
             if (res->first_loss == 0) res->first_loss = loss;
@@ -507,7 +525,7 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         win_correct = win_steps = 0;
         res->iters = step + 1;
         int stop = o->stop_at > 0 && test_acc >= o->stop_at;
-        MPI_Bcast(&stop, 1, MPI_INT, 0, comm);
+        MPI_Bcast(&stop, 1, MPI_INT, 0, p->comm);
         if (stop && res->time_to_stop < 0) {
             res->time_to_stop = train_s;
             step++;
@@ -515,8 +533,44 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         }
         win_start = now_s();
     }
-    if (nflush && step < iters) {    /* stopped early: the next step's forwards are under way */
-        gr = gvqPipeStepFlush(pipe); /* one more step, its batch loaded: counted, not timed */
+    res->test_acc = test_acc;
+    res->train_s = train_s;
+    return step;
+}
+
+int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
+    prun_t run;
+    memset(&run, 0, sizeof run);
+    prun_t *p = &run;
+    p->o = o;
+    p->comm = comm;
+    p->res = res;
+    if (pipe_load(p) != 0) return -1;
+    pipe_setup(p);
+    const int S = p->st.nstages, R = p->st.replicas, wrank = p->st.wrank;
+    FILE *out = p->out;
+    if (wrank == 0 && !o->quiet) {
+        fprintf(out,
+                "# gvq-train: %d replica%s of a pipeline of %d stages (%s%s%s), global batch "
+                "%d, %d micro-batches of %d per replica, %ld steps, lr %g%s momentum %g seed "
+                "%llu\n",
+                R, R > 1 ? "s" : "", S, p->sched, o->pipe_no_flush ? ", no flush" : "",
+                o->pipe_overlap ? ", overlapped transfers" : "", p->batch, p->st.micro, p->st.mb,
+                p->iters, o->lr, o->cosine ? " (cosine decay)" : "", o->momentum, o->seed);
+        fprintf(out, "# stages:");
+        for (int k = 0; k < S; k++)
+            fprintf(out, " %d: layers %d-%d%s", k, p->first[k], p->first[k + 1] - 1,
+                    k + 1 < S ? "," : "\n");
+        fflush(out);
+    }
+    if (wrank == S - 1 && o->log_path != NULL && (p->csv = fopen(o->log_path, "w")) != NULL)
+        fprintf(p->csv, "iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,compute_s,comm_s,"
+                        "conv_ratio,phase\n");
+    long step = pipe_loop(p);
+    /* stopped early: the next step's forwards are under way; one more step, its batch loaded:
+     * counted, not timed */
+    if (o->pipe_no_flush && step < p->iters) {
+        gvqResult_t gr = gvqPipeStepFlush(p->pipe);
         if (gr != gvqSuccess) {
             fprintf(stderr, "gvq-train: rank %d: gvqPipeStepFlush: %s\n", wrank,
                     gvqGetErrorString(gr));
@@ -527,7 +581,8 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
             fprintf(out, "# the target was reached: one more step drained the pipeline (its "
                          "forwards had begun; not timed, not evaluated)\n");
     }
-    int differ = R > 1 && !replicas_agree(net.params, ranges, nranges, scomm), anydiff = 0;
+    int differ = R > 1 && !replicas_agree(p->net.params, p->st.ranges, p->st.nranges, p->scomm),
+        anydiff = 0;
     MPI_Allreduce(&differ, &anydiff, 1, MPI_INT, MPI_MAX, comm);
     if (wrank == S - 1 && !o->quiet && R > 1)
         fprintf(out, "# replicas: %d; every stage's weights identical across its replicas: %s\n", R,
@@ -536,30 +591,29 @@ int pipe_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         fprintf(out,
                 "# done: %ld steps in %.1f s of training (%.1f ms/step, %.0f img/s), test "
                 "accuracy %.2f%%%s\n",
-                step, train_s, 1000.0 * train_s / (double)(step > 0 ? step : 1),
-                (double)batch * (double)step / (train_s > 0 ? train_s : 1), test_acc,
+                step, res->train_s, 1000.0 * res->train_s / (double)(step > 0 ? step : 1),
+                (double)p->batch * (double)step / (res->train_s > 0 ? res->train_s : 1),
+                res->test_acc,
                 res->time_to_stop >= 0 ? "; time to the target accuracy: reached" : "");
-    print_rmse(pipe, S, wrank, comm, o->quiet ? NULL : out);
+    print_rmse(p->pipe, S, wrank, comm, o->quiet ? NULL : out);
     res->iters = step;
-    res->test_acc = test_acc;
-    res->train_s = train_s;
-    if (csv != NULL) fclose(csv);
-    gvqPipeDestroy(pipe);
-    if (R > 1) agg_free(&agg);
-    gvqCommDestroy(gcomm);
+    if (p->csv != NULL) fclose(p->csv);
+    gvqPipeDestroy(p->pipe);
+    if (p->st.replicas > 1) agg_free(&p->agg);
+    gvqCommDestroy(p->gcomm);
     for (int i = 0; i < 2; i++) {
-        if (xcomm[i] != NULL) gvqCommDestroy(xcomm[i]);
-        if (xmpi[i] != MPI_COMM_NULL) MPI_Comm_free(&xmpi[i]);
+        if (p->xcomm[i] != NULL) gvqCommDestroy(p->xcomm[i]);
+        if (p->xmpi[i] != MPI_COMM_NULL) MPI_Comm_free(&p->xmpi[i]);
     }
-    if (gstage != NULL) gvqCommDestroy(gstage);
-    MPI_Comm_free(&pcomm);
-    MPI_Comm_free(&scomm);
-    free(images), free(labels), free(perm), free(idx), free(velocity), free(acc);
-    free(in_of), free(step_images), free(step_labels), free(ranges);
-    free(wptr), free(gptr), free(wlen);
-    net_free(&net);
-    mnist_free(&train);
-    mnist_free(&test);
+    if (p->gstage != NULL) gvqCommDestroy(p->gstage);
+    MPI_Comm_free(&p->pcomm);
+    MPI_Comm_free(&p->scomm);
+    free(p->images), free(p->labels), free(p->perm), free(p->idx), free(p->st.velocity);
+    free(p->st.acc), free(p->st.in_of), free(p->step_images), free(p->step_labels);
+    free(p->st.ranges), free(p->wptr), free(p->gptr), free(p->wlen);
+    net_free(&p->net);
+    mnist_free(&p->train);
+    mnist_free(&p->test);
     res->sync_checks = R > 1;
     res->sync_mismatches = anydiff;
     return 0;

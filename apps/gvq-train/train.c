@@ -370,15 +370,52 @@ static void write_timeline(const char *path, const agg_t *a, long step, double t
 
 /* ---- the run -------------------------------------------------------------------------------- */
 
-int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
-    int rank = 0, nranks = 1;
-    TRAIN_MPI(MPI_Comm_rank(comm, &rank));
-    TRAIN_MPI(MPI_Comm_size(comm, &nranks));
-    FILE *out = o->out != NULL ? o->out : stdout;
-    memset(res, 0, sizeof *res);
-    res->time_to_stop = -1.0;
+/* What the parts of train_run share: the run's data, model and buffers, gvq's objects, the
+ * gradient recording, the log, and the loop's running sums. */
+typedef struct {
+    const train_opts_t *o;
+    MPI_Comm comm;
+    train_result_t *res;
+    FILE *out, *csv;                /* the progress lines; the log (rank 0) */
+    int rank, nranks, batch, local; /* local: a rank's share of the global batch */
+    int bad, anybad;                /* this rank failed, some rank did */
+    long steps_per_epoch, iters;
+    mnist_set_t train, test;
+    net_t net;
+    float *velocity, *images;
+    uint8_t *labels;
+    int *perm, *idx;
+    char *phases; /* the conv compressors' phase letters of a progress line */
+    gvqComm_t gcomm;
+    agg_t agg;
+    dump_t dump;
+    int dumping;
+    dump_hook_t dump_hook;
+    /* the loop: a window's sums (between two progress lines) and the run's */
+    double win_loss, win_compute, win_comm, tot_compute, tot_comm, train_s, win_start, test_acc;
+    long win_correct, win_seen, win_steps, pos; /* pos: the next image of the epoch's order */
+    unsigned long long prev_raw, prev_wire;
+    int epoch;
+    progress_t progress;
+    /* --overlap-forward: the last step's update, waiting inside this forward pass */
+    deferred_t next;
+    int pending;
+    double prev_t0, prev_fwd, prev_t1; /* the deferred step's (its timeline) */
+} run_t;
 
-    const int batch = o->batch > 0 ? o->batch : 32 * nranks;
+/* The data and the model: the batch checked against the ranks, both image sets loaded (every
+ * rank loads them; one failure stops all), the network and its buffers. -1, everything freed,
+ * when the run cannot start. */
+static int run_load(run_t *r) {
+    const train_opts_t *o = r->o;
+    TRAIN_MPI(MPI_Comm_rank(r->comm, &r->rank));
+    TRAIN_MPI(MPI_Comm_size(r->comm, &r->nranks));
+    const int rank = r->rank, nranks = r->nranks;
+    r->out = o->out != NULL ? o->out : stdout;
+    memset(r->res, 0, sizeof *r->res);
+    r->res->time_to_stop = -1.0;
+
+    const int batch = r->batch = o->batch > 0 ? o->batch : 32 * nranks;
     if (batch < nranks || batch % nranks != 0) {
         if (rank == 0)
             fprintf(stderr,
@@ -387,413 +424,484 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
                     batch, nranks);
         return -1;
     }
-    const int local = batch / nranks;
+    const int local = r->local = batch / nranks;
 
     /* data: every rank loads it; one failure stops all */
     char err[4096] = "";
-    mnist_set_t train = {0}, test = {0};
-    int bad = mnist_load(&train, o->data_dir, "train", o->train_subset, err, sizeof err) != 0 ||
-              mnist_load(&test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0;
-    int anybad = 0;
-    TRAIN_MPI(MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm));
-    if (anybad) {
-        if (bad) fprintf(stderr, "gvq-train: rank %d: %s\n", rank, err);
-        mnist_free(&train);
-        mnist_free(&test);
-        return -1;
+    r->bad = mnist_load(&r->train, o->data_dir, "train", o->train_subset, err, sizeof err) != 0 ||
+             mnist_load(&r->test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0;
+    r->anybad = 0;
+    TRAIN_MPI(MPI_Allreduce(&r->bad, &r->anybad, 1, MPI_INT, MPI_MAX, r->comm));
+    if (r->anybad) {
+        if (r->bad) fprintf(stderr, "gvq-train: rank %d: %s\n", rank, err);
+        goto fail;
     }
-    if (train.n < batch) {
+    const mnist_set_t *train = &r->train;
+    if (train->n < batch) {
         if (rank == 0)
             fprintf(stderr, "gvq-train: %d training images, fewer than one global batch (%d)\n",
-                    train.n, batch);
-        mnist_free(&train);
-        mnist_free(&test);
-        return -1;
+                    train->n, batch);
+        goto fail;
     }
-    const long steps_per_epoch = train.n / batch;
-    const long iters = o->iters > 0 ? o->iters : (long)o->epochs * steps_per_epoch;
+    r->steps_per_epoch = train->n / batch;
+    r->iters = o->iters > 0 ? o->iters : (long)o->epochs * r->steps_per_epoch;
 
     /* model */
-    net_t net;
     const int capacity = local > 100 ? local : 100; /* evaluation runs in chunks of 100 */
-    if (net_create(&net, &o->arch, 1, train.rows, train.cols, capacity, o->seed, err, sizeof err) !=
-        0) {
+    if (net_create(&r->net, &o->arch, 1, train->rows, train->cols, capacity, o->seed, err,
+                   sizeof err) != 0) {
         if (rank == 0) fprintf(stderr, "gvq-train: %s\n", err);
-        mnist_free(&train);
-        mnist_free(&test);
-        return -1;
+        goto fail;
     }
-    float *velocity = calloc(net.nparams, sizeof(float));
-    float *images = malloc(sizeof(float) * (size_t)capacity * train.rows * train.cols);
-    uint8_t *labels = malloc((size_t)capacity);
-    int *perm = malloc(sizeof(int) * (size_t)train.n);
-    int *idx = malloc(sizeof(int) * (size_t)capacity);
-    res->loss_hist = calloc((size_t)iters, sizeof(double));
-    if (velocity == NULL || images == NULL || labels == NULL || perm == NULL || idx == NULL ||
-        res->loss_hist == NULL) {
+    r->velocity = calloc(r->net.nparams, sizeof(float));
+    r->images = malloc(sizeof(float) * (size_t)capacity * train->rows * train->cols);
+    r->labels = malloc((size_t)capacity);
+    r->perm = malloc(sizeof(int) * (size_t)train->n);
+    r->idx = malloc(sizeof(int) * (size_t)capacity);
+    r->res->loss_hist = calloc((size_t)r->iters, sizeof(double));
+    if (r->velocity == NULL || r->images == NULL || r->labels == NULL || r->perm == NULL ||
+        r->idx == NULL || r->res->loss_hist == NULL) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    return 0;
+fail:
+    mnist_free(&r->train);
+    mnist_free(&r->test);
+    return -1;
+}
 
-    /* gvq: a communicator, and the training layer with a variable per weight tensor */
-    gvqComm_t gcomm;
-    TRAIN_GVQ(gvqCommInitMPI(&gcomm, comm, NULL), NULL);
-    const int nconv = net.nconv;
-    layer_t **conv = net.conv;
-    const size_t nrest = net.nparams - net.conv_params;
-    char *phases = malloc(2 * (size_t)nconv + 16);
-    if (phases == NULL) {
-        fprintf(stderr, "gvq-train: rank %d: out of memory\n", rank);
+/* gvq: a communicator, and the training layer with a variable per weight tensor. */
+static void run_connect(run_t *r) {
+    TRAIN_GVQ(gvqCommInitMPI(&r->gcomm, r->comm, NULL), NULL);
+    r->phases = malloc(2 * (size_t)r->net.nconv + 16);
+    if (r->phases == NULL) {
+        fprintf(stderr, "gvq-train: rank %d: out of memory\n", r->rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    agg_t agg;
     gvqResult_t agg_res;
-    if (agg_setup(&agg, o, &net, gcomm, &agg_res) != 0) TRAIN_GVQ(agg_res, gcomm);
-    gvqCompressor_t *comp = agg.conv_comp;
+    if (agg_setup(&r->agg, r->o, &r->net, r->gcomm, &agg_res) != 0) TRAIN_GVQ(agg_res, r->gcomm);
+}
 
-    /* gradient recording */
-    dump_t dump = {0};
-    int dumping = 0;
+/* Gradient recording (--dump-grads): rank 0 opens the file, every rank hooks the recording into
+ * the backward pass. -1 when some rank failed (the run ends there). */
+static int run_open_dump(run_t *r) {
+    const train_opts_t *o = r->o;
+    layer_t **conv = r->net.conv;
     if (o->dump_path != NULL) {
-        if (o->dump_layer < 1 || o->dump_layer > nconv) {
-            if (rank == 0)
+        if (o->dump_layer < 1 || o->dump_layer > r->net.nconv) {
+            if (r->rank == 0)
                 fprintf(stderr, "gvq-train: --dump-layer %d: the network has conv layers 1..%d\n",
-                        o->dump_layer, nconv);
-            bad = 1;
-        } else if (rank == 0) {
-            bad = dump_open(&dump, o->dump_path, conv[o->dump_layer - 1]->nw) != 0;
-            dumping = !bad;
+                        o->dump_layer, r->net.nconv);
+            r->bad = 1;
+        } else if (r->rank == 0) {
+            r->bad = dump_open(&r->dump, o->dump_path, conv[o->dump_layer - 1]->nw) != 0;
+            r->dumping = !r->bad;
         }
-        TRAIN_MPI(MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm));
-        if (anybad) {
-            if (dumping) fclose(dump.f);
-            dumping = 0;
-            goto done;
+        TRAIN_MPI(MPI_Allreduce(&r->bad, &r->anybad, 1, MPI_INT, MPI_MAX, r->comm));
+        if (r->anybad) {
+            if (r->dumping) fclose(r->dump.f);
+            r->dumping = 0;
+            return -1;
         }
     }
+    r->dump_hook =
+        (dump_hook_t){&r->dump, r->dumping ? conv[o->dump_layer - 1] : NULL, &r->net, 0, 1};
+    r->agg.before_ready = record_grad;
+    r->agg.before_ready_arg = &r->dump_hook;
+    return 0;
+}
 
-    dump_hook_t dump_hook = {&dump, dumping ? conv[o->dump_layer - 1] : NULL, &net, 0, 1};
-    agg.before_ready = record_grad;
-    agg.before_ready_arg = &dump_hook;
-
-    if (rank == 0 && !o->quiet) {
+/* Rank 0's header: the run, the data, the model, the aggregation. */
+static void print_header(const run_t *r) {
+    const train_opts_t *o = r->o;
+    const net_t *net = &r->net;
+    const int nconv = net->nconv;
+    layer_t **conv = net->conv;
+    gvqCompressor_t *comp = r->agg.conv_comp;
+    FILE *out = r->out;
+    fprintf(out,
+            "# gvq-train: %d ranks, global batch %d (%d per rank), %ld steps (%ld per "
+            "epoch), lr %g%s momentum %g wd %g seed %llu\n",
+            r->nranks, r->batch, r->local, r->iters, r->steps_per_epoch, o->lr,
+            o->cosine ? " (cosine decay)" : "", o->momentum, o->weight_decay, o->seed);
+    fprintf(out, "# data: %s (%d train, %d test images of %dx%d)\n", o->data_dir, r->train.n,
+            r->test.n, r->train.rows, r->train.cols);
+    if (o->arch.model == NET_RESNET)
+        fprintf(out, "# model: resnet-%d (Fixup, %d blocks per stage), ", 6 * o->arch.blocks + 2,
+                o->arch.blocks);
+    else
+        fprintf(out, "# model: %s, ", o->arch.model == NET_MLP ? "mlp" : "cnn");
+    fprintf(out, "%zu parameters, %zu in conv weights:", net->nparams, net->conv_params);
+    for (int i = 0; i < nconv; i++)
+        fprintf(out, " conv%d [K=%d][D=%d][%d][%d]%s", i + 1, conv[i]->out_c, conv[i]->in_c,
+                conv[i]->ksize, conv[i]->ksize, conv[i]->stride > 1 ? "/2" : "");
+    int depth = o->arch.model == NET_MLP ? o->arch.depth : o->arch.hidden > 0;
+    fprintf(out, ", fc %d -> ", (int)layer_in_size(&net->layers[net->nlayers - 2 * depth - 1]));
+    for (int d = 0; d < depth; d++)
+        fprintf(out, "%d -> ", o->arch.hidden);
+    fprintf(out, "%d\n", o->arch.classes);
+    if (o->zero_code) {
+        const char *e = getenv("GVQ_CODEC");
         fprintf(out,
-                "# gvq-train: %d ranks, global batch %d (%d per rank), %ld steps (%ld per "
-                "epoch), lr %g%s momentum %g wd %g seed %llu\n",
-                nranks, batch, local, iters, steps_per_epoch, o->lr,
-                o->cosine ? " (cosine decay)" : "", o->momentum, o->weight_decay, o->seed);
-        fprintf(out, "# data: %s (%d train, %d test images of %dx%d)\n", o->data_dir, train.n,
-                test.n, train.rows, train.cols);
-        if (o->arch.model == NET_RESNET)
-            fprintf(out, "# model: resnet-%d (Fixup, %d blocks per stage), ",
-                    6 * o->arch.blocks + 2, o->arch.blocks);
-        else
-            fprintf(out, "# model: %s, ", o->arch.model == NET_MLP ? "mlp" : "cnn");
-        fprintf(out, "%zu parameters, %zu in conv weights:", net.nparams, net.conv_params);
-        for (int i = 0; i < nconv; i++)
-            fprintf(out, " conv%d [K=%d][D=%d][%d][%d]%s", i + 1, conv[i]->out_c, conv[i]->in_c,
-                    conv[i]->ksize, conv[i]->ksize, conv[i]->stride > 1 ? "/2" : "");
-        int depth = o->arch.model == NET_MLP ? o->arch.depth : o->arch.hidden > 0;
-        fprintf(out, ", fc %d -> ", (int)layer_in_size(&net.layers[net.nlayers - 2 * depth - 1]));
-        for (int d = 0; d < depth; d++)
-            fprintf(out, "%d -> ", o->arch.hidden);
-        fprintf(out, "%d\n", o->arch.classes);
-        if (o->zero_code) {
-            const char *e = getenv("GVQ_CODEC");
-            fprintf(out,
-                    "# aggregation: zero-code mode, one gvqAllReduce of %zu floats "
-                    "(GVQ_CODEC=%s)\n",
-                    net.nparams, e != NULL ? e : "unset");
-        } else {
-            fprintf(out,
-                    "# aggregation: the training layer, %d variables (%s); conv weights %s, fc "
-                    "weights %s, biases and scalars (%zu floats with the fc) plain",
-                    agg.nvars, o->no_wait_free ? "after backprop" : "wait-free backprop",
-                    codec_name(o->codec), codec_name(o->rest_codec), nrest);
-            for (int i = 0; i < nconv && comp[i] != NULL; i++) {
-                gvqCompressorStats_t st;
-                TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
-                fprintf(out, "%s conv%d L=%d groups=%d", i == 0 ? ";" : ",", i + 1, st.sliceSize,
-                        st.groups);
-            }
-            fprintf(out, "\n");
+                "# aggregation: zero-code mode, one gvqAllReduce of %zu floats "
+                "(GVQ_CODEC=%s)\n",
+                net->nparams, e != NULL ? e : "unset");
+    } else {
+        fprintf(out,
+                "# aggregation: the training layer, %d variables (%s); conv weights %s, fc "
+                "weights %s, biases and scalars (%zu floats with the fc) plain",
+                r->agg.nvars, o->no_wait_free ? "after backprop" : "wait-free backprop",
+                codec_name(o->codec), codec_name(o->rest_codec), net->nparams - net->conv_params);
+        for (int i = 0; i < nconv && comp[i] != NULL; i++) {
+            gvqCompressorStats_t st;
+            TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), r->gcomm);
+            fprintf(out, "%s conv%d L=%d groups=%d", i == 0 ? ";" : ",", i + 1, st.sliceSize,
+                    st.groups);
         }
-        fflush(out);
+        fprintf(out, "\n");
     }
+    fflush(out);
+}
 
-    FILE *csv = NULL;
-    if (rank == 0 && o->log_path != NULL) {
-        csv = fopen(o->log_path, "w");
-        if (csv == NULL)
-            fprintf(stderr, "gvq-train: cannot create the log '%s': %s (going on without it)\n",
-                    o->log_path, strerror(errno));
-        else
-            fprintf(csv, "iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,compute_s,comm_s,"
-                         "conv_ratio,phase\n"); /* test_acc -1: not evaluated at this row */
+/* The step's forward pass; with an update pending (--overlap-forward) each layer first waits
+ * for the last step's gradients and updates its weights. Returns the time waited for them. */
+static double step_forward(run_t *r, long step) {
+    const train_opts_t *o = r->o;
+    double waited = 0.0; /* for the last step's gradients, inside this forward pass */
+    if (r->pending) {
+        r->next.wait_s = 0.0;
+        r->agg.waiting = 1;
+        r->agg.wait_s = 0.0;
+        net_forward_each(&r->net, r->images, r->local, before_layer, &r->next);
+        r->agg.waiting = 0;
+        double fwd_end = now_s();
+        TRAIN_GVQ(r->next.error, r->gcomm);
+        TRAIN_GVQ(r->agg.wait_error, r->gcomm);
+        double w = now_s();
+        TRAIN_GVQ(agg_wait(&r->agg), r->gcomm); /* ends the last step: all of it is in */
+        waited = r->next.wait_s + r->agg.wait_s + (now_s() - w);
+        if (o->timeline_path != NULL && r->rank == 0 && step == o->timeline_step)
+            write_timeline(o->timeline_path, &r->agg, step, r->prev_t0, r->prev_fwd, r->prev_t1, 0,
+                           0, &r->next, fwd_end);
+        r->pending = 0;
+    } else {
+        net_forward(&r->net, r->images, r->local);
     }
+    return waited;
+}
 
-    /* the loop */
-    double win_loss = 0.0, win_compute = 0.0, win_comm = 0.0, tot_compute = 0.0, tot_comm = 0.0;
-    long win_correct = 0, win_seen = 0, win_steps = 0;
-    double train_s = 0.0, win_start = now_s();
-    progress_t progress = {rank == 0 && o->progress, 0, win_start, 0.0};
-    double test_acc = -1.0, win_train_s = 0.0;
-    unsigned long long prev_raw = 0, prev_wire = 0;
+/* One step: the batch, forward, loss, backward with the aggregation, the update (now, or
+ * deferred into the next forward pass), the window's sums, the weight check when due. Sets
+ * *last and *printing (a progress line ends this step). */
+static void run_step(run_t *r, long step, int *last, int *printing) {
+    const train_opts_t *o = r->o;
+    const int batch = r->batch, local = r->local;
+    const long iters = r->iters;
+    double t0 = now_s();
+    if (r->pos + batch > r->train.n) {
+        train_shuffle(r->perm, r->train.n, o->seed * 1000003ull + (uint64_t)r->epoch + 1);
+        r->epoch++;
+        r->pos = 0;
+    }
+    mnist_batch(&r->train, r->perm + r->pos + (long)r->rank * local, local, r->images, r->labels);
+    r->pos += batch;
+    double waited = step_forward(r, step);
+    long correct = 0;
+    double loss = net_loss(&r->net, r->labels, local, &correct);
+    r->dump_hook.active = r->dumping && (o->dump_iters == 0 || (long)r->dump.iters < o->dump_iters);
+    r->dump_hook.ok = 1;
+    double t_fwd = now_s();
+    agg_backward(&r->agg, r->images, local);
+    double t1 = now_s();
+    if (r->dump_hook.active && !r->dump_hook.ok) {
+        fprintf(stderr, "gvq-train: cannot write '%s' (disk full?); recording stopped\n",
+                o->dump_path);
+        fclose(r->dump.f);
+        r->dumping = 0;
+    }
+    const double lr_step =
+        o->cosine ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
+                  : o->lr;
+    const sgd_t sgd = {&r->net, r->velocity, (float)lr_step, (float)o->momentum,
+                       (float)o->weight_decay};
+    *last = step + 1 == iters || step + 1 == o->stop_step;
+    *printing = (step + 1) % o->print_every == 0 || *last;
+    int checking = (o->check_every > 0 && (step + 1) % o->check_every == 0) || *printing;
+    double t2 = t1, t3 = t1;
+    if (o->overlap_forward && !checking) { /* the weights are read before they change */
+        r->next.sgd = sgd;
+        r->pending = 1;
+        r->prev_t0 = t0;
+        r->prev_fwd = t_fwd;
+        r->prev_t1 = t1;
+    } else {
+        TRAIN_GVQ(agg_wait(&r->agg), r->gcomm);
+        t2 = now_s();
+        sgd_range(&sgd, 0, r->net.nparams);
+        t3 = now_s();
+        if (o->timeline_path != NULL && r->rank == 0 && step + 1 == o->timeline_step)
+            write_timeline(o->timeline_path, &r->agg, step + 1, t0, t_fwd, t1, t2, t3, NULL, 0);
+    }
+    r->win_compute += (t1 - t0) + (t3 - t2) - waited;
+    r->win_comm += t2 - t1 + waited;
+    r->win_loss += loss;
+    r->win_correct += correct;
+    r->win_seen += local;
+    r->win_steps++;
+    r->res->loss_hist[step] = loss;
+    progress_draw(&r->progress, step + 1, iters);
+
+    if (checking) {
+        r->res->sync_checks++;
+        if (!weights_agree(&r->net, r->comm)) {
+            r->res->sync_mismatches++;
+            progress_clear(&r->progress);
+            if (r->rank == 0)
+                fprintf(stderr, "gvq-train: step %ld: the ranks hold different weights\n",
+                        step + 1);
+        }
+    }
+}
+
+/* The conv compressors' phase letters into r->phases, and their wire ratio since the last call. */
+static double window_ratio(run_t *r) {
+    const int nconv = r->net.nconv;
+    gvqCompressor_t *comp = r->agg.conv_comp;
+    unsigned long long raw = 0, wire = 0;
+    r->phases[0] = '\0';
+    for (int i = 0; i < nconv && comp[i] != NULL; i++) {
+        gvqCompressorStats_t st;
+        TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), r->gcomm);
+        raw += st.rawBytes;
+        wire += st.wireBytes;
+        size_t len = strlen(r->phases);
+        snprintf(r->phases + len, 2 * (size_t)nconv + 16 - len, "%s%c", i ? "," : "",
+                 phase_letter(st.phase));
+    }
+    double ratio =
+        wire > r->prev_wire ? (double)(raw - r->prev_raw) / (double)(wire - r->prev_wire) : 1.0;
+    r->prev_raw = raw;
+    r->prev_wire = wire;
+    if (comp[0] == NULL)
+        snprintf(r->phases, 2 * (size_t)nconv + 16, "%s", r->o->zero_code ? "zero-code" : "-");
+    return ratio;
+}
+
+/* A window ends at step: sums over the ranks, evaluation, compressor stats, one line (and a CSV
+ * row). Returns 1 when the run stops here (--stop-at reached, --stop-step). */
+static int end_window(run_t *r, long step, int last) {
+    const train_opts_t *o = r->o;
+    const int nranks = r->nranks;
+    train_result_t *res = r->res;
+    double now = now_s();
+    double win_train_s = now - r->win_start;
+    r->train_s += win_train_s;
+    double sums[5] = {r->win_loss, (double)r->win_correct, (double)r->win_seen, r->win_compute,
+                      r->win_comm};
+    double tot[5];
+    TRAIN_MPI(MPI_Allreduce(sums, tot, 5, MPI_DOUBLE, MPI_SUM, r->comm));
+    const long nsteps_win = r->win_steps;
+    double mean_loss = tot[0] / ((double)nsteps_win * nranks);
+    double train_acc = 100.0 * tot[1] / tot[2];
+    double compute = tot[3] / nranks, commt = tot[4] / nranks;
+    r->tot_compute += compute;
+    r->tot_comm += commt;
+    if (step + 1 == nsteps_win) res->first_loss = mean_loss;
+    res->last_loss = mean_loss;
+    int evaluated = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
+    if (evaluated)
+        r->test_acc = train_evaluate(&r->net, &r->test, r->rank, nranks, r->comm, r->images,
+                                     r->labels, r->idx);
+
+    double ratio = window_ratio(r);
+
+    if (r->rank == 0) {
+        double ips = (double)r->batch * (double)nsteps_win / win_train_s;
+        char acc[32] = "   -  ";
+        if (r->test_acc >= 0.0) snprintf(acc, sizeof acc, "%5.2f%%", r->test_acc);
+        if (!o->quiet) {
+            progress_clear(&r->progress);
+            fprintf(r->out,
+                    "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s"
+                    "  compute %6.2fs comm %6.2fs (%2.0f%%)  ratio %5.2f  phase %s\n",
+                    r->epoch, step + 1, mean_loss, train_acc, acc, ips, compute, commt,
+                    100.0 * commt / (compute + commt > 0 ? compute + commt : 1), ratio, r->phases);
+            fflush(r->out);
+        }
+        if (r->csv != NULL) {
+            fprintf(r->csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,%.4f,%.4f,%.3f,%s\n", step + 1,
+                    r->epoch, r->train_s, mean_loss, train_acc, evaluated ? r->test_acc : -1.0, ips,
+                    r->tot_compute, r->tot_comm, ratio, r->phases);
+            fflush(r->csv);
+        }
+    }
+    r->win_loss = r->win_compute = r->win_comm = 0.0;
+    r->win_correct = r->win_seen = r->win_steps = 0;
+    if (o->stop_at > 0.0 && r->test_acc >= o->stop_at && res->time_to_stop < 0.0) {
+        res->time_to_stop = r->train_s;
+        res->iters = step + 1;
+        return 1;
+    }
+    res->iters = step + 1;
+    if (step + 1 == o->stop_step) return 1; /* --stop-step: the rest of the schedule is not run */
+    r->win_start = now_s();
+    return 0;
+}
+
+/* The loop over the steps; returns the number of steps run. */
+static long run_loop(run_t *r) {
+    const train_opts_t *o = r->o;
+    /* the sums, counts and times not set here start at 0 (train_run's memset) */
+    r->win_start = now_s();
+    r->progress = (progress_t){r->rank == 0 && o->progress, 0, r->win_start, 0.0};
+    r->test_acc = -1.0;
+    r->pos = (long)r->train.n; /* forces a shuffle at step 0 */
+    r->next = (deferred_t){&r->agg, {&r->net, r->velocity, 0, 0, 0}, gvqSuccess, 0.0, NULL, NULL};
+    if (o->overlap_forward) {
+        r->next.wait_start = calloc(2 * (size_t)r->net.nlayers, sizeof(double));
+        if (r->next.wait_start == NULL) TRAIN_GVQ(gvqSystemError, r->gcomm);
+        r->next.wait_end = r->next.wait_start + r->net.nlayers;
+        if (!r->dumping) /* dumps read whole blocks */
+            agg_split_blocks(&r->agg, update_range, &r->next);
+    }
+    long step;
+    for (step = 0; step < r->iters; step++) {
+        int last, printing;
+        run_step(r, step, &last, &printing);
+        if (!printing) continue;
+        if (end_window(r, step, last)) {
+            step++;
+            break;
+        }
+    }
+    return step;
+}
+
+/* The run's totals into r->res after step steps: the compressors' counts, the wire ratios. */
+static void run_totals(run_t *r, long step) {
+    const int nranks = r->nranks, nconv = r->net.nconv;
+    gvqCompressor_t *comp = r->agg.conv_comp;
+    train_result_t *res = r->res;
+    const size_t nrest = r->net.nparams - r->net.conv_params;
     const double raw_rest_per_call =
         nranks > 1 ? 2.0 * (nranks - 1) * (double)nrest * 4.0 / nranks : 0.0;
     const double raw_conv_per_call =
-        nranks > 1 ? 2.0 * (nranks - 1) * (double)net.conv_params * 4.0 / nranks : 0.0;
-    double rest_wire = 0.0;   /* rest bytes on the wire (plain: the raw amount) */
-    long pos = (long)train.n; /* forces a shuffle at step 0 */
-    int epoch = 0;
-    long step;
-    /* --overlap-forward: the last step's update, waiting inside this forward pass */
-    deferred_t next = {&agg, {&net, velocity, 0, 0, 0}, gvqSuccess, 0.0, NULL, NULL};
-    int pending = 0;
-    double prev_t0 = 0, prev_fwd = 0, prev_t1 = 0; /* the deferred step's (its timeline) */
-    if (o->overlap_forward) {
-        next.wait_start = calloc(2 * (size_t)net.nlayers, sizeof(double));
-        if (next.wait_start == NULL) TRAIN_GVQ(gvqSystemError, gcomm);
-        next.wait_end = next.wait_start + net.nlayers;
-        if (!dumping) agg_split_blocks(&agg, update_range, &next); /* dumps read whole blocks */
-    }
-    for (step = 0; step < iters; step++) {
-        double t0 = now_s();
-        if (pos + batch > train.n) {
-            train_shuffle(perm, train.n, o->seed * 1000003ull + (uint64_t)epoch + 1);
-            epoch++;
-            pos = 0;
-        }
-        mnist_batch(&train, perm + pos + (long)rank * local, local, images, labels);
-        pos += batch;
-        double waited = 0.0; /* for the last step's gradients, inside this forward pass */
-        if (pending) {
-            next.wait_s = 0.0;
-            agg.waiting = 1;
-            agg.wait_s = 0.0;
-            net_forward_each(&net, images, local, before_layer, &next);
-            agg.waiting = 0;
-            double fwd_end = now_s();
-            TRAIN_GVQ(next.error, gcomm);
-            TRAIN_GVQ(agg.wait_error, gcomm);
-            double w = now_s();
-            TRAIN_GVQ(agg_wait(&agg), gcomm); /* ends the last step: all of it is in */
-            waited = next.wait_s + agg.wait_s + (now_s() - w);
-            if (o->timeline_path != NULL && rank == 0 && step == o->timeline_step)
-                write_timeline(o->timeline_path, &agg, step, prev_t0, prev_fwd, prev_t1, 0, 0,
-                               &next, fwd_end);
-            pending = 0;
-        } else {
-            net_forward(&net, images, local);
-        }
-        long correct = 0;
-        double loss = net_loss(&net, labels, local, &correct);
-        dump_hook.active = dumping && (o->dump_iters == 0 || (long)dump.iters < o->dump_iters);
-        dump_hook.ok = 1;
-        double t_fwd = now_s();
-        agg_backward(&agg, images, local);
-        double t1 = now_s();
-        if (dump_hook.active && !dump_hook.ok) {
-            fprintf(stderr, "gvq-train: cannot write '%s' (disk full?); recording stopped\n",
-                    o->dump_path);
-            fclose(dump.f);
-            dumping = 0;
-        }
-        const double lr_step =
-            o->cosine
-                ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
-                : o->lr;
-        const sgd_t sgd = {&net, velocity, (float)lr_step, (float)o->momentum,
-                           (float)o->weight_decay};
-        int last = step + 1 == iters || step + 1 == o->stop_step;
-        int printing = (step + 1) % o->print_every == 0 || last;
-        int checking = (o->check_every > 0 && (step + 1) % o->check_every == 0) || printing;
-        double t2 = t1, t3 = t1;
-        if (o->overlap_forward && !checking) { /* the weights are read before they change */
-            next.sgd = sgd;
-            pending = 1;
-            prev_t0 = t0;
-            prev_fwd = t_fwd;
-            prev_t1 = t1;
-        } else {
-            TRAIN_GVQ(agg_wait(&agg), gcomm);
-            t2 = now_s();
-            sgd_range(&sgd, 0, net.nparams);
-            t3 = now_s();
-            if (o->timeline_path != NULL && rank == 0 && step + 1 == o->timeline_step)
-                write_timeline(o->timeline_path, &agg, step + 1, t0, t_fwd, t1, t2, t3, NULL, 0);
-        }
-        win_compute += (t1 - t0) + (t3 - t2) - waited;
-        win_comm += t2 - t1 + waited;
-        win_loss += loss;
-        win_correct += correct;
-        win_seen += local;
-        win_steps++;
-        res->loss_hist[step] = loss;
-        progress_draw(&progress, step + 1, iters);
-
-        if (checking) {
-            res->sync_checks++;
-            if (!weights_agree(&net, comm)) {
-                res->sync_mismatches++;
-                progress_clear(&progress);
-                if (rank == 0)
-                    fprintf(stderr, "gvq-train: step %ld: the ranks hold different weights\n",
-                            step + 1);
-            }
-        }
-        if (!printing) continue;
-
-        /* a window ends: sums over the ranks, evaluation, compressor stats, one line */
-        double now = now_s();
-        win_train_s = now - win_start;
-        train_s += win_train_s;
-        double sums[5] = {win_loss, (double)win_correct, (double)win_seen, win_compute, win_comm};
-        double tot[5];
-        TRAIN_MPI(MPI_Allreduce(sums, tot, 5, MPI_DOUBLE, MPI_SUM, comm));
-        const long nsteps_win = win_steps;
-        double mean_loss = tot[0] / ((double)nsteps_win * nranks);
-        double train_acc = 100.0 * tot[1] / tot[2];
-        double compute = tot[3] / nranks, commt = tot[4] / nranks;
-        tot_compute += compute;
-        tot_comm += commt;
-        if (step + 1 == nsteps_win) res->first_loss = mean_loss;
-        res->last_loss = mean_loss;
-        int evaluated = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
-        if (evaluated)
-            test_acc = train_evaluate(&net, &test, rank, nranks, comm, images, labels, idx);
-
-        unsigned long long raw = 0, wire = 0;
-        phases[0] = '\0';
-        for (int i = 0; i < nconv && comp[i] != NULL; i++) {
-            gvqCompressorStats_t st;
-            TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
-            raw += st.rawBytes;
-            wire += st.wireBytes;
-            size_t len = strlen(phases);
-            snprintf(phases + len, 2 * (size_t)nconv + 16 - len, "%s%c", i ? "," : "",
-                     phase_letter(st.phase));
-        }
-        double ratio =
-            wire > prev_wire ? (double)(raw - prev_raw) / (double)(wire - prev_wire) : 1.0;
-        prev_raw = raw;
-        prev_wire = wire;
-        if (comp[0] == NULL)
-            snprintf(phases, 2 * (size_t)nconv + 16, "%s", o->zero_code ? "zero-code" : "-");
-
-        if (rank == 0) {
-            double ips = (double)batch * (double)nsteps_win / win_train_s;
-            char acc[32] = "   -  ";
-            if (test_acc >= 0.0) snprintf(acc, sizeof acc, "%5.2f%%", test_acc);
-            if (!o->quiet) {
-                progress_clear(&progress);
-                fprintf(out,
-                        "epoch %2d iter %6ld  loss %.4f  train %5.2f%%  test %s  %7.0f img/s"
-                        "  compute %6.2fs comm %6.2fs (%2.0f%%)  ratio %5.2f  phase %s\n",
-                        epoch, step + 1, mean_loss, train_acc, acc, ips, compute, commt,
-                        100.0 * commt / (compute + commt > 0 ? compute + commt : 1), ratio, phases);
-                fflush(out);
-            }
-            if (csv != NULL) {
-                fprintf(csv, "%ld,%d,%.4f,%.6f,%.3f,%.3f,%.1f,%.4f,%.4f,%.3f,%s\n", step + 1, epoch,
-                        train_s, mean_loss, train_acc, evaluated ? test_acc : -1.0, ips,
-                        tot_compute, tot_comm, ratio, phases);
-                fflush(csv);
-            }
-        }
-        win_loss = win_compute = win_comm = 0.0;
-        win_correct = win_seen = win_steps = 0;
-        if (o->stop_at > 0.0 && test_acc >= o->stop_at && res->time_to_stop < 0.0) {
-            res->time_to_stop = train_s;
-            res->iters = step + 1;
-            step++;
-            break;
-        }
-        res->iters = step + 1;
-        if (step + 1 == o->stop_step) { /* --stop-step: the rest of the schedule is not run */
-            step++;
-            break;
-        }
-        win_start = now_s();
-    }
-
-    /* totals */
-    progress_clear(&progress);
+        nranks > 1 ? 2.0 * (nranks - 1) * (double)r->net.conv_params * 4.0 / nranks : 0.0;
+    progress_clear(&r->progress);
     res->iters = step;
-    res->test_acc = test_acc;
-    res->train_s = train_s;
-    res->compute_s = tot_compute;
-    res->comm_s = tot_comm;
-    {
-        unsigned long long raw = 0, wire = 0;
-        for (int i = 0; i < nconv && comp[i] != NULL; i++) {
-            gvqCompressorStats_t st;
-            TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
-            raw += st.rawBytes;
-            wire += st.wireBytes;
-            res->fits += st.fits;
-            res->early_exits += st.earlyExits;
-        }
-        double conv_raw = raw_conv_per_call * (double)step, conv_wire = 0.0;
-        rest_wire = 0.0;
-        for (int v = 0; v < agg.nvars; v++)
-            *(agg.vars[v].conv >= 0 ? &conv_wire : &rest_wire) += (double)agg_wire_bytes(&agg, v);
-        res->conv_ratio = conv_wire > 0 ? conv_raw / conv_wire : 1.0;
-        double all_raw = conv_raw + raw_rest_per_call * (double)step;
-        res->total_ratio = conv_wire + rest_wire > 0 ? all_raw / (conv_wire + rest_wire) : 1.0;
+    res->test_acc = r->test_acc;
+    res->train_s = r->train_s;
+    res->compute_s = r->tot_compute;
+    res->comm_s = r->tot_comm;
+    unsigned long long raw = 0, wire = 0;
+    for (int i = 0; i < nconv && comp[i] != NULL; i++) {
+        gvqCompressorStats_t st;
+        TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), r->gcomm);
+        raw += st.rawBytes;
+        wire += st.wireBytes;
+        res->fits += st.fits;
+        res->early_exits += st.earlyExits;
     }
-    if (rank == 0 && !o->quiet) {
-        fprintf(out,
-                "# done: %ld steps in %.1f s of training (%.1f ms/step, %.0f img/s), test accuracy "
-                "%.2f%%, compute %.1f s comm %.1f s per rank (comm %.0f%%)\n",
-                res->iters, train_s, 1e3 * train_s / (double)(res->iters > 0 ? res->iters : 1),
-                (double)batch * (double)res->iters / train_s, test_acc, res->compute_s, res->comm_s,
-                100.0 * res->comm_s / (res->compute_s + res->comm_s));
-        if (!o->zero_code)
-            fprintf(out,
-                    "# wire: conv layers %.2fx smaller than a plain fp32 ring over the run, "
-                    "the whole gradient %.2fx; weight checksums compared %ld times, %ld "
-                    "mismatches\n",
-                    res->conv_ratio, res->total_ratio, res->sync_checks, res->sync_mismatches);
-        else
-            fprintf(out, "# weight checksums compared %ld times, %ld mismatches\n",
-                    res->sync_checks, res->sync_mismatches);
-        for (int i = 0; i < nconv && comp[i] != NULL; i++) {
-            gvqCompressorStats_t st;
-            TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), gcomm);
-            fprintf(out,
-                    "# conv%d %s: phase %c, L %d, d %d, fits %lld (refused %lld), early "
-                    "exits %lld, compressed-phase ratio %.2f, kept energy %.4f, last local "
-                    "loss %.4f%s%s\n",
-                    i + 1, codec_name(o->codec), phase_letter(st.phase), st.sliceSize, st.dims,
-                    st.fits, st.fitsRefused, st.earlyExits, st.ratio, st.keptEnergy, st.lastLoss,
-                    st.reason[0] ? "; " : "", st.reason);
-        }
-        if (o->stop_at > 0.0)
-            fprintf(out, "# time to %.2f%% test accuracy: %s\n", o->stop_at,
-                    res->time_to_stop >= 0.0 ? "reached" : "not reached");
-        fflush(out);
-    }
-    if (csv != NULL) fclose(csv);
-    if (dumping && dump_close(&dump, o->dump_path) != 0) bad = 1;
-    if (dumping && rank == 0 && !o->quiet && !bad)
-        fprintf(out, "# recorded %llu iterations of conv%d's gradient (%llu floats) in %s\n",
-                (unsigned long long)dump.iters, o->dump_layer, (unsigned long long)dump.count,
-                o->dump_path);
+    double conv_raw = raw_conv_per_call * (double)step, conv_wire = 0.0;
+    double rest_wire = 0.0; /* rest bytes on the wire (plain: the raw amount) */
+    for (int v = 0; v < r->agg.nvars; v++)
+        *(r->agg.vars[v].conv >= 0 ? &conv_wire : &rest_wire) += (double)agg_wire_bytes(&r->agg, v);
+    res->conv_ratio = conv_wire > 0 ? conv_raw / conv_wire : 1.0;
+    double all_raw = conv_raw + raw_rest_per_call * (double)step;
+    res->total_ratio = conv_wire + rest_wire > 0 ? all_raw / (conv_wire + rest_wire) : 1.0;
+}
 
-done:
-    agg_free(&agg);
-    TRAIN_GVQ(gvqCommDestroy(gcomm), NULL);
-    free(phases);
-    free(velocity);
-    free(next.wait_start);
-    free(images);
-    free(labels);
-    free(perm);
-    free(idx);
-    net_free(&net);
-    mnist_free(&train);
-    mnist_free(&test);
-    TRAIN_MPI(MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, comm));
-    return anybad ? -1 : 0;
+/* Rank 0's closing lines: the totals, the wire, each conv compressor's state. */
+static void print_summary(const run_t *r) {
+    const train_opts_t *o = r->o;
+    const train_result_t *res = r->res;
+    gvqCompressor_t *comp = r->agg.conv_comp;
+    FILE *out = r->out;
+    const double train_s = r->train_s;
+    fprintf(out,
+            "# done: %ld steps in %.1f s of training (%.1f ms/step, %.0f img/s), test accuracy "
+            "%.2f%%, compute %.1f s comm %.1f s per rank (comm %.0f%%)\n",
+            res->iters, train_s, 1e3 * train_s / (double)(res->iters > 0 ? res->iters : 1),
+            (double)r->batch * (double)res->iters / train_s, r->test_acc, res->compute_s,
+            res->comm_s, 100.0 * res->comm_s / (res->compute_s + res->comm_s));
+    if (!o->zero_code)
+        fprintf(out,
+                "# wire: conv layers %.2fx smaller than a plain fp32 ring over the run, "
+                "the whole gradient %.2fx; weight checksums compared %ld times, %ld "
+                "mismatches\n",
+                res->conv_ratio, res->total_ratio, res->sync_checks, res->sync_mismatches);
+    else
+        fprintf(out, "# weight checksums compared %ld times, %ld mismatches\n", res->sync_checks,
+                res->sync_mismatches);
+    for (int i = 0; i < r->net.nconv && comp[i] != NULL; i++) {
+        gvqCompressorStats_t st;
+        TRAIN_GVQ(gvqCompressorGetStats(comp[i], &st), r->gcomm);
+        fprintf(out,
+                "# conv%d %s: phase %c, L %d, d %d, fits %lld (refused %lld), early "
+                "exits %lld, compressed-phase ratio %.2f, kept energy %.4f, last local "
+                "loss %.4f%s%s\n",
+                i + 1, codec_name(o->codec), phase_letter(st.phase), st.sliceSize, st.dims, st.fits,
+                st.fitsRefused, st.earlyExits, st.ratio, st.keptEnergy, st.lastLoss,
+                st.reason[0] ? "; " : "", st.reason);
+    }
+    if (o->stop_at > 0.0)
+        fprintf(out, "# time to %.2f%% test accuracy: %s\n", o->stop_at,
+                res->time_to_stop >= 0.0 ? "reached" : "not reached");
+    fflush(out);
+}
+
+/* Frees the run; 0, or -1 when some rank failed. */
+static int run_free(run_t *r) {
+    agg_free(&r->agg);
+    TRAIN_GVQ(gvqCommDestroy(r->gcomm), NULL);
+    free(r->phases);
+    free(r->velocity);
+    free(r->next.wait_start);
+    free(r->images);
+    free(r->labels);
+    free(r->perm);
+    free(r->idx);
+    net_free(&r->net);
+    mnist_free(&r->train);
+    mnist_free(&r->test);
+    TRAIN_MPI(MPI_Allreduce(&r->bad, &r->anybad, 1, MPI_INT, MPI_MAX, r->comm));
+    return r->anybad ? -1 : 0;
+}
+
+int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
+    run_t run;
+    memset(&run, 0, sizeof run);
+    run_t *r = &run;
+    r->o = o;
+    r->comm = comm;
+    r->res = res;
+    if (run_load(r) != 0) return -1;
+    run_connect(r);
+    if (run_open_dump(r) != 0) return run_free(r);
+
+    if (r->rank == 0 && !o->quiet) print_header(r);
+
+    if (r->rank == 0 && o->log_path != NULL) {
+        r->csv = fopen(o->log_path, "w");
+        if (r->csv == NULL)
+            fprintf(stderr, "gvq-train: cannot create the log '%s': %s (going on without it)\n",
+                    o->log_path, strerror(errno));
+        else
+            fprintf(r->csv,
+                    "iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,compute_s,"
+                    "comm_s,conv_ratio,phase\n"); /* test_acc -1: not evaluated at this row */
+    }
+
+    long step = run_loop(r);
+
+    run_totals(r, step);
+    if (r->rank == 0 && !o->quiet) print_summary(r);
+    if (r->csv != NULL) fclose(r->csv);
+    if (r->dumping && dump_close(&r->dump, o->dump_path) != 0) r->bad = 1;
+    if (r->dumping && r->rank == 0 && !o->quiet && !r->bad)
+        fprintf(r->out, "# recorded %llu iterations of conv%d's gradient (%llu floats) in %s\n",
+                (unsigned long long)r->dump.iters, o->dump_layer, (unsigned long long)r->dump.count,
+                o->dump_path);
+    return run_free(r);
 }
