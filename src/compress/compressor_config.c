@@ -6,9 +6,9 @@
  *   header -> codec -> shape (K D H W) and slices (L, reuse C) -> thresholds (eps, vote)
  *          -> schedule (W T S, sampling codec, sampleSlices) -> QSGD -> wire, error feedback,
  *             maxDims, seed, integer sums, the clip -> GradiVeQ's basis (fitted or tracked)
- *          -> PowerSGD's rank and matrix shape
+ *          -> PowerSGD's rank -> the method's own fields (gvq_method.h: resolve)
  */
-#include "gvq_compressor.h"
+#include "gvq_method.h"
 
 static const char *const fn = "gvqCompressorCreate";
 
@@ -153,74 +153,24 @@ static gvqResult_t resolve_wire(const gvqCompressorConfig_t *in, gvq_comp_cfg_t 
 }
 
 /* GradiVeQ's basis: fitted from sampling phases (the paper), or tracked on every call
- * (gradiveq_track.c: d = maxDims, 4 by default; error feedback on by default; fp32 wire). */
+ * (methods/gradiveq_track.c resolves its fields). */
 static gvqResult_t resolve_basis(const gvqCompressorConfig_t *in, gvq_comp_cfg_t *c) {
     c->track = undef(in->basisUpdate) ? gvqBasisFit : in->basisUpdate;
     if (c->track != gvqBasisFit && c->track != gvqBasisTrack) {
         GVQ_WARN("%s: basisUpdate=%d must be gvqBasisFit (0) or gvqBasisTrack (1)", fn, c->track);
         return gvqInvalidArgument;
     }
-    if (c->track == gvqBasisFit) return gvqSuccess;
-    if (c->codec != gvqCodecGradiveq) {
+    if (c->track == gvqBasisTrack && c->codec != gvqCodecGradiveq) {
         GVQ_WARN("%s: basisUpdate gvqBasisTrack is for codec gvqCodecGradiveq, not codec %d", fn,
                  c->codec);
         return gvqInvalidArgument;
     }
-    if (c->fp16) {
-        GVQ_WARN("%s: basisUpdate gvqBasisTrack sends fp32 or integer sums (wireType gvqFloat16 "
-                 "refused; integerBits 8 or 16 for a smaller wire)",
-                 fn);
-        return gvqInvalidArgument;
-    }
-    if (undef(in->sliceSize)) { /* L the multiple of K nearest above sqrt(count) */
-        uint64_t r = 1, K = (uint64_t)c->K;
-        while (r * r < c->count)
-            r++;
-        c->L = (int32_t)GVQ_MIN(GVQ_DIV_UP(r, K) * K, GVQ_MAX(c->count / K, 1) * K);
-    }
-    if (undef(in->maxDims)) c->dmax = GVQ_MIN(4, c->L);
-    if (c->dmax > c->L) {
-        GVQ_WARN("%s: maxDims=%d must be in [1, sliceSize=%d]", fn, c->dmax, c->L);
-        return gvqInvalidArgument;
-    }
-    if (GVQ_DIV_UP(c->count, (uint64_t)c->L) > (uint64_t)INT32_MAX) { /* sgemm's int sizes */
-        GVQ_WARN("%s: basisUpdate gvqBasisTrack: %llu values in slices of %d make more than "
-                 "2^31 slices",
-                 fn, (unsigned long long)c->count, c->L);
-        return gvqInvalidArgument;
-    }
-    if (undef(in->errorFeedback)) c->error_feedback = 1; /* as PowerSGD: few directions a call */
-    return gvqSuccess;
+    return gvqSuccess; /* the tracked basis's own fields: methods/gradiveq_track.c */
 }
 
-/* PowerSGD's rank: the tensor is a K x (count / K) matrix (filters as rows), or for a flat
- * tensor ceil(count / R) x R with R = ceil(sqrt(count)), zero-padded. */
-static gvqResult_t resolve_powersgd(const gvqCompressorConfig_t *in, gvq_comp_cfg_t *c) {
+/* PowerSGD's rank (methods/powersgd.c checks it against its matrix). */
+static void resolve_powersgd(const gvqCompressorConfig_t *in, gvq_comp_cfg_t *c) {
     c->prank = undef(in->powerRank) ? 1 : in->powerRank;
-    if (c->codec != gvqCodecPowersgd) return gvqSuccess;
-    size_t rows, cols;
-    gvq_powersgd_shape(c, &rows, &cols);
-    if (c->prank < 1 || (size_t)c->prank > GVQ_MIN(rows, cols)) {
-        GVQ_WARN("%s: powerRank=%d must be in [1, %zu] for a %zu x %zu matrix", fn, c->prank,
-                 GVQ_MIN(rows, cols), rows, cols);
-        return gvqInvalidArgument;
-    }
-    if (undef(in->errorFeedback)) c->error_feedback = 1; /* PowerSGD needs it (Vogels et al.) */
-    return gvqSuccess;
-}
-
-void gvq_powersgd_shape(const gvq_comp_cfg_t *c, size_t *rows, size_t *cols) {
-    size_t n = (size_t)c->count;
-    if (c->W != 0 && c->K > 1) {
-        *rows = (size_t)c->K;
-        *cols = n / (size_t)c->K;
-    } else {
-        size_t r = 1;
-        while (r * r < n)
-            r++;
-        *cols = r;
-        *rows = GVQ_DIV_UP(n, r);
-    }
 }
 
 gvqResult_t gvq_compressor_config_resolve(const gvqCompressorConfig_t *in, size_t count,
@@ -246,5 +196,7 @@ gvqResult_t gvq_compressor_config_resolve(const gvqCompressorConfig_t *in, size_
     GVQCHECK(resolve_qsgd(in, c));
     GVQCHECK(resolve_wire(in, c));
     GVQCHECK(resolve_basis(in, c));
-    return resolve_powersgd(in, c);
+    resolve_powersgd(in, c);
+    const gvq_method_t *m = gvq_method_of(c); /* the method's own fields */
+    return m->resolve != NULL ? m->resolve(fn, in, c) : gvqSuccess;
 }

@@ -16,8 +16,9 @@
  * their codec states (gq, qs, the integer wires, the samples, U and Z, the device copies) stay in
  * the handle where that shared path reads them.
  *
- * Adding a method: a file in methods/ with its gvq_method_t, one line in methods.c, its source
- * in CMakeLists.txt (and, for a new public codec, its gvqCodec_t value in include/gvq.h).
+ * Adding a method: a file in methods/ with its gvq_method_t (CMakeLists.txt builds every file
+ * there), and its line in methods.c (and, for a new public codec, its gvqCodec_t value in
+ * include/gvq.h and compressor_config.c's list of codecs).
  */
 #ifndef GVQ_METHOD_H_
 #define GVQ_METHOD_H_
@@ -28,6 +29,9 @@ typedef struct gvq_method {
     const char *name;
     /* whether the method serves this resolved config (the first in methods.c that does) */
     int (*serves)(const gvq_comp_cfg_t *cfg);
+    /* its own fields of the config, after the common ones are resolved into cfg: defaults and
+     * checks (a WARN naming fn and the field). NULL: none */
+    gvqResult_t (*resolve)(const char *fn, const gvqCompressorConfig_t *in, gvq_comp_cfg_t *cfg);
     /* its state in c->m and the stats it fixes at creation (the handle is laid out, its common
      * buffers made); a WARN naming gvqCompressorCreate on failure. NULL: nothing to make */
     gvqResult_t (*create)(gvqCompressor_t c);
@@ -57,10 +61,6 @@ typedef struct gvq_method {
  * method serving cfg (never NULL for a resolved config). */
 extern const gvq_method_t *const gvq_methods[];
 const gvq_method_t *gvq_method_of(const gvq_comp_cfg_t *cfg);
-
-/* methods/<name>.c */
-extern const gvq_method_t gvq_method_plain, gvq_method_gradiveq, gvq_method_gradiveq_track,
-    gvq_method_qsgd, gvq_method_powersgd;
 
 /* phase_call.c: the plan of one call of the phase's codec -- the codec and where its ring
  * runs -- for buffers on dev; */

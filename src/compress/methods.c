@@ -5,10 +5,15 @@
  */
 #include "gvq_method.h"
 
+/* each method's table, defined in its file of methods/ */
+extern const gvq_method_t gvq_method_plain, gvq_method_gradiveq, gvq_method_gradiveq_track,
+    gvq_method_powersgd, gvq_method_qsgd;
+
 const gvq_method_t *const gvq_methods[] = {
-    &gvq_method_plain,    /* codec none */
-    &gvq_method_gradiveq, /* fitted basis, sampling phases */
-    &gvq_method_gradiveq_track, &gvq_method_powersgd, &gvq_method_qsgd, NULL,
+    &gvq_method_plain,          /* codec none */
+    &gvq_method_gradiveq,       /* a basis fitted in sampling phases */
+    &gvq_method_gradiveq_track, /* a basis tracked on every call */
+    &gvq_method_powersgd,       &gvq_method_qsgd, NULL,
 };
 
 const gvq_method_t *gvq_method_of(const gvq_comp_cfg_t *cfg) {

@@ -249,6 +249,38 @@ static int track_serves(const gvq_comp_cfg_t *cfg) {
     return cfg->codec == gvqCodecGradiveq && cfg->track;
 }
 
+/* Its fields: fp32 or integer sums on the wire, L the multiple of K nearest above sqrt(count)
+ * by default, d = maxDims (4 by default), error feedback on by default. */
+static gvqResult_t track_resolve(const char *fn, const gvqCompressorConfig_t *in,
+                                 gvq_comp_cfg_t *c) {
+    if (c->fp16) {
+        GVQ_WARN("%s: basisUpdate gvqBasisTrack sends fp32 or integer sums (wireType gvqFloat16 "
+                 "refused; integerBits 8 or 16 for a smaller wire)",
+                 fn);
+        return gvqInvalidArgument;
+    }
+    if (in->sliceSize == GVQ_CONFIG_UNDEF_INT) { /* L the multiple of K nearest above sqrt(count) */
+        uint64_t r = 1, K = (uint64_t)c->K;
+        while (r * r < c->count)
+            r++;
+        c->L = (int32_t)GVQ_MIN(GVQ_DIV_UP(r, K) * K, GVQ_MAX(c->count / K, 1) * K);
+    }
+    if (in->maxDims == GVQ_CONFIG_UNDEF_INT) c->dmax = GVQ_MIN(4, c->L);
+    if (c->dmax > c->L) {
+        GVQ_WARN("%s: maxDims=%d must be in [1, sliceSize=%d]", fn, c->dmax, c->L);
+        return gvqInvalidArgument;
+    }
+    if (GVQ_DIV_UP(c->count, (uint64_t)c->L) > (uint64_t)INT32_MAX) { /* sgemm's int sizes */
+        GVQ_WARN("%s: basisUpdate gvqBasisTrack: %llu values in slices of %d make more than "
+                 "2^31 slices",
+                 fn, (unsigned long long)c->count, c->L);
+        return gvqInvalidArgument;
+    }
+    if (in->errorFeedback == GVQ_CONFIG_UNDEF_INT)
+        c->error_feedback = 1; /* as PowerSGD: few directions a call */
+    return gvqSuccess;
+}
+
 /* The nslices x L slice matrix (zero-padded), the rings' C0 / C (nslices x d) and B (L x d), and
  * the basis U, random normal from the seed and orthonormalised (the same on every rank). */
 static gvqResult_t track_create(gvqCompressor_t c) {
@@ -313,6 +345,7 @@ static int track_dims(gvqCompressor_t c) {
 
 const gvq_method_t gvq_method_gradiveq_track = {.name = "gradiveq-track",
                                                 .serves = track_serves,
+                                                .resolve = track_resolve,
                                                 .create = track_create,
                                                 .destroy = track_destroy,
                                                 .log_created = track_log,

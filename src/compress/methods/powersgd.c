@@ -152,6 +152,36 @@ static int powersgd_serves(const gvq_comp_cfg_t *cfg) {
     return cfg->codec == gvqCodecPowersgd;
 }
 
+/* The tensor as a K x (count / K) matrix (filters as rows), or for a flat tensor
+ * ceil(count / R) x R with R = ceil(sqrt(count)), zero-padded. */
+void gvq_powersgd_shape(const gvq_comp_cfg_t *c, size_t *rows, size_t *cols) {
+    size_t n = (size_t)c->count;
+    if (c->W != 0 && c->K > 1) {
+        *rows = (size_t)c->K;
+        *cols = n / (size_t)c->K;
+    } else {
+        size_t r = 1;
+        while (r * r < n)
+            r++;
+        *cols = r;
+        *rows = GVQ_DIV_UP(n, r);
+    }
+}
+
+/* The rank against the matrix; error feedback on by default (PowerSGD needs it, Vogels et al.). */
+static gvqResult_t powersgd_resolve(const char *fn, const gvqCompressorConfig_t *in,
+                                    gvq_comp_cfg_t *c) {
+    size_t rows, cols;
+    gvq_powersgd_shape(c, &rows, &cols);
+    if (c->prank < 1 || (size_t)c->prank > GVQ_MIN(rows, cols)) {
+        GVQ_WARN("%s: powerRank=%d must be in [1, %zu] for a %zu x %zu matrix", fn, c->prank,
+                 GVQ_MIN(rows, cols), rows, cols);
+        return gvqInvalidArgument;
+    }
+    if (in->errorFeedback == GVQ_CONFIG_UNDEF_INT) c->error_feedback = 1;
+    return gvqSuccess;
+}
+
 /* The matrix (n x m, zero-padded), P, the kept Q (random normal from the seed, the same on every
  * rank) and the Q being summed. No collocation work buffer: PowerSGD sees the tensor as it is
  * (filters as rows). */
@@ -206,6 +236,7 @@ static float *powersgd_kept(gvqCompressor_t c, size_t *floats) {
 
 const gvq_method_t gvq_method_powersgd = {.name = "powersgd",
                                           .serves = powersgd_serves,
+                                          .resolve = powersgd_resolve,
                                           .create = powersgd_create,
                                           .destroy = powersgd_destroy,
                                           .log_created = powersgd_log,
