@@ -5,8 +5,9 @@
  *
  *   zero_code_layout.c  a layout checked (gvqCommSetLayout's rules) and parsed from text
  *                       (gvqCommSetLayoutString, GVQ_LAYOUT)
- *   zero_code.c         the compressors attached to the communicator, one call split into its
- *                       parts, the statistics
+ *   zero_code_plan.c    a buffer's plan: its parts, their codecs and compressors, agreed
+ *   zero_code.c         the plans attached to the communicator, one call split into its parts,
+ *                       the statistics, gvqAllReduce
  */
 #ifndef GVQ_ZERO_CODE_H_
 #define GVQ_ZERO_CODE_H_
@@ -39,6 +40,62 @@ void gvq_layout_free(gvq_layout_t *layout);
 uint64_t gvq_layout_hash(const gvq_layout_t *layout);
 /* "conv", "fc" or "other" */
 const char *gvq_layer_kind_name(int kind);
+
+/* ---- zero_code.c and zero_code_plan.c ---- */
+
+#define GVQ_ZC_FN "gvqAllReduce (zero-code, GVQ_CODEC)" /* the name in their WARN lines */
+
+/* Zero-code GradiVeQ keeps this many slices of each reuse group per sampling call (spread over
+ * it) unless GVQ_GRADIVEQ_SAMPLE_SLICES says otherwise: 100 calls x 64 = 6400 samples for a
+ * 256 x 256 covariance, a few MB and tens of ms per fit whatever the buffer's size. */
+#define ZC_SAMPLE_SLICES 64
+
+#define PART_WHOLE (-1) /* the part is the whole buffer (no layout) */
+#define PART_GAP (-2)   /* the part is a gap between layers */
+
+typedef struct {
+    size_t offset, count;
+    int layer;            /* index in the layout, PART_WHOLE or PART_GAP */
+    int codec;            /* gvqCodec_t; gvqCodecNone: summed by the plain allreduce */
+    gvqCompressor_t comp; /* NULL when plain */
+} zc_part_t;
+
+typedef struct {
+    size_t offset, count;
+} zc_range_t;
+
+typedef struct zc_entry {
+    struct zc_entry *next;
+    const void *buf;
+    size_t count;
+    int split; /* 1: parts follow the communicator's layout */
+    int nparts;
+    zc_part_t *parts; /* in offset order */
+    int nranges;
+    zc_range_t *plain;  /* the plain parts, adjacent ones merged, in offset order */
+    size_t plain_count; /* their elements */
+    float *gather;      /* plain_count floats when nranges > 1 */
+    long long calls;
+    unsigned long long plain_wire, plain_raw; /* the plain allreduce's bytes, all calls */
+} zc_entry_t;
+
+/* The attachment: the list of buffers, the layout set by a call and the call counter. */
+typedef struct {
+    zc_entry_t *first;
+    int have_layout; /* 1: `layout` replaces GVQ_LAYOUT on this communicator */
+    gvq_layout_t layout;
+    long long calls;
+} zc_state_t;
+
+/* zero_code_plan.c: the layout in force on the communicator (its own, else GVQ_LAYOUT; NULL:
+ * none; a refused GVQ_LAYOUT refuses the call); the codec GVQ_CODEC's master setting gives a
+ * layer; and a new buffer's plan, its compressors made and agreed with the other ranks. */
+gvqResult_t gvq_zc_current_layout(const zc_state_t *st, const gvq_layout_t **out);
+int gvq_zc_layer_codec(int master, const gvqLayer_t *l);
+gvqResult_t gvq_zc_new_entry(gvqComm_t comm, zc_state_t *st, int master, const void *buf,
+                             size_t count, zc_entry_t **out);
+/* zero_code.c: free an entry and its compressors. */
+void gvq_zc_entry_free(zc_entry_t *e);
 
 /* zero_code.c also defines gvqAllReduce: its op carries the table (gvq_group.h) through which
  * collectives.c asks for the settings' fingerprint in the call's signature (0 when GVQ_CODEC is
