@@ -67,6 +67,9 @@ typedef struct {
 } gvq_rule_t;
 void gvq_rule_apply(const gvq_rule_t *r, gvqDataType_t dtype, size_t dim, void *w, void *s,
                     const void *g);
+/* The same with the rule's fields as arguments (for the training layer, gvq_train_below.h). */
+void gvq_rule_apply_params(int rule, double lr, double mu, double eps, double gscale,
+                           gvqDataType_t dtype, size_t dim, void *w, void *s, const void *g);
 
 /* ---- all-to-all of row blocks (sparse_exchange.c) --------------------------------------------
  * Every rank sends each peer one header {magic ^ kind, status, nrows} and, when nrows > 0, one

@@ -230,3 +230,9 @@ void gvq_rule_apply(const gvq_rule_t *r, gvqDataType_t dtype, size_t dim, void *
     else if (dtype == gvqFloat64)
         rule_double(r, dim, w, s, g);
 }
+
+void gvq_rule_apply_params(int rule, double lr, double mu, double eps, double gscale,
+                           gvqDataType_t dtype, size_t dim, void *w, void *s, const void *g) {
+    gvq_rule_t r = {rule, lr, mu, eps, gscale};
+    gvq_rule_apply(&r, dtype, dim, w, s, g);
+}

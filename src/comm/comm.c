@@ -561,3 +561,11 @@ GVQ_API const char *gvqGetLastError(gvqComm_t comm) {
     (void)comm;
     return gvq_log_last_warn();
 }
+
+int gvq_comm_concurrent(gvqComm_t comm) {
+    return comm->xport->concurrent;
+}
+
+gvqResult_t gvq_comm_idle(gvqComm_t comm, uint64_t *since) {
+    return gvq_xport_idle(comm->xport, since);
+}

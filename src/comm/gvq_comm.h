@@ -189,6 +189,10 @@ uint64_t gvq_compressor_identity(gvqCompressor_t c);
 int gvq_group_active(void);
 /* comm is live (WARN naming fn otherwise), and with no_group: not inside a group. */
 gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group);
+/* Whether comm's transport runs calls from several threads at once (xport->concurrent), and
+ * its idle check (gvq_xport_idle: an abort or a timeout while waiting on something else). */
+int gvq_comm_concurrent(gvqComm_t comm);
+gvqResult_t gvq_comm_idle(gvqComm_t comm, uint64_t *since);
 
 /* In-process communicators for unit tests: comms[r] for r < nranks, ranks as threads. */
 gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_t *comms);

@@ -122,6 +122,9 @@ gvqResult_t gvq_device_not_supported(const char *device, const char *op);
 
 /* The host device (host_device.c). */
 extern const gvq_device_ops_t gvq_host_device;
+/* The host device's sgemm as a plain function (for the training layer, gvq_train_below.h). */
+gvqResult_t gvq_host_sgemm(int transa, int transb, int m, int n, int k, float alpha, const float *a,
+                           int lda, const float *b, int ldb, float beta, float *c, int ldc);
 #ifdef GVQ_WITH_CUDA
 extern const gvq_device_ops_t gvq_cuda_device; /* src/device/cuda/cuda_device.cu */
 /* 1 if p is CUDA device or managed memory (cudaPointerGetAttributes); 0 on any error. */

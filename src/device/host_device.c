@@ -344,3 +344,8 @@ const gvq_device_ops_t gvq_host_device = {
     .gq_encode_combine = host_gq_encode_combine,
     .gq_decode = host_gq_decode,
 };
+
+gvqResult_t gvq_host_sgemm(int transa, int transb, int m, int n, int k, float alpha, const float *a,
+                           int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    return host_sgemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}

@@ -7,7 +7,7 @@
 
 #include <pthread.h>
 
-#include "gvq_stream.h"
+#include "gvq_train_below.h"
 #include "gvq_train.h"
 
 struct gvq_train_sparse; /* trainer_sparse.c */

@@ -317,7 +317,7 @@ GVQ_API gvqResult_t gvqTrainFactorsReady(gvqTrainer_t t, int id, const float *u,
         x->fv = v;
         x->fbatch = batch;
     } else { /* this rank's gradient, sum_j u_j v_j^T, then the usual route */
-        GVQCHECK(gvq_host_device.sgemm(0, 1, N, M, batch, 1.0f, v, N, u, M, 0.0f, grad, N));
+        GVQCHECK(gvq_host_sgemm(0, 1, N, M, batch, 1.0f, v, N, u, M, 0.0f, grad, N));
     }
     return hand_over(t, id, grad);
 }

@@ -10,7 +10,6 @@
 
 #include <stddef.h>
 
-#include "gvq_compressor.h"
 #include "gvq_trainer.h"
 
 /* The bytes of a gvqCompressorConfig_t that hold fields: none of its tail padding, whose bytes
@@ -275,7 +274,7 @@ GVQ_API gvqResult_t gvqTrainCommit(gvqTrainer_t t) {
         res = gvqSystemError;
     }
     if (res == gvqSuccess) res = gvq_train_sparse_commit(t);
-    t->inline_calls = !t->comm->xport->concurrent;
+    t->inline_calls = !gvq_comm_concurrent(t->comm);
     if (res == gvqSuccess) res = gvq_train_plan_commit(t);
     GVQCHECK(all_equal(t, (uint64_t)res, &equal)); /* every rank commits, or none */
     if (res != gvqSuccess || !equal) {

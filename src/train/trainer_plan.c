@@ -35,7 +35,6 @@
 #include <string.h>
 
 #include "gvq_trainer.h"
-#include "gvq_transport.h"
 
 /* ---- units, at commit ---------------------------------------------------------------------- */
 
@@ -181,7 +180,7 @@ static gvqResult_t wait_news(gvqTrainer_t t) {
         for (int u = 0; u < t->nunits; u++)
             if (!t->units[u].agreed && __atomic_load_n(&t->units[u].ready, __ATOMIC_ACQUIRE))
                 return gvqSuccess;
-        gvqResult_t res = gvq_xport_idle(t->comm->xport, &since); /* abort, timeout */
+        gvqResult_t res = gvq_comm_idle(t->comm, &since); /* abort, timeout */
         if (res != gvqSuccess) {
             GVQ_WARN("gvqTrainGradReady: %s while the layer waited for the step's next gradient",
                      res == gvqTimeout ? "timed out (GVQ_TIMEOUT_MS)" : "communicator aborted");

@@ -37,7 +37,7 @@ static gvqResult_t sfb_run(gvqTrainer_t t, tvar_t *x) {
     GVQCHECK(gvqAllGather(x->fu, x->all_u, nu, gvqFloat32, t->comm, NULL));
     GVQCHECK(gvqAllGather(x->fv, x->all_v, nv, gvqFloat32, t->comm, NULL));
     float alpha = t->op == gvqAvg ? 1.0f / (float)t->nranks : 1.0f;
-    return gvq_host_device.sgemm(0, 1, N, M, pb, alpha, x->all_v, N, x->all_u, M, 0.0f, x->grad, N);
+    return gvq_host_sgemm(0, 1, N, M, pb, alpha, x->all_v, N, x->all_u, M, 0.0f, x->grad, N);
 }
 
 /* The bytes this rank sent for job j of unit u (0 for compressed ones: their compressors

@@ -24,12 +24,17 @@
 #include <string.h>
 
 #include "gvq_rng.h"
-#include "gvq_sparse.h"
 #include "gvq_trainer.h"
+
+/* A shard update rule's fields (gvq_rule_apply_params). */
+typedef struct {
+    int rule;
+    double lr, mu, eps, gscale;
+} train_rule_t;
 
 struct gvq_train_sparse {
     size_t rows, dim;
-    gvq_rule_t rule; /* with gscale 1/N when the config averages */
+    train_rule_t rule; /* with gscale 1/N when the config averages */
     gvqPsConfig_t ps_cfg;
     float *table;             /* the replica (all routes until the first step; then all but PS) */
     float *state;             /* the rule's state rows (momentum, Adagrad), or NULL */
@@ -40,6 +45,11 @@ struct gvq_train_sparse {
     unsigned long long wire;  /* bytes this rank sent, all steps */
     int issued;               /* a step's aggregation is queued */
 };
+
+static void apply_rule(const train_rule_t *r, gvqDataType_t dtype, size_t dim, void *w, void *st,
+                       const void *g) {
+    gvq_rule_apply_params(r->rule, r->lr, r->mu, r->eps, r->gscale, dtype, dim, w, st, g);
+}
 
 /* ---- configuration ------------------------------------------------------------------------ */
 
@@ -69,8 +79,8 @@ gvqResult_t gvq_train_sparse_add(gvqTrainer_t t, tvar_t *x, const gvqPsConfig_t 
     sp->ps_cfg.size = sizeof sp->ps_cfg;
     sp->ps_cfg.stream = NULL;
     int rule = dflt_int(cfg->rule, gvqPsSgd), avg = dflt_int(cfg->average, 0);
-    sp->rule = (gvq_rule_t){rule, dflt(cfg->learningRate, 0.01), dflt(cfg->momentum, 0.9),
-                            dflt(cfg->epsilon, 1e-7), avg ? 1.0 / t->nranks : 1.0};
+    sp->rule = (train_rule_t){rule, dflt(cfg->learningRate, 0.01), dflt(cfg->momentum, 0.9),
+                              dflt(cfg->epsilon, 1e-7), avg ? 1.0 / t->nranks : 1.0};
     int init = dflt_int(cfg->init, gvqPsInitZero);
     if (rule < gvqPsSgd || rule > gvqPsAdagrad || sp->rule.lr <= 0 ||
         (init == gvqPsInitValues && cfg->initValues == NULL) || init < gvqPsInitZero ||
@@ -344,8 +354,8 @@ void gvq_train_sparse_after_wait(gvqTrainer_t t, gvqResult_t waited) {
             const float *v = sp->gathered.values;
             for (size_t k = 0; k < sp->gathered.nrows; k++) {
                 size_t r = (size_t)sp->gathered.indices[k];
-                gvq_rule_apply(&sp->rule, gvqFloat32, d, sp->table + r * d,
-                               sp->state ? sp->state + r * d : NULL, v + k * d);
+                apply_rule(&sp->rule, gvqFloat32, d, sp->table + r * d,
+                           sp->state ? sp->state + r * d : NULL, v + k * d);
             }
             sp->wire += sp->gathered.bytesSent;
         } else { /* dense: the rows whose summed gradient is not all zero */
@@ -355,8 +365,8 @@ void gvq_train_sparse_after_wait(gvqTrainer_t t, gvqResult_t waited) {
                 while (j < d && g[j] == 0.0f)
                     j++;
                 if (j < d)
-                    gvq_rule_apply(&sp->rule, gvqFloat32, d, sp->table + r * d,
-                                   sp->state ? sp->state + r * d : NULL, g);
+                    apply_rule(&sp->rule, gvqFloat32, d, sp->table + r * d,
+                               sp->state ? sp->state + r * d : NULL, g);
             }
         }
     }
