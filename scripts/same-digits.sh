@@ -11,6 +11,7 @@
 set -euo pipefail
 b=$1 out=$2
 tr=$b/apps/gvq-train/gvq-train
+[ -x "$tr" ] || tr=$b/perf/train/gvq-train # a build from before the house move (issue 35)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 M="mpirun -np 2 --oversubscribe"
 T="--epochs 2 --lr 0.05 --seed 1 --eval-every 0 --test-subset 500"
