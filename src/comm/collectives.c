@@ -227,17 +227,14 @@ static size_t p2p_pieces(const gvq_op_t *o) {
 
 /* Post the pieces of a send or receive into reqs. */
 static gvqResult_t p2p_post(const gvq_op_t *o, gvq_req_t *reqs) {
-    gvq_transport_t *t = o->comm->xport;
+    gvq_transport_t *t = o->comm->p2p;
     size_t bytes = o->count * gvq_dtype_size(o->dtype), np = p2p_pieces(o);
     for (size_t i = 0; i < np; i++) {
         size_t len = GVQ_MIN(P2P_PIECE, bytes - i * P2P_PIECE);
         int send = o->kind == GVQ_OP_SEND;
         const char *sb = send ? (const char *)o->sendbuff + i * P2P_PIECE : NULL;
         char *rb = send ? NULL : (char *)o->recvbuff + i * P2P_PIECE;
-        if (t->chan != NULL) /* ranks on one host: the shared-memory channels (chan.c) */
-            GVQCHECK(send ? gvq_chan_isend(t->chan, o->root, sb, len, &reqs[i])
-                          : gvq_chan_irecv(t->chan, o->root, rb, len, &reqs[i]));
-        else if (send)
+        if (send)
             GVQCHECK(t->ops->isend(t, o->root, GVQ_TAG_P2P, sb, len, &reqs[i]));
         else
             GVQCHECK(t->ops->irecv(t, o->root, GVQ_TAG_P2P, rb, len, &reqs[i]));
@@ -397,7 +394,7 @@ gvqResult_t gvq_op_run_batch(const gvq_op_t *ops, size_t n) {
         first[i] = q;
         if (i == n || (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV)) continue;
         for (size_t k = p2p_pieces(&ops[i]); k > 0; k--)
-            xports[q++] = ops[i].comm->xport;
+            xports[q++] = ops[i].comm->p2p;
         if (what == NULL) what = gvq_op_fn[ops[i].kind]; /* the WARNs name the first */
     }
     GVQCHECKGOTO(p2p_stage_in(ops, n, posted, &pin), res, out_free);
@@ -415,8 +412,7 @@ out_leave:
     for (size_t i = 0; i < entered; i++) {
         if (ops[i].kind != GVQ_OP_SEND && ops[i].kind != GVQ_OP_RECV) continue;
         if (res != gvqSuccess)
-            gvq_xport_cancelall(ops[i].comm->xport, reqs + first[i],
-                                (int)(first[i + 1] - first[i]));
+            gvq_xport_cancelall(ops[i].comm->p2p, reqs + first[i], (int)(first[i + 1] - first[i]));
         gvq_comm_leave(ops[i].comm);
     }
     if (res != gvqSuccess && entered > 0 && pin != NULL) p2p_stage_abandon(pin);

@@ -198,6 +198,7 @@ gvqResult_t gvq_comm_create(gvq_transport_t *xport, const gvqConfig_t *config, c
     c->rank = xport->rank;
     c->nranks = xport->nranks;
     c->xport = xport;
+    c->p2p = xport; /* until the shared-memory channels are made (shm_setup.c) */
     c->dev = &gvq_host_device;
     c->broken = gvqSuccess;
     c->chunk_bytes = chunk;
@@ -451,8 +452,8 @@ static void comm_free(gvqComm_t c) {
      * scratch is then left allocated rather than freed under them */
     int broken = gvq_broken_get(&c->broken) != gvqSuccess;
     int keep = broken && c->xport->cancel_keeps_buffers;
-    gvq_chan_close(c->xport->chan); /* the peers' later transfers with this rank fail at once */
-    gvq_chan_detach(c->xport->chan);
+    if (c->p2p != c->xport) c->p2p->ops->destroy(c->p2p); /* the channels: the peers' later */
+                                                          /* transfers with this rank fail */
     c->xport->ops->destroy(c->xport);
     if (c->shm_state == 1) munmap(c->shm.base, c->shm_bytes);  /* shm.c */
     if (c->dxport != NULL) c->dxport->ops->destroy(c->dxport); /* before the NCCL comm it uses */

@@ -14,6 +14,9 @@ struct gvqComm {
     int rank;
     int nranks;
     gvq_transport_t *xport;
+    /* gvqSend/gvqRecv's transport: the one-host shared-memory channels when every rank maps
+     * them (gvq_chan_transport, made with the segment), else xport */
+    gvq_transport_t *p2p;
     const gvq_device_ops_t *dev;
     int abort_flag;     /* atomic; set by gvqCommAbort */
     int inflight;       /* atomic; calls in progress on this communicator */
@@ -82,7 +85,7 @@ void gvq_comm_adopt_device_transport(gvqComm_t comm, gvq_transport_t *t,
 gvqResult_t gvq_comm_shm(gvqComm_t comm, gvq_shm_t **shm);
 /* The same at creation, by the init calls whose ranks are separate processes calling at once
  * (gvqCommInitRank, gvqCommInitMPI); the segment then also holds point-to-point channels up to
- * 8 ranks (the transport's chan: gvqSend/gvqRecv through shared memory). Not for the
+ * 8 ranks (comm->p2p, their transport: gvqSend/gvqRecv through shared memory). Not for the
  * in-process transport, whose ranks one thread creates one after another: its segment comes at
  * the first collective, without channels, so that every rank of a pair agrees on the path of
  * every message. On failure the caller destroys the communicator. */

@@ -1,7 +1,7 @@
 /*
  * shm.c -- the shared memory of a communicator whose ranks share one host (gvq_comm.h), for the
  * call agreement and the plain collectives of src/algorithms/shm_collectives.c, and for
- * gvqSend/gvqRecv through the transport's channels (src/transport/chan.c).
+ * gvqSend/gvqRecv through the channels' transport (src/transport/shm_chan.c).
  *
  *   when:  at creation for gvqCommInitRank and gvqCommInitMPI (gvq_comm_shm_at_init: every
  *          rank a process of its own, all in the call at once), with the channels up to 8
@@ -128,18 +128,17 @@ gvqResult_t gvq_comm_shm(gvqComm_t c, gvq_shm_t **out) {
     size_t bytes = shm_bytes_for(c->nranks, channels);
     int32_t ok = res == gvqSuccess && msg.ok && want;
     if (ok && c->rank != 0) ok = (base = shm_join(msg.name, bytes)) != NULL;
-    gvq_chan_set_t *chan = NULL;
+    gvq_transport_t *chan = NULL;
     if (ok && channels)
-        ok = (chan = gvq_chan_attach((char *)base + slots_bytes(c->nranks), c->nranks, c->rank)) !=
-             NULL;
+        ok = (chan = gvq_chan_transport((char *)base + slots_bytes(c->nranks), c->xport)) != NULL;
     if (res == gvqSuccess) res = gvq_agree_i32(&ctx, &ok, 1, gvqMin);
     if (c->rank == 0 && base != NULL) shm_unlink(msg.name); /* every rank has opened it */
     if (res != gvqSuccess || !ok) {
-        gvq_chan_detach(chan);
+        if (chan != NULL) chan->ops->destroy(chan);
         if (base != NULL) munmap(base, bytes);
         return res;
     }
-    c->xport->chan = chan; /* gvqSend/gvqRecv through the channels from now on */
+    if (chan != NULL) c->p2p = chan; /* gvqSend/gvqRecv through the channels from now on */
     c->shm = (gvq_shm_t){.base = base,
                          .slot_data = gvq_shm_slot_data(c->nranks),
                          .nranks = c->nranks,

@@ -90,11 +90,6 @@ typedef struct gvq_transport {
      * The same on every rank (a rank that differs fails the signature agreement). */
     int one_host;
     const size_t *own_mem_bytes;
-    /* Point-to-point channels through shared memory (chan.c), set by the core when every rank
-     * maps them (NULL: none): messages on GVQ_TAG_P2P go there instead of through the
-     * transport's isend/irecv; gvq_xport_waitall and gvq_xport_cancelall tell their requests
-     * apart (gvq_chan_owns). */
-    gvq_chan_set_t *chan;
     void *impl;
 } gvq_transport_t;
 
@@ -136,7 +131,7 @@ gvqResult_t gvq_xport_iallgatherv_unsupported(struct gvq_transport *t, void *blo
 /* Cancel every active request of the array (error paths). */
 void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n);
 
-/* ---- shared-memory channels (chan.c) --------------------------------------------------------
+/* ---- shared-memory channels (shm_chan.c) ----------------------------------------------------
  * Memory of gvq_chan_bytes(nranks) that every rank maps, zeroed when made; per ordered pair of
  * ranks a ring of about GVQ_CHAN_DEPTH x gvq_chan_chunk(nranks) bytes (chunks of 128 KiB up to
  * 4 ranks, 32 KiB beyond: about 8 MiB in all at 4 and at 8 ranks) holding records of any size
@@ -159,6 +154,10 @@ void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req);
 /* Marks every channel of this rank closed (gvqCommDestroy): the peers' later transfers with it
  * fail at once; what it wrote before is still received. */
 void gvq_chan_close(gvq_chan_set_t *s);
+/* The channels in mem as a transport of their own (gvqSend/gvqRecv's when every rank maps
+ * them), with base's rank, timeout, abort flag and broken state; NULL when out of memory. Its
+ * destroy closes the channels (as gvq_chan_close) and detaches them. */
+gvq_transport_t *gvq_chan_transport(void *mem, const gvq_transport_t *base);
 
 /* Transports built into the library. */
 gvqResult_t gvq_inproc_world_create(int nranks, void **world);

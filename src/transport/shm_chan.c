@@ -408,3 +408,59 @@ void gvq_chan_cancel(gvq_chan_set_t *s, gvq_req_t *req) {
     op_put(s, o);
     req->active = 0;
 }
+
+/* ---- the channels as a transport ------------------------------------------------------------
+ * gvqSend/gvqRecv's transport when the ranks share memory: the ops table over one channel set,
+ * with the base transport's rank, timeout, abort flag and broken state, so that the one wait
+ * loop (transport.c) treats its requests as any transport's. */
+
+static gvqResult_t chan_xisend(gvq_transport_t *t, int peer, int tag, const void *buf, size_t bytes,
+                               gvq_req_t *req) {
+    (void)tag; /* point-to-point only: one stream of messages per ordered pair */
+    return gvq_chan_isend(t->impl, peer, buf, bytes, req);
+}
+
+static gvqResult_t chan_xirecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                               gvq_req_t *req) {
+    (void)tag;
+    return gvq_chan_irecv(t->impl, peer, buf, bytes, req);
+}
+
+static gvqResult_t chan_xtest(gvq_transport_t *t, gvq_req_t *req, int *done) {
+    return gvq_chan_test(t->impl, req, done);
+}
+
+static void chan_xcancel(gvq_transport_t *t, gvq_req_t *req) {
+    gvq_chan_cancel(t->impl, req);
+}
+
+static void chan_xdestroy(gvq_transport_t *t) {
+    gvq_chan_close(t->impl); /* the peers' later transfers with this rank fail at once */
+    gvq_chan_detach(t->impl);
+    free(t);
+}
+
+static const gvq_transport_ops_t chan_ops = {.size = sizeof(gvq_transport_ops_t),
+                                             .name = "shared-memory channels",
+                                             .isend = chan_xisend,
+                                             .irecv = chan_xirecv,
+                                             .test = chan_xtest,
+                                             .cancel = chan_xcancel,
+                                             .destroy = chan_xdestroy,
+                                             .iallgatherv = gvq_xport_iallgatherv_unsupported};
+
+gvq_transport_t *gvq_chan_transport(void *mem, const gvq_transport_t *base) {
+    gvq_transport_t *t = malloc(sizeof *t);
+    gvq_chan_set_t *set = t != NULL ? gvq_chan_attach(mem, base->nranks, base->rank) : NULL;
+    if (set == NULL) {
+        free(t);
+        return NULL;
+    }
+    *t = *base; /* rank, nranks, timeout, abort flag, broken state, one host */
+    t->ops = &chan_ops;
+    t->impl = set;
+    t->fifo = 0;
+    t->cancel_keeps_buffers = 0; /* a cancel unlinks the transfer: nothing reads the buffer later */
+    t->stages_sends = 1;         /* a send is copied into the channel */
+    return t;
+}

@@ -22,10 +22,7 @@ gvqResult_t gvq_xport_iallgatherv_unsupported(gvq_transport_t *t, void *blocks, 
 
 void gvq_xport_cancelall(gvq_transport_t *t, gvq_req_t *reqs, int n) {
     for (int i = 0; i < n; i++)
-        if (reqs[i].active && t->chan != NULL && gvq_chan_owns(&reqs[i]))
-            gvq_chan_cancel(t->chan, &reqs[i]);
-        else if (reqs[i].active)
-            t->ops->cancel(t, &reqs[i]);
+        if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
 }
 
 /* The transport of request i: ts[i], or t for all. */
@@ -75,9 +72,7 @@ static gvqResult_t wait_loop(gvq_transport_t *t, gvq_transport_t *const *ts, gvq
             if (!reqs[i].active) continue;
             gvq_transport_t *x = xport_of(t, ts, i);
             int done = 0;
-            gvqResult_t res = x->chan != NULL && gvq_chan_owns(&reqs[i])
-                                  ? gvq_chan_test(x->chan, &reqs[i], &done)
-                                  : x->ops->test(x, &reqs[i], &done);
+            gvqResult_t res = x->ops->test(x, &reqs[i], &done);
             if (res != gvqSuccess) { /* the transport warned with the facts */
                 GVQ_TRACE("%s: transfer with peer %d failed (%s)", what, reqs[i].peer,
                           gvqGetErrorString(res));
