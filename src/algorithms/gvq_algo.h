@@ -399,4 +399,27 @@ gvqResult_t gvq_powersgd_expand(const gvq_device_ops_t *dev, size_t n, size_t m,
  * Needs r <= n. */
 size_t gvq_powersgd_orthonormalize(float *P, size_t n, size_t r);
 
+/* ---- codec_watch.c: a codec watched for what its encodes drop ----------------------------
+ * codec is inner with every encode_combine also writing r[off .. off+count) = (decode(in) +
+ * local) - decode(out) (in NULL: local - decode(out)); fini frees its scratch. */
+typedef struct {
+    gvq_codec_t codec; /* what the ring runs */
+    const gvq_codec_t *inner;
+    float *r;
+    float *tmp;
+    size_t tmp_len;
+} gvq_watch_t;
+void gvq_codec_watch_init(gvq_watch_t *w, const gvq_codec_t *inner, float *r);
+void gvq_codec_watch_fini(gvq_watch_t *w);
+
+/* ---- factor_ring.c: several tensors' low-rank factors in one ring -------------------------
+ * Each factor column-major rows x cols, summed in place; fp32 (bits 0) or the integer-summed
+ * wire (bits 8 or 16) with one scale per column, its rounding keyed by (seed, rank, call). */
+typedef struct {
+    float *buf;
+    size_t rows, cols;
+} gvq_factor_t;
+gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
+                            uint32_t seed, uint32_t call);
+
 #endif /* GVQ_ALGO_H_ */

@@ -13,7 +13,7 @@
  *   GradiVeQ (compressed)    per full slice U U^T (x - Z/N) + Z/N, the tail exact (computed
  *                            before the ring from the local input; an integer-summed wire's
  *                            rounding of the coefficients is not counted)
- *   QSGD (main or sampling   the ring's own encodes, watched (gvq_ef_begin wraps the codec): a
+ *   QSGD (main or sampling   the ring's own encodes, watched (codec_watch.c wraps the codec): a
  *   codec)                   rank encodes each element once per ring, its own value alone (the
  *                            segment it sends first) or added to the decoded partial sum coming
  *                            from the left; e = (decode(in) + x) - decode(out), what that encode
@@ -101,69 +101,6 @@ static gvqResult_t gradiveq_residual(gvqCompressor_t c, const float *xs, float *
     return res;
 }
 
-/* ---- a quantizing codec: the error of every encode this rank performs ------------------------ */
-
-static gvqResult_t ef_tmp(gvq_ef_call_t *ef, size_t count) {
-    if (ef->tmp_len >= count) return gvqSuccess;
-    float *t = realloc(ef->tmp, sizeof(float) * count);
-    if (t == NULL) return gvqSystemError;
-    ef->tmp = t;
-    ef->tmp_len = count;
-    return gvqSuccess;
-}
-
-/* The inner encode, then r = (decode(in) + local) - decode(out) over the chunk: what this
- * encode dropped. */
-static gvqResult_t ef_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
-                                     const void *local, const void *in, void *out) {
-    gvq_ef_call_t *ef = c->state;
-    const gvq_codec_t *inner = ef->inner;
-    const float *x = local;
-    float *r = ef->r + off;
-    GVQCHECK(inner->encode_combine(inner, off, count, local, in, out));
-    GVQCHECK(ef_tmp(ef, count));
-    if (in != NULL) {
-        GVQCHECK(inner->decode(inner, off, count, in, r));
-        for (size_t i = 0; i < count; i++)
-            r[i] += x[i];
-    } else {
-        memcpy(r, x, sizeof(float) * count);
-    }
-    GVQCHECK(inner->decode(inner, off, count, out, ef->tmp));
-    for (size_t i = 0; i < count; i++)
-        r[i] -= ef->tmp[i];
-    return gvqSuccess;
-}
-
-static size_t ef_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
-    const gvq_ef_call_t *ef = c->state;
-    return ef->inner->wire_bytes(ef->inner, off, count);
-}
-
-static gvqResult_t ef_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
-                             void *dst) {
-    const gvq_ef_call_t *ef = c->state;
-    return ef->inner->decode(ef->inner, off, count, wire, dst);
-}
-
-static gvqResult_t ef_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
-                            size_t count) {
-    const gvq_ef_call_t *ef = c->state;
-    return ef->inner->begin(ef->inner, ctx, local, count);
-}
-
-/* ef->codec: the inner codec, watched. */
-static void ef_watch(gvq_ef_call_t *ef, const gvq_codec_t *inner) {
-    ef->codec = *inner;
-    ef->codec.name = "error-feedback";
-    ef->codec.wire_bytes = ef_wire_bytes;
-    ef->codec.encode_combine = ef_encode_combine;
-    ef->codec.decode = ef_decode;
-    ef->codec.begin = inner->begin != NULL ? ef_begin : NULL;
-    ef->codec.state = ef;
-    ef->inner = inner;
-}
-
 /* ---- one call ---------------------------------------------------------------------------------
  */
 
@@ -179,8 +116,8 @@ gvqResult_t gvq_ef_begin(gvqCompressor_t c, gvq_ef_call_t *ef, const gvq_codec_t
         return gvqSuccess;
     }
     if (c->st.phase == gvqPhaseCompressed) return gradiveq_residual(c, src, ef->r);
-    ef_watch(ef, codec);
-    *ring_codec = &ef->codec;
+    gvq_codec_watch_init(&ef->watch, codec, ef->r); /* the ring's encodes, watched */
+    *ring_codec = &ef->watch.codec;
     return gvqSuccess;
 }
 
@@ -192,8 +129,7 @@ void gvq_ef_end(gvqCompressor_t c, gvq_ef_call_t *ef, int ok) {
         gvq_uncollocate(ef->r, c->residual, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H,
                         (size_t)cfg->W);
     gvq_ef_clip(c, ef->gnorm);
-    free(ef->tmp);
-    ef->tmp = NULL;
+    gvq_codec_watch_fini(&ef->watch);
 }
 
 /* ---- a call whose gradient is not finite --------------------------------------------------------
@@ -215,4 +151,14 @@ gvqResult_t gvq_compressed_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, con
     GVQCHECK(gvq_ring_allreduce(ctx, &plain, send, recv, c->cfg.count, gvqSum));
     if (op == gvqAvg) GVQCHECK(dev->divide(recv, c->cfg.count, gvqFloat32, c->comm->nranks));
     return gvqSuccess;
+}
+
+gvqResult_t gvq_factor_agree_nonfinite(gvqCompressor_t const *cs, const float *const *x, size_t k,
+                                       gvq_coll_ctx_t *ctx, int32_t *bad) {
+    for (size_t i = 0; i < k; i++) {
+        bad[i] = 0;
+        for (size_t j = 0; x[i] != NULL && j < cs[i]->cfg.count && !bad[i]; j++)
+            bad[i] = !isfinite(x[i][j]);
+    }
+    return gvq_agree_i32(ctx, bad, (int)k, gvqMax);
 }

@@ -12,8 +12,8 @@
  *   compressed_call.c    gvqAllReduceCompressed: checks, agreement, host / device / staged,
  *                        groups and fused sets
  *   compressor_save.c    saved state
- *   error_feedback.c     the per-call, bounded error-feedback residual (every codec)
- *   factor_ring.c        one ring over several tensors' low-rank factors
+ *   error_feedback.c     the per-call, bounded error-feedback residual (every codec; the ring's
+ *                        encodes watched by src/algorithms/codecs/codec_watch.c)
  *   zero_code.c          GVQ_CODEC: compressors attached to plain allreduce calls
  */
 #ifndef GVQ_COMPRESSOR_H_
@@ -127,11 +127,8 @@ const float *gvq_ef_input(gvqCompressor_t c, const float *g);
  * every encode records what it dropped), gvq_ef_end after the ring (ok: the residual into the
  * tensor's order, clipped against ||g||; not ok: the residual dropped). */
 typedef struct {
-    gvq_codec_t codec; /* the watching codec */
-    const gvq_codec_t *inner;
-    float *r; /* the residual in the ring's layout */
-    float *tmp;
-    size_t tmp_len;
+    gvq_watch_t watch; /* the ring's codec watched (src/algorithms/codecs/codec_watch.c) */
+    float *r;          /* the residual in the ring's layout */
     double gnorm;
 } gvq_ef_call_t;
 gvqResult_t gvq_ef_begin(gvqCompressor_t c, gvq_ef_call_t *ef, const gvq_codec_t *codec,
@@ -142,16 +139,8 @@ void gvq_ef_clip(gvqCompressor_t c, double gnorm);
 /* ||v|| in double. */
 double gvq_ef_norm(const float *v, size_t n);
 
-/* factor_ring.c: one ring over several tensors' factors (column-major rows x cols, in place),
- * fp32 (bits 0) or integer-summed with a scale per column, c0's communicator, seed and rank,
- * the rounding keyed by call; and which of k inputs x (NULL: skipped) hold NaN or Inf on any
- * rank (one small allreduce; bad[i] alike on every rank). */
-typedef struct {
-    float *buf;
-    size_t rows, cols;
-} gvq_factor_t;
-gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, gvqCompressor_t c0, int bits,
-                            const gvq_factor_t *f, size_t n, uint32_t call);
+/* error_feedback.c: which of k inputs x (NULL: skipped) hold NaN or Inf on any rank (one small
+ * allreduce; bad[i] alike on every rank). The factor ring is src/algorithms/factor_ring.c. */
 gvqResult_t gvq_factor_agree_nonfinite(gvqCompressor_t const *cs, const float *const *x, size_t k,
                                        gvq_coll_ctx_t *ctx, int32_t *bad);
 

@@ -137,7 +137,7 @@ static gvqResult_t track_ring(track_call_t *t, int k) {
         t->f[i] = (gvq_factor_t){ring_factor(&t->it[i], k), ring_rows(&t->it[i], k),
                                  (size_t)t->it[i].c->cfg.dmax};
     gvqCompressor_t c0 = t->it[0].c;
-    return gvq_factor_ring(&t->ctx, c0, c0->cfg.int_bits, t->f, t->n,
+    return gvq_factor_ring(&t->ctx, c0->cfg.int_bits, t->f, t->n, (uint32_t)c0->cfg.seed,
                            (uint32_t)(c0->st.iter * 3 + (uint64_t)k));
 }
 

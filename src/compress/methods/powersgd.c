@@ -70,7 +70,7 @@ static gvqResult_t power_steps(gvqCompressor_t const *cs, size_t k, gvq_factor_t
         GVQCHECK(gvq_powersgd_project(c->comm->dev, ST(c)->M, n, m, r, ST(c)->Q, ST(c)->P));
         f[i] = (gvq_factor_t){ST(c)->P, n, r};
     }
-    GVQCHECK(gvq_factor_ring(ctx, cs[0], 0, f, k, 0));
+    GVQCHECK(gvq_factor_ring(ctx, 0, f, k, (uint32_t)cs[0]->cfg.seed, 0));
     for (size_t i = 0; i < k; i++) {
         gvqCompressor_t c = cs[i];
         size_t n = ST(c)->n, m = ST(c)->m, r = (size_t)c->cfg.prank;
@@ -79,7 +79,7 @@ static gvqResult_t power_steps(gvqCompressor_t const *cs, size_t k, gvq_factor_t
         memcpy(ST(c)->Qsum, ST(c)->Q, sizeof(float) * m * r);
         f[i] = (gvq_factor_t){ST(c)->Qsum, m, r};
     }
-    return gvq_factor_ring(ctx, cs[0], 0, f, k, 0);
+    return gvq_factor_ring(ctx, 0, f, k, (uint32_t)cs[0]->cfg.seed, 0);
 }
 
 /* Factor values of one PowerSGD call of c: (n + m) r. */

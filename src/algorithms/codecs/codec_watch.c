@@ -1,0 +1,80 @@
+/*
+ * codec_watch.c -- a codec watched for what its encodes drop: every encode_combine of the inner
+ * codec runs as it would, then r (in the ring's layout, indexed by the chunk's offset) gets
+ * (decode(in) + local) - decode(out), the part of this rank's value that encode did not carry,
+ * with the very random bits the ring drew. Error feedback (src/compress/error_feedback.c) keeps
+ * it as the next call's residual; why this and not x - decode(encode(x)) is said there. Costs
+ * two decodes per encode.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gvq_algo.h"
+
+static gvqResult_t watch_tmp(gvq_watch_t *w, size_t count) {
+    if (w->tmp_len >= count) return gvqSuccess;
+    float *t = realloc(w->tmp, sizeof(float) * count);
+    if (t == NULL) return gvqSystemError;
+    w->tmp = t;
+    w->tmp_len = count;
+    return gvqSuccess;
+}
+
+/* The inner encode, then r = (decode(in) + local) - decode(out) over the chunk: what this
+ * encode dropped. */
+static gvqResult_t watch_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
+                                        const void *local, const void *in, void *out) {
+    gvq_watch_t *w = c->state;
+    const gvq_codec_t *inner = w->inner;
+    const float *x = local;
+    float *r = w->r + off;
+    GVQCHECK(inner->encode_combine(inner, off, count, local, in, out));
+    GVQCHECK(watch_tmp(w, count));
+    if (in != NULL) {
+        GVQCHECK(inner->decode(inner, off, count, in, r));
+        for (size_t i = 0; i < count; i++)
+            r[i] += x[i];
+    } else {
+        memcpy(r, x, sizeof(float) * count);
+    }
+    GVQCHECK(inner->decode(inner, off, count, out, w->tmp));
+    for (size_t i = 0; i < count; i++)
+        r[i] -= w->tmp[i];
+    return gvqSuccess;
+}
+
+static size_t watch_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
+    const gvq_watch_t *w = c->state;
+    return w->inner->wire_bytes(w->inner, off, count);
+}
+
+static gvqResult_t watch_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
+                                void *dst) {
+    const gvq_watch_t *w = c->state;
+    return w->inner->decode(w->inner, off, count, wire, dst);
+}
+
+static gvqResult_t watch_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                               size_t count) {
+    const gvq_watch_t *w = c->state;
+    return w->inner->begin(w->inner, ctx, local, count);
+}
+
+void gvq_codec_watch_init(gvq_watch_t *w, const gvq_codec_t *inner, float *r) {
+    memset(w, 0, sizeof *w);
+    w->r = r;
+    w->codec = *inner;
+    w->codec.name = "error-feedback";
+    w->codec.wire_bytes = watch_wire_bytes;
+    w->codec.encode_combine = watch_encode_combine;
+    w->codec.decode = watch_decode;
+    w->codec.begin = inner->begin != NULL ? watch_begin : NULL;
+    w->codec.state = w;
+    w->inner = inner;
+}
+
+void gvq_codec_watch_fini(gvq_watch_t *w) {
+    free(w->tmp);
+    w->tmp = NULL;
+    w->tmp_len = 0;
+}
