@@ -1,8 +1,8 @@
 /*
  * powersgd.c -- the linear algebra of PowerSGD (Vogels, Karimireddy, Jaggi, NeurIPS 2019; the
  * same steps as PyTorch's powerSGD_hook): one power iteration per call, warm-started from the
- * previous call's Q. The caller (src/compress/powersgd_call.c) sums P and Q over the ranks between
- * the steps; this file sees only dev->sgemm and plain C.
+ * previous call's Q. The caller (src/compress/methods/powersgd.c) sums P and Q over the ranks
+ * between the steps; this file sees only dev->sgemm and plain C.
  *
  *     rank k:   M_k = g_k + e_k             n x m, row-major (the tensor itself, zero-padded)
  *               P_k = M_k Q                 gvq_powersgd_project     Q: m x r, same on all ranks

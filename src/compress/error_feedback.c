@@ -5,7 +5,7 @@
  *   call t:   x = g + e                       (gvq_ef_input)
  *             x_hat = the part of x this rank's own contribution keeps through the codec
  *             e = x - x_hat                   (gvq_ef_begin .. ring .. gvq_ef_end;
- *                                              PowerSGD: powersgd_call.c)
+ *                                              PowerSGD: methods/powersgd.c)
  *             if ||e|| > efBound ||g||:  e *= efBound ||g|| / ||e||    (gvq_ef_clip)
  *
  * x_hat per codec:
@@ -26,7 +26,7 @@
  *                            as the one EF removes, and no gain.) Costs two decodes per encode.
  *                            An integer-summed wire adds integers exactly, so there e is just
  *                            this rank's own rounding.
- *   PowerSGD                 P_hat (Q/N)^T, as PyTorch's powerSGD_hook (powersgd_call.c)
+ *   PowerSGD                 P_hat (Q/N)^T, as PyTorch's powerSGD_hook (methods/powersgd.c)
  *
  * Why per call and why the clip. EF-SGD (Karimireddy et al. 2019) and memory SGD (Stich et al.
  * 2018) carry the full residual e_{t+1} = x_t - C(x_t) and prove convergence when C is a

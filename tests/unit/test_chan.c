@@ -1,5 +1,5 @@
 /*
- * test_chan.c -- the shared-memory point-to-point channels (src/transport/chan.c), ranks as
+ * test_chan.c -- the shared-memory point-to-point channels (src/transport/shm_chan.c), ranks as
  * threads over one zeroed block: messages of 0 bytes to several times a channel's capacity to
  * every peer at once, arriving in the order sent with the bytes sent; to oneself; a receive of
  * another length fails with gvqRemoteError and the pair stays in step for the next message; a
