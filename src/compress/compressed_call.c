@@ -15,7 +15,7 @@
 
 gvqResult_t gvq_compressed_allreduce_entered(gvqCompressor_t c, const void *send, void *recv,
                                              gvqRedOp_t op) {
-    return gvq_method_of(&c->cfg)->allreduce(c, send, recv, op);
+    return c->method->allreduce(c, send, recv, op);
 }
 
 typedef struct {
@@ -126,8 +126,7 @@ static gvqResult_t compressed_run(const compressed_args_t *a) {
     if (dev == &gvq_host_device)
         res = gvq_compressed_allreduce_entered(c, a->sendbuff, a->recvbuff, a->op);
     else if (sdev == rdev && gvq_device_has_codecs(dev) && !c->cfg.error_feedback &&
-             gvq_method_of(&c->cfg)->device_resident && !c->cfg.int_bits &&
-             gvq_param(GVQ_PARAM_DEVICE_CODECS))
+             c->method->device_resident && !c->cfg.int_bits && gvq_param(GVQ_PARAM_DEVICE_CODECS))
         res = gvq_compressed_run_device(c, dev, a->sendbuff, a->recvbuff, a->op, a->stream);
     else
         res = gvq_device_staged(dev, a->stream, fn, &comm->pinned, a->sendbuff, bytes, a->recvbuff,
@@ -176,8 +175,7 @@ typedef struct {
 /* The method's fused call that c joins, NULL when c runs alone. */
 static fused_t *fused_of(fused_t *f, size_t nf, gvqCompressor_t c) {
     for (size_t j = 0; j < nf; j++)
-        if (f[j].m == gvq_method_of(&c->cfg) && f[j].lead != NULL && f[j].m->fusable(c, f[j].lead))
-            return &f[j];
+        if (f[j].m == c->method && f[j].lead != NULL && f[j].m->fusable(c, f[j].lead)) return &f[j];
     return NULL;
 }
 
@@ -199,7 +197,7 @@ gvqResult_t gvq_compressed_allreduce_set(gvqCompressor_t const *c, const float *
     for (size_t j = 0; j < nf && res == gvqSuccess; j++) {
         f[j] = (fused_t){gvq_methods[j], NULL, cs + j * n, s + j * n, r + j * n, 0};
         for (size_t i = 0; i < n && f[j].m->fusable != NULL && f[j].lead == NULL; i++)
-            if ((ops == NULL || ops[i] == op) && gvq_method_of(&c[i]->cfg) == f[j].m &&
+            if ((ops == NULL || ops[i] == op) && c[i]->method == f[j].m &&
                 f[j].m->fusable(c[i], c[i]))
                 f[j].lead = c[i];
     }
