@@ -127,6 +127,8 @@ typedef struct {
     size_t ny;
     float *ybuf;  /* GradiVeQ: the coefficients (full slices x d, then the tail) */
     float *scale; /* nscales agreed scales */
+    float *mult;  /* per block: lv / scale (0: a zero or non-finite block), set with the scales */
+    float *unit;  /* per block: scale / lv (NaN: non-finite) */
     size_t nscales;
     float *tmp; /* decode scratch */
     size_t tmp_len;
@@ -144,6 +146,8 @@ gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col
                                     uint32_t rank);
 void gvq_intsum_fini(gvq_intsum_t *s);
 void gvq_codec_intsum_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_intsum_t *s);
+/* This rank's max |y| per block into s->scale (before the ranks agree on them), s->y set. */
+void gvq_intsum_local_scales(gvq_intsum_t *s);
 /* Bytes on the wire for the chunk [off, off+count) (off on the codec's granule). */
 size_t gvq_intsum_wire_size(const gvq_intsum_t *s, size_t off, size_t count);
 

@@ -47,4 +47,10 @@ GVQ_RNG_FN float gvq_u01(uint32_t x) {
     return (float)(x >> 8) * (1.0f / 16777216.0f);
 }
 
+/* A uniform float in [0, 1) from 16 random bits: half `half` (0 low, 1 high) of x -- the
+ * codecs draw 16 bits per element (src/algorithms/codecs/kernels/codec_kernels.h). */
+GVQ_RNG_FN float gvq_u01_16(uint32_t x, int half) {
+    return (float)((x >> (16 * half)) & 0xFFFFu) * (1.0f / 65536.0f);
+}
+
 #endif /* GVQ_RNG_H_ */

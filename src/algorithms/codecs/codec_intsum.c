@@ -36,14 +36,17 @@
  *
  *     wire of a chunk:  [ b-bit integers of the chunk's y values, in y order ][ pad to 4 bytes ]
  *
- * The random bits come from Philox keyed by (seed, rank), counter (y index, call), so runs
- * repeat and no two ranks, calls or values share bits.
+ * The random bits come from Philox keyed by (seed, rank), counter (y index / 8, call), 16 bits
+ * per value (codec_kernels.h), so runs repeat and no two ranks, calls or values share bits. The
+ * loops are codec_kernels.c's: one per instruction set, the same bits on each. A value's level
+ * is |y| (lv / scale_b) rounded, lv / scale_b computed once per block and call.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
+#include "codec_kernels.h"
 #include "gvq_algo.h"
-#include "gvq_rng.h"
 
 /* The y values of the chunk [off, off+count) of the tensor: [y0, y0+n) (GradiVeQ: the chunk's
  * slices' coefficients, then the tail's raw values when the chunk holds the tensor's end). */
@@ -85,35 +88,44 @@ static size_t is_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
     return gvq_intsum_wire_size(c->state, off, count);
 }
 
-/* One value's integer: y lv / scale rounded up with probability equal to the fraction. */
-static int32_t is_quantize(const gvq_intsum_t *s, size_t k, float y, const uint32_t rnd[4]) {
-    float sc = s->scale[is_block(s, k)];
-    if (!(sc > 0) || !(sc <= 3.0e38f)) return 0; /* a zero block, or a NaN/Inf one */
-    float r = fabsf(y) * (float)s->levels / sc;
-    float l = floorf(r);
-    int32_t q = (int32_t)l + (gvq_u01(rnd[k & 3]) < r - l);
-    if (q > s->levels) q = s->levels; /* rounding can touch lv + 1 when |y| = scale */
-    return y < 0 ? -q : q;
+/* The run of y values from k (at most n) that find their scales alike: stride 0, all of them
+ * use block *b; stride 1, value k + j uses block *b + j (GradiVeQ: the d coefficients of one
+ * slice). Returns its length. */
+static size_t is_run(const gvq_intsum_t *s, size_t k, size_t n, size_t *b, int *stride) {
+    *stride = 0;
+    if (s->blk != NULL) {
+        size_t m = 1;
+        *b = s->blk[k];
+        while (m < n && s->blk[k + m] == *b)
+            m++;
+        return m;
+    }
+    if (s->gq == NULL) {
+        *b = k / s->block;
+        return GVQ_MIN(n, (*b + 1) * s->block - k);
+    }
+    size_t d = s->gq->d, ncoef = s->gq->count / s->gq->L * d;
+    *b = is_block(s, k);
+    if (k >= ncoef) return n; /* the raw tail: one block */
+    *stride = 1;
+    return GVQ_MIN(n, GVQ_MIN(d - k % d, ncoef - k));
 }
 
-/* out[j] = q(y[k0 + j]) + in[j] for n values (in may be NULL). */
+/* out[j] = q(y[k0 + j]) + in[j] for n values (in may be NULL): q(y) = y lv / scale rounded up
+ * with probability equal to the fraction (codec_kernels.c), run by run of shared scales. */
 static void is_add_range(const gvq_intsum_t *s, size_t k0, size_t n, const void *in, void *out,
                          size_t at) {
-    uint32_t key[2] = {s->seed, s->rank}, rnd[4] = {0, 0, 0, 0};
-    for (size_t j = 0; j < n; j++) {
-        size_t k = k0 + j;
-        if (j == 0 || (k & 3) == 0) {
-            uint32_t ctr[4] = {(uint32_t)(k >> 2), (uint32_t)(k >> 34), s->call, 0x49535543u};
-            gvq_philox4x32_10(ctr, key, rnd);
-        }
-        int32_t q = is_quantize(s, k, s->y[k], rnd);
-        if (s->bits == 8) {
-            int8_t *o = (int8_t *)out + at + j;
-            *o = (int8_t)(q + (in ? ((const int8_t *)in)[at + j] : 0));
-        } else {
-            int16_t *o = (int16_t *)out + at + j;
-            *o = (int16_t)(q + (in ? ((const int16_t *)in)[at + j] : 0));
-        }
+    const gvq_kernels_t *kt = gvq_kernels();
+    gvq_kparams_t p = {s->bits, s->levels, 0, {s->seed, s->rank}, s->call, GVQ_K_TAG_INTSUM};
+    size_t esz = (size_t)s->bits / 8;
+    for (size_t j = 0; j < n;) {
+        size_t b;
+        int stride;
+        size_t m = is_run(s, k0 + j, n - j, &b, &stride);
+        kt->is_quantize_add(&p, k0 + j, s->y + k0 + j, m, s->mult + b, stride,
+                            in != NULL ? (const char *)in + (at + j) * esz : NULL,
+                            (char *)out + (at + j) * esz);
+        j += m;
     }
 }
 
@@ -128,13 +140,19 @@ static gvqResult_t is_encode_combine(const gvq_codec_t *c, size_t off, size_t co
     return gvqSuccess;
 }
 
-/* dst[j] = sum of y value k0 + j as a float: wire[at + j] scale / lv. */
+/* dst[j] = sum of y value k0 + j as a float: wire[at + j] scale / lv (NaN for a non-finite
+ * block). */
 static void is_to_float(const gvq_intsum_t *s, size_t k0, size_t n, const void *wire, size_t at,
                         float *dst) {
-    for (size_t j = 0; j < n; j++) {
-        float sc = s->scale[is_block(s, k0 + j)];
-        int32_t v = s->bits == 8 ? ((const int8_t *)wire)[at + j] : ((const int16_t *)wire)[at + j];
-        dst[j] = sc <= 3.0e38f ? (float)v * (sc / (float)s->levels) : NAN;
+    const gvq_kernels_t *kt = gvq_kernels();
+    size_t esz = (size_t)s->bits / 8;
+    for (size_t j = 0; j < n;) {
+        size_t b;
+        int stride;
+        size_t m = is_run(s, k0 + j, n - j, &b, &stride);
+        kt->is_to_float(s->bits, (const char *)wire + (at + j) * esz, m, s->unit + b, stride,
+                        dst + j);
+        j += m;
     }
 }
 
@@ -163,10 +181,11 @@ static gvqResult_t is_decode(const gvq_codec_t *c, size_t off, size_t count, con
     return s->gq_codec.decode(&s->gq_codec, off, count, w, dst);
 }
 
-/* Non-negative floats order like their bit patterns as int32: a max over the patterns is the
- * max of the floats. A NaN or Inf value makes its block's scale Inf, above every finite one. */
-static gvqResult_t is_agree_scales(gvq_intsum_t *s, gvq_coll_ctx_t *ctx) {
-    int32_t *m = (int32_t *)s->scale;
+void gvq_intsum_local_scales(gvq_intsum_t *s) {
+    if (s->gq == NULL && s->blk == NULL) { /* blocks of `block` values: the kernel */
+        gvq_kernels()->max_abs_blocks(s->y, s->ny, s->block, s->scale);
+        return;
+    }
     for (size_t b = 0; b < s->nscales; b++)
         s->scale[b] = 0;
     for (size_t k = 0; k < s->ny; k++) {
@@ -175,7 +194,21 @@ static gvqResult_t is_agree_scales(gvq_intsum_t *s, gvq_coll_ctx_t *ctx) {
         if (a != a) a = INFINITY; /* NaN and Inf alike: the largest pattern short of NaN's */
         if (a > s->scale[b]) s->scale[b] = a;
     }
-    return gvq_agree_i32(ctx, m, (int)s->nscales, gvqMax);
+}
+
+/* Non-negative floats order like their bit patterns as int32: a max over the patterns is the
+ * max of the floats. A NaN or Inf value makes its block's scale Inf, above every finite one.
+ * Then each block's multiplier (lv / scale, 0 for a zero or non-finite block) and unit. */
+static gvqResult_t is_agree_scales(gvq_intsum_t *s, gvq_coll_ctx_t *ctx) {
+    gvq_intsum_local_scales(s);
+    GVQCHECK(gvq_agree_i32(ctx, (int32_t *)s->scale, (int)s->nscales, gvqMax));
+    const float lv = (float)s->levels;
+    for (size_t b = 0; b < s->nscales; b++) {
+        float sc = s->scale[b], m = lv / sc;
+        s->mult[b] = sc > 0 && sc <= GVQ_K_FINITE_MAX ? (m <= FLT_MAX ? m : FLT_MAX) : 0.0f;
+        s->unit[b] = sc <= GVQ_K_FINITE_MAX ? sc / lv : NAN;
+    }
+    return gvqSuccess;
 }
 
 static gvqResult_t is_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
@@ -189,6 +222,15 @@ static gvqResult_t is_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const voi
         s->y = s->ybuf;
     }
     return is_agree_scales(s, ctx);
+}
+
+/* The per-block multipliers and units for nscales blocks (replacing any). */
+static gvqResult_t is_alloc_factors(gvq_intsum_t *s) {
+    free(s->mult);
+    free(s->unit);
+    s->mult = calloc(GVQ_MAX(s->nscales, (size_t)1), sizeof(float));
+    s->unit = calloc(GVQ_MAX(s->nscales, (size_t)1), sizeof(float));
+    return s->mult != NULL && s->unit != NULL ? gvqSuccess : gvqSystemError;
 }
 
 gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t block,
@@ -227,6 +269,7 @@ gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t bl
         s->nscales = GVQ_DIV_UP(count, block);
     }
     if ((s->scale = calloc(GVQ_MAX(s->nscales, (size_t)1), sizeof(float))) == NULL) goto oom;
+    if (is_alloc_factors(s) != gvqSuccess) goto oom;
     return gvqSuccess;
 oom:
     GVQ_WARN("integer-summed wire: cannot allocate its %zu scales", s->nscales);
@@ -249,7 +292,7 @@ gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col
     s->nscales = ncols;
     s->scale = calloc(ncols, sizeof(float));
     s->blk = malloc(sizeof(uint32_t) * ny);
-    if (s->scale == NULL || s->blk == NULL) {
+    if (s->scale == NULL || s->blk == NULL || is_alloc_factors(s) != gvqSuccess) {
         GVQ_WARN("integer-summed wire: cannot allocate the scales of %zu columns", ncols);
         gvq_intsum_fini(s);
         return gvqSystemError;
@@ -262,6 +305,8 @@ gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col
 
 void gvq_intsum_fini(gvq_intsum_t *s) {
     free(s->blk);
+    free(s->mult);
+    free(s->unit);
     free(s->ybuf);
     free(s->scale);
     free(s->tmp);

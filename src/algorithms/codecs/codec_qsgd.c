@@ -13,8 +13,10 @@
  *
  * QSGD is not linear: combining at a ring hop decodes the incoming bucket, adds the local
  * values and quantizes again, so error grows with every hop (the paper's comparison point).
- * The random bits come from Philox keyed by (seed, rank) with the counter (element index,
- * call), so a run is reproducible and no two ranks, calls or elements share bits. Several
+ * The random bits come from Philox keyed by (seed, rank) with the counter (element index / 8,
+ * call): 16 bits per element (codec_kernels.h), so a run is reproducible and no two ranks, calls
+ * or elements share bits. The loops themselves are codec_kernels.c's, one path per instruction
+ * set, the same bits on every path. Several
  * tensors fused into one ring keep their own element indices and calls (map_first, map_call),
  * so a fused call draws the bits of the calls one by one.
  * A bucket holding NaN or Inf travels with a NaN scale and decodes to NaN, as a plain
@@ -23,8 +25,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "codec_kernels.h"
 #include "gvq_algo.h"
-#include "gvq_rng.h"
 
 static size_t qsgd_bucket_bytes(int bits, size_t len) {
     return sizeof(float) + GVQ_DIV_UP(len * (size_t)bits, 8);
@@ -41,67 +43,33 @@ static size_t qsgd_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
     return gvq_qsgd_wire_size(q->bits, q->bucket, count);
 }
 
+/* The kernels' parameters for this codec and call (codec_kernels.h). */
+static gvq_kparams_t qsgd_kparams(const gvq_qsgd_t *q, uint32_t call) {
+    gvq_kparams_t p = {q->bits, q->levels, q->norm == GVQ_QSGD_NORM_MAX ? GVQ_K_NORM_MAX
+                                                                        : GVQ_K_NORM_L2,
+                       {q->seed, q->rank}, call, GVQ_K_TAG_QSGD};
+    return p;
+}
+
 /* Quantize one bucket of len values starting at tensor element `first` into wire. */
-static void qsgd_quantize(const gvq_qsgd_t *q, size_t first, const float *v, size_t len,
-                          uint8_t *wire) {
-    double acc = 0;
-    int finite = 1;
-    for (size_t i = 0; i < len; i++) {
-        float a = fabsf(v[i]);
-        if (!(a <= 3.0e38f)) finite = 0; /* NaN or Inf */
-        if (q->norm == GVQ_QSGD_NORM_MAX)
-            acc = a > acc ? a : acc;
-        else
-            acc += (double)v[i] * v[i];
-    }
-    float scale = q->norm == GVQ_QSGD_NORM_MAX ? (float)acc : (float)sqrt(acc);
-    if (!finite) scale = NAN;
-    memcpy(wire, &scale, sizeof scale);
-    uint8_t *codes = wire + sizeof(float);
-    memset(codes, 0, GVQ_DIV_UP(len * (size_t)q->bits, 8));
-    if (!(scale > 0) || !finite) return; /* all-zero bucket (codes 0), or NaN scale */
-    const int s = q->levels, bits = q->bits, per_byte = 8 / bits;
-    const float inv = (float)s / scale;
-    uint32_t key[2] = {q->seed, q->rank}, call = q->call;
-    uint32_t rnd[4] = {0, 0, 0, 0};
+static void qsgd_quantize(const gvq_kernels_t *k, const gvq_qsgd_t *q, size_t first,
+                          const float *v, size_t len, uint8_t *wire) {
+    uint32_t call = q->call;
     if (q->map_first != NULL) { /* a bucket of one of several tensors (gvq_qsgd_t) */
         call = q->map_call[first / q->bucket];
         first = (size_t)q->map_first[first / q->bucket];
     }
-    for (size_t i = 0; i < len; i++) {
-        size_t e = first + i;
-        if (i == 0 || (e & 3) == 0) {
-            uint32_t ctr[4] = {(uint32_t)(e >> 2), (uint32_t)(e >> 34), call, 0x51534744u};
-            gvq_philox4x32_10(ctr, key, rnd);
-        }
-        float r = fabsf(v[i]) * inv;
-        float l = floorf(r);
-        int level = (int)l + (gvq_u01(rnd[e & 3]) < r - l);
-        if (level > s) level = s;
-        unsigned code = (unsigned)level | ((v[i] < 0 && level) ? 1u << (bits - 1) : 0u);
-        codes[i / (size_t)per_byte] |= (uint8_t)(code << ((i % (size_t)per_byte) * (size_t)bits));
-    }
+    gvq_kparams_t p = qsgd_kparams(q, call);
+    k->qsgd_quantize(&p, first, v, len, wire);
 }
 
-static void qsgd_dequantize(const gvq_qsgd_t *q, const uint8_t *wire, size_t len, float *out) {
-    float scale;
-    memcpy(&scale, wire, sizeof scale);
-    const uint8_t *codes = wire + sizeof(float);
-    const int bits = q->bits, per_byte = 8 / bits;
-    const unsigned mask = (1u << (bits - 1)) - 1u;
-    const float unit = scale / (float)q->levels;
-    for (size_t i = 0; i < len; i++) {
-        unsigned code = (codes[i / (size_t)per_byte] >> ((i % (size_t)per_byte) * (size_t)bits)) &
-                        ((1u << bits) - 1u);
-        float mag = (float)(code & mask) * unit;
-        out[i] = (code >> (bits - 1)) ? -mag : mag;
-        if (scale != scale) out[i] = scale; /* NaN bucket */
-    }
-}
-
+/* encode_combine: per bucket, (decode `in` and add the local values into the bucket's scratch,
+ * still in L1,) then quantize: each value is read from memory once. */
 static gvqResult_t qsgd_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
                                        const void *local, const void *in, void *out) {
     gvq_qsgd_t *q = c->state;
+    const gvq_kernels_t *k = gvq_kernels();
+    gvq_kparams_t p = qsgd_kparams(q, q->call);
     const float *x = local;
     const uint8_t *win = in;
     uint8_t *wout = out;
@@ -109,13 +77,11 @@ static gvqResult_t qsgd_encode_combine(const gvq_codec_t *c, size_t off, size_t 
         size_t len = GVQ_MIN(q->bucket, count - b), bytes = qsgd_bucket_bytes(q->bits, len);
         const float *src = x + b;
         if (win != NULL) { /* decode, add, re-encode */
-            qsgd_dequantize(q, win, len, q->tmp);
-            for (size_t i = 0; i < len; i++)
-                q->tmp[i] += x[b + i];
+            k->qsgd_dequantize(&p, win, len, x + b, q->tmp);
             src = q->tmp;
             win += bytes;
         }
-        qsgd_quantize(q, off + b, src, len, wout);
+        qsgd_quantize(k, q, off + b, src, len, wout);
         wout += bytes;
     }
     return gvqSuccess;
@@ -124,12 +90,14 @@ static gvqResult_t qsgd_encode_combine(const gvq_codec_t *c, size_t off, size_t 
 static gvqResult_t qsgd_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
                                void *dst) {
     gvq_qsgd_t *q = c->state;
+    const gvq_kernels_t *k = gvq_kernels();
+    gvq_kparams_t p = qsgd_kparams(q, q->call);
     const uint8_t *w = wire;
     float *d = dst;
     (void)off;
     for (size_t b = 0; b < count; b += q->bucket) {
         size_t len = GVQ_MIN(q->bucket, count - b);
-        qsgd_dequantize(q, w, len, d + b);
+        k->qsgd_dequantize(&p, w, len, NULL, d + b);
         w += qsgd_bucket_bytes(q->bits, len);
     }
     return gvqSuccess;

@@ -10,8 +10,10 @@
  *   decode:         k_qsgd_decode  one thread per element
  *
  * Bit-for-bit agreement with the host codec: the levels draw their bits from gvq_rng.h's Philox
- * with the host's key and counter, and each bucket's norm is summed in the host's order (one
- * thread per bucket).
+ * with the host's key and counter (16 bits per element, 8 elements per block:
+ * algorithms/codecs/kernels/codec_kernels.h), r is clamped to s as there, and each bucket's
+ * norm is summed in the host's order (one thread per bucket, 16 lanes of double sums added
+ * 0..15).
  */
 #include <math.h>
 #include <stdint.h>
@@ -54,8 +56,10 @@ __global__ void k_qsgd_scale(gvq_dev_qsgd_t q, size_t count, const float *x, con
     size_t nb = (count + q.bucket - 1) / q.bucket, full = qs_bucket_bytes(q.bits, q.bucket);
     GRID_LOOP(b, nb) {
         size_t first = b * q.bucket, len = count - first < q.bucket ? count - first : q.bucket;
-        double acc = 0;
+        double acc = 0, lane[16];
         int finite = 1;
+        for (int j = 0; j < 16; j++)
+            lane[j] = 0;
         for (size_t i = 0; i < len; i++) {
             float v = x[first + i];
             if (in != NULL) {
@@ -66,9 +70,12 @@ __global__ void k_qsgd_scale(gvq_dev_qsgd_t q, size_t count, const float *x, con
             if (!(a <= 3.0e38f)) finite = 0;
             if (q.norm == 1 /* GVQ_QSGD_NORM_MAX */)
                 acc = a > acc ? a : acc;
-            else
-                acc = __dadd_rn(acc, __dmul_rn((double)v, (double)v));
+            else /* value i into lane i % 16, as codec_kernels.c's l2_norm */
+                lane[i & 15] = __dadd_rn(lane[i & 15], __dmul_rn((double)v, (double)v));
         }
+        if (q.norm != 1)
+            for (int j = 0; j < 16; j++)
+                acc = __dadd_rn(acc, lane[j]);
         float scale = q.norm == 1 ? (float)acc : (float)sqrt(acc);
         if (!finite) scale = __int_as_float(0x7fc00000);
         memcpy(out + b * full, &scale, sizeof scale);
@@ -91,17 +98,19 @@ __global__ void k_qsgd_codes(gvq_dev_qsgd_t q, size_t off, size_t count, const f
         float scale = qs_scale_of(bw);
         uint8_t byte = 0;
         if (scale > 0) { /* zero bucket: codes 0; NaN scale: codes 0 */
-            const float inv = (float)s / scale;
+            float inv = __fdiv_rn((float)s, scale);
+            if (!(inv <= 3.402823466e38f)) inv = 3.402823466e38f; /* a subnormal scale */
             for (size_t i = j * (size_t)per_byte; i < len && i < (j + 1) * (size_t)per_byte; i++) {
                 size_t e = off + first + i;
-                uint32_t ctr[4] = {(uint32_t)(e >> 2), (uint32_t)(e >> 34), q.call, 0x51534744u};
+                uint32_t ctr[4] = {(uint32_t)(e >> 3), (uint32_t)(e >> 35), q.call, 0x51534744u};
                 uint32_t rnd[4];
                 gvq_philox4x32_10(ctr, key, rnd);
                 float v = src[first + i];
                 float r = __fmul_rn(fabsf(v), inv);
+                r = r < (float)s ? r : (float)s;
                 float l = floorf(r);
-                int level = (int)l + (gvq_u01(rnd[e & 3]) < __fsub_rn(r, l));
-                if (level > s) level = s;
+                int level = (int)l + (gvq_u01_16(rnd[(e >> 1) & 3], (int)(e & 1)) <
+                                      __fsub_rn(r, l));
                 unsigned code = (unsigned)level | ((v < 0 && level) ? 1u << (bits - 1) : 0u);
                 byte |= (uint8_t)(code << ((i % (size_t)per_byte) * (size_t)bits));
             }

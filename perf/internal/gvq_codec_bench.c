@@ -1,0 +1,387 @@
+/*
+ * gvq_codec_bench.c -- every host codec kernel on one core, at the ring's chunk size, beside
+ * memcpy measured in the same run (issue 36), and each codec's break-even link rate.
+ *
+ *   gvq-codec-bench [-n MiB] [-r reps] [-c chunk_bytes] [-k kernel-substring]
+ *
+ * Each kernel sweeps a vector of n MiB of fp32 values (default 64, well past the caches) chunk
+ * by chunk as the ring does; a row is the best of `reps` sweeps, in GB/s of fp32 input and as a
+ * fraction of memcpy's GB/s over the same vector. The break-even table models one ring
+ * allreduce per rank (docs/PERFORMANCE.md, "Break-even link rate"):
+ *
+ *   plain:      compute (N-1)/N n t_add,   wire 2 (N-1)/N 4 n bytes
+ *   codec:      compute n/N t_enc + (N-2)/N n t_hop + n t_dec (+ n t_pre, once per call),
+ *               wire 2 (N-1)/N w n bytes (w wire bytes per value)
+ *   break-even  B* = (wire_plain - wire_codec) / (compute_codec - compute_plain)
+ *
+ * i.e. the link rate below which the codec's ring is faster than the plain ring, compute and
+ * transfer not overlapped (the ring's pipeline overlaps them, so this is the conservative rate).
+ * "inf": the codec computes less than the plain ring adds. No MPI: one process, one core.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gvq_algo.h"
+#include "codec_kernels.h"
+#include "gvq_compressor.h"
+#include "gvq_util.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct bench bench_t;
+typedef void (*kernel_fn)(bench_t *b, size_t off, size_t len);
+
+struct bench {
+    size_t n, chunk;   /* values; values per chunk */
+    int reps;
+    float *x, *y, *z;  /* inputs, outputs */
+    uint8_t *w1, *w2;  /* wires */
+    gvq_codec_t codec; /* the codec a row runs */
+    size_t woff;       /* running wire offset within one sweep */
+    gvq_gradiveq_t gq;
+    gvq_intsum_t is;
+    double memcpy_gbs;
+    const char *filter;
+};
+
+/* Best of reps sweeps of fn over the vector, chunk by chunk; seconds. */
+static double sweep(bench_t *b, kernel_fn fn) {
+    double best = 1e30;
+    for (int r = 0; r < b->reps; r++) {
+        b->woff = 0;
+        double t0 = now_s();
+        for (size_t off = 0; off < b->n; off += b->chunk)
+            fn(b, off, GVQ_MIN(b->chunk, b->n - off));
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+/* ns per value of a row, printed with its GB/s and fraction of memcpy. */
+static double row(bench_t *b, const char *name, kernel_fn fn) {
+    if (b->filter != NULL && strstr(name, b->filter) == NULL) return NAN;
+    double t = sweep(b, fn), gbs = 4.0 * (double)b->n / t / 1e9;
+    printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", name, gbs, gbs / b->memcpy_gbs,
+           t / (double)b->n * 1e9);
+    fflush(stdout);
+    return t / (double)b->n * 1e9;
+}
+
+static void k_memcpy(bench_t *b, size_t off, size_t len) {
+    memcpy(b->y + off, b->x + off, len * sizeof(float));
+}
+static void k_add(bench_t *b, size_t off, size_t len) { /* the plain ring's reduce: y += x */
+    float *y = b->y + off;
+    const float *x = b->x + off;
+    for (size_t i = 0; i < len; i++)
+        y[i] += x[i];
+}
+static void k_encode(bench_t *b, size_t off, size_t len) {
+    b->codec.encode_combine(&b->codec, off, len, b->x + off, NULL, b->w1 + b->woff);
+    b->woff += b->codec.wire_bytes(&b->codec, off, len);
+}
+static void k_hop(bench_t *b, size_t off, size_t len) {
+    b->codec.encode_combine(&b->codec, off, len, b->x + off, b->w1 + b->woff, b->w2 + b->woff);
+    b->woff += b->codec.wire_bytes(&b->codec, off, len);
+}
+static void k_decode(bench_t *b, size_t off, size_t len) {
+    b->codec.decode(&b->codec, off, len, b->w1 + b->woff, b->y + off);
+    b->woff += b->codec.wire_bytes(&b->codec, off, len);
+}
+static void k_is_scales(bench_t *b, size_t off, size_t len) {
+    (void)off;
+    (void)len;
+    if (off == 0) gvq_intsum_local_scales(&b->is);
+}
+/* the library's fp16/bf16 conversions (gvq_util.h), as the fp16 wire and typed paths run them */
+static void k_half(bench_t *b, size_t off, size_t len) {
+    uint16_t *h = (uint16_t *)b->w1 + off;
+    for (size_t i = 0; i < len; i++)
+        h[i] = gvq_float_to_half(b->x[off + i]);
+}
+static void k_unhalf(bench_t *b, size_t off, size_t len) {
+    const uint16_t *h = (const uint16_t *)b->w1 + off;
+    for (size_t i = 0; i < len; i++)
+        b->y[off + i] = gvq_half_to_float(h[i]);
+}
+static void k_bf16(bench_t *b, size_t off, size_t len) {
+    uint16_t *h = (uint16_t *)b->w1 + off;
+    for (size_t i = 0; i < len; i++)
+        h[i] = gvq_float_to_bf16(b->x[off + i]);
+}
+static void k_unbf16(bench_t *b, size_t off, size_t len) {
+    const uint16_t *h = (const uint16_t *)b->w1 + off;
+    for (size_t i = 0; i < len; i++)
+        b->y[off + i] = gvq_bf16_to_float(h[i]);
+}
+/* error feedback's two passes per call: x = g + e (the input), and ||x|| for the clip */
+static void k_ef_add(bench_t *b, size_t off, size_t len) {
+    for (size_t i = 0; i < len; i++)
+        b->y[off + i] = b->x[off + i] + b->z[off + i];
+}
+
+/* A codec's per-value costs (ns) and wire bytes per value, for the break-even table. */
+typedef struct {
+    const char *name;
+    double pre, enc, hop, dec, wire;
+} cost_t;
+
+static double breakeven_gbit(const cost_t *c, double t_add, int N) {
+    double f = (double)(N - 1) / N;
+    double comp_p = f * t_add;
+    double comp_c = c->pre + c->enc / N + (double)(N - 2) / N * c->hop + c->dec;
+    double saved = 2 * f * (4.0 - c->wire) * 8; /* bits per value */
+    if (comp_c <= comp_p) return INFINITY;
+    return saved / (comp_c - comp_p); /* bits per ns = Gbit/s */
+}
+
+static void qsgd_rows(bench_t *b, int bits, cost_t *out) {
+    gvq_qsgd_t q;
+    char name[64];
+    if (gvq_qsgd_init(&q, bits, 512, GVQ_QSGD_NORM_MAX, 7, 0) != gvqSuccess) exit(1);
+    gvq_codec_qsgd_init(&b->codec, &gvq_host_device, &q);
+    out->name = bits == 2 ? "qsgd 2-bit" : bits == 4 ? "qsgd 4-bit" : "qsgd 8-bit";
+    snprintf(name, sizeof name, "qsgd%d encode", bits);
+    out->enc = row(b, name, k_encode);
+    snprintf(name, sizeof name, "qsgd%d hop (decode+add+encode)", bits);
+    out->hop = row(b, name, k_hop);
+    snprintf(name, sizeof name, "qsgd%d decode", bits);
+    out->dec = row(b, name, k_decode);
+    out->wire = (double)gvq_qsgd_wire_size(bits, 512, b->n) / (double)b->n;
+    gvq_qsgd_fini(&q);
+}
+
+static void intsum_rows(bench_t *b, int nranks, cost_t *out) {
+    if (gvq_intsum_init(&b->is, 8, 7, 512, NULL, &gvq_host_device, b->n, nranks, 7, 0) !=
+        gvqSuccess)
+        exit(1);
+    gvq_codec_intsum_init(&b->codec, &gvq_host_device, &b->is);
+    b->is.y = b->x;
+    b->is.ny = b->n;
+    gvq_intsum_local_scales(&b->is);
+    out->name = "qsgd 4-bit, 8-bit integer wire";
+    out->pre = row(b, "qsgd-int8 scales (local max)", k_is_scales);
+    out->enc = row(b, "qsgd-int8 encode", k_encode);
+    out->hop = row(b, "qsgd-int8 hop (integer add)", k_hop);
+    out->dec = row(b, "qsgd-int8 decode", k_decode);
+    out->wire = 1.0;
+    gvq_intsum_fini(&b->is);
+}
+
+/* GradiVeQ, L = 256 (the default slice of a flat tensor), d = L / 8, one reuse group; the
+ * basis is any orthonormal one (the kernels' cost does not depend on which). */
+static void gradiveq_rows(bench_t *b, cost_t *out) {
+    size_t L = 256, d = 32, n = b->n / L * L;
+    float *U = calloc(L * d, sizeof(float)), *Z = calloc(L, sizeof(float));
+    if (U == NULL || Z == NULL) exit(1);
+    for (size_t j = 0; j < d; j++)
+        U[j * L + j * (L / d)] = 1.0f;
+    for (size_t i = 0; i < L; i++)
+        Z[i] = 0.01f * (float)i;
+    memset(&b->gq, 0, sizeof b->gq);
+    b->gq.count = n;
+    b->gq.L = L;
+    b->gq.d = d;
+    b->gq.C = n / L;
+    b->gq.nranks = 4;
+    b->gq.U = U;
+    b->gq.Z = Z;
+    if (gvq_gradiveq_prepare(&b->gq, &gvq_host_device) != gvqSuccess) exit(1);
+    gvq_codec_gradiveq_init(&b->codec, &gvq_host_device, &b->gq);
+    size_t save_chunk = b->chunk;
+    b->chunk = b->chunk / L * L;
+    out->name = "gradiveq ratio 8";
+    out->enc = row(b, "gradiveq encode (L 256, d 32)", k_encode);
+    out->hop = row(b, "gradiveq hop (encode+add)", k_hop);
+    out->dec = row(b, "gradiveq decode", k_decode);
+    out->wire = (double)gvq_gradiveq_wire_size(L, d, 0, n) / (double)n;
+    b->chunk = save_chunk;
+    gvq_gradiveq_fini(&b->gq);
+    free(U);
+    free(Z);
+}
+
+/* The tracked basis's products on the slice matrix S (n slices x L = 256), d = 32 (ratio 8):
+ * C0 = S U, B = S^T C0, orth(B), C = S U, e = S - C U^T, y = C U^T (gradiveq_track.c). Whole
+ * vector at once (the method runs them on the whole tensor); ns per value. */
+static void track_rows(bench_t *b, cost_t *out) {
+    if (b->filter != NULL && strstr("track/powersgd expand", b->filter) == NULL) return;
+    size_t L = 256, d = 32, n = b->n / L;
+    float *U = calloc(L * d, sizeof(float)), *C = malloc(sizeof(float) * n * d);
+    float *B = malloc(sizeof(float) * L * d);
+    if (U == NULL || C == NULL || B == NULL) exit(1);
+    for (size_t j = 0; j < d; j++)
+        U[j * L + j * (L / d)] = 1.0f;
+    const gvq_device_ops_t *dev = &gvq_host_device;
+    double t[4] = {1e30, 1e30, 1e30, 1e30};
+    for (int r = 0; r < b->reps; r++) {
+        double t0 = now_s();
+        gvq_powersgd_project(dev, b->x, n, L, d, U, C); /* C0 = S U */
+        double t1 = now_s();
+        gvq_powersgd_back(dev, b->x, n, L, d, C, B); /* B = S^T C0 */
+        double t2 = now_s();
+        gvq_powersgd_orthonormalize(B, L, d);
+        double t3 = now_s();
+        memcpy(b->y, b->x, sizeof(float) * n * L); /* e = S - C U^T, y = C U^T: two expands */
+        gvq_powersgd_expand(dev, n, L, d, C, U, -1.0f, 1.0f, b->y);
+        gvq_powersgd_expand(dev, n, L, d, C, U, 1.0f, 0.0f, b->z);
+        double t4 = now_s();
+        double dt[4] = {t1 - t0, t2 - t1, t3 - t2, t4 - t3};
+        for (int k = 0; k < 4; k++)
+            t[k] = dt[k] < t[k] ? dt[k] : t[k];
+    }
+    const char *names[4] = {"track/powersgd P = S U", "track/powersgd Q = S^T P",
+                            "track/powersgd orthonormalise", "track expand x2 (residual, out)"};
+    double total = 0;
+    for (int k = 0; k < 4; k++) {
+        double ns = t[k] / (double)(n * L) * 1e9, gbs = 4.0 / ns;
+        if (b->filter == NULL || strstr(names[k], b->filter) != NULL)
+            printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", names[k], gbs,
+                   gbs / b->memcpy_gbs, ns);
+        total += ns;
+    }
+    /* per call: P = S U twice (C0 and C), the rest once; nothing per hop (factor rings of
+     * fp32 sums) */
+    out->name = "gradiveq track ratio 8";
+    out->pre = total + t[0] / (double)(n * L) * 1e9;
+    out->enc = out->hop = out->dec = 0;
+    out->wire = 3.0 * (2.0 * (double)n + (double)L) * (double)d * 4.0 / 3.0 / (double)(n * L);
+    free(U);
+    free(C);
+    free(B);
+}
+
+static void collocate_rows(bench_t *b) {
+    size_t K = 64, D = 64, H = 3, W = 3, per = K * D * H * W, m = b->n / per * per;
+    const char *names[2] = {"collocate (64x64x3x3 filters)", "uncollocate"};
+    for (int k = 0; k < 2; k++) {
+        if (b->filter != NULL && strstr(names[k], b->filter) == NULL) continue;
+        double best = 1e30;
+        for (int r = 0; r < b->reps; r++) {
+            double t0 = now_s();
+            for (size_t o = 0; o < m; o += per)
+                (k == 0 ? gvq_collocate : gvq_uncollocate)(b->x + o, b->y + o, K, D, H, W);
+            double t = now_s() - t0;
+            best = t < best ? t : best;
+        }
+        double gbs = 4.0 * (double)m / best / 1e9;
+        printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", names[k], gbs,
+               gbs / b->memcpy_gbs, best / (double)m * 1e9);
+    }
+}
+
+static double ef_norm_row(bench_t *b) {
+    if (b->filter != NULL && strstr("error feedback norm", b->filter) == NULL) return 0;
+    double best = 1e30, s = 0;
+    for (int r = 0; r < b->reps; r++) {
+        double t0 = now_s();
+        s += gvq_ef_norm(b->x, b->n);
+        double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    double gbs = 4.0 * (double)b->n / best / 1e9;
+    printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", "error feedback norm", gbs,
+           gbs / b->memcpy_gbs, best / (double)b->n * 1e9);
+    return s;
+}
+
+static void usage(void) {
+    fprintf(stderr, "gvq-codec-bench [-n MiB] [-r reps] [-c chunk_bytes] [-k substring] "
+                    "[-s scalar|avx2|avx512]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    if (getenv("OPENBLAS_NUM_THREADS") == NULL) { /* one core: BLAS too (read when it loads) */
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        execv("/proc/self/exe", argv);
+    }
+    bench_t b = {0};
+    size_t mib = 64, chunk_bytes = 1 << 18;
+    const char *path = NULL;
+    b.reps = 5;
+    for (int i = 1; i < argc; i++) {
+        if (i + 1 >= argc) usage();
+        if (strcmp(argv[i], "-n") == 0) mib = strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "-r") == 0) b.reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "-c") == 0) chunk_bytes = strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "-k") == 0) b.filter = argv[++i];
+        else if (strcmp(argv[i], "-s") == 0) path = argv[++i];
+        else usage();
+    }
+    if (mib < 1 || b.reps < 1 || chunk_bytes < 4096) usage();
+    if (path != NULL && gvq_kernels_force(path) != 0) {
+        fprintf(stderr, "gvq-codec-bench: this CPU or build has no '%s' kernels\n", path);
+        return 2;
+    }
+    b.n = mib << 18;
+    b.chunk = chunk_bytes / sizeof(float);
+    b.x = malloc(sizeof(float) * b.n);
+    b.y = malloc(sizeof(float) * b.n);
+    b.z = malloc(sizeof(float) * b.n);
+    b.w1 = malloc(sizeof(float) * b.n + 64);
+    b.w2 = malloc(sizeof(float) * b.n + 64);
+    if (!b.x || !b.y || !b.z || !b.w1 || !b.w2) return 1;
+    uint32_t st = 12345;
+    for (size_t i = 0; i < b.n; i++) { /* a gradient-like spread of magnitudes and signs */
+        st = st * 1664525u + 1013904223u;
+        float u = (float)(st >> 8) / 16777216.0f - 0.5f;
+        b.x[i] = u * u * u * 0.1f;
+        b.z[i] = u * 0.001f;
+    }
+    memset(b.y, 0, sizeof(float) * b.n);
+    memset(b.w1, 0, sizeof(float) * b.n + 64);
+    memset(b.w2, 0, sizeof(float) * b.n + 64);
+    const char *f = b.filter;
+    b.filter = NULL;
+    b.memcpy_gbs = 1;
+    double t_copy = sweep(&b, k_memcpy);
+    b.memcpy_gbs = 4.0 * (double)b.n / t_copy / 1e9;
+    printf("# gvq-codec-bench: %zu MiB of fp32, chunks of %zu bytes, best of %d; kernels: %s\n",
+           mib, chunk_bytes, b.reps, gvq_kernels()->name);
+    printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", "memcpy", b.memcpy_gbs, 1.0,
+           t_copy / (double)b.n * 1e9);
+    double t_add = row(&b, "plain ring add (y += x)", k_add);
+    b.filter = f;
+    cost_t cost[6] = {{0}};
+    int nc = 0;
+    qsgd_rows(&b, 2, &cost[nc++]);
+    qsgd_rows(&b, 4, &cost[nc++]);
+    qsgd_rows(&b, 8, &cost[nc++]);
+    intsum_rows(&b, 4, &cost[nc++]);
+    gradiveq_rows(&b, &cost[nc++]);
+    track_rows(&b, &cost[nc++]);
+    collocate_rows(&b);
+    row(&b, "error feedback add (x = g + e)", k_ef_add);
+    ef_norm_row(&b);
+    row(&b, "fp32 -> fp16", k_half);
+    row(&b, "fp16 -> fp32", k_unhalf);
+    row(&b, "fp32 -> bf16", k_bf16);
+    row(&b, "bf16 -> fp32", k_unbf16);
+    if (f != NULL) return 0;
+    printf("\n# break-even link rate (Gbit/s; below it the codec's ring beats the plain ring; "
+           "compute and transfer not overlapped)\n");
+    printf("  %-32s %9s %8s %8s %8s %8s\n", "codec", "wire B/v", "N=2", "N=4", "N=8", "N=64");
+    const int Ns[4] = {2, 4, 8, 64};
+    for (int c = 0; c < nc; c++) {
+        printf("  %-32s %9.3f", cost[c].name, cost[c].wire);
+        for (int k = 0; k < 4; k++)
+            printf(" %8.1f", breakeven_gbit(&cost[c], t_add, Ns[k]));
+        printf("\n");
+    }
+    free(b.x);
+    free(b.y);
+    free(b.z);
+    free(b.w1);
+    free(b.w2);
+    return 0;
+}

@@ -1,0 +1,377 @@
+/*
+ * codec_kernels.c -- the host codecs' inner loops (codec_kernels.h), compiled once per path:
+ * GVQ_KPATH names it (scalar, avx2, avx512) and the compiler flags of CMakeLists.txt give its
+ * instruction set. The C below is the definition of every path's result: loops over tiles of
+ * TILE values whose iterations are independent, so the compiler may run them in vector lanes
+ * without changing a bit; only Philox has hand-written vector forms (the compilers do not
+ * vectorize its 32x32->64 multiplies well), checked against the scalar form by the tests.
+ *
+ * Per QSGD bucket: one pass over the values for the scale (integer max of |v|'s bit patterns,
+ * or 16 lanes of double sums of squares), then one pass per tile of 128 values: draws, levels,
+ * codes packed into the wire. A ring hop's decode-add runs on one bucket (512 values by
+ * default: in L1) right before its quantize, so each value is read from memory once per hop.
+ */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "codec_kernels.h"
+#include "gvq_rng.h"
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#ifndef GVQ_KPATH
+#error "GVQ_KPATH must name the path this file is compiled for"
+#endif
+#define K_CAT3(a, b) a##b
+#define K_CAT2(a, b) K_CAT3(a, b)
+#define K_TABLE K_CAT2(gvq_kernels_, GVQ_KPATH)
+#define K_STR2(x) #x
+#define K_STR(x) K_STR2(x)
+
+enum { TILE = 128, LANES = 16 };
+#define PH_M0 0xD2511F53u
+#define PH_M1 0xCD9E8D57u
+#define PH_W0 0x9E3779B9u
+#define PH_W1 0xBB67AE85u
+
+/* ---- Philox: 16 blocks g0 .. g0+15, out[4j + w] = word w of block j ------------------------ */
+#if defined(__AVX512F__)
+static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i lo = _mm512_set1_epi32((int)(uint32_t)g0), hi = _mm512_set1_epi32((int)(g0 >> 32));
+    __m512i c0 = _mm512_add_epi32(lo, lane);
+    __mmask16 carry = _mm512_cmplt_epu32_mask(c0, lo);
+    __m512i c1 = _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1));
+    __m512i c2 = _mm512_set1_epi32((int)p->call), c3 = _mm512_set1_epi32((int)p->tag);
+    const __m512i m0 = _mm512_set1_epi32((int)PH_M0), m1 = _mm512_set1_epi32((int)PH_M1);
+    uint32_t k0 = p->key[0], k1 = p->key[1];
+    for (int r = 0; r < 10; r++) {
+        __m512i e0 = _mm512_mul_epu32(c0, m0), o0 = _mm512_mul_epu32(_mm512_srli_epi64(c0, 32), m0);
+        __m512i e1 = _mm512_mul_epu32(c2, m1), o1 = _mm512_mul_epu32(_mm512_srli_epi64(c2, 32), m1);
+        __m512i lo0 = _mm512_mask_blend_epi32(0xAAAA, e0, _mm512_slli_epi64(o0, 32));
+        __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e0, 32), o0);
+        __m512i lo1 = _mm512_mask_blend_epi32(0xAAAA, e1, _mm512_slli_epi64(o1, 32));
+        __m512i hi1 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e1, 32), o1);
+        c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32((int)k0));
+        c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32((int)k1));
+        c1 = lo1;
+        c3 = lo0;
+        k0 += PH_W0;
+        k1 += PH_W1;
+    }
+    /* transpose: v_k holds blocks k, 4+k, 8+k, 12+k (one per 128-bit lane) */
+    __m512i a = _mm512_unpacklo_epi32(c0, c1), b = _mm512_unpackhi_epi32(c0, c1);
+    __m512i c = _mm512_unpacklo_epi32(c2, c3), d = _mm512_unpackhi_epi32(c2, c3);
+    __m512i v0 = _mm512_unpacklo_epi64(a, c), v1 = _mm512_unpackhi_epi64(a, c);
+    __m512i v2 = _mm512_unpacklo_epi64(b, d), v3 = _mm512_unpackhi_epi64(b, d);
+    __m512i ta = _mm512_shuffle_i32x4(v0, v1, 0x88), tb = _mm512_shuffle_i32x4(v2, v3, 0x88);
+    __m512i tc = _mm512_shuffle_i32x4(v0, v1, 0xDD), td = _mm512_shuffle_i32x4(v2, v3, 0xDD);
+    _mm512_storeu_si512((void *)out, _mm512_shuffle_i32x4(ta, tb, 0x88));
+    _mm512_storeu_si512((void *)(out + 16), _mm512_shuffle_i32x4(tc, td, 0x88));
+    _mm512_storeu_si512((void *)(out + 32), _mm512_shuffle_i32x4(ta, tb, 0xDD));
+    _mm512_storeu_si512((void *)(out + 48), _mm512_shuffle_i32x4(tc, td, 0xDD));
+}
+#elif defined(__AVX2__)
+/* 8 blocks g0 .. g0+7 */
+static void philox8(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    __m256i lo = _mm256_set1_epi32((int)(uint32_t)g0), hi = _mm256_set1_epi32((int)(g0 >> 32));
+    __m256i c0 = _mm256_add_epi32(lo, lane);
+    /* carry where c0 < lo unsigned: compare with the sign bits flipped */
+    __m256i carry = _mm256_cmpgt_epi32(_mm256_xor_si256(lo, sign), _mm256_xor_si256(c0, sign));
+    __m256i c1 = _mm256_sub_epi32(hi, carry); /* carry lanes are -1 */
+    __m256i c2 = _mm256_set1_epi32((int)p->call), c3 = _mm256_set1_epi32((int)p->tag);
+    const __m256i m0 = _mm256_set1_epi32((int)PH_M0), m1 = _mm256_set1_epi32((int)PH_M1);
+    uint32_t k0 = p->key[0], k1 = p->key[1];
+    for (int r = 0; r < 10; r++) {
+        __m256i e0 = _mm256_mul_epu32(c0, m0), o0 = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
+        __m256i e1 = _mm256_mul_epu32(c2, m1), o1 = _mm256_mul_epu32(_mm256_srli_epi64(c2, 32), m1);
+        __m256i lo0 = _mm256_blend_epi32(e0, _mm256_slli_epi64(o0, 32), 0xAA);
+        __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(e0, 32), o0, 0xAA);
+        __m256i lo1 = _mm256_blend_epi32(e1, _mm256_slli_epi64(o1, 32), 0xAA);
+        __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(e1, 32), o1, 0xAA);
+        c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32((int)k0));
+        c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32((int)k1));
+        c1 = lo1;
+        c3 = lo0;
+        k0 += PH_W0;
+        k1 += PH_W1;
+    }
+    /* v_k holds blocks k and 4+k (one per 128-bit lane) */
+    __m256i a = _mm256_unpacklo_epi32(c0, c1), b = _mm256_unpackhi_epi32(c0, c1);
+    __m256i c = _mm256_unpacklo_epi32(c2, c3), d = _mm256_unpackhi_epi32(c2, c3);
+    __m256i v0 = _mm256_unpacklo_epi64(a, c), v1 = _mm256_unpackhi_epi64(a, c);
+    __m256i v2 = _mm256_unpacklo_epi64(b, d), v3 = _mm256_unpackhi_epi64(b, d);
+    _mm256_storeu_si256((__m256i *)out, _mm256_permute2x128_si256(v0, v1, 0x20));
+    _mm256_storeu_si256((__m256i *)(out + 8), _mm256_permute2x128_si256(v2, v3, 0x20));
+    _mm256_storeu_si256((__m256i *)(out + 16), _mm256_permute2x128_si256(v0, v1, 0x31));
+    _mm256_storeu_si256((__m256i *)(out + 24), _mm256_permute2x128_si256(v2, v3, 0x31));
+}
+static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
+    philox8(p, g0, out);
+    philox8(p, g0 + 8, out + 32);
+}
+#else
+static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
+    for (uint64_t j = 0; j < 16; j++) {
+        uint64_t g = g0 + j;
+        uint32_t ctr[4] = {(uint32_t)g, (uint32_t)(g >> 32), p->call, p->tag};
+        gvq_philox4x32_10(ctr, p->key, out + 4 * j);
+    }
+}
+#endif
+
+/* The draws of stream values e0 .. e0+n-1 (n <= TILE) into d[0..n). */
+static void draws(const gvq_kparams_t *p, uint64_t e0, size_t n, uint16_t *d) {
+    uint32_t words[2 * 16 * 4]; /* n <= 128 values span at most 17 blocks */
+    uint64_t g0 = e0 >> 3, nb = ((e0 + n - 1) >> 3) - g0 + 1;
+    for (uint64_t j = 0; j < nb; j += 16)
+        philox16(p, g0 + j, words + 4 * j);
+    size_t s = (size_t)(e0 - 8 * g0);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(d, (const uint8_t *)words + 2 * s, 2 * n); /* draw m is 16-bit half m of the words */
+#else
+    for (size_t i = 0; i < n; i++) {
+        size_t m = s + i;
+        d[i] = (uint16_t)(words[m >> 1] >> (16 * (m & 1)));
+    }
+#endif
+}
+
+/* ---- QSGD ------------------------------------------------------------------------------------ */
+
+static uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* max |v| as the largest bit pattern of |v| (non-negative floats order like their patterns;
+ * NaN above Inf above every finite value): exact in any order. */
+static uint32_t max_abs_bits(const float *v, size_t n) {
+    uint32_t lane[LANES] = {0};
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (size_t j = 0; j < LANES; j++) {
+            uint32_t a = bits_of(v[i + j]) & 0x7fffffffu;
+            lane[j] = a > lane[j] ? a : lane[j];
+        }
+    for (; i < n; i++) {
+        uint32_t a = bits_of(v[i]) & 0x7fffffffu;
+        lane[0] = a > lane[0] ? a : lane[0];
+    }
+    uint32_t m = 0;
+    for (size_t j = 0; j < LANES; j++)
+        m = lane[j] > m ? lane[j] : m;
+    return m;
+}
+
+/* sqrt of the sum of squares in double: value i into lane i % 16, lanes added 0..15 in order */
+static double l2_norm(const float *v, size_t n) {
+    double lane[LANES] = {0};
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (size_t j = 0; j < LANES; j++)
+            lane[j] += (double)v[i + j] * (double)v[i + j];
+    for (size_t j = 0; i < n; i++, j++)
+        lane[j] += (double)v[i] * (double)v[i];
+    double s = 0;
+    for (size_t j = 0; j < LANES; j++)
+        s += lane[j];
+    return sqrt(s);
+}
+
+/* codes of n values: level floor(r) + (u < r - floor(r)), r = min(|v| inv, s), sign bit when
+ * v < 0 and the level is not 0 */
+static void qsgd_levels(const float *v, const uint16_t *d, size_t n, float inv, int s, int bits,
+                        uint8_t *c) {
+    const float sf = (float)s;
+    const int32_t sign = 1 << (bits - 1);
+    for (size_t i = 0; i < n; i++) {
+        float r = fabsf(v[i]) * inv;
+        r = r < sf ? r : sf;
+        int32_t li = (int32_t)r;
+        float frac = r - (float)li;
+        int32_t lvl = li + ((float)d[i] * (1.0f / 65536.0f) < frac ? 1 : 0);
+        c[i] = (uint8_t)(lvl | ((v[i] < 0.0f && lvl != 0) ? sign : 0));
+    }
+}
+
+/* n codes into ceil(n bits / 8) bytes, low bits first */
+static void pack(const uint8_t *c, size_t n, int bits, uint8_t *out) {
+    if (bits == 8) {
+        memcpy(out, c, n);
+    } else if (bits == 4) {
+        size_t h = n / 2;
+        for (size_t j = 0; j < h; j++)
+            out[j] = (uint8_t)(c[2 * j] | (c[2 * j + 1] << 4));
+        if (n & 1) out[h] = c[n - 1];
+    } else {
+        size_t q = n / 4;
+        for (size_t j = 0; j < q; j++)
+            out[j] = (uint8_t)(c[4 * j] | (c[4 * j + 1] << 2) | (c[4 * j + 2] << 4) |
+                               (c[4 * j + 3] << 6));
+        if (n & 3) {
+            uint8_t b = 0;
+            for (size_t i = 4 * q; i < n; i++)
+                b |= (uint8_t)(c[i] << (2 * (i - 4 * q)));
+            out[q] = b;
+        }
+    }
+}
+
+static void unpack(const uint8_t *in, size_t n, int bits, uint8_t *c) {
+    if (bits == 8) {
+        memcpy(c, in, n);
+    } else if (bits == 4) {
+        for (size_t j = 0; j < (n + 1) / 2; j++) {
+            c[2 * j] = in[j] & 15u;
+            c[2 * j + 1] = (uint8_t)(in[j] >> 4);
+        }
+    } else {
+        for (size_t j = 0; j < (n + 3) / 4; j++) {
+            c[4 * j] = in[j] & 3u;
+            c[4 * j + 1] = (in[j] >> 2) & 3u;
+            c[4 * j + 2] = (in[j] >> 4) & 3u;
+            c[4 * j + 3] = (uint8_t)(in[j] >> 6);
+        }
+    }
+}
+
+static void k_qsgd_quantize(const gvq_kparams_t *p, uint64_t first, const float *v, size_t len,
+                            uint8_t *wire) {
+    const int bits = p->bits;
+    uint8_t *codes = wire + sizeof(float);
+    uint32_t mb = max_abs_bits(v, len);
+    float scale;
+    if (mb > bits_of(GVQ_K_FINITE_MAX)) {
+        scale = NAN; /* NaN or Inf in the bucket */
+    } else if (p->norm == GVQ_K_NORM_MAX) {
+        memcpy(&scale, &mb, sizeof scale);
+    } else {
+        scale = (float)l2_norm(v, len);
+    }
+    memcpy(wire, &scale, sizeof scale);
+    if (!(scale > 0)) { /* all zero (codes 0), or NaN */
+        memset(codes, 0, (len * (size_t)bits + 7) / 8);
+        return;
+    }
+    float inv = (float)p->levels / scale;
+    if (!(inv <= FLT_MAX)) inv = FLT_MAX; /* a subnormal scale */
+    uint16_t d[TILE];
+    uint8_t c[TILE];
+    for (size_t t = 0; t < len; t += TILE) {
+        size_t n = len - t < TILE ? len - t : TILE;
+        draws(p, first + t, n, d);
+        qsgd_levels(v + t, d, n, inv, p->levels, bits, c);
+        pack(c, n, bits, codes + t * (size_t)bits / 8);
+    }
+}
+
+static void k_qsgd_dequantize(const gvq_kparams_t *p, const uint8_t *wire, size_t len,
+                              const float *add, float *out) {
+    float scale;
+    memcpy(&scale, wire, sizeof scale);
+    if (scale != scale) {
+        for (size_t i = 0; i < len; i++)
+            out[i] = add != NULL ? scale + add[i] : scale;
+        return;
+    }
+    const int bits = p->bits;
+    const unsigned mask = (1u << (bits - 1)) - 1u, sh = (unsigned)bits - 1u;
+    const float unit = scale / (float)p->levels;
+    uint8_t c[TILE + 4];
+    for (size_t t = 0; t < len; t += TILE) {
+        size_t n = len - t < TILE ? len - t : TILE;
+        unpack(wire + sizeof(float) + t * (size_t)bits / 8, n, bits, c);
+        float *o = out + t;
+        if (add != NULL) {
+            const float *a = add + t;
+            for (size_t i = 0; i < n; i++) {
+                float mag = (float)(c[i] & mask) * unit;
+                o[i] = ((c[i] >> sh) ? -mag : mag) + a[i];
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                float mag = (float)(c[i] & mask) * unit;
+                o[i] = (c[i] >> sh) ? -mag : mag;
+            }
+        }
+    }
+}
+
+/* ---- integer-summed wires --------------------------------------------------------------------- */
+
+/* the signed level of y: floor(r) + (u < frac), r = |y| m clamped to [0, lv] (NaN: 0) */
+static inline int32_t is_level(float y, float m, float lvf, uint16_t d) {
+    float r = fabsf(y) * m;
+    r = r == r ? r : 0.0f;
+    r = r < lvf ? r : lvf;
+    int32_t li = (int32_t)r;
+    int32_t q = li + ((float)d * (1.0f / 65536.0f) < r - (float)li ? 1 : 0);
+    return y < 0.0f ? -q : q;
+}
+
+static void k_is_quantize_add(const gvq_kparams_t *p, uint64_t k0, const float *y, size_t n,
+                              const float *mult, int stride, const void *in, void *out) {
+    const float lvf = (float)p->levels;
+    uint16_t d[TILE];
+    for (size_t t = 0; t < n; t += TILE) {
+        size_t m = n - t < TILE ? n - t : TILE;
+        draws(p, k0 + t, m, d);
+        const float *yt = y + t, *mt = stride ? mult + t : mult;
+        if (p->bits == 8) {
+            int8_t *o = (int8_t *)out + t;
+            const int8_t *a = in != NULL ? (const int8_t *)in + t : NULL;
+            for (size_t j = 0; j < m; j++) {
+                int32_t q = is_level(yt[j], stride ? mt[j] : mt[0], lvf, d[j]);
+                o[j] = (int8_t)(q + (a != NULL ? a[j] : 0));
+            }
+        } else {
+            int16_t *o = (int16_t *)out + t;
+            const int16_t *a = in != NULL ? (const int16_t *)in + t : NULL;
+            for (size_t j = 0; j < m; j++) {
+                int32_t q = is_level(yt[j], stride ? mt[j] : mt[0], lvf, d[j]);
+                o[j] = (int16_t)(q + (a != NULL ? a[j] : 0));
+            }
+        }
+    }
+}
+
+static void k_is_to_float(int bits, const void *wire, size_t n, const float *unit, int stride,
+                          float *dst) {
+    if (bits == 8) {
+        const int8_t *w = wire;
+        if (stride)
+            for (size_t j = 0; j < n; j++)
+                dst[j] = (float)w[j] * unit[j];
+        else
+            for (size_t j = 0; j < n; j++)
+                dst[j] = (float)w[j] * unit[0];
+    } else {
+        const int16_t *w = wire;
+        if (stride)
+            for (size_t j = 0; j < n; j++)
+                dst[j] = (float)w[j] * unit[j];
+        else
+            for (size_t j = 0; j < n; j++)
+                dst[j] = (float)w[j] * unit[0];
+    }
+}
+
+static void k_max_abs_blocks(const float *y, size_t n, size_t block, float *out) {
+    for (size_t b = 0, i = 0; i < n; b++, i += block) {
+        uint32_t m = max_abs_bits(y + i, n - i < block ? n - i : block);
+        if (m > 0x7f800000u) m = 0x7f800000u; /* NaN counts as Inf */
+        memcpy(&out[b], &m, sizeof m);
+    }
+}
+
+const gvq_kernels_t K_TABLE = {
+    K_STR(GVQ_KPATH), k_qsgd_quantize, k_qsgd_dequantize, k_is_quantize_add, k_is_to_float,
+    k_max_abs_blocks,
+};

@@ -1,0 +1,72 @@
+/*
+ * codec_kernels.h -- the host codecs' inner loops (QSGD and the integer-summed wires), one table
+ * per instruction set: codec_kernels.c is compiled once per path (scalar, avx2, avx512; see
+ * CMakeLists.txt) and codec_kernels_dispatch.c picks the table once per process.
+ *
+ * Every path gives the same output bit for bit (docs/PERFORMANCE.md, "Codec kernels"): the
+ * kernels use only integer operations and single IEEE operations with the order of every sum
+ * fixed by the C code (lanes of 16, combined in one order), compiled without contraction or
+ * reassociation (-ffp-contract=off, no -ffast-math); the vector paths differ from the scalar one
+ * only in how many lanes run at once. So ranks whose CPUs take different paths agree, and
+ * tests/unit/test_kernels.c checks it by running every path this CPU has on the same inputs.
+ *
+ * Random bits (gvq_rng.h): value e of a stream draws 16 bits, half (e & 1) of word
+ * ((e >> 1) & 3) of the Philox block with counter (e >> 3, call, tag) and key (seed, rank):
+ * one Philox-4x32-10 per 8 values; u = draw / 65536 in [0, 1). The CUDA kernels draw the same.
+ */
+#ifndef GVQ_CODEC_KERNELS_H_
+#define GVQ_CODEC_KERNELS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { GVQ_K_NORM_L2 = 0, GVQ_K_NORM_MAX = 1 };
+#define GVQ_K_TAG_QSGD 0x51534744u   /* "QSGD" */
+#define GVQ_K_TAG_INTSUM 0x49535543u /* "ISUC" */
+/* Values whose |v| exceeds this count as non-finite (the codecs' NaN/Inf rule, host and device) */
+#define GVQ_K_FINITE_MAX 3.0e38f
+
+typedef struct {
+    int bits;        /* QSGD: 2, 4 or 8; integer wire: 8 or 16 */
+    int levels;      /* QSGD: s; integer wire: lv */
+    int norm;        /* QSGD: GVQ_K_NORM_* */
+    uint32_t key[2]; /* (seed, rank) */
+    uint32_t call, tag;
+} gvq_kparams_t;
+
+typedef struct {
+    const char *name; /* "scalar", "avx2", "avx512" */
+    /* One QSGD bucket of len values, the first of which is value `first` of its stream, into
+     * wire ([float scale][codes]; codec_qsgd.c). */
+    void (*qsgd_quantize)(const gvq_kparams_t *p, uint64_t first, const float *v, size_t len,
+                          uint8_t *wire);
+    /* One bucket's wire back to len values, plus add[i] when add is not NULL. */
+    void (*qsgd_dequantize)(const gvq_kparams_t *p, const uint8_t *wire, size_t len,
+                            const float *add, float *out);
+    /* Integer wire: out[j] = round(|y[j]| mult) signed (+ in[j]) for n values, the first value
+     * of the stream being k0; mult per value (stride 1) or one for all (stride 0), 0 for a
+     * zero or non-finite block; p->bits 8 or 16 (int8/int16 wire), in may be NULL. */
+    void (*is_quantize_add)(const gvq_kparams_t *p, uint64_t k0, const float *y, size_t n,
+                            const float *mult, int stride, const void *in, void *out);
+    /* dst[j] = wire[j] unit (unit per value or one for all; NaN for a non-finite block). */
+    void (*is_to_float)(int bits, const void *wire, size_t n, const float *unit, int stride,
+                        float *dst);
+    /* out[b] = max |y| over block b of `block` values (NaN counts as Inf), n values. */
+    void (*max_abs_blocks)(const float *y, size_t n, size_t block, float *out);
+} gvq_kernels_t;
+
+extern const gvq_kernels_t gvq_kernels_scalar;
+#if defined(GVQ_KERNELS_X86)
+extern const gvq_kernels_t gvq_kernels_avx2;
+extern const gvq_kernels_t gvq_kernels_avx512;
+#endif
+
+/* The table this process uses: GVQ_SIMD (auto, scalar, avx2, avx512) or, for auto, the widest
+ * this CPU runs. Chosen once; a forced path this CPU lacks is refused with a WARN (auto). */
+const gvq_kernels_t *gvq_kernels(void);
+/* The table of a path by name if this build and CPU have it, else NULL. */
+const gvq_kernels_t *gvq_kernels_named(const char *name);
+/* Selects a path for the rest of the process (tests, benchmarks); returns 0, or -1 if absent. */
+int gvq_kernels_force(const char *name);
+
+#endif /* GVQ_CODEC_KERNELS_H_ */
