@@ -1,0 +1,260 @@
+/*
+ * test_kernels.c -- the host codec kernels (src/algorithms/codecs/kernels/codec_kernels.h):
+ * every path this CPU runs (scalar, avx2, avx512) gives the bits of the scalar path, and the
+ * scalar path gives the bits of the definition written out here value by value (Philox draws of
+ * 16 bits per value, levels, packing, scales, integer sums), for odd lengths, misaligned
+ * buffers, stream offsets that carry into the counter's high word, NaN, Inf, -0, subnormal and
+ * huge values, and every bit width.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec_kernels.h"
+#include "gvq_rng.h"
+#include "gvq_test.h"
+
+static uint32_t rs = 2463534242u;
+static uint32_t rnd32(void) { /* xorshift32: the test's own inputs */
+    rs ^= rs << 13;
+    rs ^= rs >> 17;
+    rs ^= rs << 5;
+    return rs;
+}
+
+/* A value of the kind k: ordinary, tiny, subnormal, -0, huge, NaN, Inf */
+static float value(int kind) {
+    float u = (float)(rnd32() >> 8) / 16777216.0f - 0.5f;
+    switch (kind) {
+    case 1: return u * 1e-30f;
+    case 2: return u * 1e-40f; /* subnormal */
+    case 3: return -0.0f;
+    case 4: return u * 2.0f * 3.3e38f; /* some above GVQ_K_FINITE_MAX, all finite */
+    case 5: return NAN;
+    case 6: return u < 0 ? -INFINITY : INFINITY;
+    default: return u;
+    }
+}
+
+/* v[0..n) of one of several mixes: 0 plain, 1 with zeros, 2 tiny, 3 subnormal, 4 one NaN,
+ * 5 one Inf, 6 huge, 7 all zero */
+static void fill(float *v, size_t n, int mix) {
+    for (size_t i = 0; i < n; i++) {
+        int kind = mix == 2 ? 1 : mix == 3 ? 2 : mix == 6 ? 4 : 0;
+        v[i] = mix == 7 ? 0.0f : (mix == 1 && rnd32() % 3 == 0) ? value(3) : value(kind);
+    }
+    if (mix == 4 && n > 0) v[rnd32() % n] = NAN;
+    if (mix == 5 && n > 0) v[rnd32() % n] = value(6);
+}
+
+/* ---- the definitions ------------------------------------------------------------------------ */
+
+static float ref_u(const gvq_kparams_t *p, uint64_t e) {
+    uint32_t ctr[4] = {(uint32_t)(e >> 3), (uint32_t)(e >> 35), p->call, p->tag}, out[4];
+    gvq_philox4x32_10(ctr, p->key, out);
+    return gvq_u01_16(out[(e >> 1) & 3], (int)(e & 1));
+}
+
+static void ref_qsgd_quantize(const gvq_kparams_t *p, uint64_t first, const float *v, size_t len,
+                              uint8_t *wire) {
+    double lane[16] = {0}, s2 = 0;
+    float mx = 0;
+    int finite = 1;
+    for (size_t i = 0; i < len; i++) {
+        float a = fabsf(v[i]);
+        if (!(a <= GVQ_K_FINITE_MAX)) finite = 0;
+        mx = a > mx ? a : mx;
+        lane[i % 16] += (double)v[i] * (double)v[i];
+    }
+    for (int j = 0; j < 16; j++)
+        s2 += lane[j];
+    float scale = !finite ? NAN : p->norm == GVQ_K_NORM_MAX ? mx : (float)sqrt(s2);
+    memcpy(wire, &scale, 4);
+    uint8_t *codes = wire + 4;
+    memset(codes, 0, (len * (size_t)p->bits + 7) / 8);
+    if (!(scale > 0)) return;
+    float inv = (float)p->levels / scale;
+    if (!(inv <= FLT_MAX)) inv = FLT_MAX;
+    for (size_t i = 0; i < len; i++) {
+        float r = fabsf(v[i]) * inv;
+        if (r > (float)p->levels) r = (float)p->levels;
+        float l = floorf(r);
+        int level = (int)l + (ref_u(p, first + i) < r - l);
+        unsigned code = (unsigned)level | ((v[i] < 0 && level) ? 1u << (p->bits - 1) : 0u);
+        codes[i * (size_t)p->bits / 8] |= (uint8_t)(code << (i * (size_t)p->bits % 8));
+    }
+}
+
+static void ref_qsgd_dequantize(const gvq_kparams_t *p, const uint8_t *wire, size_t len,
+                                const float *add, float *out) {
+    float scale;
+    memcpy(&scale, wire, 4);
+    for (size_t i = 0; i < len; i++) {
+        unsigned code = (wire[4 + i * (size_t)p->bits / 8] >> (i * (size_t)p->bits % 8)) &
+                        ((1u << p->bits) - 1u);
+        float mag = (float)(code & ((1u << (p->bits - 1)) - 1u)) * (scale / (float)p->levels);
+        float x = (code >> (p->bits - 1)) ? -mag : mag;
+        if (scale != scale) x = scale;
+        out[i] = add != NULL ? x + add[i] : x;
+    }
+}
+
+static int32_t ref_is_level(const gvq_kparams_t *p, uint64_t k, float y, float m) {
+    float r = fabsf(y) * m;
+    if (r != r) r = 0;
+    if (r > (float)p->levels) r = (float)p->levels;
+    float l = floorf(r);
+    int32_t q = (int32_t)l + (ref_u(p, k) < r - l);
+    return y < 0 ? -q : q;
+}
+
+/* ---- the checks ------------------------------------------------------------------------------ */
+
+static const char *const paths[] = {"scalar", "avx2", "avx512"};
+
+static void check_qsgd(const gvq_kernels_t *k) {
+    static const size_t lens[] = {1, 2, 3, 7, 8, 9, 15, 17, 127, 128, 129, 255, 512, 1000};
+    static const uint64_t firsts[] = {0, 1, 5, 8, 13, ((uint64_t)1 << 35) - 21};
+    float *buf = malloc(sizeof(float) * 1100), *add = malloc(sizeof(float) * 1100);
+    float *o1 = malloc(sizeof(float) * 1100), *o2 = malloc(sizeof(float) * 1100);
+    uint8_t *w1 = malloc(8200), *w2 = malloc(8200);
+    for (int bits = 2; bits <= 8; bits *= 2)
+        for (int norm = 0; norm < 2; norm++)
+            for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+                for (int mix = 0; mix < 8; mix++) {
+                    size_t len = lens[li], fo = (size_t)(rnd32() % 3), wo = (size_t)(rnd32() % 5);
+                    uint64_t first = firsts[rnd32() % (sizeof firsts / sizeof *firsts)];
+                    gvq_kparams_t p = {bits, (1 << (bits - 1)) - 1, norm, {rnd32(), rnd32()},
+                                       rnd32(), GVQ_K_TAG_QSGD};
+                    float *v = buf + fo;
+                    fill(v, len, mix);
+                    size_t wb = 4 + (len * (size_t)bits + 7) / 8;
+                    memset(w1, 0xA5, wb + 8);
+                    memset(w2 + wo, 0x5A, wb + 8);
+                    ref_qsgd_quantize(&p, first, v, len, w1);
+                    k->qsgd_quantize(&p, first, v, len, w2 + wo);
+                    EXPECT(memcmp(w1, w2 + wo, wb) == 0 && w2[wo + wb] == 0x5A,
+                           "%s qsgd_quantize bits %d norm %d len %zu mix %d first %llu differs "
+                           "from the definition (or wrote past the bucket)",
+                           k->name, bits, norm, len, mix, (unsigned long long)first);
+                    /* decode: the wire just made, or random codes under a scale of any kind */
+                    if (mix >= 6) {
+                        for (size_t i = 0; i < wb; i++)
+                            w1[i] = (uint8_t)rnd32();
+                        float sc = value((int)(rnd32() % 7));
+                        memcpy(w1, &sc, 4);
+                    }
+                    memcpy(w2 + wo, w1, wb);
+                    fill(add, len, mix % 4);
+                    for (int with_add = 0; with_add < 2; with_add++) {
+                        ref_qsgd_dequantize(&p, w1, len, with_add ? add : NULL, o1);
+                        o2[len] = 42.0f;
+                        k->qsgd_dequantize(&p, w2 + wo, len, with_add ? add : NULL, o2);
+                        EXPECT(memcmp(o1, o2, sizeof(float) * len) == 0 && o2[len] == 42.0f,
+                               "%s qsgd_dequantize bits %d len %zu add %d mix %d differs", k->name,
+                               bits, len, with_add, mix);
+                    }
+                }
+    free(buf);
+    free(add);
+    free(o1);
+    free(o2);
+    free(w1);
+    free(w2);
+}
+
+static void check_intsum(const gvq_kernels_t *k) {
+    static const size_t lens[] = {1, 3, 8, 9, 31, 128, 129, 300, 1000};
+    float *y = malloc(sizeof(float) * 1001), *mult = malloc(sizeof(float) * 1001);
+    float *f1 = malloc(sizeof(float) * 1001), *f2 = malloc(sizeof(float) * 1001);
+    int16_t *in = malloc(2 * 1001), *o1 = malloc(2 * 1001), *o2 = malloc(2 * 1001);
+    for (int bits = 8; bits <= 16; bits *= 2)
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+            for (int mix = 0; mix < 8; mix++)
+                for (int stride = 0; stride < 2; stride++) {
+                    size_t n = lens[li];
+                    int lv = bits == 8 ? 31 : 8191;
+                    gvq_kparams_t p = {bits, lv, 0, {rnd32(), rnd32()}, rnd32(), GVQ_K_TAG_INTSUM};
+                    uint64_t k0 = rnd32() % 2 ? rnd32() % 100 : ((uint64_t)1 << 35) - 7;
+                    fill(y, n, mix);
+                    for (size_t j = 0; j < n; j++) { /* multipliers of every kind the codec sets */
+                        uint32_t c = rnd32() % 8;
+                        mult[j] = c == 0 ? 0.0f : c == 1 ? FLT_MAX : (float)(rnd32() % 1000) * 0.37f;
+                    }
+                    for (size_t j = 0; j < n; j++)
+                        in[j] = (int16_t)(rnd32() % 41) - 20;
+                    int8_t in8[1001];
+                    for (size_t j = 0; j < n; j++)
+                        in8[j] = (int8_t)in[j];
+                    const void *src = bits == 8 ? (const void *)in8 : (const void *)in;
+                    for (int with_in = 0; with_in < 2; with_in++) {
+                        for (size_t j = 0; j < n; j++) {
+                            float m = stride ? mult[j] : mult[0];
+                            int32_t q = ref_is_level(&p, k0 + j, y[j], m);
+                            int32_t a = with_in ? (bits == 8 ? in8[j] : in[j]) : 0;
+                            if (bits == 8) ((int8_t *)o1)[j] = (int8_t)(q + a);
+                            else o1[j] = (int16_t)(q + a);
+                        }
+                        memset(o2, 0x77, 2 * (n + 1));
+                        k->is_quantize_add(&p, k0, y, n, mult, stride, with_in ? src : NULL, o2);
+                        size_t nb = n * (size_t)bits / 8;
+                        EXPECT(memcmp(o1, o2, nb) == 0 && ((uint8_t *)o2)[nb] == 0x77,
+                               "%s is_quantize_add bits %d n %zu mix %d stride %d in %d differs",
+                               k->name, bits, n, mix, stride, with_in);
+                    }
+                    for (size_t j = 0; j < n; j++) { /* units: finite, 0 or NaN */
+                        uint32_t c = rnd32() % 6;
+                        mult[j] = c == 0 ? NAN : c == 1 ? 0.0f : (float)(rnd32() % 1000) * 1e-3f;
+                    }
+                    for (size_t j = 0; j < n; j++)
+                        f1[j] = (float)(bits == 8 ? ((int8_t *)o1)[j] : o1[j]) *
+                                (stride ? mult[j] : mult[0]);
+                    k->is_to_float(bits, o1, n, mult, stride, f2);
+                    EXPECT(memcmp(f1, f2, sizeof(float) * n) == 0,
+                           "%s is_to_float bits %d n %zu stride %d differs", k->name, bits, n,
+                           stride);
+                    size_t block = 1 + rnd32() % 300, nblk = (n + block - 1) / block;
+                    for (size_t b = 0; b < nblk; b++) {
+                        float m = 0;
+                        for (size_t j = b * block; j < n && j < (b + 1) * block; j++) {
+                            float a = fabsf(y[j]);
+                            if (a != a) a = INFINITY;
+                            m = a > m ? a : m;
+                        }
+                        f1[b] = m;
+                    }
+                    k->max_abs_blocks(y, n, block, f2);
+                    EXPECT(memcmp(f1, f2, sizeof(float) * nblk) == 0,
+                           "%s max_abs_blocks n %zu block %zu mix %d differs", k->name, n, block,
+                           mix);
+                }
+    free(y);
+    free(mult);
+    free(f1);
+    free(f2);
+    free(in);
+    free(o1);
+    free(o2);
+}
+
+int main(void) {
+    int ran = 0;
+    EXPECT(gvq_kernels_named("scalar") != NULL, "the scalar kernels are always there");
+    EXPECT(gvq_kernels_named("sse9") == NULL && gvq_kernels_force("sse9") == -1,
+           "an unknown path is refused");
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        const gvq_kernels_t *k = gvq_kernels_named(paths[i]);
+        if (k == NULL) {
+            printf("test_kernels: %s: skipped (not on this CPU or build)\n", paths[i]);
+            continue;
+        }
+        check_qsgd(k);
+        check_intsum(k);
+        printf("test_kernels: %s: checked\n", paths[i]);
+        ran++;
+    }
+    EXPECT(ran >= 1, "no kernel path ran");
+    EXPECT(gvq_kernels() != NULL, "a path is chosen");
+    return gvq_test_finish("test_kernels");
+}
