@@ -102,16 +102,12 @@ static void k_is_scales(bench_t *b, size_t off, size_t len) {
     (void)len;
     if (off == 0) gvq_intsum_local_scales(&b->is);
 }
-/* the library's fp16/bf16 conversions (gvq_util.h), as the fp16 wire and typed paths run them */
-static void k_half(bench_t *b, size_t off, size_t len) {
-    uint16_t *h = (uint16_t *)b->w1 + off;
-    for (size_t i = 0; i < len; i++)
-        h[i] = gvq_float_to_half(b->x[off + i]);
+/* fp16 as the codecs' fp16 wires convert (codec_kernels.h); bf16 as gvq_util.h does */
+static void k_half(bench_t *b, size_t off, size_t len) { /* the codec kernels' (fp16 wires) */
+    gvq_kernels()->f32_to_f16(b->x + off, (uint16_t *)b->w1 + off, len);
 }
 static void k_unhalf(bench_t *b, size_t off, size_t len) {
-    const uint16_t *h = (const uint16_t *)b->w1 + off;
-    for (size_t i = 0; i < len; i++)
-        b->y[off + i] = gvq_half_to_float(h[i]);
+    gvq_kernels()->f16_to_f32((const uint16_t *)b->w1 + off, b->y + off, len);
 }
 static void k_bf16(bench_t *b, size_t off, size_t len) {
     uint16_t *h = (uint16_t *)b->w1 + off;

@@ -14,6 +14,7 @@
 #include "codec_kernels.h"
 #include "gvq_rng.h"
 #include "gvq_test.h"
+#include "gvq_util.h"
 
 static uint32_t rs = 2463534242u;
 static uint32_t rnd32(void) { /* xorshift32: the test's own inputs */
@@ -238,6 +239,39 @@ static void check_intsum(const gvq_kernels_t *k) {
     free(o2);
 }
 
+/* fp16 both ways against gvq_util.h's converters: every half, and floats of every sign,
+ * exponent and high mantissa with low bits of every kind (round-half cases included) */
+static void check_f16(const gvq_kernels_t *k) {
+    enum { N = 65536 };
+    uint16_t *h = malloc(2 * N), *h2 = malloc(2 * N);
+    float *f = malloc(4 * N), *g = malloc(4 * N);
+    for (uint32_t i = 0; i < N; i++)
+        h[i] = (uint16_t)i;
+    k->f16_to_f32(h, f, N);
+    int bad = 0;
+    for (uint32_t i = 0; i < N; i++)
+        bad += memcmp(&f[i], &(float){gvq_half_to_float(h[i])}, 4) != 0;
+    EXPECT(bad == 0, "%s f16_to_f32: %d of 65536 halves differ from gvq_half_to_float", k->name,
+           bad);
+    static const uint32_t lows[] = {0, 1, 0xfff, 0x1000, 0x1fff, 0x2000, 0xffff};
+    bad = 0;
+    for (size_t l = 0; l < sizeof lows / sizeof *lows + 4; l++) {
+        for (uint32_t i = 0; i < N; i++) {
+            uint32_t low = l < sizeof lows / sizeof *lows ? lows[l] : rnd32() & 0xffffu;
+            uint32_t x = (i << 16) | low;
+            memcpy(&f[i], &x, 4);
+        }
+        k->f32_to_f16(f, h2, N);
+        for (uint32_t i = 0; i < N; i++)
+            bad += h2[i] != gvq_float_to_half(f[i]);
+    }
+    EXPECT(bad == 0, "%s f32_to_f16: %d values differ from gvq_float_to_half", k->name, bad);
+    free(h);
+    free(h2);
+    free(f);
+    free(g);
+}
+
 int main(void) {
     int ran = 0;
     EXPECT(gvq_kernels_named("scalar") != NULL, "the scalar kernels are always there");
@@ -251,6 +285,7 @@ int main(void) {
         }
         check_qsgd(k);
         check_intsum(k);
+        check_f16(k);
         printf("test_kernels: %s: checked\n", paths[i]);
         ran++;
     }

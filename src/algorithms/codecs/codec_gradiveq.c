@@ -18,6 +18,7 @@
  */
 #include <stdlib.h>
 
+#include "codec_kernels.h"
 #include "gvq_algo.h"
 
 /* Whole slices and tail elements of [off, off+count). off is a multiple of L (the granule), so
@@ -149,9 +150,14 @@ static gvqResult_t gq_encode_combine(const gvq_codec_t *c, size_t off, size_t co
     g->local_all2 += all2;
     if (in != NULL && slices) {
         if (g->wire_fp16) {
-            const uint16_t *h = in;
-            for (size_t i = 0; i < slices * d; i++)
-                coef[i] += gvq_half_to_float(h[i]);
+            const uint16_t *h = in; /* coef is g->tmp here: convert through a small buffer */
+            float buf[256];
+            for (size_t i = 0; i < slices * d; i += 256) {
+                size_t m = GVQ_MIN((size_t)256, slices * d - i);
+                gvq_kernels()->f16_to_f32(h + i, buf, m);
+                for (size_t j = 0; j < m; j++)
+                    coef[i + j] += buf[j];
+            }
         } else {
             const float *f = in;
             for (size_t i = 0; i < slices * d; i++)
@@ -160,9 +166,7 @@ static gvqResult_t gq_encode_combine(const gvq_codec_t *c, size_t off, size_t co
     }
     size_t cbytes = gq_coef_bytes(g, slices);
     if (g->wire_fp16) {
-        uint16_t *h = out;
-        for (size_t i = 0; i < slices * d; i++)
-            h[i] = gvq_float_to_half(coef[i]);
+        gvq_kernels()->f32_to_f16(coef, out, slices * d);
     }
     if (tail) {
         float *t = (float *)((char *)out + cbytes);
@@ -183,9 +187,7 @@ static gvqResult_t gq_decode(const gvq_codec_t *c, size_t off, size_t count, con
     const float *coef = wire;
     if (g->wire_fp16) {
         GVQCHECK(gq_tmp(g, slices * d));
-        const uint16_t *h = wire;
-        for (size_t i = 0; i < slices * d; i++)
-            g->tmp[i] = gvq_half_to_float(h[i]);
+        gvq_kernels()->f16_to_f32(wire, g->tmp, slices * d);
         coef = g->tmp;
     }
     float *x = dst;

@@ -32,6 +32,11 @@
 #define K_STR(x) K_STR2(x)
 
 enum { TILE = 128, LANES = 16 };
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define K_LITTLE 1
+#else
+#define K_LITTLE 0
+#endif
 #define PH_M0 0xD2511F53u
 #define PH_M1 0xCD9E8D57u
 #define PH_W0 0x9E3779B9u
@@ -55,8 +60,8 @@ static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
         __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e0, 32), o0);
         __m512i lo1 = _mm512_mask_blend_epi32(0xAAAA, e1, _mm512_slli_epi64(o1, 32));
         __m512i hi1 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e1, 32), o1);
-        c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32((int)k0));
-        c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32((int)k1));
+        c0 = _mm512_ternarylogic_epi32(hi1, c1, _mm512_set1_epi32((int)k0), 0x96); /* a^b^c */
+        c2 = _mm512_ternarylogic_epi32(hi0, c3, _mm512_set1_epi32((int)k1), 0x96);
         c1 = lo1;
         c3 = lo0;
         k0 += PH_W0;
@@ -132,7 +137,7 @@ static void draws(const gvq_kparams_t *p, uint64_t e0, size_t n, uint16_t *d) {
     for (uint64_t j = 0; j < nb; j += 16)
         philox16(p, g0 + j, words + 4 * j);
     size_t s = (size_t)(e0 - 8 * g0);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#if K_LITTLE
     memcpy(d, (const uint8_t *)words + 2 * s, 2 * n); /* draw m is 16-bit half m of the words */
 #else
     for (size_t i = 0; i < n; i++) {
@@ -201,44 +206,58 @@ static void qsgd_levels(const float *v, const uint16_t *d, size_t n, float inv, 
     }
 }
 
-/* n codes into ceil(n bits / 8) bytes, low bits first */
+/* n codes into ceil(n bits / 8) bytes, low bits first: pairs (quads) of byte codes read as one
+ * 16-bit (32-bit) word and folded with shifts, which vectorizes without shuffles; c holds zeros
+ * up to the next multiple of 4 past n. */
 static void pack(const uint8_t *c, size_t n, int bits, uint8_t *out) {
     if (bits == 8) {
         memcpy(out, c, n);
+    } else if (!K_LITTLE) {
+        for (size_t i = 0; i < n; i++)
+            out[i * (size_t)bits / 8] = (uint8_t)((i * (size_t)bits % 8 ? out[i * (size_t)bits / 8]
+                                                                          : 0) |
+                                                  (c[i] << (i * (size_t)bits % 8)));
     } else if (bits == 4) {
-        size_t h = n / 2;
+        uint16_t w[TILE / 2];
+        size_t h = (n + 1) / 2;
+        memcpy(w, c, 2 * h);
         for (size_t j = 0; j < h; j++)
-            out[j] = (uint8_t)(c[2 * j] | (c[2 * j + 1] << 4));
-        if (n & 1) out[h] = c[n - 1];
+            out[j] = (uint8_t)(w[j] | (w[j] >> 4)); /* c0 | c1 << 4 (codes < 16, little end) */
     } else {
-        size_t q = n / 4;
-        for (size_t j = 0; j < q; j++)
-            out[j] = (uint8_t)(c[4 * j] | (c[4 * j + 1] << 2) | (c[4 * j + 2] << 4) |
-                               (c[4 * j + 3] << 6));
-        if (n & 3) {
-            uint8_t b = 0;
-            for (size_t i = 4 * q; i < n; i++)
-                b |= (uint8_t)(c[i] << (2 * (i - 4 * q)));
-            out[q] = b;
+        uint32_t w[TILE / 4];
+        size_t q = (n + 3) / 4;
+        memcpy(w, c, 4 * q);
+        for (size_t j = 0; j < q; j++) {
+            uint32_t t = w[j] | (w[j] >> 6);  /* c0 | c1 << 2 in byte 0, c2 | c3 << 2 in byte 2 */
+            out[j] = (uint8_t)(t | (t >> 12)); /* codes < 4 */
         }
     }
 }
 
+/* The inverse of pack: each byte spread into 2 (4) byte codes with shifts (little end), else
+ * one code at a time. c gets whole pairs (quads): room for n + 3 codes. */
 static void unpack(const uint8_t *in, size_t n, int bits, uint8_t *c) {
     if (bits == 8) {
         memcpy(c, in, n);
+    } else if (!K_LITTLE) {
+        for (size_t i = 0; i < n; i++)
+            c[i] = (uint8_t)((in[i * (size_t)bits / 8] >> (i * (size_t)bits % 8)) &
+                             ((1u << bits) - 1u));
     } else if (bits == 4) {
-        for (size_t j = 0; j < (n + 1) / 2; j++) {
-            c[2 * j] = in[j] & 15u;
-            c[2 * j + 1] = (uint8_t)(in[j] >> 4);
-        }
+        uint16_t w[TILE / 2];
+        size_t h = (n + 1) / 2;
+        for (size_t j = 0; j < h; j++)
+            w[j] = (uint16_t)((in[j] | (in[j] << 4)) & 0x0F0Fu);
+        memcpy(c, w, 2 * h);
     } else {
-        for (size_t j = 0; j < (n + 3) / 4; j++) {
-            c[4 * j] = in[j] & 3u;
-            c[4 * j + 1] = (in[j] >> 2) & 3u;
-            c[4 * j + 2] = (in[j] >> 4) & 3u;
-            c[4 * j + 3] = (uint8_t)(in[j] >> 6);
+        uint32_t w[TILE / 4];
+        size_t q = (n + 3) / 4;
+        for (size_t j = 0; j < q; j++) {
+            uint32_t x = in[j];
+            x = (x | (x << 12)) & 0x000F000Fu; /* nibbles to bytes 0 and 2 */
+            w[j] = (x | (x << 6)) & 0x03030303u;
         }
+        memcpy(c, w, 4 * q);
     }
 }
 
@@ -263,11 +282,12 @@ static void k_qsgd_quantize(const gvq_kparams_t *p, uint64_t first, const float 
     float inv = (float)p->levels / scale;
     if (!(inv <= FLT_MAX)) inv = FLT_MAX; /* a subnormal scale */
     uint16_t d[TILE];
-    uint8_t c[TILE];
+    uint8_t c[TILE + 4];
     for (size_t t = 0; t < len; t += TILE) {
         size_t n = len - t < TILE ? len - t : TILE;
         draws(p, first + t, n, d);
         qsgd_levels(v + t, d, n, inv, p->levels, bits, c);
+        memset(c + n, 0, 4); /* pack reads whole pairs (quads) */
         pack(c, n, bits, codes + t * (size_t)bits / 8);
     }
 }
@@ -371,7 +391,65 @@ static void k_max_abs_blocks(const float *y, size_t n, size_t block, float *out)
     }
 }
 
+/* ---- IEEE binary16 <-> float: gvq_util.h's gvq_float_to_half / gvq_half_to_float bit for bit,
+ * with selects instead of branches so that the lanes run together. ------------------------ */
+
+static void f32_to_f16_tile(const uint32_t *in, uint16_t *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = in[i], absx = x & 0x7fffffffu;
+        uint32_t sign = (x >> 16) & 0x8000u;
+        uint32_t nan = absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0u;
+        uint32_t special = 0x7c00u | nan; /* inf, nan, or overflow to inf (nan is 0 there) */
+        uint32_t r = absx + 0xfffu + ((absx >> 13) & 1u);
+        uint32_t normal = (r - 0x38000000u) >> 13;
+        /* subnormal half: shift 14..24 (clamped for the lanes that are not subnormal) */
+        uint32_t e = absx >> 23;
+        e = e < 102u ? 102u : e;
+        e = e > 112u ? 112u : e;
+        uint32_t sh = 126u - e;
+        uint32_t m = (absx & 0x7fffffu) | 0x800000u, hm = m >> sh;
+        uint32_t rem = m & ((1u << sh) - 1u), halfway = 1u << (sh - 1u);
+        uint32_t up = (uint32_t)(rem > halfway) | ((uint32_t)(rem == halfway) & hm);
+        hm += up & 1u;
+        uint32_t h = absx >= 0x33000000u ? hm : 0u;
+        h = absx >= 0x38800000u ? normal : h;
+        h = absx >= 0x477ff000u ? special : h;
+        dst[i] = (uint16_t)(sign | h);
+    }
+}
+
+static void k_f32_to_f16(const float *src, uint16_t *dst, size_t n) {
+    uint32_t buf[TILE];
+    for (size_t t = 0; t < n; t += TILE) {
+        size_t m = n - t < TILE ? n - t : TILE;
+        memcpy(buf, src + t, 4 * m);
+        f32_to_f16_tile(buf, dst + t, m);
+    }
+}
+
+static void k_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
+    union {
+        float f[TILE];
+        uint32_t u[TILE];
+    } sub;
+    uint32_t out[TILE];
+    for (size_t t = 0; t < n; t += TILE) {
+        size_t m = n - t < TILE ? n - t : TILE;
+        const uint16_t *h = src + t;
+        for (size_t i = 0; i < m; i++) /* a subnormal half is man 2^-24 exactly, a normal float */
+            sub.f[i] = (float)(int32_t)(h[i] & 0x3ffu) * 5.9604644775390625e-8f;
+        for (size_t i = 0; i < m; i++) {
+            uint32_t sign = (uint32_t)(h[i] & 0x8000u) << 16, exp = (h[i] >> 10) & 0x1fu;
+            uint32_t man = h[i] & 0x3ffu;
+            uint32_t b = exp != 0 ? ((exp + 112u) << 23) | (man << 13) : sub.u[i];
+            b = exp == 0x1fu ? 0x7f800000u | (man << 13) : b;
+            out[i] = b | sign;
+        }
+        memcpy(dst + t, out, 4 * m);
+    }
+}
+
 const gvq_kernels_t K_TABLE = {
     K_STR(GVQ_KPATH), k_qsgd_quantize, k_qsgd_dequantize, k_is_quantize_add, k_is_to_float,
-    k_max_abs_blocks,
+    k_max_abs_blocks, k_f32_to_f16, k_f16_to_f32,
 };

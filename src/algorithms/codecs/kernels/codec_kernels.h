@@ -53,6 +53,10 @@ typedef struct {
                         float *dst);
     /* out[b] = max |y| over block b of `block` values (NaN counts as Inf), n values. */
     void (*max_abs_blocks)(const float *y, size_t n, size_t block, float *out);
+    /* IEEE binary16 <-> float, the bits of gvq_util.h's gvq_float_to_half / gvq_half_to_float
+     * (round to nearest even, NaN kept NaN) */
+    void (*f32_to_f16)(const float *src, uint16_t *dst, size_t n);
+    void (*f16_to_f32)(const uint16_t *src, float *dst, size_t n);
 } gvq_kernels_t;
 
 extern const gvq_kernels_t gvq_kernels_scalar;
