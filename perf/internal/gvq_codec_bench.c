@@ -209,9 +209,9 @@ static void gradiveq_rows(bench_t *b, cost_t *out) {
 /* The tracked basis's products on the slice matrix S (n slices x L = 256), d = 32 (ratio 8):
  * C0 = S U, B = S^T C0, orth(B), C = S U, e = S - C U^T, y = C U^T (gradiveq_track.c). Whole
  * vector at once (the method runs them on the whole tensor); ns per value. */
-static void track_rows(bench_t *b, cost_t *out) {
+static void track_rows(bench_t *b, size_t d, cost_t *out) {
     if (b->filter != NULL && strstr("track/powersgd expand", b->filter) == NULL) return;
-    size_t L = 256, d = 32, n = b->n / L;
+    size_t L = 256, n = b->n / L;
     float *U = calloc(L * d, sizeof(float)), *C = malloc(sizeof(float) * n * d);
     float *B = malloc(sizeof(float) * L * d);
     if (U == NULL || C == NULL || B == NULL) exit(1);
@@ -235,19 +235,19 @@ static void track_rows(bench_t *b, cost_t *out) {
         for (int k = 0; k < 4; k++)
             t[k] = dt[k] < t[k] ? dt[k] : t[k];
     }
-    const char *names[4] = {"track/powersgd P = S U", "track/powersgd Q = S^T P",
-                            "track/powersgd orthonormalise", "track expand x2 (residual, out)"};
+    const char *names[4] = {"P = S U", "Q = S^T P", "orthonormalise", "expand x2 (resid., out)"};
     double total = 0;
     for (int k = 0; k < 4; k++) {
         double ns = t[k] / (double)(n * L) * 1e9, gbs = 4.0 / ns;
-        if (b->filter == NULL || strstr(names[k], b->filter) != NULL)
-            printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", names[k], gbs,
-                   gbs / b->memcpy_gbs, ns);
+        char name[64];
+        snprintf(name, sizeof name, "track d %zu: %s", d, names[k]);
+        printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", name, gbs,
+               gbs / b->memcpy_gbs, ns);
         total += ns;
     }
     /* per call: P = S U twice (C0 and C), the rest once; nothing per hop (factor rings of
      * fp32 sums) */
-    out->name = "gradiveq track ratio 8";
+    out->name = d == 16 ? "gradiveq track d 16 (ratio 8)" : "gradiveq track d 32 (ratio 4)";
     out->pre = total + t[0] / (double)(n * L) * 1e9;
     out->enc = out->hop = out->dec = 0;
     out->wire = 3.0 * (2.0 * (double)n + (double)L) * (double)d * 4.0 / 3.0 / (double)(n * L);
@@ -288,6 +288,21 @@ static double ef_norm_row(bench_t *b) {
     printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", "error feedback norm", gbs,
            gbs / b->memcpy_gbs, best / (double)b->n * 1e9);
     return s;
+}
+
+/* The core's sgemm rate on a large square product (GFLOP/s): the ceiling of the GEMM-bound
+ * codecs (GradiVeQ: 2 d flops per value each way; the tracked basis: 5 products). */
+static double sgemm_peak(bench_t *b) {
+    int m = 1024;
+    float *A = b->x, *B = b->x + (size_t)m * m, *C = b->y;
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        gvq_host_device.sgemm(0, 0, m, m, m, 1.0f, A, m, B, m, 0.0f, C, m);
+        double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    return 2.0 * m * m * (double)m / best / 1e9;
 }
 
 static void usage(void) {
@@ -348,14 +363,15 @@ int main(int argc, char **argv) {
            t_copy / (double)b.n * 1e9);
     double t_add = row(&b, "plain ring add (y += x)", k_add);
     b.filter = f;
-    cost_t cost[6] = {{0}};
+    cost_t cost[7] = {{0}};
     int nc = 0;
     qsgd_rows(&b, 2, &cost[nc++]);
     qsgd_rows(&b, 4, &cost[nc++]);
     qsgd_rows(&b, 8, &cost[nc++]);
     intsum_rows(&b, 4, &cost[nc++]);
     gradiveq_rows(&b, &cost[nc++]);
-    track_rows(&b, &cost[nc++]);
+    track_rows(&b, 16, &cost[nc++]);
+    track_rows(&b, 32, &cost[nc++]);
     collocate_rows(&b);
     row(&b, "error feedback add (x = g + e)", k_ef_add);
     ef_norm_row(&b);
@@ -364,6 +380,10 @@ int main(int argc, char **argv) {
     row(&b, "fp32 -> bf16", k_bf16);
     row(&b, "bf16 -> fp32", k_unbf16);
     if (f != NULL) return 0;
+    double peak = sgemm_peak(&b), gq = 2.0 * 32 * 2; /* encode + decode flops per value, d 32 */
+    printf("  %-34s %8.1f GFLOP/s (1024^3); gradiveq d 32 encode+decode at %.1f GFLOP/s = %.2f "
+           "of it\n",
+           "sgemm peak", peak, gq / (cost[4].enc + cost[4].dec), gq / (cost[4].enc + cost[4].dec) / peak);
     printf("\n# break-even link rate (Gbit/s; below it the codec's ring beats the plain ring; "
            "compute and transfer not overlapped)\n");
     printf("  %-32s %9s %8s %8s %8s %8s\n", "codec", "wire B/v", "N=2", "N=4", "N=8", "N=64");
