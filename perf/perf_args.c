@@ -17,7 +17,7 @@
 
 #include "perf_common.h"
 
-const char *const perf_codec_names[NUM_CODECS] = {"none", "mpi", "gradiveq", "qsgd"};
+const char *const perf_codec_names[NUM_CODECS] = {"none", "mpi", "gradiveq", "qsgd", "powersgd"};
 const char *const perf_op_names[gvqNumOps] = {"sum", "prod", "max", "min", "avg"};
 const char *const perf_coll_names[NUM_COLLS] = {"allreduce", "reducescatter", "allgather",
                                                 "broadcast", "reduce",        "sendrecv"};
@@ -77,8 +77,8 @@ static const char usage_text[] =
     "  -o, --op OP             sum prod max min avg (default sum; gradiveq and qsgd: sum,\n"
     "                          avg)\n"
     "  -C, --codec LIST        comma-separated: none (gvq's call: gvqAllReduce, ...),\n"
-    "                          mpi (its MPI counterpart, the reference), gradiveq, qsgd\n"
-    "                          (gvqAllReduceCompressed), all = none,mpi,gradiveq,qsgd\n"
+    "                          mpi (its MPI counterpart, the reference), gradiveq, qsgd,\n"
+    "                          powersgd (gvqAllReduceCompressed), all = every one of them\n"
     "                          (default none,mpi); sparse-ag, ps, dense: the sparse-\n"
     "                          variable benchmark (-C ps -h lists its options)\n"
     "      --csv FILE          also write one CSV row per (size, codec)\n"
@@ -99,6 +99,7 @@ static const char usage_text[] =
     "                          QSGD's levels as integers against agreed scales (integerBits)\n"
     "      --qbits B           QSGD bits: 2, 4 or 8 (default 4)\n"
     "      --qbucket N         QSGD values per bucket (default 512)\n"
+    "      --power-rank R      PowerSGD's rank (default 4; the tensor as a near-square matrix)\n"
     " gradient source (gradiveq, qsgd):\n"
     "      --seed N            synthetic source seed (default 1)\n"
     "      --grad-rank R       directions per slice of the synthetic source (default: the\n"
@@ -300,7 +301,7 @@ static int opt_codecs(const perf_opt_t *opt, const char *arg, void *field, char 
     l->n = 0;
     for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ","))
         if (add_codec_token(l, tok) != 0) {
-            snprintf(msg, len, "unknown codec '%s' (known: none, mpi, gradiveq, qsgd, all)", tok);
+            snprintf(msg, len, "unknown codec '%s' (known: none, mpi, gradiveq, qsgd, powersgd, all)", tok);
             return -1;
         }
     if (l->n == 0) {
@@ -347,6 +348,7 @@ enum {
     OPT_BASIS,
     OPT_QBITS,
     OPT_QBUCKET,
+    OPT_PRANK,
     OPT_SEED,
     OPT_GRAD_RANK,
     OPT_NOISE,
@@ -401,6 +403,8 @@ static const perf_opt_t options[] = {
     {"qbits", ARG, OPT_QBITS, opt_qbits, FIELD(qbits), 2, 8, NULL, "--qbits (2, 4 or 8)"},
     {"qbucket", ARG, OPT_QBUCKET, opt_int, FIELD(qbucket), 1, 1 << 24, NULL,
      "--qbucket (in [1, 2^24])"},
+    {"power-rank", ARG, OPT_PRANK, opt_int, FIELD(prank), 1, 4096, NULL,
+     "--power-rank (in [1, 4096])"},
     {"seed", ARG, OPT_SEED, opt_seed, FIELD(seed), 0, 0, NULL, "--seed (a non-negative integer)"},
     {"grad-rank", ARG, OPT_GRAD_RANK, opt_int, FIELD(grad_rank), 1, 4096, NULL,
      "--grad-rank (in [1, 4096])"},
@@ -448,6 +452,7 @@ static void set_defaults(opts_t *o) {
     o->sample_slices = GVQ_CONFIG_UNDEF_INT;
     o->qbits = 4;
     o->qbucket = 512;
+    o->prank = 4;
     o->seed = 1;
     o->noise = -1.0;
     o->variation = 1.0;

@@ -9,9 +9,17 @@
 
 #include "gvq.h"
 
-typedef enum { CODEC_NONE, CODEC_MPI, CODEC_GRADIVEQ, CODEC_QSGD, NUM_CODECS } codec_t;
+typedef enum {
+    CODEC_NONE,
+    CODEC_MPI,
+    CODEC_GRADIVEQ,
+    CODEC_QSGD,
+    CODEC_POWERSGD,
+    NUM_CODECS
+} codec_t;
 
-extern const char *const perf_codec_names[NUM_CODECS]; /* "none", "mpi", "gradiveq", "qsgd" */
+extern const char *const perf_codec_names[NUM_CODECS]; /* "none", "mpi", "gradiveq", "qsgd",
+                                                         "powersgd" */
 
 /* The collectives of -k, as nccl-tests has one benchmark each: gvq's call (codec none) against
  * its MPI counterpart (codec mpi); the compressed codecs run in allreduce only. */
@@ -41,7 +49,7 @@ extern const char *const perf_op_names[gvqNumOps]; /* "sum", "prod", "max", "min
 
 /* Codecs that go through gvqAllReduceCompressed (float32 gradients, lossy). */
 static inline int codec_is_lossy(codec_t c) {
-    return c == CODEC_GRADIVEQ || c == CODEC_QSGD;
+    return c == CODEC_GRADIVEQ || c == CODEC_QSGD || c == CODEC_POWERSGD;
 }
 
 typedef struct {
@@ -80,6 +88,7 @@ typedef struct {
     int L, dmax, T, S, W;
     double eps;
     int qbits, qbucket, sample_qsgd, sample_slices;
+    int prank; /* --power-rank: PowerSGD's r */
     double vote; /* -1: library default */
     int wire;    /* --wire: 0 fp32, 1 fp16 (GradiVeQ), 8 or 16: integer-summed (both codecs) */
     int basis;   /* --basis: 0 fit (the paper's phases), 1 track (gvqBasisTrack) */

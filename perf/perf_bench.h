@@ -49,7 +49,7 @@ struct perf_bench {
 };
 
 extern const perf_bench_t perf_bench_none, perf_bench_mpi;      /* perf_plain.c */
-extern const perf_bench_t perf_bench_gradiveq, perf_bench_qsgd; /* perf_compressed.c */
+extern const perf_bench_t perf_bench_gradiveq, perf_bench_qsgd, perf_bench_powersgd; /* perf_compressed.c */
 
 #define PERF_MAX_SIZES 72 /* min, min*f, ... <= max: at most 65 with f >= 2 */
 

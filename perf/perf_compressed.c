@@ -118,7 +118,10 @@ static double exact_rel_err(const gs_source_t *src, long long t, size_t count, c
 
 static gvqCompressor_t make_compressor(const opts_t *o, codec_t codec, size_t count) {
     gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-    cfg.codec = codec == CODEC_GRADIVEQ ? gvqCodecGradiveq : gvqCodecQsgd;
+    cfg.codec = codec == CODEC_GRADIVEQ ? gvqCodecGradiveq
+                : codec == CODEC_POWERSGD ? gvqCodecPowersgd
+                                          : gvqCodecQsgd;
+    if (codec == CODEC_POWERSGD) cfg.powerRank = o->prank;
     cfg.qsgdBits = o->qbits;
     cfg.qsgdBucket = o->qbucket;
     cfg.seed = (int)(o->seed & 0x7fffffff);
@@ -223,7 +226,8 @@ static double time_lossy_calls(const opts_t *o, codec_t codec, lossy_ctx_t *lc, 
         GVQTEST(gvqCompressorGetStats(lc->comp, &st));
         /* the phase is the same on every rank, so every rank takes the same branches */
         int measured =
-            codec == CODEC_QSGD || st.phase == gvqPhaseCompressed || st.phase == gvqPhasePlain;
+            codec == CODEC_QSGD || codec == CODEC_POWERSGD || st.phase == gvqPhaseCompressed ||
+            st.phase == gvqPhasePlain;
         if (!measured && untimed_here >= limit) {
             snprintf(lc->why, sizeof lc->why,
                      "%lld calls without staying in the compressed phase (%.120s)", untimed_here,
@@ -338,3 +342,5 @@ const perf_bench_t perf_bench_gradiveq = {
     .codec = CODEC_GRADIVEQ, .skip_reason = lossy_skip_reason, .run_size = run_size};
 const perf_bench_t perf_bench_qsgd = {
     .codec = CODEC_QSGD, .skip_reason = lossy_skip_reason, .run_size = run_size};
+const perf_bench_t perf_bench_powersgd = {
+    .codec = CODEC_POWERSGD, .skip_reason = lossy_skip_reason, .run_size = run_size};

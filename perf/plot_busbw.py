@@ -21,6 +21,7 @@ CODEC_LABELS = {
     "mpi": "MPI_Allreduce",
     "gradiveq": "GradiVeQ",
     "qsgd": "QSGD",
+    "powersgd": "PowerSGD",
 }
 
 

@@ -93,16 +93,17 @@ if not by:
     sys.exit("demo: gvq-perf wrote no rows to %s" % path)
 size = max(by)
 c = by[size]
-names = {"none": "gvq plain ring", "mpi": "MPI_Allreduce", "gradiveq": "GradiVeQ", "qsgd": "QSGD 4-bit"}
+names = {"none": "gvq plain ring", "mpi": "MPI_Allreduce", "gradiveq": "GradiVeQ", "qsgd": "QSGD 4-bit",
+         "powersgd": "PowerSGD r 4"}
 print("\n== summary: allreduce of %s float32, %s, out-of-place" % (mib(size), where))
 base = t(c["none"]) if "none" in c else None
-for k in ("none", "mpi", "gradiveq", "qsgd"):
+for k in ("none", "mpi", "gradiveq", "qsgd", "powersgd"):
     if k not in c or t(c[k]) is None:
         continue
     line = "   %-15s %8.1f ms" % (names[k], t(c[k]))
     if k != "none" and base:
         line += "   %5.2fx the plain ring's speed" % (base / t(c[k]))
-    if k in ("gradiveq", "qsgd"):
+    if k in ("gradiveq", "qsgd", "powersgd"):
         ratio, err = f(c[k], "oop_ratio"), f(c[k], "oop_rel_err")
         if ratio: line += ", %.1fx fewer bytes" % ratio
         if err is not None: line += ", relative error %.1e" % err
