@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "codec_kernels.h"
 #include "gvq_algo.h"
 #include "gvq_rng.h"
 
@@ -60,6 +61,12 @@ gvqResult_t gvq_powersgd_back(const gvq_device_ops_t *dev, const float *M, size_
 gvqResult_t gvq_powersgd_expand(const gvq_device_ops_t *dev, size_t n, size_t m, size_t r,
                                 const float *P, const float *Q, float alpha, float beta,
                                 float *out) {
+    if (dev == &gvq_host_device && r <= 64) {
+        /* the host: the codec kernels' expand (the same bits on every CPU; BLAS kernels differ
+         * between CPUs, and at small r run at a fraction of their speed) */
+        gvq_kernels()->expand(n, m, r, P, Q, alpha, beta, out);
+        return gvqSuccess;
+    }
     /* out row-major n x m = column-major m x n: alpha Q P^T + beta out = (alpha P Q^T + beta)^T */
     return dev->sgemm(0, 1, (int)m, (int)n, (int)r, alpha, Q, (int)m, P, (int)n, beta, out, (int)m);
 }

@@ -272,6 +272,41 @@ static void check_f16(const gvq_kernels_t *k) {
     free(g);
 }
 
+/* the low-rank expand against its definition: every value's r products summed in order */
+static void check_expand(const gvq_kernels_t *k) {
+    static const size_t shapes[][3] = {{1, 1, 1}, {3, 7, 2}, {5, 64, 4}, {2, 65, 16},
+                                       {4, 256, 16}, {3, 300, 33}, {1, 129, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        size_t n = shapes[s][0], m = shapes[s][1], r = shapes[s][2];
+        float *P = malloc(sizeof(float) * n * r), *Q = malloc(sizeof(float) * m * r);
+        float *o1 = malloc(sizeof(float) * (n * m + 1)), *o2 = malloc(sizeof(float) * (n * m + 1));
+        fill(P, n * r, (int)(s % 3));
+        fill(Q, m * r, 0);
+        for (int mode = 0; mode < 3; mode++) {
+            float alpha = mode == 2 ? -1.0f : 1.0f, beta = mode == 0 ? 0.0f : 1.0f;
+            fill(o1, n * m, 0);
+            memcpy(o2, o1, sizeof(float) * n * m);
+            if (mode == 0) o2[0] = NAN; /* beta 0: not read */
+            o2[n * m] = 42.0f;
+            for (size_t i = 0; i < n; i++)
+                for (size_t l = 0; l < m; l++) {
+                    float acc = 0.0f;
+                    for (size_t j = 0; j < r; j++)
+                        acc += P[i + j * n] * Q[l + j * m];
+                    o1[i * m + l] = beta == 0.0f ? alpha * acc : alpha * acc + beta * o1[i * m + l];
+                }
+            k->expand(n, m, r, P, Q, alpha, beta, o2);
+            EXPECT(memcmp(o1, o2, sizeof(float) * n * m) == 0 && o2[n * m] == 42.0f,
+                   "%s expand %zux%zu r %zu alpha %g beta %g differs", k->name, n, m, r, alpha,
+                   beta);
+        }
+        free(P);
+        free(Q);
+        free(o1);
+        free(o2);
+    }
+}
+
 int main(void) {
     int ran = 0;
     EXPECT(gvq_kernels_named("scalar") != NULL, "the scalar kernels are always there");
@@ -286,6 +321,7 @@ int main(void) {
         check_qsgd(k);
         check_intsum(k);
         check_f16(k);
+        check_expand(k);
         printf("test_kernels: %s: checked\n", paths[i]);
         ran++;
     }

@@ -449,7 +449,48 @@ static void k_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
     }
 }
 
+/* ---- low-rank expand: out (n x m, row-major) = alpha P Q^T + beta out ------------------------
+ * P n x r and Q m x r column-major (PowerSGD's decompression, the tracked basis's residual and
+ * output). Each output value sums its r products in order j = 0..r-1; the lanes run along a
+ * row. beta 0: out is not read (as BLAS). */
+enum { EXW = 64 }; /* values of a row per pass: four AVX-512 registers of sums */
+
+/* w <= EXW values of one output row: acc = sum_j P[i,j] Q[l,j] (j in order), then alpha, beta */
+static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const float *Pi,
+                               const float *Ql, float alpha, float beta, float *o) {
+    float acc[EXW];
+    for (size_t l = 0; l < EXW; l++)
+        acc[l] = 0.0f;
+    if (w == EXW) {
+        for (size_t j = 0; j < r; j++) {
+            const float pj = Pi[j * n], *q = Ql + j * m;
+            for (size_t l = 0; l < EXW; l++)
+                acc[l] += pj * q[l];
+        }
+    } else {
+        for (size_t j = 0; j < r; j++) {
+            const float pj = Pi[j * n], *q = Ql + j * m;
+            for (size_t l = 0; l < w; l++)
+                acc[l] += pj * q[l];
+        }
+    }
+    if (beta == 0.0f)
+        for (size_t l = 0; l < w; l++)
+            o[l] = alpha * acc[l];
+    else
+        for (size_t l = 0; l < w; l++)
+            o[l] = alpha * acc[l] + beta * o[l];
+}
+
+static void k_expand(size_t n, size_t m, size_t r, const float *P, const float *Q, float alpha,
+                     float beta, float *out) {
+    for (size_t i = 0; i < n; i++)
+        for (size_t l0 = 0; l0 < m; l0 += EXW)
+            expand_part(m - l0 < EXW ? m - l0 : EXW, n, m, r, P + i, Q + l0, alpha, beta,
+                        out + i * m + l0);
+}
+
 const gvq_kernels_t K_TABLE = {
     K_STR(GVQ_KPATH), k_qsgd_quantize, k_qsgd_dequantize, k_is_quantize_add, k_is_to_float,
-    k_max_abs_blocks, k_f32_to_f16, k_f16_to_f32,
+    k_max_abs_blocks, k_f32_to_f16, k_f16_to_f32, k_expand,
 };

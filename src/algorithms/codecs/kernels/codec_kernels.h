@@ -57,6 +57,10 @@ typedef struct {
      * (round to nearest even, NaN kept NaN) */
     void (*f32_to_f16)(const float *src, uint16_t *dst, size_t n);
     void (*f16_to_f32)(const uint16_t *src, float *dst, size_t n);
+    /* out (n x m row-major) = alpha P Q^T + beta out, P n x r and Q m x r column-major; each
+     * value's r products summed in order (the host's low-rank expand; beta 0: out not read) */
+    void (*expand)(size_t n, size_t m, size_t r, const float *P, const float *Q, float alpha,
+                   float beta, float *out);
 } gvq_kernels_t;
 
 extern const gvq_kernels_t gvq_kernels_scalar;
