@@ -55,10 +55,8 @@
 #include "perf_sparse.h"
 
 static const perf_bench_t *const benches[NUM_CODECS] = {
-    [CODEC_NONE] = &perf_bench_none,
-    [CODEC_MPI] = &perf_bench_mpi,
-    [CODEC_GRADIVEQ] = &perf_bench_gradiveq,
-    [CODEC_QSGD] = &perf_bench_qsgd,
+    [CODEC_NONE] = &perf_bench_none,         [CODEC_MPI] = &perf_bench_mpi,
+    [CODEC_GRADIVEQ] = &perf_bench_gradiveq, [CODEC_QSGD] = &perf_bench_qsgd,
     [CODEC_POWERSGD] = &perf_bench_powersgd,
 };
 

@@ -301,7 +301,8 @@ static int opt_codecs(const perf_opt_t *opt, const char *arg, void *field, char 
     l->n = 0;
     for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ","))
         if (add_codec_token(l, tok) != 0) {
-            snprintf(msg, len, "unknown codec '%s' (known: none, mpi, gradiveq, qsgd, powersgd, all)", tok);
+            snprintf(msg, len,
+                     "unknown codec '%s' (known: none, mpi, gradiveq, qsgd, powersgd, all)", tok);
             return -1;
         }
     if (l->n == 0) {

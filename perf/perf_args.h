@@ -88,7 +88,7 @@ typedef struct {
     int L, dmax, T, S, W;
     double eps;
     int qbits, qbucket, sample_qsgd, sample_slices;
-    int prank; /* --power-rank: PowerSGD's r */
+    int prank;   /* --power-rank: PowerSGD's r */
     double vote; /* -1: library default */
     int wire;    /* --wire: 0 fp32, 1 fp16 (GradiVeQ), 8 or 16: integer-summed (both codecs) */
     int basis;   /* --basis: 0 fit (the paper's phases), 1 track (gvqBasisTrack) */

@@ -48,8 +48,9 @@ struct perf_bench {
     void (*run_size)(const perf_bench_t *b, const perf_run_t *run, size_t count, perf_case_t *out);
 };
 
-extern const perf_bench_t perf_bench_none, perf_bench_mpi;      /* perf_plain.c */
-extern const perf_bench_t perf_bench_gradiveq, perf_bench_qsgd, perf_bench_powersgd; /* perf_compressed.c */
+extern const perf_bench_t perf_bench_none, perf_bench_mpi; /* perf_plain.c */
+extern const perf_bench_t perf_bench_gradiveq, perf_bench_qsgd,
+    perf_bench_powersgd; /* perf_compressed.c */
 
 #define PERF_MAX_SIZES 72 /* min, min*f, ... <= max: at most 65 with f >= 2 */
 

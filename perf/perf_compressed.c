@@ -118,7 +118,7 @@ static double exact_rel_err(const gs_source_t *src, long long t, size_t count, c
 
 static gvqCompressor_t make_compressor(const opts_t *o, codec_t codec, size_t count) {
     gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-    cfg.codec = codec == CODEC_GRADIVEQ ? gvqCodecGradiveq
+    cfg.codec = codec == CODEC_GRADIVEQ   ? gvqCodecGradiveq
                 : codec == CODEC_POWERSGD ? gvqCodecPowersgd
                                           : gvqCodecQsgd;
     if (codec == CODEC_POWERSGD) cfg.powerRank = o->prank;
@@ -225,9 +225,8 @@ static double time_lossy_calls(const opts_t *o, codec_t codec, lossy_ctx_t *lc, 
     while (timed < o->iters) {
         GVQTEST(gvqCompressorGetStats(lc->comp, &st));
         /* the phase is the same on every rank, so every rank takes the same branches */
-        int measured =
-            codec == CODEC_QSGD || codec == CODEC_POWERSGD || st.phase == gvqPhaseCompressed ||
-            st.phase == gvqPhasePlain;
+        int measured = codec == CODEC_QSGD || codec == CODEC_POWERSGD ||
+                       st.phase == gvqPhaseCompressed || st.phase == gvqPhasePlain;
         if (!measured && untimed_here >= limit) {
             snprintf(lc->why, sizeof lc->why,
                      "%lld calls without staying in the compressed phase (%.120s)", untimed_here,

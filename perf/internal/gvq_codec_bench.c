@@ -40,7 +40,7 @@ typedef struct bench bench_t;
 typedef void (*kernel_fn)(bench_t *b, size_t off, size_t len);
 
 struct bench {
-    size_t n, chunk;   /* values; values per chunk */
+    size_t n, chunk; /* values; values per chunk */
     int reps;
     float *x, *y, *z;  /* inputs, outputs */
     uint8_t *w1, *w2;  /* wires */
@@ -322,12 +322,18 @@ int main(int argc, char **argv) {
     b.reps = 5;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) usage();
-        if (strcmp(argv[i], "-n") == 0) mib = strtoul(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "-r") == 0) b.reps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "-c") == 0) chunk_bytes = strtoul(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "-k") == 0) b.filter = argv[++i];
-        else if (strcmp(argv[i], "-s") == 0) path = argv[++i];
-        else usage();
+        if (strcmp(argv[i], "-n") == 0)
+            mib = strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "-r") == 0)
+            b.reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "-c") == 0)
+            chunk_bytes = strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "-k") == 0)
+            b.filter = argv[++i];
+        else if (strcmp(argv[i], "-s") == 0)
+            path = argv[++i];
+        else
+            usage();
     }
     if (mib < 1 || b.reps < 1 || chunk_bytes < 4096) usage();
     if (path != NULL && gvq_kernels_force(path) != 0) {
@@ -383,7 +389,8 @@ int main(int argc, char **argv) {
     double peak = sgemm_peak(&b), gq = 2.0 * 32 * 2; /* encode + decode flops per value, d 32 */
     printf("  %-34s %8.1f GFLOP/s (1024^3); gradiveq d 32 encode+decode at %.1f GFLOP/s = %.2f "
            "of it\n",
-           "sgemm peak", peak, gq / (cost[4].enc + cost[4].dec), gq / (cost[4].enc + cost[4].dec) / peak);
+           "sgemm peak", peak, gq / (cost[4].enc + cost[4].dec),
+           gq / (cost[4].enc + cost[4].dec) / peak);
     printf("\n# break-even link rate (Gbit/s; below it the codec's ring beats the plain ring; "
            "compute and transfer not overlapped)\n");
     printf("  %-32s %9s %8s %8s %8s %8s\n", "codec", "wire B/v", "N=2", "N=4", "N=8", "N=64");

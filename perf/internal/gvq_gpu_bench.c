@@ -54,8 +54,8 @@ static double copy_gbs;
 /* A row of "what, ms, GB/s of `bytes` moved per execution, fraction of the copy's GB/s". */
 static void add_rate(table_t *tb, const char *what, double t, double bytes) {
     double gbs = bytes / t / 1e9;
-    snprintf(tb->rows[tb->n++], 160, "%-34s %10.3f ms %9.1f GB/s  %5.2f of d2d copy", what,
-             t * 1e3, gbs, copy_gbs > 0 ? gbs / copy_gbs : 1.0);
+    snprintf(tb->rows[tb->n++], 160, "%-34s %10.3f ms %9.1f GB/s  %5.2f of d2d copy", what, t * 1e3,
+             gbs, copy_gbs > 0 ? gbs / copy_gbs : 1.0);
 }
 
 static void bench_copy(table_t *tb, const float *x, float *y, size_t M) {

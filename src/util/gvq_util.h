@@ -107,7 +107,7 @@ void gvq_log_note(const char *file, int line, const char *fmt, ...)
       "allgather)")                                                                               \
     X(CODEC_CHUNK_BYTES, "GVQ_CODEC_CHUNK_BYTES", UINT, 1 << 18, NULL,                            \
       "ring chunk size (bytes of uncompressed fp32) while a GradiVeQ or QSGD codec runs")         \
-    X(SIMD, "GVQ_SIMD", CHOICE, 0, "auto,scalar,avx2,avx512",                                    \
+    X(SIMD, "GVQ_SIMD", CHOICE, 0, "auto,scalar,avx2,avx512",                                     \
       "instruction set of the host codec kernels (auto: the widest this CPU runs; every choice "  \
       "gives the same bits)")                                                                     \
     X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                                 \

@@ -28,13 +28,20 @@ static uint32_t rnd32(void) { /* xorshift32: the test's own inputs */
 static float value(int kind) {
     float u = (float)(rnd32() >> 8) / 16777216.0f - 0.5f;
     switch (kind) {
-    case 1: return u * 1e-30f;
-    case 2: return u * 1e-40f; /* subnormal */
-    case 3: return -0.0f;
-    case 4: return u * 2.0f * 3.3e38f; /* some above GVQ_K_FINITE_MAX, all finite */
-    case 5: return NAN;
-    case 6: return u < 0 ? -INFINITY : INFINITY;
-    default: return u;
+    case 1:
+        return u * 1e-30f;
+    case 2:
+        return u * 1e-40f; /* subnormal */
+    case 3:
+        return -0.0f;
+    case 4:
+        return u * 2.0f * 3.3e38f; /* some above GVQ_K_FINITE_MAX, all finite */
+    case 5:
+        return NAN;
+    case 6:
+        return u < 0 ? -INFINITY : INFINITY;
+    default:
+        return u;
     }
 }
 
@@ -126,7 +133,7 @@ static void check_qsgd(const gvq_kernels_t *k) {
                 for (int mix = 0; mix < 8; mix++) {
                     size_t len = lens[li], fo = (size_t)(rnd32() % 3), wo = (size_t)(rnd32() % 5);
                     uint64_t first = firsts[rnd32() % (sizeof firsts / sizeof *firsts)];
-                    gvq_kparams_t p = {bits, (1 << (bits - 1)) - 1, norm, {rnd32(), rnd32()},
+                    gvq_kparams_t p = {bits,    (1 << (bits - 1)) - 1, norm, {rnd32(), rnd32()},
                                        rnd32(), GVQ_K_TAG_QSGD};
                     float *v = buf + fo;
                     fill(v, len, mix);
@@ -181,7 +188,9 @@ static void check_intsum(const gvq_kernels_t *k) {
                     fill(y, n, mix);
                     for (size_t j = 0; j < n; j++) { /* multipliers of every kind the codec sets */
                         uint32_t c = rnd32() % 8;
-                        mult[j] = c == 0 ? 0.0f : c == 1 ? FLT_MAX : (float)(rnd32() % 1000) * 0.37f;
+                        mult[j] = c == 0   ? 0.0f
+                                  : c == 1 ? FLT_MAX
+                                           : (float)(rnd32() % 1000) * 0.37f;
                     }
                     for (size_t j = 0; j < n; j++)
                         in[j] = (int16_t)(rnd32() % 41) - 20;
@@ -194,8 +203,10 @@ static void check_intsum(const gvq_kernels_t *k) {
                             float m = stride ? mult[j] : mult[0];
                             int32_t q = ref_is_level(&p, k0 + j, y[j], m);
                             int32_t a = with_in ? (bits == 8 ? in8[j] : in[j]) : 0;
-                            if (bits == 8) ((int8_t *)o1)[j] = (int8_t)(q + a);
-                            else o1[j] = (int16_t)(q + a);
+                            if (bits == 8)
+                                ((int8_t *)o1)[j] = (int8_t)(q + a);
+                            else
+                                o1[j] = (int16_t)(q + a);
                         }
                         memset(o2, 0x77, 2 * (n + 1));
                         k->is_quantize_add(&p, k0, y, n, mult, stride, with_in ? src : NULL, o2);
@@ -274,7 +285,7 @@ static void check_f16(const gvq_kernels_t *k) {
 
 /* the low-rank expand against its definition: every value's r products summed in order */
 static void check_expand(const gvq_kernels_t *k) {
-    static const size_t shapes[][3] = {{1, 1, 1}, {3, 7, 2}, {5, 64, 4}, {2, 65, 16},
+    static const size_t shapes[][3] = {{1, 1, 1},    {3, 7, 2},    {5, 64, 4},  {2, 65, 16},
                                        {4, 256, 16}, {3, 300, 33}, {1, 129, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         size_t n = shapes[s][0], m = shapes[s][1], r = shapes[s][2];

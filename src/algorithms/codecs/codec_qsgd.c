@@ -45,15 +45,18 @@ static size_t qsgd_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
 
 /* The kernels' parameters for this codec and call (codec_kernels.h). */
 static gvq_kparams_t qsgd_kparams(const gvq_qsgd_t *q, uint32_t call) {
-    gvq_kparams_t p = {q->bits, q->levels, q->norm == GVQ_QSGD_NORM_MAX ? GVQ_K_NORM_MAX
-                                                                        : GVQ_K_NORM_L2,
-                       {q->seed, q->rank}, call, GVQ_K_TAG_QSGD};
+    gvq_kparams_t p = {q->bits,
+                       q->levels,
+                       q->norm == GVQ_QSGD_NORM_MAX ? GVQ_K_NORM_MAX : GVQ_K_NORM_L2,
+                       {q->seed, q->rank},
+                       call,
+                       GVQ_K_TAG_QSGD};
     return p;
 }
 
 /* Quantize one bucket of len values starting at tensor element `first` into wire. */
-static void qsgd_quantize(const gvq_kernels_t *k, const gvq_qsgd_t *q, size_t first,
-                          const float *v, size_t len, uint8_t *wire) {
+static void qsgd_quantize(const gvq_kernels_t *k, const gvq_qsgd_t *q, size_t first, const float *v,
+                          size_t len, uint8_t *wire) {
     uint32_t call = q->call;
     if (q->map_first != NULL) { /* a bucket of one of several tensors (gvq_qsgd_t) */
         call = q->map_call[first / q->bucket];

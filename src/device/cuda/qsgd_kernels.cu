@@ -109,8 +109,8 @@ __global__ void k_qsgd_codes(gvq_dev_qsgd_t q, size_t off, size_t count, const f
                 float r = __fmul_rn(fabsf(v), inv);
                 r = r < (float)s ? r : (float)s;
                 float l = floorf(r);
-                int level = (int)l + (gvq_u01_16(rnd[(e >> 1) & 3], (int)(e & 1)) <
-                                      __fsub_rn(r, l));
+                int level =
+                    (int)l + (gvq_u01_16(rnd[(e >> 1) & 3], (int)(e & 1)) < __fsub_rn(r, l));
                 unsigned code = (unsigned)level | ((v < 0 && level) ? 1u << (bits - 1) : 0u);
                 byte |= (uint8_t)(code << ((i % (size_t)per_byte) * (size_t)bits));
             }

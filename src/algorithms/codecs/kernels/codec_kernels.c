@@ -214,9 +214,9 @@ static void pack(const uint8_t *c, size_t n, int bits, uint8_t *out) {
         memcpy(out, c, n);
     } else if (!K_LITTLE) {
         for (size_t i = 0; i < n; i++)
-            out[i * (size_t)bits / 8] = (uint8_t)((i * (size_t)bits % 8 ? out[i * (size_t)bits / 8]
-                                                                          : 0) |
-                                                  (c[i] << (i * (size_t)bits % 8)));
+            out[i * (size_t)bits / 8] =
+                (uint8_t)((i * (size_t)bits % 8 ? out[i * (size_t)bits / 8] : 0) |
+                          (c[i] << (i * (size_t)bits % 8)));
     } else if (bits == 4) {
         uint16_t w[TILE / 2];
         size_t h = (n + 1) / 2;
@@ -228,7 +228,7 @@ static void pack(const uint8_t *c, size_t n, int bits, uint8_t *out) {
         size_t q = (n + 3) / 4;
         memcpy(w, c, 4 * q);
         for (size_t j = 0; j < q; j++) {
-            uint32_t t = w[j] | (w[j] >> 6);  /* c0 | c1 << 2 in byte 0, c2 | c3 << 2 in byte 2 */
+            uint32_t t = w[j] | (w[j] >> 6);   /* c0 | c1 << 2 in byte 0, c2 | c3 << 2 in byte 2 */
             out[j] = (uint8_t)(t | (t >> 12)); /* codes < 4 */
         }
     }
@@ -324,7 +324,7 @@ static void k_qsgd_dequantize(const gvq_kparams_t *p, const uint8_t *wire, size_
     }
 }
 
-/* ---- integer-summed wires --------------------------------------------------------------------- */
+/* ---- integer-summed wires ------------------------------------------------------------------- */
 
 /* the signed level of y: floor(r) + (u < frac), r = |y| m clamped to [0, lv] (NaN: 0) */
 static inline int32_t is_level(float y, float m, float lvf, uint16_t d) {
@@ -491,6 +491,13 @@ static void k_expand(size_t n, size_t m, size_t r, const float *P, const float *
 }
 
 const gvq_kernels_t K_TABLE = {
-    K_STR(GVQ_KPATH), k_qsgd_quantize, k_qsgd_dequantize, k_is_quantize_add, k_is_to_float,
-    k_max_abs_blocks, k_f32_to_f16, k_f16_to_f32, k_expand,
+    .name = K_STR(GVQ_KPATH),
+    .qsgd_quantize = k_qsgd_quantize,
+    .qsgd_dequantize = k_qsgd_dequantize,
+    .is_quantize_add = k_is_quantize_add,
+    .is_to_float = k_is_to_float,
+    .max_abs_blocks = k_max_abs_blocks,
+    .f32_to_f16 = k_f32_to_f16,
+    .f16_to_f32 = k_f16_to_f32,
+    .expand = k_expand,
 };
