@@ -100,11 +100,16 @@ __global__ void k_qsgd_codes(gvq_dev_qsgd_t q, size_t off, size_t count, const f
         if (scale > 0) { /* zero bucket: codes 0; NaN scale: codes 0 */
             float inv = __fdiv_rn((float)s, scale);
             if (!(inv <= 3.402823466e38f)) inv = 3.402823466e38f; /* a subnormal scale */
+            uint32_t rnd[4] = {0, 0, 0, 0};
+            uint64_t have = ~(uint64_t)0; /* the Philox block in rnd: one per 8 elements */
             for (size_t i = j * (size_t)per_byte; i < len && i < (j + 1) * (size_t)per_byte; i++) {
                 size_t e = off + first + i;
-                uint32_t ctr[4] = {(uint32_t)(e >> 3), (uint32_t)(e >> 35), q.call, 0x51534744u};
-                uint32_t rnd[4];
-                gvq_philox4x32_10(ctr, key, rnd);
+                if ((uint64_t)(e >> 3) != have) {
+                    uint32_t ctr[4] = {(uint32_t)(e >> 3), (uint32_t)(e >> 35), q.call,
+                                       0x51534744u};
+                    gvq_philox4x32_10(ctr, key, rnd);
+                    have = (uint64_t)(e >> 3);
+                }
                 float v = src[first + i];
                 float r = __fmul_rn(fabsf(v), inv);
                 r = r < (float)s ? r : (float)s;
