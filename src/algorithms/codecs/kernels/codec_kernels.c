@@ -44,40 +44,48 @@ enum { TILE = 128, LANES = 16 };
 
 /* ---- Philox: 16 blocks g0 .. g0+15, out[4j + w] = word w of block j ------------------------ */
 #if defined(__AVX512F__)
-static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512i lo = _mm512_set1_epi32((int)(uint32_t)g0), hi = _mm512_set1_epi32((int)(g0 >> 32));
-    __m512i c0 = _mm512_add_epi32(lo, lane);
-    __mmask16 carry = _mm512_cmplt_epu32_mask(c0, lo);
-    __m512i c1 = _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1));
-    __m512i c2 = _mm512_set1_epi32((int)p->call), c3 = _mm512_set1_epi32((int)p->tag);
-    const __m512i m0 = _mm512_set1_epi32((int)PH_M0), m1 = _mm512_set1_epi32((int)PH_M1);
-    uint32_t k0 = p->key[0], k1 = p->key[1];
+/* Eight blocks per register, one per 64-bit lane, each word in a lane's low half: the multiply
+ * (vpmuludq) reads only the low halves and gives the full 64-bit product, so a round is two
+ * multiplies, two shifts and two three-way xors; what the high halves hold does not matter. */
+static inline void philox8x64(__m512i *a0, __m512i *a1, __m512i *a2, __m512i *a3, uint32_t k0,
+                              uint32_t k1) {
+    const __m512i m0 = _mm512_set1_epi64(PH_M0), m1 = _mm512_set1_epi64(PH_M1);
     for (int r = 0; r < 10; r++) {
-        __m512i e0 = _mm512_mul_epu32(c0, m0), o0 = _mm512_mul_epu32(_mm512_srli_epi64(c0, 32), m0);
-        __m512i e1 = _mm512_mul_epu32(c2, m1), o1 = _mm512_mul_epu32(_mm512_srli_epi64(c2, 32), m1);
-        __m512i lo0 = _mm512_mask_blend_epi32(0xAAAA, e0, _mm512_slli_epi64(o0, 32));
-        __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e0, 32), o0);
-        __m512i lo1 = _mm512_mask_blend_epi32(0xAAAA, e1, _mm512_slli_epi64(o1, 32));
-        __m512i hi1 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e1, 32), o1);
-        c0 = _mm512_ternarylogic_epi32(hi1, c1, _mm512_set1_epi32((int)k0), 0x96); /* a^b^c */
-        c2 = _mm512_ternarylogic_epi32(hi0, c3, _mm512_set1_epi32((int)k1), 0x96);
-        c1 = lo1;
-        c3 = lo0;
+        __m512i p0 = _mm512_mul_epu32(*a0, m0), p1 = _mm512_mul_epu32(*a2, m1);
+        *a0 = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p1, 32), *a1, _mm512_set1_epi32((int)k0),
+                                        0x96); /* a ^ b ^ c */
+        *a2 = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p0, 32), *a3, _mm512_set1_epi32((int)k1),
+                                        0x96);
+        *a1 = p1;
+        *a3 = p0;
         k0 += PH_W0;
         k1 += PH_W1;
     }
-    /* transpose: v_k holds blocks k, 4+k, 8+k, 12+k (one per 128-bit lane) */
-    __m512i a = _mm512_unpacklo_epi32(c0, c1), b = _mm512_unpackhi_epi32(c0, c1);
-    __m512i c = _mm512_unpacklo_epi32(c2, c3), d = _mm512_unpackhi_epi32(c2, c3);
-    __m512i v0 = _mm512_unpacklo_epi64(a, c), v1 = _mm512_unpackhi_epi64(a, c);
-    __m512i v2 = _mm512_unpacklo_epi64(b, d), v3 = _mm512_unpackhi_epi64(b, d);
-    __m512i ta = _mm512_shuffle_i32x4(v0, v1, 0x88), tb = _mm512_shuffle_i32x4(v2, v3, 0x88);
-    __m512i tc = _mm512_shuffle_i32x4(v0, v1, 0xDD), td = _mm512_shuffle_i32x4(v2, v3, 0xDD);
-    _mm512_storeu_si512((void *)out, _mm512_shuffle_i32x4(ta, tb, 0x88));
-    _mm512_storeu_si512((void *)(out + 16), _mm512_shuffle_i32x4(tc, td, 0x88));
-    _mm512_storeu_si512((void *)(out + 32), _mm512_shuffle_i32x4(ta, tb, 0xDD));
-    _mm512_storeu_si512((void *)(out + 48), _mm512_shuffle_i32x4(tc, td, 0xDD));
+}
+
+/* blocks g .. g+7 (lanes) into out[0..32): out[4j + w] = word w of block j */
+static inline void philox8x64_store(__m512i a0, __m512i a1, __m512i a2, __m512i a3, uint32_t *out) {
+    __m512i w01 = _mm512_mask_blend_epi32(0xAAAA, a0, _mm512_slli_epi64(a1, 32));
+    __m512i w23 = _mm512_mask_blend_epi32(0xAAAA, a2, _mm512_slli_epi64(a3, 32));
+    __m512i ev = _mm512_unpacklo_epi64(w01, w23), od = _mm512_unpackhi_epi64(w01, w23);
+    /* ev: blocks 0, 2, 4, 6 (one per 128-bit lane); od: 1, 3, 5, 7 */
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    const __m512i hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    _mm512_storeu_si512((void *)out, _mm512_permutex2var_epi64(ev, lo, od));
+    _mm512_storeu_si512((void *)(out + 16), _mm512_permutex2var_epi64(ev, hi, od));
+}
+
+static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
+    const __m512i lane = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+    __m512i ga = _mm512_add_epi64(_mm512_set1_epi64((long long)g0), lane);
+    __m512i gb = _mm512_add_epi64(ga, _mm512_set1_epi64(8));
+    __m512i c2 = _mm512_set1_epi64(p->call), c3 = _mm512_set1_epi64(p->tag);
+    __m512i a0 = ga, a1 = _mm512_srli_epi64(ga, 32), a2 = c2, a3 = c3;
+    __m512i b0 = gb, b1 = _mm512_srli_epi64(gb, 32), b2 = c2, b3 = c3;
+    philox8x64(&a0, &a1, &a2, &a3, p->key[0], p->key[1]);
+    philox8x64(&b0, &b1, &b2, &b3, p->key[0], p->key[1]);
+    philox8x64_store(a0, a1, a2, a3, out);
+    philox8x64_store(b0, b1, b2, b3, out + 32);
 }
 #elif defined(__AVX2__)
 /* 8 blocks g0 .. g0+7 */
@@ -130,20 +138,27 @@ static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
 }
 #endif
 
-/* The draws of stream values e0 .. e0+n-1 (n <= TILE) into d[0..n). */
-static void draws(const gvq_kparams_t *p, uint64_t e0, size_t n, uint16_t *d) {
-    uint32_t words[2 * 16 * 4]; /* n <= 128 values span at most 17 blocks */
+/* Philox's words and the 16-bit draws they hold (little end: draw m is half m of the words), one
+ * buffer: n <= 128 values span at most 17 blocks, computed 16 at a time. */
+typedef union {
+    uint32_t w[2 * 16 * 4];
+    uint16_t h[2 * 16 * 4 * 2];
+} k_draws_t;
+
+/* The draws of stream values e0 .. e0+n-1 (n <= TILE): a pointer to n of them in buf. */
+static const uint16_t *draws(const gvq_kparams_t *p, uint64_t e0, size_t n, k_draws_t *buf) {
     uint64_t g0 = e0 >> 3, nb = ((e0 + n - 1) >> 3) - g0 + 1;
     for (uint64_t j = 0; j < nb; j += 16)
-        philox16(p, g0 + j, words + 4 * j);
+        philox16(p, g0 + j, buf->w + 4 * j);
     size_t s = (size_t)(e0 - 8 * g0);
 #if K_LITTLE
-    memcpy(d, (const uint8_t *)words + 2 * s, 2 * n); /* draw m is 16-bit half m of the words */
+    return buf->h + s;
 #else
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++) { /* words past the blocks: free after the last block's */
         size_t m = s + i;
-        d[i] = (uint16_t)(words[m >> 1] >> (16 * (m & 1)));
+        buf->h[128 + i] = (uint16_t)(buf->w[m >> 1] >> (16 * (m & 1)));
     }
+    return buf->h + 128;
 #endif
 }
 
@@ -206,58 +221,58 @@ static void qsgd_levels(const float *v, const uint16_t *d, size_t n, float inv, 
     }
 }
 
+/* A tile's byte codes, also read as pairs and quads (little end) by pack and unpack; room for
+ * whole quads past TILE. */
+typedef union {
+    uint8_t b[TILE + 4];
+    uint16_t h[(TILE + 4) / 2];
+    uint32_t w[(TILE + 4) / 4];
+} k_codes_t;
+
 /* n codes into ceil(n bits / 8) bytes, low bits first: pairs (quads) of byte codes read as one
  * 16-bit (32-bit) word and folded with shifts, which vectorizes without shuffles; c holds zeros
  * up to the next multiple of 4 past n. */
-static void pack(const uint8_t *c, size_t n, int bits, uint8_t *out) {
+static inline void pack(const k_codes_t *c, size_t n, int bits, uint8_t *out) {
     if (bits == 8) {
-        memcpy(out, c, n);
+        memcpy(out, c->b, n);
     } else if (!K_LITTLE) {
         for (size_t i = 0; i < n; i++)
             out[i * (size_t)bits / 8] =
                 (uint8_t)((i * (size_t)bits % 8 ? out[i * (size_t)bits / 8] : 0) |
-                          (c[i] << (i * (size_t)bits % 8)));
+                          (c->b[i] << (i * (size_t)bits % 8)));
     } else if (bits == 4) {
-        uint16_t w[TILE / 2];
         size_t h = (n + 1) / 2;
-        memcpy(w, c, 2 * h);
-        for (size_t j = 0; j < h; j++)
-            out[j] = (uint8_t)(w[j] | (w[j] >> 4)); /* c0 | c1 << 4 (codes < 16, little end) */
+        for (size_t j = 0; j < h; j++) /* c0 | c1 << 4 (codes < 16) */
+            out[j] = (uint8_t)(c->h[j] | (c->h[j] >> 4));
     } else {
-        uint32_t w[TILE / 4];
         size_t q = (n + 3) / 4;
-        memcpy(w, c, 4 * q);
         for (size_t j = 0; j < q; j++) {
-            uint32_t t = w[j] | (w[j] >> 6);   /* c0 | c1 << 2 in byte 0, c2 | c3 << 2 in byte 2 */
-            out[j] = (uint8_t)(t | (t >> 12)); /* codes < 4 */
+            uint32_t t = c->w[j] | (c->w[j] >> 6); /* c0 | c1 << 2 in byte 0, c2 | c3 << 2 in 2 */
+            out[j] = (uint8_t)(t | (t >> 12));     /* codes < 4 */
         }
     }
 }
 
 /* The inverse of pack: each byte spread into 2 (4) byte codes with shifts (little end), else
- * one code at a time. c gets whole pairs (quads): room for n + 3 codes. */
-static void unpack(const uint8_t *in, size_t n, int bits, uint8_t *c) {
+ * one code at a time. */
+static inline void unpack(const uint8_t *in, size_t n, int bits, k_codes_t *c) {
     if (bits == 8) {
-        memcpy(c, in, n);
+        memcpy(c->b, in, n);
     } else if (!K_LITTLE) {
         for (size_t i = 0; i < n; i++)
-            c[i] = (uint8_t)((in[i * (size_t)bits / 8] >> (i * (size_t)bits % 8)) &
-                             ((1u << bits) - 1u));
+            c->b[i] = (uint8_t)((in[i * (size_t)bits / 8] >> (i * (size_t)bits % 8)) &
+                                ((1u << bits) - 1u));
     } else if (bits == 4) {
-        uint16_t w[TILE / 2];
         size_t h = (n + 1) / 2;
         for (size_t j = 0; j < h; j++)
-            w[j] = (uint16_t)((in[j] | (in[j] << 4)) & 0x0F0Fu);
-        memcpy(c, w, 2 * h);
+            c->h[j] = (uint16_t)((in[j] | (in[j] << 4)) & 0x0F0Fu);
     } else {
-        uint32_t w[TILE / 4];
         size_t q = (n + 3) / 4;
         for (size_t j = 0; j < q; j++) {
             uint32_t x = in[j];
             x = (x | (x << 12)) & 0x000F000Fu; /* nibbles to bytes 0 and 2 */
-            w[j] = (x | (x << 6)) & 0x03030303u;
+            c->w[j] = (x | (x << 6)) & 0x03030303u;
         }
-        memcpy(c, w, 4 * q);
     }
 }
 
@@ -281,14 +296,20 @@ static void k_qsgd_quantize(const gvq_kparams_t *p, uint64_t first, const float 
     }
     float inv = (float)p->levels / scale;
     if (!(inv <= FLT_MAX)) inv = FLT_MAX; /* a subnormal scale */
-    uint16_t d[TILE];
-    uint8_t c[TILE + 4];
+    k_draws_t dbuf;
+    k_codes_t c;
     for (size_t t = 0; t < len; t += TILE) {
         size_t n = len - t < TILE ? len - t : TILE;
-        draws(p, first + t, n, d);
-        qsgd_levels(v + t, d, n, inv, p->levels, bits, c);
-        memset(c + n, 0, 4); /* pack reads whole pairs (quads) */
-        pack(c, n, bits, codes + t * (size_t)bits / 8);
+        const uint16_t *d = draws(p, first + t, n, &dbuf);
+        uint8_t *out = codes + t * (size_t)bits / 8;
+        if (n == TILE) { /* the common case, its trip counts known */
+            qsgd_levels(v + t, d, TILE, inv, p->levels, bits, c.b);
+            pack(&c, TILE, bits, out);
+        } else {
+            qsgd_levels(v + t, d, n, inv, p->levels, bits, c.b);
+            memset(c.b + n, 0, 4); /* pack reads whole pairs (quads) */
+            pack(&c, n, bits, out);
+        }
     }
 }
 
@@ -304,10 +325,11 @@ static void k_qsgd_dequantize(const gvq_kparams_t *p, const uint8_t *wire, size_
     const int bits = p->bits;
     const unsigned mask = (1u << (bits - 1)) - 1u, sh = (unsigned)bits - 1u;
     const float unit = scale / (float)p->levels;
-    uint8_t c[TILE + 4];
+    k_codes_t cc;
+    const uint8_t *c = cc.b;
     for (size_t t = 0; t < len; t += TILE) {
         size_t n = len - t < TILE ? len - t : TILE;
-        unpack(wire + sizeof(float) + t * (size_t)bits / 8, n, bits, c);
+        unpack(wire + sizeof(float) + t * (size_t)bits / 8, n, bits, &cc);
         float *o = out + t;
         if (add != NULL) {
             const float *a = add + t;
@@ -339,10 +361,10 @@ static inline int32_t is_level(float y, float m, float lvf, uint16_t d) {
 static void k_is_quantize_add(const gvq_kparams_t *p, uint64_t k0, const float *y, size_t n,
                               const float *mult, int stride, const void *in, void *out) {
     const float lvf = (float)p->levels;
-    uint16_t d[TILE];
+    k_draws_t dbuf;
     for (size_t t = 0; t < n; t += TILE) {
         size_t m = n - t < TILE ? n - t : TILE;
-        draws(p, k0 + t, m, d);
+        const uint16_t *d = draws(p, k0 + t, m, &dbuf);
         const float *yt = y + t, *mt = stride ? mult + t : mult;
         if (p->bits == 8) {
             int8_t *o = (int8_t *)out + t;
