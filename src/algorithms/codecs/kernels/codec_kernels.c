@@ -302,7 +302,9 @@ static void k_qsgd_quantize(const gvq_kparams_t *p, uint64_t first, const float 
         size_t n = len - t < TILE ? len - t : TILE;
         const uint16_t *d = draws(p, first + t, n, &dbuf);
         uint8_t *out = codes + t * (size_t)bits / 8;
-        if (n == TILE) { /* the common case, its trip counts known */
+        if (bits == 8) { /* a code per byte: straight into the wire */
+            qsgd_levels(v + t, d, n, inv, p->levels, bits, out);
+        } else if (n == TILE) { /* the common case, its trip counts known */
             qsgd_levels(v + t, d, TILE, inv, p->levels, bits, c.b);
             pack(&c, TILE, bits, out);
         } else {
@@ -326,10 +328,13 @@ static void k_qsgd_dequantize(const gvq_kparams_t *p, const uint8_t *wire, size_
     const unsigned mask = (1u << (bits - 1)) - 1u, sh = (unsigned)bits - 1u;
     const float unit = scale / (float)p->levels;
     k_codes_t cc;
-    const uint8_t *c = cc.b;
     for (size_t t = 0; t < len; t += TILE) {
         size_t n = len - t < TILE ? len - t : TILE;
-        unpack(wire + sizeof(float) + t * (size_t)bits / 8, n, bits, &cc);
+        const uint8_t *in = wire + sizeof(float) + t * (size_t)bits / 8, *c = in; /* 8 bits */
+        if (bits != 8) {
+            unpack(in, n, bits, &cc);
+            c = cc.b;
+        }
         float *o = out + t;
         if (add != NULL) {
             const float *a = add + t;
