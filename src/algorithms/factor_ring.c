@@ -8,53 +8,104 @@
  *   ring buffer:  [ t0 col 0 | t0 col 1 | .. | t1 col 0 | .. ]    one ring, then copied back
  *
  * fp32 sums, or the integer-summed wire (codec_intsum.c) with one shared scale per column,
- * rounded with bits keyed by (seed, rank, call).
+ * rounded with bits keyed by (seed, rank, call). The ring buffer and the integer wire's state
+ * live in a workspace the caller keeps (gvq_factor_ws_t), so a call allocates nothing once the
+ * sizes have been seen.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "gvq_algo.h"
 
-gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
-                            uint32_t seed, uint32_t call) {
+void gvq_factor_ws_fini(gvq_factor_ws_t *ws) {
+    if (ws == NULL) return;
+    free(ws->buf);
+    free(ws->col_len);
+    gvq_intsum_fini(&ws->is);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* Room for nv values and ncol column lengths. */
+static gvqResult_t ws_grow(gvq_factor_ws_t *ws, size_t nv, size_t ncol) {
+    if (nv > ws->cap) {
+        float *b = realloc(ws->buf, sizeof(float) * nv);
+        if (b == NULL) return gvqSystemError;
+        ws->buf = b;
+        ws->cap = nv;
+    }
+    if (ncol > ws->ccap) {
+        size_t *c = realloc(ws->col_len, sizeof(size_t) * ncol);
+        if (c == NULL) return gvqSystemError;
+        ws->col_len = c;
+        ws->ccap = ncol;
+    }
+    return gvqSuccess;
+}
+
+/* The integer wire of these columns: the kept one when nothing it depends on changed. */
+static gvqResult_t ws_intsum(gvq_factor_ws_t *ws, gvq_coll_ctx_t *ctx, int bits, size_t ncol,
+                             uint32_t seed, int same_cols) {
+    uint32_t rank = (uint32_t)ctx->xport->rank;
+    int nranks = ctx->xport->nranks;
+    if (ws->is.bits == bits && same_cols && ws->is_nranks == nranks && ws->is_seed == seed &&
+        ws->is_rank == rank)
+        return gvqSuccess;
+    gvq_intsum_fini(&ws->is);
+    GVQCHECK(
+        gvq_intsum_init_columns(&ws->is, bits, ws->col_len, ncol, ctx->dev, nranks, seed, rank));
+    ws->is_nranks = nranks;
+    ws->is_seed = seed;
+    ws->is_rank = rank;
+    return gvqSuccess;
+}
+
+static gvqResult_t factor_ring_ws(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
+                                  uint32_t seed, uint32_t call, gvq_factor_ws_t *ws) {
     size_t nv = 0, ncol = 0;
     for (size_t i = 0; i < n; i++) {
         nv += f[i].rows * f[i].cols;
         ncol += f[i].cols;
     }
     if (nv == 0) return gvqSuccess;
-    float *buf = malloc(sizeof(float) * nv);
-    size_t *col_len = malloc(sizeof(size_t) * ncol);
-    gvqResult_t res = gvqSuccess;
-    if (buf == NULL || col_len == NULL) {
+    if (ws_grow(ws, nv, ncol) != gvqSuccess) {
         GVQ_WARN("gvqAllReduceCompressed: out of memory for a ring of %zu factor values", nv);
-        res = gvqSystemError;
-        goto out;
+        return gvqSystemError;
     }
+    int same_cols = ws->ncol == ncol;
     for (size_t i = 0, at = 0, c = 0; i < n; i++) {
-        memcpy(buf + at, f[i].buf, sizeof(float) * f[i].rows * f[i].cols);
+        memcpy(ws->buf + at, f[i].buf, sizeof(float) * f[i].rows * f[i].cols);
         at += f[i].rows * f[i].cols;
-        for (size_t j = 0; j < f[i].cols; j++)
-            col_len[c++] = f[i].rows;
+        for (size_t j = 0; j < f[i].cols; j++, c++) {
+            same_cols &= ws->col_len[c] == f[i].rows;
+            ws->col_len[c] = f[i].rows;
+        }
     }
+    ws->ncol = ncol;
     gvq_codec_t codec;
-    gvq_intsum_t is = {0};
     if (bits == 0) {
         gvq_codec_identity_init(&codec, ctx->dev, gvqFloat32, gvqSum);
     } else {
-        GVQCHECKGOTO(gvq_intsum_init_columns(&is, bits, col_len, ncol, ctx->dev, ctx->xport->nranks,
-                                             seed, (uint32_t)ctx->xport->rank),
-                     res, out);
-        is.call = call;
-        gvq_codec_intsum_init(&codec, ctx->dev, &is);
+        gvqResult_t r = ws_intsum(ws, ctx, bits, ncol, seed, same_cols);
+        if (r != gvqSuccess) {
+            ws->ncol = 0; /* make it again next time */
+            return r;
+        }
+        ws->is.call = call;
+        gvq_codec_intsum_init(&codec, ctx->dev, &ws->is);
     }
-    res = gvq_ring_allreduce(ctx, &codec, buf, buf, nv, gvqSum);
-    gvq_intsum_fini(&is);
-    for (size_t i = 0, at = 0; i < n && res == gvqSuccess; i++) {
-        memcpy(f[i].buf, buf + at, sizeof(float) * f[i].rows * f[i].cols);
+    GVQCHECK(gvq_ring_allreduce(ctx, &codec, ws->buf, ws->buf, nv, gvqSum));
+    for (size_t i = 0, at = 0; i < n; i++) {
+        memcpy(f[i].buf, ws->buf + at, sizeof(float) * f[i].rows * f[i].cols);
         at += f[i].rows * f[i].cols;
     }
-out:
-    free(buf);
-    free(col_len);
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
+                            uint32_t seed, uint32_t call, gvq_factor_ws_t *ws) {
+    if (ws != NULL) return factor_ring_ws(ctx, bits, f, n, seed, call, ws);
+    gvq_factor_ws_t tmp = {0};
+    gvqResult_t res = factor_ring_ws(ctx, bits, f, n, seed, call, &tmp);
+    gvq_factor_ws_fini(&tmp);
     return res;
 }

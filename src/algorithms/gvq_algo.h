@@ -423,7 +423,20 @@ typedef struct {
     float *buf;
     size_t rows, cols;
 } gvq_factor_t;
+/* What a factor ring keeps from one call to the next (the caller owns it: a compressor's state):
+ * the ring buffer and the column lengths, grown on demand, and the integer wire's state, made
+ * again only when the columns, width or ranks change. Zeroed to start; gvq_factor_ws_fini. */
+typedef struct {
+    float *buf;
+    size_t cap;
+    size_t *col_len, ccap, ncol;
+    gvq_intsum_t is;
+    int is_nranks;
+    uint32_t is_seed, is_rank;
+} gvq_factor_ws_t;
+void gvq_factor_ws_fini(gvq_factor_ws_t *ws);
+/* ws may be NULL (everything made and freed in the call). */
 gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
-                            uint32_t seed, uint32_t call);
+                            uint32_t seed, uint32_t call, gvq_factor_ws_t *ws);
 
 #endif /* GVQ_ALGO_H_ */

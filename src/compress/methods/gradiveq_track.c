@@ -49,6 +49,7 @@
  * tensor is sent uncompressed. */
 typedef struct {
     size_t n, m;
+    gvq_factor_ws_t ws; /* the rings' buffer and integer wire, kept between calls */
     float *M, *P, *Q;
     int plain;
 } track_state_t;
@@ -138,7 +139,7 @@ static gvqResult_t track_ring(track_call_t *t, int k) {
                                  (size_t)t->it[i].c->cfg.dmax};
     gvqCompressor_t c0 = t->it[0].c;
     return gvq_factor_ring(&t->ctx, c0->cfg.int_bits, t->f, t->n, (uint32_t)c0->cfg.seed,
-                           (uint32_t)(c0->st.iter * 3 + (uint64_t)k));
+                           (uint32_t)(c0->st.iter * 3 + (uint64_t)k), &ST(c0)->ws);
 }
 
 /* The three rings and what lies between them, for every item at once. */
@@ -315,6 +316,7 @@ static gvqResult_t track_create(gvqCompressor_t c) {
 static void track_destroy(gvqCompressor_t c) {
     track_state_t *st = c->m;
     if (st == NULL) return;
+    gvq_factor_ws_fini(&st->ws);
     free(st->M);
     free(st->P);
     free(st->Q);

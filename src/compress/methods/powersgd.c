@@ -36,6 +36,7 @@
 typedef struct {
     size_t n, m;
     float *M, *P, *Q, *Qsum;
+    gvq_factor_ws_t ws; /* the rings' buffer, kept between calls */
 } powersgd_state_t;
 #define ST(c) ((powersgd_state_t *)(c)->m)
 
@@ -70,7 +71,7 @@ static gvqResult_t power_steps(gvqCompressor_t const *cs, size_t k, gvq_factor_t
         GVQCHECK(gvq_powersgd_project(c->comm->dev, ST(c)->M, n, m, r, ST(c)->Q, ST(c)->P));
         f[i] = (gvq_factor_t){ST(c)->P, n, r};
     }
-    GVQCHECK(gvq_factor_ring(ctx, 0, f, k, (uint32_t)cs[0]->cfg.seed, 0));
+    GVQCHECK(gvq_factor_ring(ctx, 0, f, k, (uint32_t)cs[0]->cfg.seed, 0, &ST(cs[0])->ws));
     for (size_t i = 0; i < k; i++) {
         gvqCompressor_t c = cs[i];
         size_t n = ST(c)->n, m = ST(c)->m, r = (size_t)c->cfg.prank;
@@ -79,7 +80,7 @@ static gvqResult_t power_steps(gvqCompressor_t const *cs, size_t k, gvq_factor_t
         memcpy(ST(c)->Qsum, ST(c)->Q, sizeof(float) * m * r);
         f[i] = (gvq_factor_t){ST(c)->Qsum, m, r};
     }
-    return gvq_factor_ring(ctx, 0, f, k, (uint32_t)cs[0]->cfg.seed, 0);
+    return gvq_factor_ring(ctx, 0, f, k, (uint32_t)cs[0]->cfg.seed, 0, &ST(cs[0])->ws);
 }
 
 /* Factor values of one PowerSGD call of c: (n + m) r. */
@@ -211,6 +212,7 @@ static gvqResult_t powersgd_create(gvqCompressor_t c) {
 static void powersgd_destroy(gvqCompressor_t c) {
     powersgd_state_t *st = c->m;
     if (st == NULL) return;
+    gvq_factor_ws_fini(&st->ws);
     free(st->M);
     free(st->P);
     free(st->Q);
