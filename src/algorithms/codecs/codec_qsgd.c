@@ -54,16 +54,17 @@ static gvq_kparams_t qsgd_kparams(const gvq_qsgd_t *q, uint32_t call) {
     return p;
 }
 
-/* Quantize one bucket of len values starting at tensor element `first` into wire. */
-static void qsgd_quantize(const gvq_kernels_t *k, const gvq_qsgd_t *q, size_t first, const float *v,
-                          size_t len, uint8_t *wire) {
-    uint32_t call = q->call;
-    if (q->map_first != NULL) { /* a bucket of one of several tensors (gvq_qsgd_t) */
-        call = q->map_call[first / q->bucket];
-        first = (size_t)q->map_first[first / q->bucket];
+/* Quantize one bucket of len values starting at tensor element `first` into wire (p: this
+ * call's parameters; a bucket of a fused call takes its own tensor's call and index). */
+static void qsgd_quantize(const gvq_kernels_t *k, const gvq_qsgd_t *q, const gvq_kparams_t *p,
+                          size_t first, const float *v, size_t len, uint8_t *wire) {
+    if (q->map_first == NULL) {
+        k->qsgd_quantize(p, first, v, len, wire);
+        return;
     }
-    gvq_kparams_t p = qsgd_kparams(q, call);
-    k->qsgd_quantize(&p, first, v, len, wire);
+    gvq_kparams_t own = *p; /* a bucket of one of several tensors (gvq_qsgd_t) */
+    own.call = q->map_call[first / q->bucket];
+    k->qsgd_quantize(&own, (size_t)q->map_first[first / q->bucket], v, len, wire);
 }
 
 /* encode_combine: per bucket, (decode `in` and add the local values into the bucket's scratch,
@@ -84,7 +85,7 @@ static gvqResult_t qsgd_encode_combine(const gvq_codec_t *c, size_t off, size_t 
             src = q->tmp;
             win += bytes;
         }
-        qsgd_quantize(k, q, off + b, src, len, wout);
+        qsgd_quantize(k, q, &p, off + b, src, len, wout);
         wout += bytes;
     }
     return gvqSuccess;
