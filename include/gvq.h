@@ -157,19 +157,38 @@ GVQ_API const char *gvqGetLastError(gvqComm_t comm);
 GVQ_API gvqResult_t gvqGetUniqueId(gvqUniqueId *uniqueId);
 
 /* Creates a communicator of `nranks` ranks in which the caller is `rank`. Blocking and
- * collective: returns once all nranks processes called it with the same id. The processes must
- * belong to one MPI job (launched together by mpirun); MPI is initialized with
- * MPI_THREAD_MULTIPLE if the program did not do so (and finalized at exit).
+ * collective: returns once all nranks processes called it with the same id. Its transport is
+ * GVQ_TRANSPORT's (the same on every rank):
+ * - mpi: the processes must belong to one MPI job (launched together by mpirun); MPI is
+ *   initialized with MPI_THREAD_MULTIPLE if the program did not do so (and finalized at exit);
+ * - ucx: UCX's ucp (shared memory, TCP, RDMA where present; UCX_TLS and UCX_NET_DEVICES apply),
+ *   any processes that reach each other, started by any launcher; no MPI call is made;
+ * - auto (default): mpi when the process is in an MPI job (MPI initialized, or mpirun's or a
+ *   PMI's environment), else ucx when gvq was built with UCX.
  * Errors: gvqInvalidArgument (NULL comm, nranks < 1, rank outside [0, nranks), an id not made by
  * gvqGetUniqueId), gvqInvalidUsage (ranks disagree on nranks, two ranks claim the same rank,
- * processes not in one MPI job), gvqTimeout (not every rank joined within the timeout),
- * gvqSystemError. */
+ * processes not in one MPI job, ranks on different transports, ucx asked of a build without
+ * it), gvqTimeout (not every rank joined within the timeout), gvqSystemError. */
 GVQ_API gvqResult_t gvqCommInitRank(gvqComm_t *comm, int nranks, gvqUniqueId commId, int rank);
 
 /* As gvqCommInitRank, with a configuration (NULL means all defaults). A config whose size,
  * magic or version is wrong is refused with gvqInvalidArgument. */
 GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUniqueId commId, int rank,
                                           gvqConfig_t *config);
+
+/* Creates a communicator from a launcher's environment, without passing an id by hand:
+ * - rank and size: GVQ_RANK/GVQ_WORLD_SIZE, else RANK/WORLD_SIZE (torchrun), else
+ *   SLURM_PROCID/SLURM_NTASKS (srun), else OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (mpirun),
+ *   else PMI_RANK/PMI_SIZE;
+ * - the meeting point: GVQ_STORE (host:port), else MASTER_ADDR and MASTER_PORT (torchrun's).
+ * Rank 0 makes the id (gvqGetUniqueId) and serves it on the meeting point's port to the other
+ * ranks, which fetch it (retrying until GVQ_TIMEOUT_MS), then all call gvqCommInitRankConfig.
+ * The store hands the id to whoever connects and names the job's size, as torch's TCPStore does:
+ * keep the port inside the job's network. It closes once every rank has the id, or at the
+ * timeout. Errors: those of gvqCommInitRank; gvqInvalidUsage (a variable missing or malformed,
+ * with a WARN naming it), gvqTimeout (the store did not answer), gvqSystemError (the port is
+ * taken). */
+GVQ_API gvqResult_t gvqCommInitFromEnv(gvqComm_t *comm, gvqConfig_t *config);
 
 /* Frees a communicator once its operations are done. Local (not collective); never hangs.
  * Errors: gvqInvalidArgument (NULL or already destroyed). */

@@ -7,11 +7,14 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include "gvq_bootstrap.h"
@@ -23,6 +26,59 @@
 int gvq_bootstrap_id_valid(const gvqUniqueId *id) {
     gvq_boot_id_t b;
     return gvq_boot_id_decode(id, &b);
+}
+
+/* getrandom(2) into p, retried on EINTR: 0, or -1 with errno */
+int gvq_boot_random(void *p, size_t n) {
+    uint8_t *b = p;
+    while (n > 0) {
+        ssize_t k = getrandom(b, n, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+void gvq_boot_addr_text(const struct sockaddr_in *a, char *out, size_t n) {
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+    snprintf(out, n, "%s:%d", ip, ntohs(a->sin_port));
+}
+
+int gvq_boot_pick_address(struct in_addr *out) {
+    const char *want = gvq_param_text(GVQ_PARAM_SOCKET_IFNAME);
+    struct ifaddrs *ifs = NULL, *lo = NULL, *pick = NULL;
+    if (getifaddrs(&ifs) != 0) return -1;
+    for (struct ifaddrs *i = ifs; i != NULL; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET) continue;
+        if (!(i->ifa_flags & IFF_UP)) continue;
+        if (want != NULL && want[0] != '\0') {
+            if (strcmp(i->ifa_name, want) == 0) {
+                pick = i;
+                break;
+            }
+            continue;
+        }
+        if (i->ifa_flags & IFF_LOOPBACK) {
+            if (lo == NULL) lo = i;
+        } else if (pick == NULL) {
+            pick = i;
+        }
+    }
+    if (pick == NULL && (want == NULL || want[0] == '\0')) pick = lo;
+    int rc = -1;
+    if (pick != NULL) {
+        *out = ((struct sockaddr_in *)pick->ifa_addr)->sin_addr;
+        rc = 0;
+    } else if (want != NULL) {
+        GVQ_WARN("GVQ_SOCKET_IFNAME=%s: no such IPv4 interface that is up", want);
+    }
+    freeifaddrs(ifs);
+    return rc;
 }
 
 /* ---- rank side -------------------------------------------------------------------------- */
@@ -121,8 +177,8 @@ static gvqResult_t rank_status(const gvq_boot_reply_t *rep, int rank) {
 /* One attempt: challenge, hello, answer. *retry is set when the root dropped us before it read
  * our hello (pushed out by strangers), so connecting again may succeed. */
 static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
-                              const gvq_boot_hello_t *h, uint64_t deadline, gvq_peer_info_t *all,
-                              int *retry) {
+                              const gvq_boot_hello_t *h, const void *blob, uint64_t deadline,
+                              gvq_peer_info_t *all, uint8_t **blobs, int *retry) {
     uint8_t chal[GVQ_BOOT_CHALLENGE_BYTES], challenge[GVQ_BOOT_NONCE_BYTES];
     uint8_t hello[GVQ_BOOT_HELLO_BYTES];
     uint64_t step = deadline ? deadline : gvq_now_ns() + CONNECT_LIMIT_NS;
@@ -132,6 +188,17 @@ static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
     if (rc == 0 && m == GVQ_BOOT_MSG_OK) {
         gvq_boot_hello_encode(hello, b, challenge, h);
         rc = io_until(fd, hello, sizeof hello, 1, step);
+    }
+    if (rc == 0 && m == GVQ_BOOT_MSG_OK && h->info.blob_bytes > 0) {
+        size_t n = (size_t)h->info.blob_bytes + GVQ_BOOT_MAC_BYTES;
+        uint8_t *msg = malloc(n);
+        if (msg == NULL) {
+            GVQ_WARN("bootstrap: out of memory for a blob of %d bytes", h->info.blob_bytes);
+            return gvqSystemError;
+        }
+        gvq_boot_blob_encode(msg, b, challenge, blob, (size_t)h->info.blob_bytes);
+        rc = io_until(fd, msg, n, 1, step);
+        free(msg);
     }
     if (rc != 0) {
         *retry = rc == -ECONNRESET || rc == -EPIPE;
@@ -145,7 +212,8 @@ static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
                  h->rank, where, gvq_boot_msg_text(m));
         return gvqRemoteError;
     }
-    /* the answer: its head says whether a table follows; the size comes from our nranks */
+    /* the answer: its head says whether a table follows; the size comes from our nranks, then
+     * the blobs' from the table (capped per rank; the MAC checks them all) */
     uint64_t wait = deadline ? deadline + RANK_GRACE_NS : 0;
     size_t max = gvq_boot_reply_bytes(GVQ_BOOT_OK, h->nranks);
     uint8_t *rep = malloc(max);
@@ -161,7 +229,21 @@ static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
                           (uint32_t)rep[11] << 24;
         size_t total =
             status == GVQ_BOOT_OK ? max : gvq_boot_reply_bytes(GVQ_BOOT_STATUS_COUNT, h->nranks);
-        rc = io_until(fd, rep + len, total - len, 0, wait);
+        size_t entries = (size_t)h->nranks * GVQ_BOOT_PEER_BYTES;
+        if (status == GVQ_BOOT_OK) { /* the table first, to learn the blobs' length */
+            rc = io_until(fd, rep + len, entries, 0, wait);
+            len += entries;
+            size_t more = rc == 0 ? gvq_boot_table_blob_bytes(rep + len - entries, h->nranks) : 0;
+            uint8_t *grown = more > 0 ? realloc(rep, total + more) : rep;
+            if (grown == NULL) {
+                GVQ_WARN("bootstrap: out of memory for %zu bytes of blobs", more);
+                res = gvqSystemError;
+                goto out_free;
+            }
+            rep = grown;
+            total += more;
+        }
+        if (rc == 0) rc = io_until(fd, rep + len, total - len, 0, wait);
         len = total;
     }
     if (rc != 0) {
@@ -183,6 +265,20 @@ static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
         goto out_free;
     }
     res = rank_status(&r, h->rank);
+    if (res == gvqSuccess && blobs != NULL) {
+        size_t entries = (size_t)h->nranks * GVQ_BOOT_PEER_BYTES;
+        size_t bb = len - GVQ_BOOT_REPLY_HEAD_BYTES - entries - GVQ_BOOT_MAC_BYTES;
+        *blobs = NULL;
+        if (bb > 0) {
+            *blobs = malloc(bb);
+            if (*blobs == NULL) {
+                GVQ_WARN("bootstrap: out of memory for %zu bytes of blobs", bb);
+                res = gvqSystemError;
+            } else {
+                memcpy(*blobs, rep + GVQ_BOOT_REPLY_HEAD_BYTES + entries, bb);
+            }
+        }
+    }
 out_free:
     free(rep);
     return res;
@@ -190,11 +286,18 @@ out_free:
 
 gvqResult_t gvq_bootstrap_exchange(const gvqUniqueId *id, int nranks, int rank,
                                    const gvq_peer_info_t *mine, uint64_t timeout_ns,
-                                   gvq_peer_info_t *all, uint64_t *nonce) {
+                                   const void *blob, gvq_peer_info_t *all, uint8_t **blobs,
+                                   uint64_t *nonce) {
     gvq_boot_id_t b;
     if (!gvq_boot_id_decode(id, &b)) {
         GVQ_WARN("bootstrap: the id was not made by gvqGetUniqueId");
         return gvqInvalidArgument;
+    }
+    if (mine->blob_bytes < 0 || mine->blob_bytes > GVQ_BOOT_MAX_BLOB ||
+        (mine->blob_bytes > 0 && blob == NULL)) {
+        GVQ_WARN("bootstrap: a blob of %d bytes is not what the bootstrap carries (at most %d)",
+                 mine->blob_bytes, GVQ_BOOT_MAX_BLOB);
+        return gvqInternalError;
     }
     if (nranks > GVQ_BOOT_MAX_RANKS) {
         GVQ_WARN("bootstrap: nranks=%d is more than the %d the bootstrap serves", nranks,
@@ -219,7 +322,7 @@ gvqResult_t gvq_bootstrap_exchange(const gvqUniqueId *id, int nranks, int rank,
     for (;;) {
         int fd = -1, retry = 0;
         GVQCHECK(rank_connect(&b, where, rank, connect_limit, &fd));
-        gvqResult_t res = rank_round(fd, &b, where, &h, deadline, all, &retry);
+        gvqResult_t res = rank_round(fd, &b, where, &h, blob, deadline, all, blobs, &retry);
         close(fd);
         if (res == gvqSuccess && nonce != NULL) *nonce = b.tag;
         if (!retry) return res;

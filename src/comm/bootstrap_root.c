@@ -40,8 +40,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -49,7 +47,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include "gvq_bootstrap.h"
@@ -62,30 +59,10 @@
 #define MAX_STRANGER_WARNS 16           /* WARN lines per id for dropped strangers */
 #define ROOT_STACK_BYTES (512u * 1024u) /* the root thread needs little */
 
-/* getrandom(2) into p, retried on EINTR: 0, or -1 with errno */
-int gvq_boot_random(void *p, size_t n) {
-    uint8_t *b = p;
-    while (n > 0) {
-        ssize_t k = getrandom(b, n, 0);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        b += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-void gvq_boot_addr_text(const struct sockaddr_in *a, char *out, size_t n) {
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-    snprintf(out, n, "%s:%d", ip, ntohs(a->sin_port));
-}
-
 /* ---- root side -------------------------------------------------------------------------- */
 
-enum { C_PENDING, C_JOINED, C_ANSWER };
+/* C_BLOB: the hello is authentic, its blob still coming (counted as pending, not yet a rank) */
+enum { C_PENDING, C_BLOB, C_JOINED, C_ANSWER };
 
 typedef struct {
     int fd, state, rank;
@@ -94,6 +71,9 @@ typedef struct {
     uint8_t challenge[GVQ_BOOT_NONCE_BYTES], nonce[GVQ_BOOT_NONCE_BYTES];
     uint8_t in[GVQ_BOOT_HELLO_BYTES];
     size_t got;
+    gvq_boot_hello_t hello; /* C_BLOB: the authentic hello whose blob is coming */
+    uint8_t *blob;          /* C_BLOB: blob and MAC as they come, blob_got of them */
+    size_t blob_got;
     /* the answer: head, the shared table (GVQ_BOOT_OK only), mac */
     uint8_t head[GVQ_BOOT_REPLY_HEAD_BYTES], mac[GVQ_BOOT_MAC_BYTES];
     size_t table_bytes, sent;
@@ -108,7 +88,9 @@ typedef struct {
     int nranks, joined; /* nranks: 0 until the first authenticated hello */
     char *claimed;
     gvq_peer_info_t *info;
-    uint8_t *table; /* encoded, once formed */
+    uint8_t **blobs;    /* rank r's blob, info[r].blob_bytes long (NULL: none) */
+    uint8_t *table;     /* encoded with the blobs after it, once formed */
+    size_t table_bytes; /* table and blobs */
     uint64_t deadline;
     gvq_boot_reply_t fail; /* status != GVQ_BOOT_OK once the round failed */
     int closed;            /* listener closed: only answers left */
@@ -121,7 +103,7 @@ static void root_drop(root_t *r, int i, const char *fmt, ...) __attribute__((for
  * never authenticated) are counted, and only the first MAX_STRANGER_WARNS logged. */
 static void root_drop(root_t *r, int i, const char *fmt, ...) {
     conn_t *c = &r->c[i];
-    int stranger = c->state == C_PENDING;
+    int stranger = c->state == C_PENDING || c->state == C_BLOB;
     if (fmt != NULL && (!stranger || r->dropped++ < MAX_STRANGER_WARNS)) {
         char why[200];
         va_list ap;
@@ -133,11 +115,12 @@ static void root_drop(root_t *r, int i, const char *fmt, ...) {
                      ? " (further drops are counted, not logged)"
                      : "");
     }
-    if (c->state == C_PENDING) r->npending--;
+    if (stranger) r->npending--;
     if (c->state == C_JOINED) {
         r->claimed[c->rank] = 0;
         r->joined--;
     }
+    free(c->blob);
     close(c->fd);
     r->c[i] = r->c[--r->nc];
 }
@@ -148,14 +131,14 @@ static void root_close_listener(root_t *r) {
     r->listen_fd = -1;
     r->closed = 1;
     for (int i = r->nc - 1; i >= 0; i--)
-        if (r->c[i].state == C_PENDING) root_drop(r, i, NULL);
+        if (r->c[i].state == C_PENDING || r->c[i].state == C_BLOB) root_drop(r, i, NULL);
 }
 
 /* Queue connection c's answer: status (with the table for GVQ_BOOT_OK). */
 static void root_answer(root_t *r, conn_t *c, int32_t status, int32_t detail) {
     gvq_boot_reply_t rep = {status, r->nranks, detail, c->rank};
     gvq_boot_reply_head_encode(c->head, &rep);
-    c->table_bytes = status == GVQ_BOOT_OK ? (size_t)r->nranks * GVQ_BOOT_PEER_BYTES : 0;
+    c->table_bytes = status == GVQ_BOOT_OK ? r->table_bytes : 0;
     uint64_t digest = gvq_boot_table_digest(&r->id, r->table, c->table_bytes);
     uint64_t mac = gvq_boot_reply_mac(&r->id, c->challenge, c->nonce, c->head, digest);
     for (int i = 0; i < GVQ_BOOT_MAC_BYTES; i++)
@@ -223,8 +206,9 @@ static void root_hello(root_t *r, conn_t *c, const gvq_boot_hello_t *h) {
         r->nranks = h->nranks;
         r->claimed = calloc((size_t)h->nranks, 1);
         r->info = calloc((size_t)h->nranks, sizeof *r->info);
+        r->blobs = calloc((size_t)h->nranks, sizeof *r->blobs);
         r->deadline = h->timeout_ms > 0 ? gvq_now_ns() + (uint64_t)h->timeout_ms * MS : 0;
-        if (r->claimed == NULL || r->info == NULL) {
+        if (r->claimed == NULL || r->info == NULL || r->blobs == NULL) {
             GVQ_WARN("bootstrap root %s: no memory for %d ranks", r->where, h->nranks);
             root_fail(r, c, GVQ_BOOT_NO_MEMORY, 0);
             return;
@@ -247,14 +231,27 @@ static void root_hello(root_t *r, conn_t *c, const gvq_boot_hello_t *h) {
     c->deadline = 0;
     r->claimed[h->rank] = 1;
     r->info[h->rank] = h->info;
+    free(r->blobs[h->rank]); /* a claim released before, then made again */
+    r->blobs[h->rank] = c->blob;
+    c->blob = NULL;
     if (++r->joined < r->nranks) return;
-    r->table = malloc((size_t)r->nranks * GVQ_BOOT_PEER_BYTES);
+    size_t entries = (size_t)r->nranks * GVQ_BOOT_PEER_BYTES;
+    r->table_bytes = entries;
+    for (int q = 0; q < r->nranks; q++)
+        r->table_bytes += (size_t)r->info[q].blob_bytes;
+    r->table = malloc(r->table_bytes);
     if (r->table == NULL) {
         GVQ_WARN("bootstrap root %s: no memory for the table of %d ranks", r->where, r->nranks);
         r->fail = (gvq_boot_reply_t){GVQ_BOOT_NO_MEMORY, r->nranks, 0, 0};
         root_answer_all(r, GVQ_BOOT_NO_MEMORY, 0);
     } else {
         gvq_boot_table_encode(r->table, r->info, r->nranks);
+        size_t at = entries;
+        for (int q = 0; q < r->nranks; q++) {
+            if (r->info[q].blob_bytes > 0)
+                memcpy(r->table + at, r->blobs[q], (size_t)r->info[q].blob_bytes);
+            at += (size_t)r->info[q].blob_bytes;
+        }
         root_answer_all(r, GVQ_BOOT_OK, 0);
         GVQ_INFO("bootstrap root %s: all %d ranks joined", r->where, r->nranks);
     }
@@ -288,6 +285,43 @@ static void root_read_pending(root_t *r, int i) {
         root_drop(r, i, "its hello is refused: %s; not counted as a rank", gvq_boot_msg_text(m));
         return;
     }
+    if (h.info.blob_bytes > 0) { /* its blob and the blob's MAC come next */
+        c->blob = malloc((size_t)h.info.blob_bytes + GVQ_BOOT_MAC_BYTES);
+        if (c->blob == NULL) {
+            root_drop(r, i, "no memory for a blob of %d bytes", h.info.blob_bytes);
+            return;
+        }
+        c->hello = h;
+        c->blob_got = 0;
+        c->state = C_BLOB;
+        return;
+    }
+    root_hello(r, c, &h);
+}
+
+/* Bytes of the blob that follows an authentic hello. */
+static void root_read_blob(root_t *r, int i) {
+    conn_t *c = &r->c[i];
+    size_t need = (size_t)c->hello.info.blob_bytes + GVQ_BOOT_MAC_BYTES;
+    ssize_t k = recv(c->fd, c->blob + c->blob_got, need - c->blob_got, MSG_DONTWAIT);
+    if (k < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            root_drop(r, i, "recv: %s", strerror(errno));
+        return;
+    }
+    if (k == 0) {
+        root_drop(r, i, "closed after %zu of the %zu bytes of its blob", c->blob_got, need);
+        return;
+    }
+    c->blob_got += (size_t)k;
+    if (c->blob_got < need) return;
+    gvq_boot_msg_t m =
+        gvq_boot_blob_parse(c->blob, need, (size_t)c->hello.info.blob_bytes, &r->id, c->challenge);
+    if (m != GVQ_BOOT_MSG_OK) {
+        root_drop(r, i, "its blob is refused: %s; not counted as a rank", gvq_boot_msg_text(m));
+        return;
+    }
+    gvq_boot_hello_t h = c->hello;
     root_hello(r, c, &h);
 }
 
@@ -358,9 +392,9 @@ static void root_expire(root_t *r, uint64_t now) {
     for (int i = r->nc - 1; i >= 0; i--) {
         conn_t *c = &r->c[i];
         if (c->deadline == 0 || now < c->deadline) continue;
-        if (c->state == C_PENDING)
-            root_drop(r, i, "no authenticated hello within %d ms (%zu bytes came)", HELLO_MS,
-                      c->got);
+        if (c->state == C_PENDING || c->state == C_BLOB)
+            root_drop(r, i, "no authenticated hello and blob within %d ms (%zu bytes came)",
+                      HELLO_MS, c->got + c->blob_got);
         else
             root_drop(r, i, "rank %d did not take its answer within %d ms", c->rank, ANSWER_MS);
     }
@@ -382,6 +416,11 @@ static void root_free(root_t *r) {
     if (r->dropped > MAX_STRANGER_WARNS)
         GVQ_WARN("bootstrap root %s: dropped %ld connections in all", r->where, r->dropped);
     free(r->c);
+    for (int i = 0; i < r->nc; i++)
+        free(r->c[i].blob);
+    for (int q = 0; r->blobs != NULL && q < r->nranks; q++)
+        free(r->blobs[q]);
+    free(r->blobs);
     free(r->claimed);
     free(r->info);
     free(r->table);
@@ -425,6 +464,8 @@ static void *root_thread(void *arg) {
             conn_t *c = &r->c[i];
             if (c->state == C_PENDING) {
                 root_read_pending(r, i);
+            } else if (c->state == C_BLOB) {
+                root_read_blob(r, i);
             } else if (c->state == C_JOINED) {
                 root_read_joined(r, i);
             } else {
@@ -442,38 +483,6 @@ static void *root_thread(void *arg) {
     free(pfd);
     root_free(r);
     return NULL;
-}
-
-static int pick_address(struct in_addr *out) {
-    const char *want = gvq_param_text(GVQ_PARAM_SOCKET_IFNAME);
-    struct ifaddrs *ifs = NULL, *lo = NULL, *pick = NULL;
-    if (getifaddrs(&ifs) != 0) return -1;
-    for (struct ifaddrs *i = ifs; i != NULL; i = i->ifa_next) {
-        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET) continue;
-        if (!(i->ifa_flags & IFF_UP)) continue;
-        if (want != NULL && want[0] != '\0') {
-            if (strcmp(i->ifa_name, want) == 0) {
-                pick = i;
-                break;
-            }
-            continue;
-        }
-        if (i->ifa_flags & IFF_LOOPBACK) {
-            if (lo == NULL) lo = i;
-        } else if (pick == NULL) {
-            pick = i;
-        }
-    }
-    if (pick == NULL && (want == NULL || want[0] == '\0')) pick = lo;
-    int rc = -1;
-    if (pick != NULL) {
-        *out = ((struct sockaddr_in *)pick->ifa_addr)->sin_addr;
-        rc = 0;
-    } else if (want != NULL) {
-        GVQ_WARN("GVQ_SOCKET_IFNAME=%s: no such IPv4 interface that is up", want);
-    }
-    freeifaddrs(ifs);
-    return rc;
 }
 
 static gvqResult_t start_root(root_t *r) {
@@ -513,7 +522,7 @@ GVQ_API gvqResult_t gvqGetUniqueId(gvqUniqueId *uniqueId) {
         return gvqSystemError;
     }
     b->addr.sin_family = AF_INET;
-    if (pick_address(&b->addr.sin_addr) != 0) {
+    if (gvq_boot_pick_address(&b->addr.sin_addr) != 0) {
         GVQ_WARN("gvqGetUniqueId: no usable IPv4 interface (set GVQ_SOCKET_IFNAME)");
         free(r);
         return gvqSystemError;

@@ -48,7 +48,7 @@ static void peer_encode(uint8_t *p, const gvq_peer_info_t *i) {
     put32(p, (uint32_t)i->world_rank);
     put32(p + 4, (uint32_t)i->world_size);
     put32(p + 8, (uint32_t)i->pid);
-    put32(p + 12, (uint32_t)i->zero);
+    put32(p + 12, (uint32_t)i->blob_bytes);
     put64(p + 16, i->host_key);
 }
 
@@ -57,10 +57,10 @@ static int peer_decode(const uint8_t *p, gvq_peer_info_t *i) {
     i->world_rank = (int32_t)get32(p);
     i->world_size = (int32_t)get32(p + 4);
     i->pid = (int32_t)get32(p + 8);
-    i->zero = (int32_t)get32(p + 12);
+    i->blob_bytes = (int32_t)get32(p + 12);
     i->host_key = get64(p + 16);
-    return i->zero == 0 && i->world_size >= 1 && i->world_rank >= 0 &&
-           i->world_rank < i->world_size;
+    return i->blob_bytes >= 0 && i->blob_bytes <= GVQ_BOOT_MAX_BLOB && i->world_size >= 1 &&
+           i->world_rank >= 0 && i->world_rank < i->world_size;
 }
 
 const char *gvq_boot_msg_text(gvq_boot_msg_t m) {
@@ -156,6 +156,41 @@ gvq_boot_msg_t gvq_boot_hello_parse(const uint8_t *buf, size_t len, const gvq_bo
     return GVQ_BOOT_MSG_OK;
 }
 
+uint64_t gvq_boot_blob_mac(const gvq_boot_id_t *id, const uint8_t challenge[GVQ_BOOT_NONCE_BYTES],
+                           const uint8_t *blob, size_t bytes) {
+    gvq_siphash_t s;
+    gvq_siphash_init(&s, id->secret);
+    gvq_siphash_update(&s, "B", 1);
+    gvq_siphash_update(&s, challenge, GVQ_BOOT_NONCE_BYTES);
+    gvq_siphash_update(&s, blob, bytes);
+    return gvq_siphash_final(&s);
+}
+
+void gvq_boot_blob_encode(uint8_t *out, const gvq_boot_id_t *id,
+                          const uint8_t challenge[GVQ_BOOT_NONCE_BYTES], const void *blob,
+                          size_t bytes) {
+    if (bytes > 0) memcpy(out, blob, bytes);
+    put64(out + bytes, gvq_boot_blob_mac(id, challenge, out, bytes));
+}
+
+gvq_boot_msg_t gvq_boot_blob_parse(const uint8_t *buf, size_t len, size_t bytes,
+                                   const gvq_boot_id_t *id,
+                                   const uint8_t challenge[GVQ_BOOT_NONCE_BYTES]) {
+    if (bytes > GVQ_BOOT_MAX_BLOB || len != bytes + GVQ_BOOT_MAC_BYTES) return GVQ_BOOT_MSG_SIZE;
+    if (!mac_equal(get64(buf + bytes), gvq_boot_blob_mac(id, challenge, buf, bytes)))
+        return GVQ_BOOT_MSG_MAC;
+    return GVQ_BOOT_MSG_OK;
+}
+
+size_t gvq_boot_table_blob_bytes(const uint8_t *table, int32_t nranks) {
+    size_t sum = 0;
+    for (int32_t r = 0; r < nranks; r++) {
+        uint32_t b = get32(table + (size_t)r * GVQ_BOOT_PEER_BYTES + 12);
+        sum += b <= GVQ_BOOT_MAX_BLOB ? b : GVQ_BOOT_MAX_BLOB;
+    }
+    return sum;
+}
+
 size_t gvq_boot_reply_bytes(int32_t status, int32_t nranks) {
     size_t table = status == GVQ_BOOT_OK && nranks > 0 ? (size_t)nranks * GVQ_BOOT_PEER_BYTES : 0;
     return GVQ_BOOT_REPLY_HEAD_BYTES + table + GVQ_BOOT_MAC_BYTES;
@@ -211,8 +246,13 @@ gvq_boot_msg_t gvq_boot_reply_parse(const uint8_t *buf, size_t len, const gvq_bo
     r.rank = (int32_t)get32(buf + 20);
     /* the size follows from the caller's nranks, never from the unauthenticated head */
     int32_t status_for_size = r.status == GVQ_BOOT_OK ? GVQ_BOOT_OK : GVQ_BOOT_STATUS_COUNT;
-    if (nranks < 1 || nranks > GVQ_BOOT_MAX_RANKS ||
-        len != gvq_boot_reply_bytes(status_for_size, nranks))
+    if (nranks < 1 || nranks > GVQ_BOOT_MAX_RANKS) return GVQ_BOOT_MSG_SIZE;
+    size_t fixed = gvq_boot_reply_bytes(status_for_size, nranks);
+    /* a table's entries name the lengths of the blobs after it (checked by the MAC below) */
+    if (len < fixed ||
+        len != fixed + (r.status == GVQ_BOOT_OK
+                            ? gvq_boot_table_blob_bytes(buf + GVQ_BOOT_REPLY_HEAD_BYTES, nranks)
+                            : 0))
         return GVQ_BOOT_MSG_SIZE;
     size_t tbytes = len - GVQ_BOOT_REPLY_HEAD_BYTES - GVQ_BOOT_MAC_BYTES;
     const uint8_t *tab = buf + GVQ_BOOT_REPLY_HEAD_BYTES;

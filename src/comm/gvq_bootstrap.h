@@ -10,9 +10,15 @@
  *   challenge  root -> rank   "gvqCHAL1" tag challenge[16]                              32 bytes
  *   hello      rank -> root   "gvqHELO1" tag nranks rank timeout_ms info[24] nonce[16] mac
  *                             mac = SipHash(key, 'H' challenge hello[0..72))             80 bytes
- *   reply      root -> rank   "gvqRPLY1" status nranks detail rank [table: nranks x 24] mac
+ *   blob       rank -> root   blob[info.blob_bytes] mac     (only when info.blob_bytes > 0)
+ *                             mac = SipHash(key, 'B' challenge blob)
+ *   reply      root -> rank   "gvqRPLY1" status nranks detail rank [table: nranks x 24, then
+ *                             every rank's blob in rank order] mac
  *                             mac = SipHash(key, 'R' challenge nonce reply[0..24) digest)
- *                             digest = SipHash(key, 'T' table), 0 without a table
+ *                             digest = SipHash(key, 'T' table blobs), 0 without a table
+ *
+ * A table entry is world_rank world_size pid blob_bytes host_key (4+4+4+4+8). The blob is what a
+ * rank's transport needs the others to know (the UCX transport's worker address); MPI sends none.
  */
 #ifndef GVQ_BOOTSTRAP_H_
 #define GVQ_BOOTSTRAP_H_
@@ -93,7 +99,22 @@ gvq_boot_msg_t gvq_boot_hello_parse(const uint8_t *buf, size_t len, const gvq_bo
                                     const uint8_t challenge[GVQ_BOOT_NONCE_BYTES],
                                     gvq_boot_hello_t *out);
 
-/* A reply's size: with the table for GVQ_BOOT_OK, without for the errors. */
+/* A blob message: bytes of blob and its MAC (out: bytes + GVQ_BOOT_MAC_BYTES). parse checks
+ * the length (the hello's blob_bytes, already authenticated) and the MAC. */
+uint64_t gvq_boot_blob_mac(const gvq_boot_id_t *id, const uint8_t challenge[GVQ_BOOT_NONCE_BYTES],
+                           const uint8_t *blob, size_t bytes);
+void gvq_boot_blob_encode(uint8_t *out, const gvq_boot_id_t *id,
+                          const uint8_t challenge[GVQ_BOOT_NONCE_BYTES], const void *blob,
+                          size_t bytes);
+gvq_boot_msg_t gvq_boot_blob_parse(const uint8_t *buf, size_t len, size_t bytes,
+                                   const gvq_boot_id_t *id,
+                                   const uint8_t challenge[GVQ_BOOT_NONCE_BYTES]);
+/* The blobs an encoded table of nranks entries announces, in bytes (each entry's length capped at
+ * GVQ_BOOT_MAX_BLOB; a longer one fails the entry's decoding later). */
+size_t gvq_boot_table_blob_bytes(const uint8_t *table, int32_t nranks);
+
+/* A reply's size without blobs: with the table for GVQ_BOOT_OK, without for the errors. A
+ * GVQ_BOOT_OK reply is longer by gvq_boot_table_blob_bytes of its table. */
 size_t gvq_boot_reply_bytes(int32_t status, int32_t nranks);
 void gvq_boot_reply_head_encode(uint8_t out[GVQ_BOOT_REPLY_HEAD_BYTES], const gvq_boot_reply_t *r);
 void gvq_boot_table_encode(uint8_t *out, const gvq_peer_info_t *table, int nranks);
@@ -102,15 +123,18 @@ uint64_t gvq_boot_reply_mac(const gvq_boot_id_t *id, const uint8_t challenge[GVQ
                             const uint8_t nonce[GVQ_BOOT_NONCE_BYTES],
                             const uint8_t head[GVQ_BOOT_REPLY_HEAD_BYTES], uint64_t digest);
 /* A whole reply for the rank that sent `nonce` as `rank` of `nranks` answering `challenge`.
- * table (nranks entries) is written for GVQ_BOOT_OK only. */
+ * table (nranks entries) is written for GVQ_BOOT_OK only; the blobs are then the bytes after the
+ * table (buf + GVQ_BOOT_REPLY_HEAD_BYTES + nranks * GVQ_BOOT_PEER_BYTES). */
 gvq_boot_msg_t gvq_boot_reply_parse(const uint8_t *buf, size_t len, const gvq_boot_id_t *id,
                                     const uint8_t challenge[GVQ_BOOT_NONCE_BYTES],
                                     const uint8_t nonce[GVQ_BOOT_NONCE_BYTES], int32_t nranks,
                                     int32_t rank, gvq_boot_reply_t *out, gvq_peer_info_t *table);
 
-/* bootstrap_root.c, for both sides: n random bytes from getrandom(2) (0, or -1 with errno), and
- * an address as "a.b.c.d:port". */
+/* bootstrap.c, for both sides: n random bytes from getrandom(2) (0, or -1 with errno), an
+ * address as "a.b.c.d:port", and the root's interface address (GVQ_SOCKET_IFNAME, else the
+ * first non-loopback IPv4 interface that is up, else loopback; 0, or -1). */
 int gvq_boot_random(void *p, size_t n);
 void gvq_boot_addr_text(const struct sockaddr_in *a, char *out, size_t n);
+int gvq_boot_pick_address(struct in_addr *out);
 
 #endif /* GVQ_BOOTSTRAP_H_ */

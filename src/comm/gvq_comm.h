@@ -200,17 +200,23 @@ gvqResult_t gvq_comm_idle(gvqComm_t comm, uint64_t *since);
 /* In-process communicators for unit tests: comms[r] for r < nranks, ranks as threads. */
 gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_t *comms);
 
-/* Bootstrap (bootstrap.c): exchange (rank -> world rank) through the root named in id. */
+/* Bootstrap (bootstrap.c): exchange (rank -> world rank, host, blob) through the root named in
+ * id. mine->blob_bytes bytes at blob go with this rank's entry; with blobs != NULL, *blobs gets
+ * every rank's blob in rank order, concatenated (malloc'd; NULL when all are empty), rank r's
+ * all[r].blob_bytes long. */
+#define GVQ_BOOT_MAX_BLOB 16384 /* the most bytes of one rank's blob */
 typedef struct {
     int32_t world_rank;
     int32_t world_size;
     int32_t pid;
-    int32_t zero;      /* keeps host_key 8-aligned without implicit padding; always 0 */
-    uint64_t host_key; /* gvq_host_key */
+    int32_t blob_bytes; /* the length of the rank's blob (0..GVQ_BOOT_MAX_BLOB): what its
+                         * transport needs the others to know (UCX: its worker address) */
+    uint64_t host_key;  /* gvq_host_key */
 } gvq_peer_info_t;
 gvqResult_t gvq_bootstrap_exchange(const gvqUniqueId *id, int nranks, int rank,
                                    const gvq_peer_info_t *mine, uint64_t timeout_ns,
-                                   gvq_peer_info_t *all, uint64_t *nonce);
+                                   const void *blob, gvq_peer_info_t *all, uint8_t **blobs,
+                                   uint64_t *nonce);
 int gvq_bootstrap_id_valid(const gvqUniqueId *id);
 
 #endif /* GVQ_COMM_H_ */

@@ -1,7 +1,8 @@
 /*
  * gvq_transport.h -- the transport ops table: how bytes move between the ranks of a
- * communicator. Implementations: src/transport/mpi.c (Open MPI), src/transport/inproc.c (ranks
- * as threads of one process, for unit tests). A NCCL transport comes with the CUDA backend.
+ * communicator. Implementations: src/transport/mpi.c (Open MPI), src/transport/ucx.c (UCX's
+ * ucp, without MPI), src/transport/inproc.c (ranks as threads of one process, for unit tests). A
+ * NCCL transport comes with the CUDA backend.
  *
  * All operations are non-blocking: isend/irecv post a transfer and fill a request; test
  * reports completion. gvq_xport_wait (transport.c) is the one blocking loop, which enforces the
@@ -175,5 +176,21 @@ gvqResult_t gvq_mpi_transport_from_world_timed(const int *world_ranks, int nrank
                                                int tag, uint64_t timeout_ns, gvq_transport_t **t);
 /* A transport on a duplicate of *(MPI_Comm *)mpi_comm (collective over that communicator). */
 gvqResult_t gvq_mpi_transport_dup(const void *mpi_comm, gvq_transport_t **t);
+/* Whether this process is part of an MPI job: MPI is initialized, or a launcher's environment
+ * (Open MPI's OMPI_COMM_WORLD_SIZE, PMIx's PMIX_RANK, MPICH's PMI_RANK) says so. Calls no MPI
+ * function that needs MPI initialized. */
+int gvq_mpi_in_job(void);
+
+/* The UCX transport (ucx.c; GVQ_WITH_UCX, else these refuse with a WARN). open makes the worker
+ * of one communicator and gives its address (valid until close or the transport's destroy);
+ * transport_create makes the endpoints from every rank's address (addrs: nranks addresses, rank
+ * r's lens[r] bytes, in rank order) and takes u over; on failure u is still the caller's to
+ * close. */
+typedef struct gvq_ucx gvq_ucx_t;
+int gvq_ucx_available(void);
+gvqResult_t gvq_ucx_open(gvq_ucx_t **u, const void **addr, size_t *addr_len);
+gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens,
+                                     int nranks, int rank, gvq_transport_t **t);
+void gvq_ucx_close(gvq_ucx_t *u);
 
 #endif /* GVQ_TRANSPORT_H_ */

@@ -111,3 +111,15 @@ gvqResult_t gvq_mpi_ensure_init(int *world_rank, int *world_size) {
     MPICHECK(MPI_Comm_size(MPI_COMM_WORLD, world_size), "MPI init");
     return gvqSuccess;
 }
+
+int gvq_mpi_in_job(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v != NULL && v[0] != '\0') return 1;
+    }
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited); /* both may be called at any time, before MPI_Init too */
+    MPI_Finalized(&fin);
+    return inited && !fin;
+}

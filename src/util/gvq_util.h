@@ -126,6 +126,9 @@ void gvq_log_note(const char *file, int line, const char *fmt, ...)
       "between its rounds of polls, leaving the core to the caller's compute (0: it yields)")     \
     X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", UINT, 0, NULL,                                        \
       "TCP port of the bootstrap root (0: any free port)")                                        \
+    X(TRANSPORT, "GVQ_TRANSPORT", CHOICE, 0, "auto,mpi,ucx",                                      \
+      "transport of gvqCommInitRank's communicators: mpi (Open MPI), ucx (UCX's ucp, no MPI "     \
+      "at all), auto (mpi inside an MPI job or when MPI is initialized, else ucx where built)")   \
     X(SPARSE_ALLGATHERV, "GVQ_SPARSE_ALLGATHERV", UINT, 0, NULL,                                  \
       "sparse allgatherv transfer: 0 gvq's pipelined ring, 1 the transport's own "                \
       "(MPI_Iallgatherv; the ring where the transport has none)")                                 \

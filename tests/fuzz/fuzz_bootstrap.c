@@ -48,6 +48,9 @@ static void write_seeds(const char *dir) {
     uint8_t c[GVQ_BOOT_CHALLENGE_BYTES], h[GVQ_BOOT_HELLO_BYTES];
     gvq_boot_challenge_encode(c, &id, challenge);
     fuzz_write_seed(dir, "challenge", 0, c, sizeof c);
+    uint8_t blob[40 + GVQ_BOOT_MAC_BYTES];
+    gvq_boot_blob_encode(blob, &id, challenge, "a UCX worker address, forty bytes long.", 40);
+    fuzz_write_seed(dir, "blob_resealed", 0 | FUZZ_RESEAL, blob, sizeof blob);
     gvq_boot_hello_t hello = {4, 1, 5000, {1, 4, 4242, 0, 7}, {0}};
     memcpy(hello.nonce, nonce, sizeof nonce);
     gvq_boot_hello_encode(h, &id, challenge, &hello);
@@ -107,11 +110,16 @@ static void fuzz_reply(uint8_t *buf, size_t n, int32_t nranks, int reseal) {
     if (gvq_boot_reply_parse(buf, n, &id, challenge, nonce, nranks, rank, &r, table) !=
         GVQ_BOOT_MSG_OK)
         return;
+    size_t blobs = 0;
+    for (int32_t i = 0; r.status == GVQ_BOOT_OK && i < nranks; i++) {
+        if (table[i].world_rank < 0 || table[i].world_rank >= table[i].world_size ||
+            table[i].blob_bytes < 0 || table[i].blob_bytes > GVQ_BOOT_MAX_BLOB)
+            abort();
+        blobs += (size_t)table[i].blob_bytes;
+    }
     if (r.status < 0 || r.status >= GVQ_BOOT_STATUS_COUNT || r.rank != rank ||
-        n != gvq_boot_reply_bytes(r.status, nranks))
+        n != gvq_boot_reply_bytes(r.status, nranks) + blobs)
         abort();
-    for (int32_t i = 0; r.status == GVQ_BOOT_OK && i < nranks; i++)
-        if (table[i].world_rank < 0 || table[i].world_rank >= table[i].world_size) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -127,6 +135,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (gvq_boot_challenge_parse(buf, n, &id, ch) == GVQ_BOOT_MSG_OK &&
             (n != GVQ_BOOT_CHALLENGE_BYTES || gvq_boot_msg_text(GVQ_BOOT_MSG_OK) == NULL))
             abort();
+        /* the same bytes as a blob message of the length they imply */
+        size_t bb = n >= GVQ_BOOT_MAC_BYTES ? n - GVQ_BOOT_MAC_BYTES : 0;
+        if (reseal && n >= GVQ_BOOT_MAC_BYTES && bb <= GVQ_BOOT_MAX_BLOB)
+            put_mac(buf + bb, gvq_boot_blob_mac(&id, challenge, buf, bb));
+        gvq_boot_msg_t m = gvq_boot_blob_parse(buf, n, bb, &id, challenge);
+        if (m == GVQ_BOOT_MSG_OK && (n < GVQ_BOOT_MAC_BYTES || bb > GVQ_BOOT_MAX_BLOB)) abort();
         break;
     }
     case 1:

@@ -91,7 +91,16 @@ int main(int argc, char **argv) {
     only = argc > 1 ? argv[1] : NULL;
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     cfg.timeoutMs = TIMEOUT_MS;
-    MT_OK(gvqCommInitMPI(&comm, MPI_COMM_WORLD, &cfg));
+    const char *tr = getenv("GVQ_TRANSPORT");
+    if (tr != NULL && strcmp(tr, "ucx") == 0) { /* the UCX transport: through the bootstrap */
+        gvqUniqueId id;
+        memset(&id, 0, sizeof id);
+        if (r == 0) MT_OK(gvqGetUniqueId(&id));
+        MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+        MT_OK(gvqCommInitRankConfig(&comm, N, id, r, &cfg));
+    } else {
+        MT_OK(gvqCommInitMPI(&comm, MPI_COMM_WORLD, &cfg));
+    }
     size_t cap = (size_t)BIG * (size_t)N;
     sbuf = calloc(cap, sizeof *sbuf);
     rbuf = calloc(cap, sizeof *rbuf);

@@ -168,13 +168,25 @@ typedef struct {
     int nranks, rank;
     gvqResult_t res;
     gvq_peer_info_t all[8];
+    uint8_t *blobs;
 } rank_job_t;
+
+/* Rank r's blob: none for rank 0, GVQ_BOOT_MAX_BLOB bytes for rank 1, 7 + 300 r otherwise; byte i
+ * is (r * 31 + i) & 255. */
+static int blob_len(int r) {
+    return r == 0 ? 0 : r == 1 ? GVQ_BOOT_MAX_BLOB : 7 + 300 * r;
+}
 
 static void *rank_main(void *arg) {
     rank_job_t *j = arg;
-    gvq_peer_info_t mine = {j->rank, j->nranks, 100 + j->rank, 0, 42};
+    gvq_peer_info_t mine = {j->rank, j->nranks, 100 + j->rank, blob_len(j->rank), 42};
+    uint8_t *blob = malloc(GVQ_BOOT_MAX_BLOB);
+    for (int i = 0; i < GVQ_BOOT_MAX_BLOB; i++)
+        blob[i] = (uint8_t)(j->rank * 31 + i);
     uint64_t tag = 0;
-    j->res = gvq_bootstrap_exchange(&j->id, j->nranks, j->rank, &mine, 5000000000ull, j->all, &tag);
+    j->res = gvq_bootstrap_exchange(&j->id, j->nranks, j->rank, &mine, 5000000000ull, blob, j->all,
+                                    &j->blobs, &tag);
+    free(blob);
     return NULL;
 }
 
@@ -193,9 +205,46 @@ static void test_exchange(void) {
     for (int r = 0; r < 3; r++) {
         pthread_join(th[r], NULL);
         EXPECT(j[r].res == gvqSuccess, "rank %d: %s", r, gvqGetErrorString(j[r].res));
-        for (int p = 0; p < 3 && j[r].res == gvqSuccess; p++)
-            EXPECT(j[r].all[p].pid == 100 + p && j[r].all[p].world_rank == p,
-                   "rank %d's table entry %d: pid %d", r, p, j[r].all[p].pid);
+        size_t at = 0;
+        for (int p = 0; p < 3 && j[r].res == gvqSuccess; p++) {
+            EXPECT(j[r].all[p].pid == 100 + p && j[r].all[p].world_rank == p &&
+                       j[r].all[p].blob_bytes == blob_len(p),
+                   "rank %d's table entry %d: pid %d, blob %d bytes", r, p, j[r].all[p].pid,
+                   j[r].all[p].blob_bytes);
+            int bad = 0;
+            for (int i = 0; i < blob_len(p) && j[r].blobs != NULL; i++)
+                bad += j[r].blobs[at + (size_t)i] != (uint8_t)(p * 31 + i);
+            EXPECT(j[r].blobs != NULL && bad == 0, "rank %d: rank %d's blob has %d wrong bytes", r,
+                   p, bad);
+            at += (size_t)blob_len(p);
+        }
+        free(j[r].blobs);
+    }
+}
+
+/* The blob message: authentic round trip; a flipped bit, another challenge or a length other
+ * than the hello's are refused. */
+static void test_blob_wire(void) {
+    gvq_boot_id_t id = test_id();
+    uint8_t ch[GVQ_BOOT_NONCE_BYTES] = {9, 8, 7}, ch2[GVQ_BOOT_NONCE_BYTES] = {9, 8, 6};
+    uint8_t blob[100], msg[100 + GVQ_BOOT_MAC_BYTES];
+    for (int i = 0; i < 100; i++)
+        blob[i] = (uint8_t)(i * 7);
+    gvq_boot_blob_encode(msg, &id, ch, blob, sizeof blob);
+    EXPECT(gvq_boot_blob_parse(msg, sizeof msg, 100, &id, ch) == GVQ_BOOT_MSG_OK,
+           "an authentic blob is refused");
+    EXPECT(gvq_boot_blob_parse(msg, sizeof msg, 100, &id, ch2) == GVQ_BOOT_MSG_MAC,
+           "a blob made for another challenge is accepted");
+    EXPECT(gvq_boot_blob_parse(msg, sizeof msg - 1, 100, &id, ch) == GVQ_BOOT_MSG_SIZE,
+           "a short blob is accepted");
+    EXPECT(gvq_boot_blob_parse(msg, sizeof msg, GVQ_BOOT_MAX_BLOB + 1, &id, ch) ==
+               GVQ_BOOT_MSG_SIZE,
+           "a blob over the limit is accepted");
+    for (size_t i = 0; i < sizeof msg; i += 13) {
+        msg[i] ^= 0x10;
+        EXPECT(gvq_boot_blob_parse(msg, sizeof msg, 100, &id, ch) == GVQ_BOOT_MSG_MAC,
+               "a blob with byte %zu flipped is accepted", i);
+        msg[i] ^= 0x10;
     }
 }
 
@@ -252,7 +301,8 @@ static void test_fake_root(void) {
     pthread_create(&th, NULL, fake_root, &f);
     gvq_peer_info_t mine = {0, 1, getpid(), 0, 1}, all[1] = {{0, 0, 0, 0, 0}};
     double t0 = now_s();
-    gvqResult_t res = gvq_bootstrap_exchange(&id, 1, 0, &mine, 3000000000ull, all, NULL);
+    gvqResult_t res =
+        gvq_bootstrap_exchange(&id, 1, 0, &mine, 3000000000ull, NULL, all, NULL, NULL);
     EXPECT(res == gvqRemoteError, "a forged answer: expected gvqRemoteError, got %s (pid %d)",
            gvqGetErrorString(res), all[0].pid);
     EXPECT(strstr(gvqGetLastError(NULL), "authentication") != NULL,
@@ -296,6 +346,7 @@ int main(void) {
     test_siphash();
     test_wire();
     test_exchange();
+    test_blob_wire();
     test_fake_root();
     test_expiry();
     printf("test_bootstrap: %s (%d failure(s))\n", gvq_test_failures ? "FAIL" : "PASS",

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# gvq-launch.sh -- start N processes of a program on this host as a launcher would, without
+# mpirun: what torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+# MASTER_PORT), or with --slurm what srun sets (SLURM_PROCID, SLURM_NTASKS, and GVQ_STORE for
+# the meeting point). gvqCommInitFromEnv (C) and gvq.Communicator.from_env (Python) read them.
+#
+#   bash scripts/gvq-launch.sh [-n N] [-p PORT] [--slurm] [-t SECONDS] -- PROGRAM [ARGS...]
+#
+# Debian's torchrun fails on Python 3.11, so this stands in for it. Every rank's output is
+# prefixed with its rank. The exit status is the first failing rank's (the others are then
+# stopped after a grace of 10 s), 124 when -t SECONDS passed (default 600).
+set -uo pipefail
+N=2
+PORT=""
+SLURM=0
+LIMIT=600
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -n) N=$2; shift 2 ;;
+        -p) PORT=$2; shift 2 ;;
+        -t) LIMIT=$2; shift 2 ;;
+        --slurm) SLURM=1; shift ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        --) shift; break ;;
+        *) break ;;
+    esac
+done
+[ $# -gt 0 ] || { echo "gvq-launch: no program given (see -h)" >&2; exit 2; }
+[ "$N" -ge 1 ] 2>/dev/null || { echo "gvq-launch: -n must be a positive number" >&2; exit 2; }
+if [ -z "$PORT" ]; then # a free port: bind to 0 and read what the kernel gave
+    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+fi
+unset OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_RANK PMIX_RANK PMI_RANK PMI_SIZE
+PIDS=()
+for r in $(seq 0 $((N - 1))); do
+    if [ "$SLURM" = 1 ]; then
+        env SLURM_PROCID=$r SLURM_NTASKS=$N SLURM_LOCALID=$r GVQ_STORE=127.0.0.1:$PORT \
+            "$@" > >(sed "s/^/[$r] /") 2> >(sed "s/^/[$r] /" >&2) &
+    else
+        env RANK=$r WORLD_SIZE=$N LOCAL_RANK=$r LOCAL_WORLD_SIZE=$N MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$PORT "$@" > >(sed "s/^/[$r] /") 2> >(sed "s/^/[$r] /" >&2) &
+    fi
+    PIDS+=($!)
+done
+rc=0
+start=$(date +%s)
+left=$N
+declare -A done_=()
+while [ $left -gt 0 ]; do
+    for i in "${!PIDS[@]}"; do
+        [ -n "${done_[$i]:-}" ] && continue
+        if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+            wait "${PIDS[$i]}"; s=$?
+            done_[$i]=1; left=$((left - 1))
+            if [ $s -ne 0 ] && [ $rc -eq 0 ]; then
+                rc=$s
+                echo "gvq-launch: rank $i exited with $s; stopping the others in 10 s" >&2
+                ( sleep 10; kill "${PIDS[@]}" 2>/dev/null ) &
+            fi
+        fi
+    done
+    if [ $(( $(date +%s) - start )) -ge "$LIMIT" ]; then
+        echo "gvq-launch: $LIMIT s passed; stopping every rank" >&2
+        kill -9 "${PIDS[@]}" 2>/dev/null
+        rc=124
+        break
+    fi
+    sleep 0.1
+done
+wait 2>/dev/null
+exit $rc

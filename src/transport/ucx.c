@@ -1,0 +1,391 @@
+/*
+ * ucx.c -- the UCX transport: UCX's ucp tag matching, one worker per communicator, no MPI.
+ *
+ * UCX picks the wire per peer (shared memory, TCP, InfiniBand/RoCE verbs, CUDA memory) from
+ * what the host has and UCX_TLS / UCX_NET_DEVICES allow. gvq_ucx_open makes the worker, whose
+ * address the bootstrap carries to every rank (the rank's blob); gvq_ucx_transport_create then
+ * makes one endpoint per rank, this one's own included.
+ *
+ * Tags: (gvq tag << 32) | source rank, matched exactly, so messages of one pair and tag match
+ * in the order posted (UCX keeps the order of one endpoint's tag messages). A receive is posted
+ * with UCP_OP_ATTR_FLAG_NO_IMM_CMPL so its request reports the length that came.
+ *
+ * Progress: test and progress drive ucp_worker_progress; the worker runs in UCX's multi-thread
+ * mode (host streams call from their own threads). A failed peer (UCP_ERR_HANDLING_MODE_PEER)
+ * fails the requests with it; gvq's wait loop turns a stall into gvqTimeout as for MPI.
+ * A send UCX has started cannot be called back, so a cancelled send may still read its buffer
+ * (cancel_keeps_buffers, as MPI).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gvq_transport.h"
+
+#ifdef GVQ_WITH_UCX
+#include <ucp/api/ucp.h>
+
+/* one ucp context per process, shared by the communicators' workers */
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static ucp_context_h ctx;
+static int ctx_refs;
+
+struct gvq_ucx {
+    ucp_worker_h worker;
+    ucp_address_t *addr;
+    size_t addr_len;
+    ucp_ep_h *eps;
+    int nranks, rank;
+    struct ucx_peer {
+        struct gvq_ucx *u;
+        int rank;
+        ucs_status_t failed; /* UCS_OK while healthy (atomic) */
+    } * peers;
+};
+
+enum { K_SEND = 1, K_RECV = 2, K_UPTO = 4 };
+
+static gvqResult_t ctx_get(void) {
+    pthread_mutex_lock(&ctx_lock);
+    gvqResult_t res = gvqSuccess;
+    if (ctx_refs == 0) {
+        ucp_config_t *cfg = NULL;
+        ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+        if (st == UCS_OK) {
+            ucp_params_t p;
+            memset(&p, 0, sizeof p);
+            p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+            p.features = UCP_FEATURE_TAG;
+            p.mt_workers_shared = 1;
+            st = ucp_init(&p, cfg, &ctx);
+            ucp_config_release(cfg);
+        }
+        if (st != UCS_OK) {
+            GVQ_WARN("UCX transport: ucp_init failed: %s", ucs_status_string(st));
+            res = gvqSystemError;
+        }
+    }
+    if (res == gvqSuccess) ctx_refs++;
+    pthread_mutex_unlock(&ctx_lock);
+    return res;
+}
+
+static void ctx_put(void) {
+    pthread_mutex_lock(&ctx_lock);
+    if (--ctx_refs == 0) {
+        ucp_cleanup(ctx);
+        ctx = NULL;
+    }
+    pthread_mutex_unlock(&ctx_lock);
+}
+
+int gvq_ucx_available(void) {
+    return 1;
+}
+
+gvqResult_t gvq_ucx_open(gvq_ucx_t **out, const void **addr, size_t *addr_len) {
+    *out = NULL;
+    GVQCHECK(ctx_get());
+    gvq_ucx_t *u = calloc(1, sizeof *u);
+    if (u == NULL) {
+        ctx_put();
+        GVQ_WARN("UCX transport: out of memory");
+        return gvqSystemError;
+    }
+    ucp_worker_params_t wp;
+    memset(&wp, 0, sizeof wp);
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_MULTI;
+    ucs_status_t st = ucp_worker_create(ctx, &wp, &u->worker);
+    if (st == UCS_OK) {
+        ucp_worker_attr_t wa;
+        memset(&wa, 0, sizeof wa);
+        wa.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+        if (ucp_worker_query(u->worker, &wa) == UCS_OK && wa.thread_mode != UCS_THREAD_MODE_MULTI)
+            GVQ_WARN("UCX transport: this UCX gives no multi-thread workers; host streams and "
+                     "calls from several threads are not safe on it");
+        st = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len);
+        if (st != UCS_OK) ucp_worker_destroy(u->worker);
+    }
+    if (st != UCS_OK) {
+        GVQ_WARN("UCX transport: cannot make a worker: %s", ucs_status_string(st));
+        free(u);
+        ctx_put();
+        return gvqSystemError;
+    }
+    *out = u;
+    *addr = u->addr;
+    *addr_len = u->addr_len;
+    return gvqSuccess;
+}
+
+/* Close the endpoints made so far: flushed (bounded by timeout_ns) while healthy, else forced. */
+static void close_eps(gvq_ucx_t *u, int n, int force, uint64_t timeout_ns) {
+    void **reqs = calloc((size_t)n, sizeof *reqs);
+    for (int p = 0; p < n; p++) {
+        if (u->eps[p] == NULL) continue;
+        ucp_request_param_t rp;
+        memset(&rp, 0, sizeof rp);
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        rp.flags = force || __atomic_load_n(&u->peers[p].failed, __ATOMIC_ACQUIRE) != UCS_OK
+                       ? UCP_EP_CLOSE_FLAG_FORCE
+                       : 0;
+        void *r = ucp_ep_close_nbx(u->eps[p], &rp);
+        if (UCS_PTR_IS_PTR(r)) {
+            if (reqs != NULL)
+                reqs[p] = r;
+            else
+                ucp_request_free(r);
+        }
+        u->eps[p] = NULL;
+    }
+    uint64_t start = gvq_now_ns();
+    for (int left = 1; left && reqs != NULL;) {
+        ucp_worker_progress(u->worker);
+        left = 0;
+        for (int p = 0; p < n; p++) {
+            if (reqs[p] == NULL) continue;
+            if (ucp_request_check_status(reqs[p]) != UCS_INPROGRESS) {
+                ucp_request_free(reqs[p]);
+                reqs[p] = NULL;
+            } else {
+                left = 1;
+            }
+        }
+        if (left && timeout_ns != 0 && gvq_now_ns() - start > timeout_ns) {
+            GVQ_WARN("UCX transport: endpoints not closed within the timeout; left to UCX");
+            for (int p = 0; p < n; p++)
+                if (reqs[p] != NULL) ucp_request_free(reqs[p]);
+            break;
+        }
+    }
+    free(reqs);
+}
+
+void gvq_ucx_close(gvq_ucx_t *u) {
+    if (u == NULL) return;
+    if (u->eps != NULL) close_eps(u, u->nranks, 1, 0);
+    free(u->eps);
+    free(u->peers);
+    ucp_worker_release_address(u->worker, u->addr);
+    ucp_worker_destroy(u->worker);
+    free(u);
+    ctx_put();
+}
+
+static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status) {
+    (void)ep;
+    struct ucx_peer *p = arg;
+    ucs_status_t ok = UCS_OK;
+    if (__atomic_compare_exchange_n(&p->failed, &ok, status, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        GVQ_WARN("UCX transport: the connection with rank %d failed: %s", p->rank,
+                 ucs_status_string(status));
+}
+
+static gvq_ucx_t *impl(gvq_transport_t *t) {
+    return t->impl;
+}
+
+static uint64_t tag_of(int tag, int src) {
+    return ((uint64_t)(uint32_t)tag << 32) | (uint32_t)src;
+}
+
+static gvqResult_t post_failed(gvq_transport_t *t, const char *what, int peer, ucs_status_t st) {
+    GVQ_WARN("UCX transport: %s with rank %d failed: %s", what, peer, ucs_status_string(st));
+    (void)t;
+    return gvqRemoteError;
+}
+
+static gvqResult_t ucx_isend(gvq_transport_t *t, int peer, int tag, const void *buf, size_t bytes,
+                             gvq_req_t *req) {
+    gvq_ucx_t *u = impl(t);
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof rp);
+    void *r = ucp_tag_send_nbx(u->eps[peer], buf, bytes, tag_of(tag, u->rank), &rp);
+    if (UCS_PTR_IS_ERR(r)) return post_failed(t, "a send", peer, UCS_PTR_STATUS(r));
+    req->handle[0] = (uint64_t)(uintptr_t)r; /* NULL: done already */
+    req->handle[1] = K_SEND;
+    req->bytes = bytes;
+    req->peer = peer;
+    req->active = 1;
+    return gvqSuccess;
+}
+
+static gvqResult_t post_recv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                             gvq_req_t *req, int kind) {
+    gvq_ucx_t *u = impl(t);
+    ucs_status_t failed = __atomic_load_n(&u->peers[peer].failed, __ATOMIC_ACQUIRE);
+    if (failed != UCS_OK) return post_failed(t, "a receive", peer, failed);
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    void *r = ucp_tag_recv_nbx(u->worker, buf, bytes, tag_of(tag, peer), UINT64_MAX, &rp);
+    if (UCS_PTR_IS_ERR(r)) return post_failed(t, "a receive", peer, UCS_PTR_STATUS(r));
+    req->handle[0] = (uint64_t)(uintptr_t)r;
+    req->handle[1] = (uint64_t)kind;
+    req->bytes = bytes;
+    req->peer = peer;
+    req->active = 1;
+    return gvqSuccess;
+}
+
+static gvqResult_t ucx_irecv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                             gvq_req_t *req) {
+    return post_recv(t, peer, tag, buf, bytes, req, K_RECV);
+}
+
+static gvqResult_t ucx_irecv_upto(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
+                                  gvq_req_t *req) {
+    return post_recv(t, peer, tag, buf, bytes, req, K_RECV | K_UPTO);
+}
+
+static gvqResult_t ucx_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
+    gvq_ucx_t *u = impl(t);
+    void *r = (void *)(uintptr_t)req->handle[0];
+    *done = 0;
+    if (r == NULL) { /* a send UCX finished when it was posted */
+        req->active = 0;
+        *done = 1;
+        return gvqSuccess;
+    }
+    ucp_worker_progress(u->worker);
+    ucp_tag_recv_info_t info = {0, 0};
+    int recv = (req->handle[1] & K_RECV) != 0;
+    ucs_status_t st = recv ? ucp_tag_recv_request_test(r, &info) : ucp_request_check_status(r);
+    if (st == UCS_INPROGRESS) return gvqSuccess;
+    ucp_request_free(r);
+    req->handle[0] = 0;
+    req->active = 0;
+    *done = 1;
+    if (st == UCS_ERR_MESSAGE_TRUNCATED) {
+        GVQ_WARN("UCX transport: rank %d sent a message longer than the %zu bytes expected; the "
+                 "ranks' calls differ",
+                 req->peer, req->bytes);
+        return gvqRemoteError;
+    }
+    if (st != UCS_OK) return post_failed(t, recv ? "a receive" : "a send", req->peer, st);
+    if (recv && !(req->handle[1] & K_UPTO) && info.length != req->bytes) {
+        GVQ_WARN("UCX transport: rank %d sent %zu bytes where %zu were expected; the ranks' calls "
+                 "differ",
+                 req->peer, info.length, req->bytes);
+        return gvqRemoteError;
+    }
+    if (recv) req->bytes = info.length;
+    return gvqSuccess;
+}
+
+static void ucx_progress(gvq_transport_t *t) {
+    ucp_worker_progress(impl(t)->worker);
+}
+
+static void ucx_cancel(gvq_transport_t *t, gvq_req_t *req) {
+    gvq_ucx_t *u = impl(t);
+    void *r = (void *)(uintptr_t)req->handle[0];
+    if (r != NULL) {
+        if (req->handle[1] & K_RECV) ucp_request_cancel(u->worker, r);
+        ucp_request_free(r); /* UCX releases it when it completes */
+    }
+    req->handle[0] = 0;
+    req->active = 0;
+}
+
+static void ucx_destroy(gvq_transport_t *t) {
+    gvq_ucx_t *u = impl(t);
+    int broken = gvq_broken_get(t->broken) != gvqSuccess ||
+                 (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE));
+    close_eps(u, u->nranks, broken, t->timeout_ns);
+    u->nranks = 0;
+    gvq_ucx_close(u);
+    free(t);
+}
+
+static const gvq_transport_ops_t ucx_ops = {
+    .size = sizeof(gvq_transport_ops_t),
+    .name = "ucx",
+    .isend = ucx_isend,
+    .irecv = ucx_irecv,
+    .irecv_upto = ucx_irecv_upto,
+    .test = ucx_test,
+    .progress = ucx_progress,
+    .cancel = ucx_cancel,
+    .destroy = ucx_destroy,
+    .iallgatherv = gvq_xport_iallgatherv_unsupported,
+};
+
+gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens,
+                                     int nranks, int rank, gvq_transport_t **out) {
+    *out = NULL;
+    gvq_transport_t *t = calloc(1, sizeof *t);
+    u->eps = calloc((size_t)nranks, sizeof *u->eps);
+    u->peers = calloc((size_t)nranks, sizeof *u->peers);
+    u->nranks = nranks;
+    u->rank = rank;
+    if (t == NULL || u->eps == NULL || u->peers == NULL) {
+        GVQ_WARN("UCX transport: out of memory for %d endpoints", nranks);
+        free(t);
+        return gvqSystemError;
+    }
+    size_t at = 0;
+    for (int p = 0; p < nranks; p++) {
+        u->peers[p] = (struct ucx_peer){u, p, UCS_OK};
+        if (lens[p] <= 0) {
+            GVQ_WARN("UCX transport: rank %d sent no UCX address (its transport is not UCX: set "
+                     "GVQ_TRANSPORT alike on every rank)",
+                     p);
+            free(t);
+            return gvqInvalidUsage;
+        }
+        ucp_ep_params_t ep;
+        memset(&ep, 0, sizeof ep);
+        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.address = (const ucp_address_t *)(addrs + at);
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = ep_failed;
+        ep.err_handler.arg = &u->peers[p];
+        ucs_status_t st = ucp_ep_create(u->worker, &ep, &u->eps[p]);
+        at += (size_t)lens[p];
+        if (st != UCS_OK) {
+            GVQ_WARN("UCX transport: cannot reach rank %d: %s", p, ucs_status_string(st));
+            u->eps[p] = NULL;
+            free(t);
+            return gvqRemoteError;
+        }
+    }
+    t->ops = &ucx_ops;
+    t->rank = rank;
+    t->nranks = nranks;
+    t->cancel_keeps_buffers = 1;
+    t->concurrent = 1;
+    t->impl = u;
+    *out = t;
+    return gvqSuccess;
+}
+
+#else /* !GVQ_WITH_UCX */
+
+int gvq_ucx_available(void) {
+    return 0;
+}
+
+gvqResult_t gvq_ucx_open(gvq_ucx_t **out, const void **addr, size_t *addr_len) {
+    *out = NULL;
+    *addr = NULL;
+    *addr_len = 0;
+    GVQ_WARN("UCX transport: this gvq was built without UCX (install libucx-dev and rebuild)");
+    return gvqInvalidUsage;
+}
+
+void gvq_ucx_close(gvq_ucx_t *u) {
+    (void)u;
+}
+
+gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens,
+                                     int nranks, int rank, gvq_transport_t **out) {
+    (void)u, (void)addrs, (void)lens, (void)nranks, (void)rank;
+    *out = NULL;
+    return gvqInvalidUsage;
+}
+
+#endif

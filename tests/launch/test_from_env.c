@@ -1,0 +1,179 @@
+/*
+ * test_from_env.c -- a job started without mpirun (scripts/gvq-launch.sh sets what torchrun or
+ * srun sets): gvqCommInitFromEnv, then the plain collectives, gvqSend/gvqRecv and a compressed
+ * allreduce, each checked against values computed here from the definition.
+ *
+ * The inputs are small integers, so every float sum is exact and the expected result is known
+ * without gvq. The compressed result has no closed form: every rank's bytes are gathered and
+ * must be identical, and its error against the exact sum within QSGD's bound. Argument:
+ * "mpi-free" also checks that the process never loaded an MPI transport (GVQ_TRANSPORT=auto
+ * picks UCX outside an MPI job).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gvq.h"
+
+static int failures;
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            failures++;                                                         \
+            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, "\n");                                              \
+        }                                                                       \
+    } while (0)
+#define GVQ(call)                                                                                \
+    do {                                                                                         \
+        gvqResult_t r_ = (call);                                                                 \
+        if (r_ != gvqSuccess) {                                                                  \
+            fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call, gvqGetErrorString(r_), \
+                    gvqGetLastError(NULL));                                                      \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+static int rank = -1;
+
+/* rank r's value i: a small integer, so sums of up to 64 ranks are exact in float */
+static float val(int r, size_t i) {
+    return (float)((int)((i * 7 + (size_t)r * 13) % 61) - 30);
+}
+
+static void test_plain(gvqComm_t comm, int n) {
+    static const size_t counts[] = {1, 3, 1000, (1u << 20) + 3};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        size_t count = counts[k];
+        float *x = malloc(count * sizeof *x), *y = malloc(count * sizeof *y);
+        for (size_t i = 0; i < count; i++)
+            x[i] = val(rank, i);
+        GVQ(gvqAllReduce(x, y, count, gvqFloat32, gvqSum, comm, NULL));
+        size_t bad = 0;
+        for (size_t i = 0; i < count; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++)
+                want += val(r, i);
+            bad += y[i] != want;
+        }
+        CHECK(bad == 0, "allreduce of %zu: %zu wrong", count, bad);
+        /* broadcast from the last rank */
+        for (size_t i = 0; i < count; i++)
+            y[i] = rank == n - 1 ? val(n - 1, i) : -99.0f;
+        GVQ(gvqBroadcast(y, y, count, gvqFloat32, n - 1, comm, NULL));
+        bad = 0;
+        for (size_t i = 0; i < count; i++)
+            bad += y[i] != val(n - 1, i);
+        CHECK(bad == 0, "broadcast of %zu: %zu wrong", count, bad);
+        free(x);
+        free(y);
+    }
+    /* allgather and reduce-scatter of 1001 per rank */
+    size_t per = 1001;
+    float *x = malloc(per * (size_t)n * sizeof *x), *y = malloc(per * (size_t)n * sizeof *y);
+    for (size_t i = 0; i < per; i++)
+        x[i] = val(rank, i);
+    GVQ(gvqAllGather(x, y, per, gvqFloat32, comm, NULL));
+    size_t bad = 0;
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < per; i++)
+            bad += y[(size_t)r * per + i] != val(r, i);
+    CHECK(bad == 0, "allgather: %zu wrong", bad);
+    for (size_t i = 0; i < per * (size_t)n; i++)
+        x[i] = val(rank, i);
+    GVQ(gvqReduceScatter(x, y, per, gvqFloat32, gvqSum, comm, NULL));
+    bad = 0;
+    for (size_t i = 0; i < per; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++)
+            want += val(r, (size_t)rank * per + i);
+        bad += y[i] != want;
+    }
+    CHECK(bad == 0, "reduce-scatter: %zu wrong", bad);
+    free(x);
+    free(y);
+}
+
+static void test_p2p(gvqComm_t comm, int n) {
+    size_t count = 300001;
+    float *x = malloc(count * sizeof *x), *y = malloc(count * sizeof *y);
+    for (size_t i = 0; i < count; i++)
+        x[i] = val(rank, i);
+    int to = (rank + 1) % n, from = (rank + n - 1) % n;
+    GVQ(gvqGroupStart());
+    GVQ(gvqSend(x, count, gvqFloat32, to, comm, NULL));
+    GVQ(gvqRecv(y, count, gvqFloat32, from, comm, NULL));
+    GVQ(gvqGroupEnd());
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++)
+        bad += y[i] != val(from, i);
+    CHECK(bad == 0, "send/recv ring: %zu wrong", bad);
+    free(x);
+    free(y);
+}
+
+static void test_compressed(gvqComm_t comm, int n) {
+    size_t count = 100000;
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecQsgd;
+    cfg.qsgdBits = 4;
+    gvqCompressor_t cp;
+    GVQ(gvqCompressorCreate(comm, count, &cfg, &cp));
+    float *x = malloc(count * sizeof *x), *y = malloc(count * sizeof *y);
+    float *all = malloc(count * (size_t)n * sizeof *all);
+    for (size_t i = 0; i < count; i++)
+        x[i] = val(rank, i) / 30.0f;
+    GVQ(gvqAllReduceCompressed(x, y, count, gvqFloat32, gvqSum, cp, comm, NULL));
+    GVQ(gvqAllGather(y, all, count, gvqFloat32, comm, NULL));
+    size_t differ = 0;
+    for (int r = 0; r < n; r++)
+        differ += memcmp(all + (size_t)r * count, y, count * sizeof *y) != 0;
+    CHECK(differ == 0, "compressed allreduce: %zu rank(s) got other bits", differ);
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < count; i++) {
+        double want = 0;
+        for (int r = 0; r < n; r++)
+            want += val(r, i) / 30.0;
+        err += (y[i] - want) * (y[i] - want);
+        ref += want * want;
+    }
+    double rel = ref > 0 ? sqrt(err / ref) : 0;
+    CHECK(rel < 0.5, "compressed allreduce: relative error %.3f", rel);
+    if (rank == 0) printf("  QSGD 4-bit over %d ranks: relative error %.4f\n", n, rel);
+    GVQ(gvqCompressorDestroy(cp));
+    free(x);
+    free(y);
+    free(all);
+}
+
+int main(int argc, char **argv) {
+    if (getenv("GVQ_TEST_SKIP") != NULL) {
+        printf("test_from_env: skipped (gvq built without UCX: no transport outside an MPI job)\n");
+        return 77;
+    }
+    gvqComm_t comm;
+    GVQ(gvqCommInitFromEnv(&comm, NULL));
+    int n = 0;
+    GVQ(gvqCommUserRank(comm, &rank));
+    GVQ(gvqCommCount(comm, &n));
+    test_plain(comm, n);
+    test_p2p(comm, n);
+    test_compressed(comm, n);
+    GVQ(gvqCommDestroy(comm));
+    if (argc > 1 && strcmp(argv[1], "mpi-free") == 0) {
+        /* /proc/self/maps: no Open MPI transport component was loaded (the library is linked,
+         * MPI_Init was never called, so mca_pml_* never appears) */
+        FILE *f = fopen("/proc/self/maps", "r");
+        char line[512];
+        int mpi_loaded = 0;
+        while (f != NULL && fgets(line, sizeof line, f) != NULL)
+            mpi_loaded |= strstr(line, "mca_pml_") != NULL || strstr(line, "mca_btl_") != NULL;
+        if (f != NULL) fclose(f);
+        CHECK(!mpi_loaded, "an MPI transport was loaded: MPI was initialized");
+    }
+    printf("test_from_env: rank %d of %d: %s (%d failure(s))\n", rank, n,
+           failures ? "FAIL" : "PASS", failures);
+    return failures ? 1 : 0;
+}
