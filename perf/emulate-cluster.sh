@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # emulate-cluster.sh -- run an MPI program on N emulated hosts with rate-limited links.
 #
-#   bash perf/emulate-cluster.sh [-n RANKS] [-r RATE] [-l LATENCY] [-b BURST] [-k LINKS] [-- ] PROGRAM [ARGS...]
+#   bash perf/emulate-cluster.sh [-n RANKS] [-r RATE] [-l LATENCY] [-b BURST] [-k LINKS] [-L] [-- ] PROGRAM [ARGS...]
 #   bash perf/emulate-cluster.sh -n 4 -r 1gbit -- build/perf/gvq-perf -b 64M -e 64M -C none,mpi
 #
 # Each rank gets a network namespace (gvqN-<pid>-<i>) with one veth link to a bridge that lives
@@ -20,6 +20,10 @@
 # two plain sockets (2026-11-26). Measurements of traffic in both directions (a 2-rank ring,
 # a pipeline's activations and errors) need -k 2.
 #
+# -L: no mpirun. The ranks start as a launcher would start them (scripts/gvq-launch.sh: torchrun's
+# RANK, WORLD_SIZE, MASTER_ADDR = the first namespace's address, MASTER_PORT 29500), each in its
+# namespace, with GVQ_SOCKET_IFNAME=eth0: gvqCommInitFromEnv, or the DDP example without MPI.
+#
 # Environment: GVQ_EMU_SUBNET (default 10.213.7), extra mpirun options in GVQ_EMU_MPIRUN_ARGS.
 set -euo pipefail
 
@@ -28,6 +32,7 @@ RATE=1gbit
 LATENCY=25ms
 BURST=256kb
 LINKS=1
+LAUNCH=0
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) RANKS=$2; shift 2 ;;
@@ -35,7 +40,8 @@ while [ $# -gt 0 ]; do
         -l) LATENCY=$2; shift 2 ;;
         -b) BURST=$2; shift 2 ;;
         -k) LINKS=$2; shift 2 ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -L) LAUNCH=1; shift ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
@@ -93,15 +99,26 @@ EOF
 chmod +x "$WORK/agent"
 HOSTS=$(IFS=,; echo "${NS[*]/%/:1}")
 
+# gvq's UCX transport (GVQ_TRANSPORT=ucx) is held to TCP on eth0: the namespaces share one kernel,
+# so UCX would otherwise find shared memory between the emulated hosts and bypass the links
+UCX_TLS_EMU=${GVQ_EMU_UCX_TLS:-tcp,self}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PMIX_MCA_gds=hash
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 echo "# emulate-cluster: $RANKS hosts, links $RATE each way (tbf, $LATENCY queue, burst $BURST), $LINKS TCP connection(s) per pair, subnet $SUBNET.0/24"
 set +e
+if [ "$LAUNCH" = 1 ]; then
+    echo "# emulate-cluster: no mpirun: ranks started from the environment (scripts/gvq-launch.sh)"
+    GVQ_SOCKET_IFNAME=eth0 UCX_TLS="$UCX_TLS_EMU" UCX_NET_DEVICES=eth0 \
+        bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/gvq-launch.sh" -n "$RANKS" -a "$SUBNET.1" \
+        --netns "${TAG}-" -- "$@"
+    exit $?
+fi
 ip netns exec "${NS[0]}" mpirun -np "$RANKS" --host "$HOSTS" \
     --mca plm_rsh_agent "$WORK/agent" --mca rtc ^hwloc --mca pml ob1 --mca btl tcp,self \
     --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
     --mca btl_tcp_links "$LINKS" \
     -x OPENBLAS_NUM_THREADS -x PMIX_MCA_gds -x GVQ_SOCKET_IFNAME=eth0 \
+    -x UCX_TLS="$UCX_TLS_EMU" -x UCX_NET_DEVICES=eth0 \
     ${GVQ_EMU_MPIRUN_ARGS:-} "$@"
 rc=$?
 set -e

@@ -4,8 +4,11 @@
 # MASTER_PORT), or with --slurm what srun sets (SLURM_PROCID, SLURM_NTASKS, and GVQ_STORE for
 # the meeting point). gvqCommInitFromEnv (C) and gvq.Communicator.from_env (Python) read them.
 #
-#   bash scripts/gvq-launch.sh [-n N] [-p PORT] [--slurm] [-t SECONDS] -- PROGRAM [ARGS...]
+#   bash scripts/gvq-launch.sh [-n N] [-p PORT] [-a ADDR] [--netns PREFIX] [--slurm] [-t SECONDS]
+#                              -- PROGRAM [ARGS...]
 #
+# -a ADDR: the meeting point's address (default 127.0.0.1). --netns PREFIX: rank r runs in the
+# network namespace PREFIXr (perf/emulate-cluster.sh -L uses it).
 # Debian's torchrun fails on Python 3.11, so this stands in for it. Every rank's output is
 # prefixed with its rank. The exit status is the first failing rank's (the others are then
 # stopped after a grace of 10 s), 124 when -t SECONDS passed (default 600).
@@ -14,31 +17,39 @@ N=2
 PORT=""
 SLURM=0
 LIMIT=600
+ADDR=127.0.0.1
+NETNS=""
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) N=$2; shift 2 ;;
         -p) PORT=$2; shift 2 ;;
         -t) LIMIT=$2; shift 2 ;;
+        -a) ADDR=$2; shift 2 ;;
+        --netns) NETNS=$2; shift 2 ;;
         --slurm) SLURM=1; shift ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
 done
 [ $# -gt 0 ] || { echo "gvq-launch: no program given (see -h)" >&2; exit 2; }
 [ "$N" -ge 1 ] 2>/dev/null || { echo "gvq-launch: -n must be a positive number" >&2; exit 2; }
-if [ -z "$PORT" ]; then # a free port: bind to 0 and read what the kernel gave
+if [ -z "$PORT" ] && [ -n "$NETNS" ]; then
+    PORT=29500 # a namespace of its own: nothing else listens there
+elif [ -z "$PORT" ]; then # a free port: bind to 0 and read what the kernel gave
     PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 fi
 unset OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_RANK PMIX_RANK PMI_RANK PMI_SIZE
 PIDS=()
 for r in $(seq 0 $((N - 1))); do
+    WRAP=()
+    [ -n "$NETNS" ] && WRAP=(ip netns exec "$NETNS$r")
     if [ "$SLURM" = 1 ]; then
-        env SLURM_PROCID=$r SLURM_NTASKS=$N SLURM_LOCALID=$r GVQ_STORE=127.0.0.1:$PORT \
+        "${WRAP[@]}" env SLURM_PROCID=$r SLURM_NTASKS=$N SLURM_LOCALID=$r GVQ_STORE=$ADDR:$PORT \
             "$@" > >(sed "s/^/[$r] /") 2> >(sed "s/^/[$r] /" >&2) &
     else
-        env RANK=$r WORLD_SIZE=$N LOCAL_RANK=$r LOCAL_WORLD_SIZE=$N MASTER_ADDR=127.0.0.1 \
-            MASTER_PORT=$PORT "$@" > >(sed "s/^/[$r] /") 2> >(sed "s/^/[$r] /" >&2) &
+        "${WRAP[@]}" env RANK=$r WORLD_SIZE=$N LOCAL_RANK=$r LOCAL_WORLD_SIZE=$N \
+            MASTER_ADDR=$ADDR MASTER_PORT=$PORT "$@" > >(sed "s/^/[$r] /") 2> >(sed "s/^/[$r] /" >&2) &
     fi
     PIDS+=($!)
 done

@@ -4,10 +4,15 @@
         --hook gradiveq --epochs 2 --csv /tmp/gradiveq.csv
 
 --hook: none (gloo's allreduce), powersgd (PyTorch's own PowerSGD hook, the anchor), and the gvq
-hooks plain, qsgd, gradiveq. Ranks are started by mpirun (Debian's torchrun fails on Python
-3.11): the rank and size come from Open MPI's environment, MASTER_ADDR/PORT from rank 0 through
-mpi4py, and DDP's own process group is gloo. Same seed, same data order, same epochs for every
-hook. Data: /usr/share/datasets/fashion-mnist (Debian's dataset-fashion-mnist).
+hooks plain, qsgd, gradiveq. Two ways to start the ranks:
+- mpirun: the rank and size come from Open MPI's environment, MASTER_ADDR/PORT from rank 0
+  through mpi4py; gvq's hooks run over MPI;
+- a launcher's environment without MPI (torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+  Debian's torchrun fails on Python 3.11, so scripts/gvq-launch.sh sets them, and
+  perf/emulate-cluster.sh -L does on the emulated cluster): gloo meets on MASTER_PORT and gvq's
+  hooks get their communicator through torch's store, over UCX.
+DDP's own process group is gloo. Same seed, same data order, same epochs for every hook. Data:
+/usr/share/datasets/fashion-mnist (Debian's dataset-fashion-mnist).
 """
 
 import argparse
@@ -22,7 +27,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -85,6 +89,32 @@ def init_process_group(mpi):
     dist.init_process_group("gloo", rank=mpi.Get_rank(), world_size=mpi.Get_size())
 
 
+class EnvWorld:
+    """The rank and size a launcher set (RANK, WORLD_SIZE), in mpi4py's shape for main()."""
+
+    def Get_rank(self):
+        return int(os.environ["RANK"])
+
+    def Get_size(self):
+        return int(os.environ["WORLD_SIZE"])
+
+
+def world():
+    """mpi4py's world inside an MPI job, else the launcher's environment (gloo then meets at
+    MASTER_ADDR:MASTER_PORT, gloo's traffic on GVQ_SOCKET_IFNAME when set)."""
+    if any(os.environ.get(v) for v in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")):
+        from mpi4py import MPI
+        mpi = MPI.COMM_WORLD
+        init_process_group(mpi)
+        return mpi
+    ifname = os.environ.get("GVQ_SOCKET_IFNAME")
+    if ifname:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
+    env = EnvWorld()
+    dist.init_process_group("gloo", rank=env.Get_rank(), world_size=env.Get_size())
+    return env
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hook", default="gradiveq",
@@ -103,10 +133,9 @@ def main():
     ap.add_argument("--csv", default="")
     args = ap.parse_args()
 
-    mpi = MPI.COMM_WORLD
-    rank, size = mpi.Get_rank(), mpi.Get_size()
     torch.set_num_threads(1)
-    init_process_group(mpi)
+    mpi = world()
+    rank, size = mpi.Get_rank(), mpi.Get_size()
     xtr, ytr = load("train")
     xte, yte = load("t10k")
     torch.manual_seed(args.seed)

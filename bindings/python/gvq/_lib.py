@@ -132,6 +132,7 @@ def declare(structs) -> None:
     _proto("gvqGetUniqueId", P(s.UniqueId))
     _proto("gvqCommInitRank", P(c_void_p), c_int, s.UniqueId, c_int)
     _proto("gvqCommInitRankConfig", P(c_void_p), c_int, s.UniqueId, c_int, P(s.Config))
+    _proto("gvqCommInitFromEnv", P(c_void_p), P(s.Config))
     _proto("gvqCommInitMPI", P(c_void_p), c_void_p, P(s.Config))
     _proto("gvqCommDestroy", c_void_p)
     _proto("gvqCommAbort", c_void_p)

@@ -57,9 +57,24 @@ def get_unique_id() -> bytes:
     return ctypes.string_at(ctypes.addressof(uid), 128)  # .internal would stop at a NUL
 
 
+_STORE_IDS = 0  # ids passed through torch's store so far (each under a key of its own)
+
+
+def _torch_store() -> Any:
+    """torch.distributed's default store when a process group is up, else None."""
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed import distributed_c10d as c10d
+            return c10d._get_default_store()
+    except ImportError:
+        pass
+    return None
+
+
 class Communicator:
     """A gvq communicator (gvqComm_t). Make one with Communicator.init_rank (from a unique id),
-    Communicator.from_mpi (from an mpi4py communicator, keeping its ranks) or
+    Communicator.from_env (from a launcher's environment, no MPI), Communicator.from_mpi (from an mpi4py communicator, keeping its ranks) or
     Communicator.from_mpi_unique_id. Free it with destroy() (or a with-block); abort() unblocks a
     call in progress from another thread."""
 
@@ -82,6 +97,32 @@ class Communicator:
         cfg = _config(timeout_ms, chunk_bytes)
         call("gvqCommInitRankConfig", ctypes.byref(h), int(nranks), uid, int(rank),
              ctypes.byref(cfg) if cfg is not None else None)
+        return cls(h.value)
+
+    @classmethod
+    def from_env(cls, timeout_ms: Optional[int] = None,
+                 chunk_bytes: Optional[int] = None) -> "Communicator":
+        """gvqCommInitFromEnv: a communicator from a launcher's environment, without mpirun:
+        rank and size from GVQ_RANK/GVQ_WORLD_SIZE, RANK/WORLD_SIZE (torchrun),
+        SLURM_PROCID/SLURM_NTASKS (srun), OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE; the
+        meeting point from GVQ_STORE (host:port) or MASTER_ADDR/MASTER_PORT. Outside an MPI
+        job the transport is UCX (GVQ_TRANSPORT). When torch.distributed is initialized, its
+        store (on MASTER_PORT) carries rank 0's unique id instead of gvq's own, and its rank
+        and size are used. Raises InvalidUsage naming a missing variable, Timeout when rank 0's
+        store does not answer."""
+        store = _torch_store()
+        if store is not None:  # torch's own store holds the meeting point's port already
+            import torch.distributed as dist
+            global _STORE_IDS
+            _STORE_IDS += 1
+            key = "gvq/unique_id/%d" % _STORE_IDS
+            rank, size = dist.get_rank(), dist.get_world_size()
+            if rank == 0:
+                store.set(key, get_unique_id())
+            return cls.init_rank(size, bytes(store.get(key)), rank, timeout_ms, chunk_bytes)
+        h = ctypes.c_void_p()
+        cfg = _config(timeout_ms, chunk_bytes)
+        call("gvqCommInitFromEnv", ctypes.byref(h), ctypes.byref(cfg) if cfg is not None else None)
         return cls(h.value)
 
     @classmethod

@@ -29,6 +29,7 @@ checkpoint; the QSGD compressors belong to a bucket (its index and its parameter
 state_dict()/load_state_dict() carry both through a checkpoint.
 """
 
+import os
 import queue
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -165,6 +166,20 @@ def _key_str(key: Key) -> str:
     return "%d:%s" % (key[0], ";".join("x".join(str(d) for d in s) for s in key[1]))
 
 
+def _in_mpi_job() -> bool:
+    """Whether mpirun (or a PMI) started this process: then mpi4py's world is the job."""
+    return any(os.environ.get(v) for v in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"))
+
+
+def _default_comm() -> Communicator:
+    """The hooks' communicator when none is given: over mpi4py's world inside an MPI job, else
+    from the launcher's environment (torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, srun's;
+    gvqCommInitFromEnv) on the UCX transport, with no MPI at all."""
+    if _in_mpi_job():
+        return Communicator.from_mpi()
+    return Communicator.from_env()
+
+
 class GvqHookState:
     """The state of a gvq DDP hook: communicator, codec, the per-bucket compressors and the worker
     thread. codec: "plain", "qsgd" or "gradiveq"; config: gvqCompressorConfig_t keywords
@@ -180,7 +195,7 @@ class GvqHookState:
         if rest not in ("plain", "qsgd"):
             raise ValueError("gvq.ddp: rest must be 'plain' or 'qsgd', not %r" % (rest,))
         self.codec, self.rest, self.min_conv_elems, self.config = codec, rest, min_conv_elems, config
-        self.comm = comm if comm is not None else Communicator.from_mpi()
+        self.comm = comm if comm is not None else _default_comm()
         self._own_comm = comm is None
         self.buckets: Dict[Key, BucketCompressor] = {}
         self.convs: Dict[str, Compressor] = {}
