@@ -190,6 +190,24 @@ GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUnique
  * taken). */
 GVQ_API gvqResult_t gvqCommInitFromEnv(gvqComm_t *comm, gvqConfig_t *config);
 
+/* The color of a rank that takes part in gvqCommSplit without joining a new communicator. */
+#define GVQ_SPLIT_NOCOLOR (-1)
+
+/* Splits comm as ncclCommSplit does: collective over every rank of comm; the ranks that give the
+ * same color (>= 0) form a new communicator, ranked by key and then by their rank in comm; a
+ * rank that gives GVQ_SPLIT_NOCOLOR gets *newcomm = NULL. One color on every rank duplicates
+ * comm. The new communicator has a transport of its own (MPI: a new MPI communicator; UCX: a
+ * new worker), so parent and children can be used, destroyed or aborted in any order; config
+ * (NULL: defaults) sets its timeout and chunk size. What gvq keeps per communicator
+ * (zero-code compressors, statistics) starts afresh on it. Not inside a group, and not on the
+ * in-process test transport.
+ * Errors: gvqInvalidArgument (dead comm, NULL newcomm, a color below 0 other than NOCOLOR),
+ * gvqInvalidUsage (inside a group, a transport that cannot split), and the errors of a
+ * collective on comm: a rank that does not call gvqCommSplit fails it on the others
+ * (gvqInvalidUsage, or gvqTimeout when it calls nothing). */
+GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *newcomm,
+                                 gvqConfig_t *config);
+
 /* Frees a communicator once its operations are done. Local (not collective); never hangs.
  * Errors: gvqInvalidArgument (NULL or already destroyed). */
 GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm);

@@ -56,6 +56,9 @@ typedef struct {
     int send_copy;      /* GVQ_SEND_COPY: stage sends from the caller's memory */
 } mpi_impl_t;
 
+/* mpi.c: the transport on comm (taken over; freed on failure). */
+gvqResult_t gvq_mpi_wrap(MPI_Comm comm, gvq_transport_t **out);
+
 /* mpi_process.c: keep op (and what MPI may still write into) until the process ends, and mark
  * t failed; note that t gave up on a transfer (the bound of the finalization at exit). */
 void gvq_mpi_quarantine_add(gvq_transport_t *t, mpi_op_t *op);

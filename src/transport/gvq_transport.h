@@ -176,6 +176,10 @@ gvqResult_t gvq_mpi_transport_from_world_timed(const int *world_ranks, int nrank
                                                int tag, uint64_t timeout_ns, gvq_transport_t **t);
 /* A transport on a duplicate of *(MPI_Comm *)mpi_comm (collective over that communicator). */
 gvqResult_t gvq_mpi_transport_dup(const void *mpi_comm, gvq_transport_t **t);
+/* The MPI transport of the parent ranks ranks[0..n) of an MPI transport, this rank being
+ * ranks[rank] (collective over those members only; bounded by the parent's timeout). */
+gvqResult_t gvq_mpi_transport_subset(const gvq_transport_t *parent, const int *ranks, int n,
+                                     int rank, int tag, gvq_transport_t **t);
 /* Whether this process is part of an MPI job: MPI is initialized, or a launcher's environment
  * (Open MPI's OMPI_COMM_WORLD_SIZE, PMIx's PMIX_RANK, MPICH's PMI_RANK) says so. Calls no MPI
  * function that needs MPI initialized. */

@@ -1,0 +1,190 @@
+/*
+ * split.c -- gvqCommSplit: new communicators from the ranks of one, NCCL's way (color, key,
+ * GVQ_SPLIT_NOCOLOR); a duplicate is a split with one color.
+ *
+ * Every rank of the parent takes part. The parent allgathers each rank's (color, key), so a
+ * rank that does not call gvqCommSplit fails the others at the call agreement, not in a
+ * transport of its own. Each color's members, ordered by key and then by parent rank, get a
+ * transport of their own:
+ * - MPI: MPI_Comm_create_group over the parent's MPI communicator, collective over the members
+ *   only and bounded by the timeout (gvq_mpi_transport_subset);
+ * - UCX: a new worker per member; the parent allgathers the workers' addresses (NOCOLOR ranks
+ *   send none), and each member makes endpoints to its color's addresses.
+ * The child shares nothing with its parent but the host keys it copies: either can be destroyed
+ * or aborted first, and what the layers above keep per communicator (zero-code compressors,
+ * compressors, parameter servers) starts empty on the child.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gvq_comm.h"
+
+/* The parent's rank p's color and key, from the gathered pairs. */
+typedef struct {
+    int32_t magic, color, key; /* magic: SPLIT_MAGIC, so that a rank making another call of the
+                                * same shape is seen by every rank */
+} split_pair_t;
+#define SPLIT_MAGIC 0x74696c73 /* "slit" */
+
+/* The members of color: parent ranks sorted by (key, parent rank); *me = this rank's index. */
+static int members_of(const split_pair_t *all, int n, int32_t color, int self, int *ranks,
+                      int *me) {
+    int m = 0;
+    for (int p = 0; p < n; p++)
+        if (all[p].color == color) ranks[m++] = p;
+    for (int i = 1; i < m; i++) { /* insertion sort: stable, so ties keep the parent's order */
+        int r = ranks[i], j = i;
+        while (j > 0 && all[ranks[j - 1]].key > all[r].key) {
+            ranks[j] = ranks[j - 1];
+            j--;
+        }
+        ranks[j] = r;
+    }
+    for (int i = 0; i < m; i++)
+        if (ranks[i] == self) *me = i;
+    return m;
+}
+
+/* UCX: the members' worker addresses through the parent, then this rank's transport. */
+static gvqResult_t ucx_child(gvqComm_t comm, int color_member, const int *ranks, int m, int me,
+                             gvq_transport_t **t) {
+    gvq_ucx_t *u = NULL;
+    const void *addr = NULL;
+    size_t len = 0;
+    gvqResult_t res = gvqSuccess;
+    if (color_member) res = gvq_ucx_open(&u, &addr, &len);
+    if (res == gvqSuccess && len > GVQ_BOOT_MAX_BLOB) {
+        GVQ_WARN("gvqCommSplit: this rank's UCX address has %zu bytes (at most %d)", len,
+                 GVQ_BOOT_MAX_BLOB);
+        res = gvqSystemError;
+    }
+    /* every rank takes part in the two allgathers, whatever happened here: -1 says it failed */
+    int n = comm->nranks;
+    int32_t mine = res == gvqSuccess ? (int32_t)len : -1, *lens = calloc((size_t)n, 4);
+    uint8_t *all = NULL, *pad = NULL, *packed = NULL;
+    int32_t *mlens = calloc((size_t)m > 0 ? (size_t)m : 1, 4);
+    if (lens == NULL || mlens == NULL) { /* the others' exchange then times out */
+        GVQ_WARN("gvqCommSplit: out of memory for %d ranks' address lengths", n);
+        gvq_ucx_close(u);
+        free(lens);
+        free(mlens);
+        return gvqSystemError;
+    }
+    gvqResult_t rg = gvqAllGather(&mine, lens, 1, gvqInt32, comm, NULL);
+    size_t max = 0;
+    int failed = rg != gvqSuccess;
+    for (int p = 0; rg == gvqSuccess && p < n; p++) {
+        failed |= lens[p] < 0;
+        if (lens[p] > 0 && (size_t)lens[p] > max) max = (size_t)lens[p];
+    }
+    if (!failed && max > 0) {
+        all = malloc(max * (size_t)n);
+        pad = calloc(max, 1);
+        packed = malloc(max * (size_t)(m > 0 ? m : 1));
+        if (all == NULL || pad == NULL || packed == NULL) {
+            res = gvqSystemError; /* the allgather below still runs, from a zero pad if need be */
+        }
+        if (pad != NULL && len > 0) memcpy(pad, addr, len);
+        rg = all != NULL && pad != NULL ? gvqAllGather(pad, all, max, gvqUint8, comm, NULL)
+                                        : gvqSystemError;
+        failed |= rg != gvqSuccess;
+    }
+    if (res == gvqSuccess && failed) {
+        GVQ_WARN("gvqCommSplit: a rank could not open its UCX worker, or the exchange of the "
+                 "addresses failed; no communicator made");
+        res = rg != gvqSuccess ? rg : gvqRemoteError;
+    }
+    if (res == gvqSuccess && color_member) {
+        size_t at = 0;
+        for (int i = 0; i < m; i++) {
+            mlens[i] = lens[ranks[i]];
+            memcpy(packed + at, all + (size_t)ranks[i] * max, (size_t)mlens[i]);
+            at += (size_t)mlens[i];
+        }
+        res = gvq_ucx_transport_create(u, packed, mlens, m, me, t);
+        if (res == gvqSuccess) u = NULL;
+    }
+    gvq_ucx_close(u);
+    free(lens);
+    free(mlens);
+    free(all);
+    free(pad);
+    free(packed);
+    return res;
+}
+
+GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *newcomm,
+                                 gvqConfig_t *config) {
+    if (newcomm != NULL) *newcomm = NULL;
+    GVQCHECK(gvq_comm_check(comm, "gvqCommSplit", 1));
+    if (newcomm == NULL || (color < 0 && color != GVQ_SPLIT_NOCOLOR)) {
+        GVQ_WARN("gvqCommSplit: %s",
+                 newcomm == NULL ? "newcomm is NULL" : "color must be >= 0 or GVQ_SPLIT_NOCOLOR");
+        return gvqInvalidArgument;
+    }
+    int64_t timeout_ms;
+    size_t chunk;
+    GVQCHECK(gvq_config_resolve(config, "gvqCommSplit", &timeout_ms, &chunk));
+    const char *kind = comm->xport->ops->name;
+    int ucx = strcmp(kind, "ucx") == 0;
+    if (!ucx && strcmp(kind, "mpi") != 0) {
+        GVQ_WARN("gvqCommSplit: the %s transport cannot make new communicators (mpi and ucx can)",
+                 kind);
+        return gvqInvalidUsage;
+    }
+    int n = comm->nranks, nh = 0, leader = 0;
+    split_pair_t *all = calloc((size_t)n, sizeof *all);
+    int *ranks = calloc((size_t)n, sizeof *ranks);
+    uint64_t *keys = calloc((size_t)n, sizeof *keys);
+    gvqResult_t res = all && ranks && keys ? gvqSuccess : gvqSystemError;
+    split_pair_t mine = {SPLIT_MAGIC, color, key};
+    /* collective on the parent: a rank that is not splitting fails this call on every rank (a
+     * call of another shape at the agreement; an allgather of the same shape by its magic) */
+    if (res == gvqSuccess) res = gvqAllGather(&mine, all, 3, gvqInt32, comm, NULL);
+    for (int p = 0; res == gvqSuccess && p < n; p++)
+        if (all[p].magic != SPLIT_MAGIC) {
+            GVQ_WARN("gvqCommSplit: rank %d made another call (an allgather of three int32) "
+                     "where the others split",
+                     p);
+            res = gvqInvalidUsage;
+        }
+    if (res == gvqSuccess) res = gvq_comm_hosts(comm, &nh, &leader, NULL); /* knows the keys */
+    int me = -1, m = 0;
+    if (res == gvqSuccess && color != GVQ_SPLIT_NOCOLOR)
+        m = members_of(all, n, color, comm->rank, ranks, &me);
+    gvq_transport_t *t = NULL;
+    if (res == gvqSuccess && ucx) {
+        res = ucx_child(comm, color != GVQ_SPLIT_NOCOLOR, ranks, m, me, &t);
+    } else if (res == gvqSuccess && color != GVQ_SPLIT_NOCOLOR) {
+        /* a tag of this split: the parent's calls so far, the same number on every rank */
+        res = gvq_mpi_transport_subset(comm->xport, ranks, m, me,
+                                       (int)(comm->calls % 30000u) + 1000, &t);
+    }
+    if (res == gvqSuccess && t != NULL) {
+        t->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
+        res = gvq_comm_create(t, config, "gvqCommSplit", newcomm);
+        t = NULL; /* the communicator's now, or freed by a failed create */
+    }
+    if (res == gvqSuccess && *newcomm != NULL) {
+        for (int i = 0; i < m; i++)
+            keys[i] = comm->host_keys[ranks[i]];
+        (*newcomm)->host_keys = keys;
+        keys = NULL;
+        int nhosts = 0, lead = 0;
+        if (gvq_comm_hosts(*newcomm, &nhosts, &lead, NULL) == gvqSuccess)
+            (*newcomm)->xport->one_host = nhosts == 1;
+        res = gvq_comm_shm_at_init(*newcomm);
+        if (res != gvqSuccess) {
+            (void)gvqCommDestroy(*newcomm);
+            *newcomm = NULL;
+        } else {
+            GVQ_INFO("gvqCommSplit: color %d key %d: rank %d of %d (rank %d of %d in the parent)",
+                     color, key, me, m, comm->rank, n);
+        }
+    }
+    if (t != NULL) t->ops->destroy(t);
+    free(all);
+    free(ranks);
+    free(keys);
+    return res;
+}
