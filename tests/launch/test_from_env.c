@@ -6,8 +6,9 @@
  * The inputs are small integers, so every float sum is exact and the expected result is known
  * without gvq. The compressed result has no closed form: every rank's bytes are gathered and
  * must be identical, and its error against the exact sum within QSGD's bound. Argument:
- * "mpi-free" also checks that the process never loaded an MPI transport (GVQ_TRANSPORT=auto
- * picks UCX outside an MPI job).
+ * "mixed" (rank 1 on GVQ_TRANSPORT=mpi, the others on UCX): gvqCommInitFromEnv must fail on
+ * every rank with gvqInvalidUsage naming GVQ_TRANSPORT. "mpi-free" also checks that the process
+ * never loaded an MPI transport (GVQ_TRANSPORT=auto picks UCX outside an MPI job).
  */
 #include <math.h>
 #include <stdio.h>
@@ -154,6 +155,16 @@ int main(int argc, char **argv) {
         return 77;
     }
     gvqComm_t comm;
+    if (argc > 1 && strcmp(argv[1], "mixed") == 0) { /* ranks on different transports */
+        gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+        cfg.timeoutMs = 20000;
+        gvqResult_t res = gvqCommInitFromEnv(&comm, &cfg);
+        const char *why = gvqGetLastError(NULL);
+        int ok = res == gvqInvalidUsage && strstr(why, "GVQ_TRANSPORT") != NULL;
+        printf("test_from_env mixed: %s (%s: \"%s\")\n", ok ? "PASS" : "FAIL",
+               gvqGetErrorString(res), why);
+        return ok ? 0 : 1;
+    }
     GVQ(gvqCommInitFromEnv(&comm, NULL));
     int n = 0;
     GVQ(gvqCommUserRank(comm, &rank));
