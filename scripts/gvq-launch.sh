@@ -11,12 +11,12 @@
 # network namespace PREFIXr (perf/emulate-cluster.sh -L uses it).
 # Debian's torchrun fails on Python 3.11, so this stands in for it. Every rank's output is
 # prefixed with its rank. The exit status is the first failing rank's (the others are then
-# stopped after a grace of 10 s), 124 when -t SECONDS passed (default 600).
+# stopped after a grace of 10 s), 124 when -t SECONDS passed (default 0: no limit).
 set -uo pipefail
 N=2
 PORT=""
 SLURM=0
-LIMIT=600
+LIMIT=0
 ADDR=127.0.0.1
 NETNS=""
 while [ $# -gt 0 ]; do
@@ -70,7 +70,7 @@ while [ $left -gt 0 ]; do
             fi
         fi
     done
-    if [ $(( $(date +%s) - start )) -ge "$LIMIT" ]; then
+    if [ "$LIMIT" -gt 0 ] && [ $(( $(date +%s) - start )) -ge "$LIMIT" ]; then
         echo "gvq-launch: $LIMIT s passed; stopping every rank" >&2
         kill -9 "${PIDS[@]}" 2>/dev/null
         rc=124

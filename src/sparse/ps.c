@@ -12,6 +12,8 @@
  * Push and apply are ps_push.c, pull ps_pull.c, save/load ps_save.c, the tuner ps_tune.c.
  */
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -344,6 +346,13 @@ int gvq_ps_refuse_rows(gvqPs_t ps, const char *fn, const int64_t *idx, const voi
                        const char *vname, size_t n) {
     if (n > 0 && (idx == NULL || vals == NULL)) {
         GVQ_WARN("%s: %s is NULL with n %zu", fn, idx == NULL ? "indices" : vname, n);
+        return 1;
+    }
+    /* before anything reads the arrays: n rows of indices and of values must fit in memory
+     * (a count past that is not a count the caller's arrays can have) */
+    if (n > (size_t)PTRDIFF_MAX / sizeof(int64_t) ||
+        (ps->row_bytes > 0 && n > (size_t)PTRDIFF_MAX / ps->row_bytes)) {
+        GVQ_WARN("%s: n %zu rows of %zu bytes overflows the address space", fn, n, ps->row_bytes);
         return 1;
     }
     size_t bad = gvq_sparse_find_out_of_range(idx, n, ps->rows);

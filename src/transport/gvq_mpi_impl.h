@@ -65,5 +65,8 @@ void gvq_mpi_quarantine_add(gvq_transport_t *t, mpi_op_t *op);
 void gvq_mpi_note_failure(gvq_transport_t *t);
 /* A communicator gave up after timeout_ns: MPI_Finalize at exit waits at most that long. */
 void gvq_mpi_bound_exit(uint64_t timeout_ns);
+/* The MPI transports alive (on: made, off: destroyed): at exit, one whose communicator broke
+ * bounds MPI_Finalize as a failure does, even when it was never destroyed. */
+void gvq_mpi_track(gvq_transport_t *t, int on);
 
 #endif /* GVQ_MPI_IMPL_H_ */

@@ -364,6 +364,10 @@ static void mpi_destroy(gvq_transport_t *t) {
     int fin = 0;
     MPI_Finalized(&fin);
     int failed = m->failed || gvq_broken_get(t->broken) != gvqSuccess;
+    /* broken by anything (a transfer here, or the shared-memory agreement, which never touched
+     * MPI): a peer may be stuck, so MPI_Finalize at exit must be bounded */
+    if (failed) gvq_mpi_note_failure(t);
+    gvq_mpi_track(t, 0);
     /* a failed communicator stays: freeing it would let MPI give its context id to a new
      * communicator, whose receives would then match the late messages of this one */
     if (!fin && !failed) MPI_Comm_free(&m->comm); /* local in Open MPI: never waits on peers */
@@ -443,6 +447,7 @@ gvqResult_t gvq_mpi_wrap(MPI_Comm comm, gvq_transport_t **out) {
     t->concurrent = level == MPI_THREAD_MULTIPLE;
     MPI_Comm_rank(comm, &t->rank);
     MPI_Comm_size(comm, &t->nranks);
+    gvq_mpi_track(t, 1);
     *out = t;
     return gvqSuccess;
 }

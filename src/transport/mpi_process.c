@@ -39,6 +39,31 @@ void gvq_mpi_note_failure(gvq_transport_t *t) {
     ((mpi_impl_t *)t->impl)->failed = 1;
 }
 
+static gvq_transport_t **live; /* under mpi_lock: the MPI transports not yet destroyed */
+static int nlive, caplive;
+
+void gvq_mpi_track(gvq_transport_t *t, int on) {
+    pthread_mutex_lock(&mpi_lock);
+    if (on && nlive == caplive) {
+        int cap = caplive ? 2 * caplive : 16;
+        gvq_transport_t **grown = realloc(live, sizeof *grown * (size_t)cap);
+        if (grown != NULL) {
+            live = grown;
+            caplive = cap;
+        }
+    }
+    if (on && nlive < caplive) {
+        live[nlive++] = t;
+    } else if (!on) {
+        for (int i = 0; i < nlive; i++)
+            if (live[i] == t) {
+                live[i] = live[--nlive];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&mpi_lock);
+}
+
 /* The exit watchdog's orders: set before its thread starts, read only by it. */
 static struct {
     uint64_t ns;
@@ -65,7 +90,12 @@ static void mpi_finalize_at_exit(int status, void *arg) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (fin) return;
-    pthread_mutex_lock(&mpi_lock); /* another thread may still be failing a communicator */
+    pthread_mutex_lock(&mpi_lock);  /* another thread may still be failing a communicator */
+    for (int i = 0; i < nlive; i++) /* broken and never destroyed: as a failure */
+        if (gvq_broken_get(live[i]->broken) != gvqSuccess) {
+            any_failed = 1;
+            if (live[i]->timeout_ns > exit_bound_ns) exit_bound_ns = live[i]->timeout_ns;
+        }
     uint64_t bound = any_failed ? exit_bound_ns : 0;
     pthread_mutex_unlock(&mpi_lock);
     if (bound > 0) {

@@ -95,6 +95,29 @@ static void test_huge_count(void) {
     EXPECT_RES(gvqCommDestroy(comm), gvqSuccess);
 }
 
+/* issue 39: a push or pull whose n would need more memory than exists is refused before any
+ * index is read (it read past a 4-element array: ASan, stack-buffer-overflow) */
+static void test_ps_huge_count(void) {
+    gvqComm_t comm = one_rank();
+    gvqPs_t ps = NULL;
+    EXPECT_RES(gvqPsCreate(comm, 16, 4, gvqFloat32, NULL, &ps), gvqSuccess);
+    int64_t idx[4] = {0, 1, 2, 3};
+    float v[16] = {0};
+    size_t ns[] = {SIZE_MAX / 16, SIZE_MAX / 8, SIZE_MAX / 2 + 1, SIZE_MAX};
+    for (int i = 0; i < 4; i++) {
+        EXPECT_RES(gvqPsPush(ps, idx, v, ns[i]), gvqInvalidArgument);
+        EXPECT(last_mentions("overflows"), "push n=%zu: no WARN naming the overflow: %s", ns[i],
+               gvqGetLastError(NULL));
+        EXPECT_RES(gvqPsPull(ps, idx, v, ns[i]), gvqInvalidArgument);
+        EXPECT(last_mentions("overflows"), "pull n=%zu: no WARN naming the overflow: %s", ns[i],
+               gvqGetLastError(NULL));
+    }
+    EXPECT_RES(gvqPsPush(ps, idx, v, 4), gvqSuccess); /* and the server still works */
+    EXPECT_RES(gvqPsPull(ps, idx, v, 4), gvqSuccess);
+    EXPECT_RES(gvqPsDestroy(ps), gvqSuccess);
+    EXPECT_RES(gvqCommDestroy(comm), gvqSuccess);
+}
+
 static void test_after_abort(void) {
     gvqComm_t comms[2];
     EXPECT_RES(gvq_comm_init_inproc(2, NULL, comms), gvqSuccess);
@@ -150,6 +173,7 @@ int main(void) {
     test_ps_orphaned(0);
     test_ps_orphaned(1);
     test_huge_count();
+    test_ps_huge_count();
     test_after_abort();
     gvq_test_run(2, NULL, out_of_step_rank, NULL);
     gvq_test_run(2, NULL, count_mismatch_rank, NULL);
