@@ -326,9 +326,9 @@ gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const i
         free(t);
         return gvqSystemError;
     }
-    size_t at = 0;
-    for (int p = 0; p < nranks; p++) {
-        u->peers[p] = (struct ucx_peer){u, p, UCS_OK};
+    /* every address first: a rank on another transport is the cause to name, on every rank,
+     * before any endpoint reaches a rank that already gave up */
+    for (int p = 0; p < nranks; p++)
         if (lens[p] <= 0) {
             GVQ_WARN("UCX transport: rank %d sent no UCX address (its transport is not UCX: set "
                      "GVQ_TRANSPORT alike on every rank)",
@@ -336,6 +336,9 @@ gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const i
             free(t);
             return gvqInvalidUsage;
         }
+    size_t at = 0;
+    for (int p = 0; p < nranks; p++) {
+        u->peers[p] = (struct ucx_peer){u, p, UCS_OK};
         ucp_ep_params_t ep;
         memset(&ep, 0, sizeof ep);
         ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
