@@ -345,17 +345,24 @@ static int finish_without_finalize(const char *name) {
     return all[0] == 0 ? 0 : 1;
 }
 
-static int scenario_exit(void) {
-    int rank = mt.rank, n = mt.nranks;
+/* A communicator of every process with TIMEOUT_MS, its id passed through the file `what`
+ * (MPI is not initialized yet: gvq starts it); NULL after a failure it reported. */
+static gvqComm_t comm_from_file(const char *what) {
     gvqUniqueId id;
-    if (share_ids(rank, &id, 1, "exit") != 0) {
+    if (share_ids(mt.rank, &id, 1, what) != 0) {
         MT_FAIL("cannot share the unique id");
-        return 1;
+        return NULL;
     }
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     cfg.timeoutMs = TIMEOUT_MS;
     gvqComm_t comm = NULL;
-    MT_OK(gvqCommInitRankConfig(&comm, n, id, rank, &cfg));
+    MT_OK(gvqCommInitRankConfig(&comm, mt.nranks, id, mt.rank, &cfg));
+    return comm;
+}
+
+static int scenario_exit(void) {
+    int rank = mt.rank, n = mt.nranks;
+    gvqComm_t comm = comm_from_file("exit");
     if (comm == NULL) return 1;
     unshare_ids(rank, "exit");
     size_t count = (size_t)1 << 20;
@@ -385,15 +392,7 @@ static int scenario_exit(void) {
 #define EXIT_STOPPED_S 12
 static int scenario_exit_stopped(void) {
     int rank = mt.rank, n = mt.nranks;
-    gvqUniqueId id;
-    if (share_ids(rank, &id, 1, "exitstop") != 0) {
-        MT_FAIL("cannot share the unique id");
-        return 1;
-    }
-    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
-    cfg.timeoutMs = TIMEOUT_MS;
-    gvqComm_t comm = NULL;
-    MT_OK(gvqCommInitRankConfig(&comm, n, id, rank, &cfg));
+    gvqComm_t comm = comm_from_file("exitstop");
     if (comm == NULL) return 1;
     MPI_Barrier(MPI_COMM_WORLD); /* every rank has the id: the file can go */
     unshare_ids(rank, "exitstop");
