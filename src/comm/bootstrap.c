@@ -84,7 +84,7 @@ int gvq_boot_pick_address(struct in_addr *out) {
 /* ---- rank side -------------------------------------------------------------------------- */
 
 /* Move len bytes, giving up at deadline (ns, 0: never). 0, or -errno (-ETIMEDOUT, -ECONNRESET). */
-static int io_until(int fd, void *buf, size_t len, int writing, uint64_t deadline) {
+int gvq_boot_io_until(int fd, void *buf, size_t len, int writing, uint64_t deadline) {
     char *p = buf;
     while (len > 0) {
         int wait_ms = -1;
@@ -182,12 +182,12 @@ static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
     uint8_t chal[GVQ_BOOT_CHALLENGE_BYTES], challenge[GVQ_BOOT_NONCE_BYTES];
     uint8_t hello[GVQ_BOOT_HELLO_BYTES];
     uint64_t step = deadline ? deadline : gvq_now_ns() + CONNECT_LIMIT_NS;
-    int rc = io_until(fd, chal, sizeof chal, 0, step);
+    int rc = gvq_boot_io_until(fd, chal, sizeof chal, 0, step);
     gvq_boot_msg_t m =
         rc == 0 ? gvq_boot_challenge_parse(chal, sizeof chal, b, challenge) : GVQ_BOOT_MSG_OK;
     if (rc == 0 && m == GVQ_BOOT_MSG_OK) {
         gvq_boot_hello_encode(hello, b, challenge, h);
-        rc = io_until(fd, hello, sizeof hello, 1, step);
+        rc = gvq_boot_io_until(fd, hello, sizeof hello, 1, step);
     }
     if (rc == 0 && m == GVQ_BOOT_MSG_OK && h->info.blob_bytes > 0) {
         size_t n = (size_t)h->info.blob_bytes + GVQ_BOOT_MAC_BYTES;
@@ -197,7 +197,7 @@ static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
             return gvqSystemError;
         }
         gvq_boot_blob_encode(msg, b, challenge, blob, (size_t)h->info.blob_bytes);
-        rc = io_until(fd, msg, n, 1, step);
+        rc = gvq_boot_io_until(fd, msg, n, 1, step);
         free(msg);
     }
     if (rc != 0) {
@@ -223,7 +223,7 @@ static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
     }
     gvqResult_t res = gvqSuccess;
     size_t len = GVQ_BOOT_REPLY_HEAD_BYTES;
-    rc = io_until(fd, rep, len, 0, wait);
+    rc = gvq_boot_io_until(fd, rep, len, 0, wait);
     if (rc == 0) {
         uint32_t status = (uint32_t)rep[8] | (uint32_t)rep[9] << 8 | (uint32_t)rep[10] << 16 |
                           (uint32_t)rep[11] << 24;
@@ -231,7 +231,7 @@ static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
             status == GVQ_BOOT_OK ? max : gvq_boot_reply_bytes(GVQ_BOOT_STATUS_COUNT, h->nranks);
         size_t entries = (size_t)h->nranks * GVQ_BOOT_PEER_BYTES;
         if (status == GVQ_BOOT_OK) { /* the table first, to learn the blobs' length */
-            rc = io_until(fd, rep + len, entries, 0, wait);
+            rc = gvq_boot_io_until(fd, rep + len, entries, 0, wait);
             len += entries;
             size_t more = rc == 0 ? gvq_boot_table_blob_bytes(rep + len - entries, h->nranks) : 0;
             uint8_t *grown = more > 0 ? realloc(rep, total + more) : rep;
@@ -243,7 +243,7 @@ static gvqResult_t rank_round(int fd, const gvq_boot_id_t *b, const char *where,
             rep = grown;
             total += more;
         }
-        if (rc == 0) rc = io_until(fd, rep + len, total - len, 0, wait);
+        if (rc == 0) rc = gvq_boot_io_until(fd, rep + len, total - len, 0, wait);
         len = total;
     }
     if (rc != 0) {

@@ -136,5 +136,8 @@ gvq_boot_msg_t gvq_boot_reply_parse(const uint8_t *buf, size_t len, const gvq_bo
 int gvq_boot_random(void *p, size_t n);
 void gvq_boot_addr_text(const struct sockaddr_in *a, char *out, size_t n);
 int gvq_boot_pick_address(struct in_addr *out);
+/* Move len bytes over a socket (writing or reading), giving up at deadline (ns, 0: never): 0, or
+ * -errno (-ETIMEDOUT, -ECONNRESET when the peer closed). */
+int gvq_boot_io_until(int fd, void *buf, size_t len, int writing, uint64_t deadline);
 
 #endif /* GVQ_BOOTSTRAP_H_ */

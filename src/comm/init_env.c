@@ -27,7 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "gvq_comm.h"
+#include "gvq_bootstrap.h"
 
 #define MS 1000000ull
 #define STORE_CONN_MS 5000
@@ -309,29 +309,6 @@ static gvqResult_t store_start(int port, int nranks, const gvqUniqueId *id, int6
 
 /* ---- asking the store (ranks 1..n-1) ------------------------------------------------------ */
 
-/* Move len bytes before deadline: 0, or -1 (closed, error or late). */
-static int io_by(int fd, void *buf, size_t len, int writing, uint64_t deadline) {
-    uint8_t *p = buf;
-    while (len > 0) {
-        uint64_t now = gvq_now_ns();
-        if (now >= deadline) return -1;
-        struct pollfd pfd = {fd, (short)(writing ? POLLOUT : POLLIN), 0};
-        int pr = poll(&pfd, 1, (int)GVQ_MIN((deadline - now) / MS + 1, 1000ull));
-        if (pr < 0 && errno != EINTR) return -1;
-        if (pr <= 0) continue;
-        ssize_t k = writing ? send(fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL)
-                            : recv(fd, p, len, MSG_DONTWAIT);
-        if (k == 0) return -1;
-        if (k < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-            return -1;
-        }
-        p += k;
-        len -= (size_t)k;
-    }
-    return 0;
-}
-
 static gvqResult_t store_ask(const char *host, int port, int rank, int nranks, int64_t timeout_ms,
                              gvqUniqueId *id) {
     char ports[16];
@@ -355,8 +332,8 @@ static gvqResult_t store_ask(const char *host, int port, int rank, int nranks, i
                 put32(ask + 8, (uint32_t)rank);
                 put32(ask + 12, (uint32_t)nranks);
                 uint64_t by = GVQ_MIN(deadline, gvq_now_ns() + STORE_CONN_MS * MS);
-                int ok = io_by(fd, ask, sizeof ask, 1, by) == 0 &&
-                         io_by(fd, ans, sizeof ans, 0, by) == 0;
+                int ok = gvq_boot_io_until(fd, ask, sizeof ask, 1, by) == 0 &&
+                         gvq_boot_io_until(fd, ans, sizeof ans, 0, by) == 0;
                 close(fd);
                 freeaddrinfo(ai);
                 if (ok && memcmp(ans, MAGIC_ANSWER, 8) == 0) {
