@@ -10,7 +10,8 @@ mkdir -p "$out"
 exec > >(tee "$out/log") 2>&1
 d=/opt/gvqdev
 mkdir -p $d && tar -C $d -xJf "$bundle" || exit 1
-for p in usr/lib/x86_64-linux-gnu/openmpi usr/lib/x86_64-linux-gnu/pmix2 usr/share/openmpi etc/openmpi; do
+for p in usr/lib/x86_64-linux-gnu/openmpi usr/lib/x86_64-linux-gnu/pmix2 usr/share/openmpi etc/openmpi \
+         usr/lib/x86_64-linux-gnu/ucx; do
     [ -e "/$p" ] && mv "/$p" "/$p.orig"
 done
 tar -C / -xf $d/mpi.tar
@@ -48,5 +49,20 @@ for np in 1 2 3; do
 done
 if command -v compute-sanitizer >/dev/null; then
     step sanitizer_gpu_device 180 compute-sanitizer --error-exitcode 9 $B/test_gpu_device
+fi
+# GVQ_DEVICE_PROFILE=1: Nsight Compute on one launch of each codec kernel of gvq-gpu-bench
+# (GVQ_PROFILE_KERNELS: NAME:LAUNCHES-TO-SKIP ...)
+# (speed of light, occupancy, warp stalls, memory) into $OUT/ncu-*.txt
+if [ "${GVQ_DEVICE_PROFILE:-0}" = 1 ]; then
+    ncu=$(command -v ncu || find /usr/local /opt -name ncu -type f 2>/dev/null | head -1)
+    echo "== ncu: ${ncu:-NOT FOUND}"
+    if [ -n "$ncu" ]; then
+        for k in ${GVQ_PROFILE_KERNELS:-k_gq_decode_rows:0 k_qsgd_encode_tile:0 \
+                 k_qsgd_encode_tile:21 k_qsgd_decode:0}; do
+            step "ncu-${k/:/-}" 240 "$ncu" -k "regex:${k%%:*}" -s "${k##*:}" -c 1 \
+                --section SpeedOfLight --section Occupancy --section WarpStateStats \
+                --section MemoryWorkloadAnalysis --section LaunchStats $B/gvq-gpu-bench
+        done
+    fi
 fi
 cat "$out/summary.txt"

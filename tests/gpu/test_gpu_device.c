@@ -293,11 +293,13 @@ static void test_linalg(void) {
 
 static void test_qsgd(void) {
     const int bits[] = {2, 4, 8};
-    const size_t buckets[] = {5, 512}, counts[] = {1, 1000, 4097};
+    /* odd buckets put Philox blocks across groups of 8 and code bytes off 4-byte alignment;
+     * 100003 elements take several tiles; buckets over 4096 values take the long kernel */
+    const size_t buckets[] = {5, 13, 512, 5000}, counts[] = {1, 1000, 4097, 100003};
     for (int bi = 0; bi < 3; bi++)
         for (int norm = 0; norm < 2; norm++)
-            for (int ki = 0; ki < 2; ki++)
-                for (int ci = 0; ci < 3; ci++) {
+            for (int ki = 0; ki < 4; ki++)
+                for (int ci = 0; ci < 4; ci++) {
                     gvq_qsgd_t q;
                     EXPECT_RES(gvq_qsgd_init(&q, bits[bi], buckets[ki], norm, 77, 3), gvqSuccess);
                     q.call = 5;
@@ -367,12 +369,16 @@ static void test_qsgd(void) {
 }
 
 static void test_gradiveq(void) {
-    /* L, d, C, groups-worth of count, extra tail; chunk offsets start inside a group */
-    const size_t shapes[][4] = {{16, 4, 3, 5}, {64, 8, 1, 3}, {256, 32, 4, 0}, {9, 9, 2, 7}};
-    for (int si = 0; si < 4; si++)
+    /* L, d, C, extra tail, full slices; chunk offsets start inside a group. d = 16, 32, 48,
+     * 64 take the one-kernel decode (groups changing inside a block of 32 slices, one group
+     * for all, L from 9 to 256), the other d the cuBLAS decode. */
+    const size_t shapes[][5] = {{16, 4, 3, 5, 11},    {64, 8, 1, 3, 11},   {256, 32, 4, 0, 11},
+                                {9, 9, 2, 7, 11},     {64, 16, 32, 3, 50}, {128, 32, 1000, 0, 37},
+                                {256, 64, 48, 1, 70}, {96, 80, 2, 1, 20},  {256, 32, 7, 0, 40}};
+    for (int si = 0; si < 9; si++)
         for (int fp16 = 0; fp16 < 2; fp16++) {
             size_t L = shapes[si][0], d = shapes[si][1], C = shapes[si][2];
-            size_t full = 11, M = full * L + shapes[si][3];
+            size_t full = shapes[si][4], M = full * L + shapes[si][3];
             gvq_gradiveq_t g;
             memset(&g, 0, sizeof g);
             g.count = M;

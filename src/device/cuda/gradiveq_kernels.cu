@@ -7,7 +7,8 @@
  *   slices [s0, s0+k) of a chunk, reuse group = slice / C:
  *     | head: partial group | full groups of C slices ...      | rest: partial group |
  *       one sgemm             one strided-batched sgemm            one sgemm
- * encode: C_run = U_g^T X_run (d x k); decode: X_run = U_g C_run + X_run (X_run holds Z_g).
+ * encode: C_run = U_g^T X_run (d x k) through cuBLAS; decode: X_run = U_g C_run + Z_g in one
+ * kernel for d = 16, 32, 48, 64 (k_gq_decode_rows), else Z_g into X_run and cuBLAS adds U_g C_run.
  *
  *   wire of a chunk: [ d coefficients per full slice, fp32 or fp16, padded to 4 bytes ][ tail ]
  *                    the tail: count % L raw fp32 values (the tensor's last chunk only)
@@ -133,6 +134,65 @@ __global__ void k_half_to_float(const uint16_t *h, float *f, size_t n) {
     GRID_LOOP(i, n) f[i] = gvq_half_to_float(h[i]);
 }
 
+/* ---- the decode: X = U_g C + Z_g, one thread per row l of U_g, the row in registers --------
+ * For d = 16, 32, 48, 64 (a template each: the row in registers, the coefficients read as
+ * float4). A block takes GQ_DEC_SLICES slices; their coefficients are staged in shared memory
+ * (fp16 wires converted there), and each thread writes element l of each slice:
+ * x = Z_g[l] + (sum_i U_g[l, i] c_i, fused multiply-adds in i order). */
+enum { GQ_DEC_SLICES = 32 };
+
+template <int D>
+__global__ void __launch_bounds__(THREADS)
+    k_gq_decode_rows(const void *wire, int fp16, const float *Ug, const float *Zg, size_t L,
+                     size_t C, size_t s0, size_t slices, float *dst) {
+    __shared__ __align__(16) float cs[GQ_DEC_SLICES * D];
+    const int d = D;
+    const size_t lanes = L >= THREADS ? 1 : THREADS / L; /* slices side by side in a block */
+    const size_t ntile = (slices + GQ_DEC_SLICES - 1) / GQ_DEC_SLICES;
+    for (size_t tile = blockIdx.x; tile < ntile; tile += gridDim.x) {
+        size_t j0 = tile * GQ_DEC_SLICES, nj = GVQ_MIN(slices - j0, (size_t)GQ_DEC_SLICES);
+        __syncthreads();
+        for (size_t e = threadIdx.x; e < nj * (size_t)d; e += blockDim.x) {
+            size_t o = j0 * (size_t)d + e;
+            cs[e] =
+                fp16 ? gvq_half_to_float(((const uint16_t *)wire)[o]) : ((const float *)wire)[o];
+        }
+        __syncthreads();
+        for (size_t l0 = threadIdx.x % (L >= THREADS ? THREADS : L); l0 < L;
+             l0 += (L >= THREADS ? THREADS : L)) {
+            size_t jl = L >= THREADS ? 0 : threadIdx.x / L;
+            if (jl >= lanes) break;
+            float u[D];
+            float z = 0;
+            size_t gbeg = 1, gend = 0; /* the slices of group `have` */
+            for (size_t j = jl; j < nj; j += lanes) {
+                size_t gs = s0 + j0 + j;
+                if (gs < gbeg || gs >= gend) { /* a division only where the group changes */
+                    size_t grp = gs / C;
+                    gbeg = grp * C;
+                    gend = gbeg + C;
+                    const float *U = Ug + grp * L * (size_t)d;
+#pragma unroll
+                    for (int i = 0; i < D; i++)
+                        u[i] = U[(size_t)i * L + l0];
+                    z = Zg[grp * L + l0];
+                }
+                const float4 *c4 = (const float4 *)(cs + j * (size_t)D); /* D % 4 == 0 */
+                float a = 0.0f;
+#pragma unroll
+                for (int i4 = 0; i4 < D / 4; i4++) {
+                    float4 c = c4[i4];
+                    a = __fmaf_rn(u[4 * i4], c.x, a);
+                    a = __fmaf_rn(u[4 * i4 + 1], c.y, a);
+                    a = __fmaf_rn(u[4 * i4 + 2], c.z, a);
+                    a = __fmaf_rn(u[4 * i4 + 3], c.w, a);
+                }
+                dst[(j0 + j) * L + l0] = __fadd_rn(a, z);
+            }
+        }
+    }
+}
+
 static gvqResult_t gq_check(const gvq_dev_gq_t *g) {
     if (g->L == 0 || g->d == 0 || g->d > g->L || g->C == 0 || g->nranks < 1 || g->U == NULL ||
         g->Z == NULL || g->UZ == NULL) {
@@ -195,7 +255,23 @@ extern "C" gvqResult_t gvq_cuda_gq_decode(const gvq_dev_gq_t *g, size_t off, siz
     if (count == 0) return gvqSuccess;
     CTX(c);
     size_t L = g->L, d = g->d, s0 = off / L, slices = count / L, tail = count % L;
-    if (slices) {
+    size_t blocks = GVQ_MIN((slices + GQ_DEC_SLICES - 1) / GQ_DEC_SLICES, (size_t)65535);
+    const int f = g->wire_fp16;
+    if (slices && d == 16)
+        k_gq_decode_rows<16><<<(unsigned)blocks, THREADS, 0, c->cur>>>(wire, f, g->U, g->Z, L, g->C,
+                                                                       s0, slices, dst);
+    else if (slices && d == 32)
+        k_gq_decode_rows<32><<<(unsigned)blocks, THREADS, 0, c->cur>>>(wire, f, g->U, g->Z, L, g->C,
+                                                                       s0, slices, dst);
+    else if (slices && d == 48)
+        k_gq_decode_rows<48><<<(unsigned)blocks, THREADS, 0, c->cur>>>(wire, f, g->U, g->Z, L, g->C,
+                                                                       s0, slices, dst);
+    else if (slices && d == 64)
+        k_gq_decode_rows<64><<<(unsigned)blocks, THREADS, 0, c->cur>>>(wire, f, g->U, g->Z, L, g->C,
+                                                                       s0, slices, dst);
+    if (slices && (d == 16 || d == 32 || d == 48 || d == 64)) {
+        LAUNCHCHECK("gq decode");
+    } else if (slices) { /* other d: Z into dst, then cuBLAS adds U C */
         const float *coef = (const float *)wire;
         if (g->wire_fp16) {
             void *t = NULL;
