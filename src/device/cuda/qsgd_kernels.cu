@@ -250,9 +250,15 @@ __global__ void __launch_bounds__(THREADS)
             if (sc > 0) { /* zero bucket: codes 0; NaN scale: codes 0 */
                 float v[8];
                 const float *sp = sv + (size_t)bk * bucket + i0;
+                if (n8 == 8 && (bucket & 3) == 0) { /* two 16-byte reads, few bank conflicts */
+                    float4 a = ((const float4 *)sp)[0], b = ((const float4 *)sp)[1];
+                    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+                    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+                } else {
 #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    v[k] = k < n8 ? sp[k] : 0.0f;
+                    for (int k = 0; k < 8; k++)
+                        v[k] = k < n8 ? sp[k] : 0.0f;
+                }
                 packed = qs_levels8<BITS>(q, v, n8, off + e0 + (size_t)bk * bucket + i0,
                                           qs_inv(sc, q.levels));
             }
