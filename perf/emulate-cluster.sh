@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # emulate-cluster.sh -- run an MPI program on N emulated hosts with rate-limited links.
 #
-#   bash perf/emulate-cluster.sh [-n RANKS] [-r RATE] [-l LATENCY] [-b BURST] [-k LINKS] [-L] [-- ] PROGRAM [ARGS...]
+#   bash perf/emulate-cluster.sh [-n RANKS] [-p PER_HOST] [-m slot|node] [-r RATE] [-l LATENCY] [-b BURST]
+#                                [-k LINKS] [-L] [-- ] PROGRAM [ARGS...]
 #   bash perf/emulate-cluster.sh -n 4 -r 1gbit -- build/perf/gvq-perf -b 64M -e 64M -C none,mpi
 #
 # Each rank gets a network namespace (gvqN-<pid>-<i>) with one veth link to a bridge that lives
@@ -20,6 +21,11 @@
 # two plain sockets (2026-11-26). Measurements of traffic in both directions (a 2-rank ring,
 # a pipeline's activations and errors) need -k 2.
 #
+# -p K: K ranks per emulated host (RANKS / K hosts, each with one shaped link its ranks share;
+# ranks of one host talk over the namespace's loopback, unshaped). -m node places ranks
+# round-robin over the hosts (mpirun --map-by node: rank r on host r % H), -m slot (default)
+# fills each host in turn (rank r on host r / K). mpirun only (not with -L).
+#
 # -L: no mpirun. The ranks start as a launcher would start them (scripts/gvq-launch.sh: torchrun's
 # RANK, WORLD_SIZE, MASTER_ADDR = the first namespace's address, MASTER_PORT 29500), each in its
 # namespace, with GVQ_SOCKET_IFNAME=eth0: gvqCommInitFromEnv, or the DDP example without MPI.
@@ -33,6 +39,8 @@ LATENCY=25ms
 BURST=256kb
 LINKS=1
 LAUNCH=0
+PER=1
+MAP=slot
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) RANKS=$2; shift 2 ;;
@@ -41,7 +49,9 @@ while [ $# -gt 0 ]; do
         -b) BURST=$2; shift 2 ;;
         -k) LINKS=$2; shift 2 ;;
         -L) LAUNCH=1; shift ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -p) PER=$2; shift 2 ;;
+        -m) MAP=$2; shift 2 ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
@@ -49,6 +59,11 @@ done
 [ $# -gt 0 ] || { echo "emulate-cluster: no program given (see -h)" >&2; exit 2; }
 [ "$RANKS" -ge 1 ] && [ "$RANKS" -le 32 ] || { echo "emulate-cluster: -n must be 1..32" >&2; exit 2; }
 case "$LINKS" in [1-8]) ;; *) echo "emulate-cluster: -k must be 1..8" >&2; exit 2 ;; esac
+case "$MAP" in slot|node) ;; *) echo "emulate-cluster: -m must be slot or node" >&2; exit 2 ;; esac
+[ "$PER" -ge 1 ] 2>/dev/null && [ $((RANKS % PER)) -eq 0 ] ||
+    { echo "emulate-cluster: -p must divide -n" >&2; exit 2; }
+[ "$PER" = 1 ] || [ "$LAUNCH" = 0 ] || { echo "emulate-cluster: -p needs mpirun (not -L)" >&2; exit 2; }
+NHOSTS=$((RANKS / PER))
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "emulate-cluster: needs iproute2 (ip, tc)" >&2; exit 2; }
 
 SUBNET=${GVQ_EMU_SUBNET:-10.213.7}
@@ -74,7 +89,7 @@ ip -n "$BRNS" link set lo up
 shape() { # namespace device
     tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst "$BURST" latency "$LATENCY"
 }
-for i in $(seq 0 $((RANKS - 1))); do
+for i in $(seq 0 $((NHOSTS - 1))); do
     ns="${TAG}-$i"
     NS+=("$ns")
     ip netns add "$ns"
@@ -97,14 +112,16 @@ host=$1; shift
 exec ip netns exec "$host" /bin/sh -c "$*"
 EOF
 chmod +x "$WORK/agent"
-HOSTS=$(IFS=,; echo "${NS[*]/%/:1}")
+HOSTS=$(IFS=,; echo "${NS[*]/%/:$PER}")
+MAPBY=()
+[ "$MAP" = node ] && MAPBY=(--map-by node)
 
 # gvq's UCX transport (GVQ_TRANSPORT=ucx) is held to TCP on eth0: the namespaces share one kernel,
 # so UCX would otherwise find shared memory between the emulated hosts and bypass the links
 UCX_TLS_EMU=${GVQ_EMU_UCX_TLS:-tcp,self}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PMIX_MCA_gds=hash
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-echo "# emulate-cluster: $RANKS hosts, links $RATE each way (tbf, $LATENCY queue, burst $BURST), $LINKS TCP connection(s) per pair, subnet $SUBNET.0/24"
+echo "# emulate-cluster: $RANKS ranks on $NHOSTS hosts ($PER per host, map by $MAP), links $RATE each way (tbf, $LATENCY queue, burst $BURST), $LINKS TCP connection(s) per pair, subnet $SUBNET.0/24"
 set +e
 if [ "$LAUNCH" = 1 ]; then
     echo "# emulate-cluster: no mpirun: ranks started from the environment (scripts/gvq-launch.sh)"
@@ -113,7 +130,7 @@ if [ "$LAUNCH" = 1 ]; then
         --netns "${TAG}-" -- "$@"
     exit $?
 fi
-ip netns exec "${NS[0]}" mpirun -np "$RANKS" --host "$HOSTS" \
+ip netns exec "${NS[0]}" mpirun -np "$RANKS" --host "$HOSTS" "${MAPBY[@]}" \
     --mca plm_rsh_agent "$WORK/agent" --mca rtc ^hwloc --mca pml ob1 --mca btl tcp,self \
     --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
     --mca btl_tcp_links "$LINKS" \

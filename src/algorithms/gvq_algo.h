@@ -19,7 +19,16 @@ typedef struct {
     void **scratch;     /* grown on demand by gvq_coll_scratch; owned by the communicator */
     size_t *scratch_bytes;
     unsigned long long *bytes_sent; /* if not NULL, the ring adds the bytes it sends */
+    /* The allreduce ring's order: position p holds rank ring_order[p] (NULL: rank order). The
+     * communicator sets it from the host keys so that the ring visits each host's ranks in one
+     * run and crosses each host's link once each way (gvq_ring_order_hosts). */
+    const int *ring_order;
 } gvq_coll_ctx_t;
+
+/* The ring order that groups ranks by host: hosts in the order of their lowest rank, ranks in
+ * rank order within a host. Writes order[0..n) and returns 1, or returns 0 when that is rank
+ * order itself. */
+int gvq_ring_order_hosts(const uint64_t *host_keys, int n, int *order);
 
 /* A scratch area of at least `bytes`, valid until the next call on the same context. */
 gvqResult_t gvq_coll_scratch(gvq_coll_ctx_t *ctx, size_t bytes, void **out);

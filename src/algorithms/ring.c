@@ -69,11 +69,34 @@ typedef struct {
     gvq_req_t *rreq[2], *sreq[2];
     int posted[2];      /* step whose receives sit in rreq[parity], -1 none */
     gvq_tally_t *tally; /* rides along when not NULL */
+    const int *order;   /* rank at each ring position (allreduce with ctx->ring_order), or NULL */
 } ring_t;
 
 static int ring_mod(int a, int n) {
     return ((a % n) + n) % n;
 }
+/* The rank at ring position p (r and the segments are positions; rank order without `order`). */
+static int ring_peer(const ring_t *g, int p) {
+    p = ring_mod(p, g->n);
+    return g->order != NULL ? g->order[p] : p;
+}
+
+int gvq_ring_order_hosts(const uint64_t *host_keys, int n, int *order) {
+    int k = 0, moved = 0;
+    for (int first = 0; first < n; first++) {
+        int seen = 0; /* a host is taken at its lowest rank */
+        for (int q = 0; q < first && !seen; q++)
+            seen = host_keys[q] == host_keys[first];
+        if (seen) continue;
+        for (int p = first; p < n; p++)
+            if (host_keys[p] == host_keys[first]) {
+                moved |= p != k;
+                order[k++] = p;
+            }
+    }
+    return moved;
+}
+
 static int seg_sent(const ring_t *g, int k) {
     return ring_mod(g->r - k + g->shift, g->n);
 }
@@ -129,7 +152,7 @@ static char *recv_ptr(const ring_t *g, int k, int s, size_t c) {
 
 /* Post the receives of step k for chunks [c0, c1) (clipped to the step's chunk count). */
 static gvqResult_t post_recv_range(ring_t *g, int k, size_t c0, size_t c1) {
-    int s = seg_recv(g, k), left = ring_mod(g->r - 1, g->n);
+    int s = seg_recv(g, k), left = ring_peer(g, g->r - 1);
     size_t nc = GVQ_MIN(c1, seg_chunks(g, s));
     for (size_t c = c0; c < nc; c++)
         GVQCHECK(g->t->ops->irecv(g->t, left, GVQ_TAG_COLL, recv_ptr(g, k, s, c),
@@ -151,7 +174,7 @@ static gvqResult_t post_recv_rest(ring_t *g, int k) {
 }
 
 static gvqResult_t send_chunk(ring_t *g, int k, size_t c, const void *buf) {
-    int s = seg_sent(g, k), right = ring_mod(g->r + 1, g->n);
+    int s = seg_sent(g, k), right = ring_peer(g, g->r + 1);
     size_t bytes = msg_bytes(g, k, s, c);
     if (g->t->fifo) GVQCHECK(post_recv_range(g, k, c, c + 1)); /* receive (k, c) goes with it */
     if (g->ctx->bytes_sent != NULL) *g->ctx->bytes_sent += bytes;
@@ -256,6 +279,13 @@ static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const
     g.codec = codec;
     g.n = g.t->nranks;
     g.r = g.t->rank;
+    if (ctx->ring_order != NULL && nrs == g.n - 1 && nag == g.n - 1) {
+        /* an allreduce: its segments are a partition of the vector, so the ring may take any
+         * order (reduce-scatter and allgather keep rank order: segment r is rank r's block) */
+        g.order = ctx->ring_order;
+        for (int p = 0; p < g.n; p++)
+            if (g.order[p] == g.t->rank) g.r = p;
+    }
     g.shift = shift;
     g.nrs = nrs;
     g.nsteps = nrs + nag;

@@ -302,6 +302,18 @@ gvqResult_t gvq_comm_hosts(gvqComm_t c, int *nhosts, int *leader, uint8_t *same_
         if (same_host != NULL) same_host[p] = all[p] == mine;
         if (all[p] == mine && *leader < 0) *leader = p;
     }
+    /* the keys are the same on every rank, so is the order; GVQ_RING_ORDER=rank keeps rank
+     * order (it must then be set on every rank, as GVQ_CHUNK_BYTES) */
+    if (c->ring_order == NULL && *nhosts > 1 && gvq_param(GVQ_PARAM_RING_ORDER) == 0) {
+        int *order = malloc(sizeof(int) * (size_t)c->nranks);
+        if (order != NULL && gvq_ring_order_hosts(all, c->nranks, order)) {
+            c->ring_order = order;
+            GVQ_INFO("comm %p rank %d: the allreduce ring follows the hosts (%d hosts)", (void *)c,
+                     c->rank, *nhosts);
+        } else {
+            free(order);
+        }
+    }
     return gvqSuccess;
 }
 
@@ -392,6 +404,7 @@ static void comm_free(gvqComm_t c) {
         }
     }
     free(c->host_keys);
+    free(c->ring_order);
     c->magic = 0;
     free(c);
 }

@@ -28,6 +28,8 @@ struct gvqComm {
     int ntensors;      /* compressors created so far: spreads the fits over the ranks */
     struct gvq_comm_attachment *attached; /* state of layers above (gvq_comm_attach) */
     uint64_t *host_keys;                  /* every rank's gvq_host_key (NULL: not exchanged yet) */
+    int *ring_order; /* the allreduce ring's order by host (gvq_comm_hosts sets it; NULL: rank
+                      * order, also when the hosts' ranks are already consecutive) */
     uint64_t calls;  /* collective calls agreed on so far (signature.c): the next call's number */
     uint64_t serial; /* unique among the communicators of this process (handles outlive comms) */
     /* Host streams (stream.c), atomic: tickets handed to queued calls so far, calls of those
@@ -99,7 +101,8 @@ static inline gvq_coll_ctx_t gvq_comm_ctx(gvqComm_t c, unsigned long long *sent)
                             .chunk_bytes = c->chunk_bytes,
                             .scratch = &c->scratch,
                             .scratch_bytes = &c->scratch_bytes,
-                            .bytes_sent = sent};
+                            .bytes_sent = sent,
+                            .ring_order = c->ring_order};
 }
 
 /* State that a layer above the communicator keeps per communicator (zero-code mode's

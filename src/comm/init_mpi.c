@@ -26,7 +26,12 @@ GVQ_API gvqResult_t gvqCommInitMPI(gvqComm_t *comm, MPI_Comm mpiComm, const gvqC
     gvq_transport_t *t = NULL;
     GVQCHECK(gvq_mpi_transport_dup(&mpiComm, &t));
     GVQCHECK(gvq_comm_create(t, config, "gvqCommInitMPI", comm));
-    gvqResult_t res = gvq_comm_shm_at_init(*comm);
+    gvqResult_t res = gvqSuccess;
+    if (!(*comm)->xport->one_host) { /* the hosts now (an allgather of their keys), so the */
+        int nhosts = 0, leader = 0;  /* allreduce ring can follow them from the first call */
+        res = gvq_comm_hosts(*comm, &nhosts, &leader, NULL);
+    }
+    if (res == gvqSuccess) res = gvq_comm_shm_at_init(*comm);
     if (res != gvqSuccess) {
         (void)gvqCommDestroy(*comm);
         *comm = NULL;

@@ -126,6 +126,10 @@ void gvq_log_note(const char *file, int line, const char *fmt, ...)
       "between its rounds of polls, leaving the core to the caller's compute (0: it yields)")     \
     X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", UINT, 0, NULL,                                        \
       "TCP port of the bootstrap root (0: any free port)")                                        \
+    X(RING_ORDER, "GVQ_RING_ORDER", CHOICE, 0, "host,rank",                                       \
+      "order of the allreduce ring when a communicator spans hosts: host (each host's ranks in "  \
+      "one run, so the ring crosses each host's link once each way) or rank; the same on every "  \
+      "rank")                                                                                     \
     X(TRANSPORT, "GVQ_TRANSPORT", CHOICE, 0, "auto,mpi,ucx",                                      \
       "transport of gvqCommInitRank's communicators: mpi (Open MPI), ucx (UCX's ucp, no MPI "     \
       "at all), auto (mpi inside an MPI job or when MPI is initialized, else ucx where built)")   \

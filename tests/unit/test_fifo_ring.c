@@ -4,7 +4,9 @@
  * must finish and give exact sums at 2-5 ranks, for many chunk and segment shapes, through the
  * identity codec and a GradiVeQ codec with the vote tally riding along. Told nothing (it then
  * pre-posts receives, as it does for MPI), it must block, which the transport's timeout reports:
- * this shows the simulated stream can catch the deadlock the FIFO mode avoids.
+ * this shows the simulated stream can catch the deadlock the FIFO mode avoids. Every shape runs
+ * in rank order and in a ring order across the ranks (ctx.ring_order: evens up, then odds
+ * down), and gvq_ring_order_hosts is held to orders written out here.
  */
 #include <math.h>
 
@@ -16,6 +18,7 @@ typedef struct {
     int fifo, nranks;
     size_t count, chunk_bytes;
     int use_gq;
+    const int *order; /* ctx.ring_order (NULL: rank order) */
     gvqResult_t res[16];
     float *out[16];
     int32_t tally[16];
@@ -38,7 +41,8 @@ static void *fifo_rank(void *p) {
                           .dev = &gvq_host_device,
                           .chunk_bytes = k->chunk_bytes,
                           .scratch = &scratch,
-                          .scratch_bytes = &scratch_bytes};
+                          .scratch_bytes = &scratch_bytes,
+                          .ring_order = k->order};
     float *x = malloc(sizeof(float) * k->count), *y = malloc(sizeof(float) * k->count);
     for (size_t i = 0; i < k->count; i++)
         x[i] = (float)((i * 7 + (size_t)r * 13) % 101); /* exact sums */
@@ -85,42 +89,73 @@ static void run_case(fcase_t *k) {
     fifo_world_destroy(k->w);
 }
 
+static void test_order_hosts(void) {
+    static const struct {
+        int n;
+        uint64_t keys[6];
+        int moved, order[6];
+    } cases[] = {
+        {4, {7, 9, 7, 9}, 1, {0, 2, 1, 3}},             /* --map-by node, 2 hosts */
+        {4, {7, 7, 9, 9}, 0, {0, 1, 2, 3}},             /* --map-by slot: already in order */
+        {5, {9, 7, 5, 7, 9}, 1, {0, 4, 1, 3, 2}},       /* hosts by their lowest rank */
+        {6, {1, 2, 3, 1, 2, 3}, 1, {0, 3, 1, 4, 2, 5}}, /* 3 hosts of 2 */
+        {3, {4, 4, 4}, 0, {0, 1, 2}},                   /* one host */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int order[6] = {-1, -1, -1, -1, -1, -1};
+        int moved = gvq_ring_order_hosts(cases[c].keys, cases[c].n, order);
+        EXPECT(moved == cases[c].moved, "case %zu: moved %d, want %d", c, moved, cases[c].moved);
+        EXPECT(memcmp(order, cases[c].order, sizeof(int) * (size_t)cases[c].n) == 0,
+               "case %zu: order %d %d %d %d .. differs", c, order[0], order[1], order[2], order[3]);
+    }
+}
+
 int main(void) {
     const size_t counts[] = {1, 5, 97, 1000, 4099};
     const size_t chunks[] = {16, 64, 1000, 1 << 20};
     int cases = 0;
+    test_order_hosts();
     for (int n = 2; n <= 5; n++)
-        for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
-            for (size_t hi = 0; hi < sizeof chunks / sizeof *chunks; hi++)
-                for (int gq = 0; gq < 2; gq++) {
-                    fcase_t k;
-                    memset(&k, 0, sizeof k);
-                    k.fifo = 1, k.nranks = n, k.count = counts[ci], k.chunk_bytes = chunks[hi];
-                    k.use_gq = gq;
-                    run_case(&k);
-                    cases++;
-                    for (int r = 0; r < n; r++) {
-                        EXPECT(k.res[r] == gvqSuccess, "n=%d count=%zu chunk=%zu gq=%d rank %d: %s",
-                               n, k.count, k.chunk_bytes, gq, r, gvqGetErrorString(k.res[r]));
-                        size_t bad = 0;
-                        for (size_t i = 0; k.res[r] == gvqSuccess && i < k.count; i++) {
-                            double want = 0;
-                            for (int q = 0; q < n; q++)
-                                want += (double)((i * 7 + (size_t)q * 13) % 101);
-                            bad += k.out[r][i] != (float)want;
+        for (int ord = 0; ord < (n > 2 ? 2 : 1); ord++)
+            for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
+                for (size_t hi = 0; hi < sizeof chunks / sizeof *chunks; hi++)
+                    for (int gq = 0; gq < 2; gq++) {
+                        int order[16], m = 0; /* evens up, then odds down */
+                        for (int r = 0; r < n; r += 2)
+                            order[m++] = r;
+                        for (int r = (n - 1) | 1; r >= 1; r -= 2)
+                            if (r < n) order[m++] = r;
+                        fcase_t k;
+                        memset(&k, 0, sizeof k);
+                        k.fifo = 1, k.nranks = n, k.count = counts[ci], k.chunk_bytes = chunks[hi];
+                        k.use_gq = gq;
+                        k.order = ord ? order : NULL;
+                        run_case(&k);
+                        cases++;
+                        for (int r = 0; r < n; r++) {
+                            EXPECT(k.res[r] == gvqSuccess,
+                                   "n=%d count=%zu chunk=%zu gq=%d rank %d: %s", n, k.count,
+                                   k.chunk_bytes, gq, r, gvqGetErrorString(k.res[r]));
+                            size_t bad = 0;
+                            for (size_t i = 0; k.res[r] == gvqSuccess && i < k.count; i++) {
+                                double want = 0;
+                                for (int q = 0; q < n; q++)
+                                    want += (double)((i * 7 + (size_t)q * 13) % 101);
+                                bad += k.out[r][i] != (float)want;
+                            }
+                            EXPECT(bad == 0,
+                                   "n=%d count=%zu chunk=%zu gq=%d rank %d: %zu wrong sums", n,
+                                   k.count, k.chunk_bytes, gq, r, bad);
+                            /* carried when every segment has a chunk; else the rank's own value */
+                            int32_t want = k.carried[r] ? n * (n + 1) / 2 : r + 1;
+                            if (gq && k.res[r] == gvqSuccess)
+                                EXPECT(k.tally[r] == want &&
+                                           k.carried[r] == ((k.count + 7) / 8 >= (size_t)n),
+                                       "n=%d count=%zu: tally %d (carried %d), want %d", n, k.count,
+                                       k.tally[r], k.carried[r], want);
+                            free(k.out[r]);
                         }
-                        EXPECT(bad == 0, "n=%d count=%zu chunk=%zu gq=%d rank %d: %zu wrong sums",
-                               n, k.count, k.chunk_bytes, gq, r, bad);
-                        /* carried when every segment has a chunk; else the rank's own value */
-                        int32_t want = k.carried[r] ? n * (n + 1) / 2 : r + 1;
-                        if (gq && k.res[r] == gvqSuccess)
-                            EXPECT(k.tally[r] == want &&
-                                       k.carried[r] == ((k.count + 7) / 8 >= (size_t)n),
-                                   "n=%d count=%zu: tally %d (carried %d), want %d", n, k.count,
-                                   k.tally[r], k.carried[r], want);
-                        free(k.out[r]);
                     }
-                }
     /* the same ring not told the transport is FIFO pre-posts the next step's receives: on a
      * stream that blocks at 3 ranks (every rank waits, and the timeout reports it) */
     fcase_t k;

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# two_hosts.sh N PROG ARGS... -- N ranks started by scripts/gvq-launch.sh, rank r in a UTS
+# namespace of its own named "gvq-h<r % 2>": gvq sees two hosts whose ranks interleave
+# (0 2 4 .. on one, 1 3 5 .. on the other), as `mpirun --map-by node` places them. Passes when
+# PROG passes on every rank and every rank reports that its allreduce ring follows the hosts
+# (GVQ_DEBUG=INFO). Exit 77 (skipped) where unshare --uts is not allowed.
+set -uo pipefail
+n=$1
+shift
+if ! unshare --uts true 2>/dev/null; then
+    echo "two_hosts.sh: unshare --uts is not allowed here: skipped"
+    exit 77
+fi
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+out=$(GVQ_DEBUG=INFO bash "$here/../../scripts/gvq-launch.sh" -n "$n" -t 240 -- \
+    unshare --uts sh -c 'hostname "gvq-h$((RANK % 2))" && exec "$@"' sh "$@" 2>&1)
+rc=$?
+printf '%s\n' "$out" | grep -v ' GVQ INFO gvq version'
+[ "$rc" -eq 0 ] || exit "$rc"
+k=$(printf '%s\n' "$out" | grep -c 'allreduce ring follows the hosts (2 hosts)')
+if [ "$k" -ne "$n" ]; then
+    echo "two_hosts.sh: FAIL: $k of $n ranks report the ring following the hosts"
+    exit 1
+fi
+echo "two_hosts.sh: $n ranks on 2 interleaved hosts passed, every ring in host order"
