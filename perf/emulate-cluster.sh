@@ -24,7 +24,7 @@
 # -p K: K ranks per emulated host (RANKS / K hosts, each with one shaped link its ranks share;
 # ranks of one host talk over the namespace's loopback, unshaped). -m node places ranks
 # round-robin over the hosts (mpirun --map-by node: rank r on host r % H), -m slot (default)
-# fills each host in turn (rank r on host r / K). mpirun only (not with -L).
+# fills each host in turn (rank r on host r / K); with -L as well.
 #
 # -L: no mpirun. The ranks start as a launcher would start them (scripts/gvq-launch.sh: torchrun's
 # RANK, WORLD_SIZE, MASTER_ADDR = the first namespace's address, MASTER_PORT 29500), each in its
@@ -62,7 +62,6 @@ case "$LINKS" in [1-8]) ;; *) echo "emulate-cluster: -k must be 1..8" >&2; exit 
 case "$MAP" in slot|node) ;; *) echo "emulate-cluster: -m must be slot or node" >&2; exit 2 ;; esac
 [ "$PER" -ge 1 ] 2>/dev/null && [ $((RANKS % PER)) -eq 0 ] ||
     { echo "emulate-cluster: -p must divide -n" >&2; exit 2; }
-[ "$PER" = 1 ] || [ "$LAUNCH" = 0 ] || { echo "emulate-cluster: -p needs mpirun (not -L)" >&2; exit 2; }
 NHOSTS=$((RANKS / PER))
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "emulate-cluster: needs iproute2 (ip, tc)" >&2; exit 2; }
 
@@ -127,7 +126,7 @@ if [ "$LAUNCH" = 1 ]; then
     echo "# emulate-cluster: no mpirun: ranks started from the environment (scripts/gvq-launch.sh)"
     GVQ_SOCKET_IFNAME=eth0 UCX_TLS="$UCX_TLS_EMU" UCX_NET_DEVICES=eth0 \
         bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/gvq-launch.sh" -n "$RANKS" -a "$SUBNET.1" \
-        --netns "${TAG}-" -- "$@"
+        --netns "${TAG}-" --hosts "$NHOSTS" --map-by "$MAP" -- "$@"
     exit $?
 fi
 ip netns exec "${NS[0]}" mpirun -np "$RANKS" --host "$HOSTS" "${MAPBY[@]}" \

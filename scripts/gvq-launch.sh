@@ -4,11 +4,13 @@
 # MASTER_PORT), or with --slurm what srun sets (SLURM_PROCID, SLURM_NTASKS, and GVQ_STORE for
 # the meeting point). gvqCommInitFromEnv (C) and gvq.Communicator.from_env (Python) read them.
 #
-#   bash scripts/gvq-launch.sh [-n N] [-p PORT] [-a ADDR] [--netns PREFIX] [--slurm] [-t SECONDS]
-#                              -- PROGRAM [ARGS...]
+#   bash scripts/gvq-launch.sh [-n N] [-p PORT] [-a ADDR] [--netns PREFIX [--hosts H] [--map-by node]]
+#                              [--slurm] [-t SECONDS] -- PROGRAM [ARGS...]
 #
 # -a ADDR: the meeting point's address (default 127.0.0.1). --netns PREFIX: rank r runs in the
-# network namespace PREFIXr (perf/emulate-cluster.sh -L uses it).
+# network namespace PREFIXr (perf/emulate-cluster.sh -L uses it); with --hosts H, N / H ranks share
+# each of the namespaces PREFIX0 .. PREFIX(H-1): rank r in PREFIX(r / (N / H)), or with --map-by
+# node in PREFIX(r % H) (mpirun's round-robin placement).
 # Debian's torchrun fails on Python 3.11, so this stands in for it. Every rank's output is
 # prefixed with its rank. The exit status is the first failing rank's (the others are then
 # stopped after a grace of 10 s), 124 when -t SECONDS passed (default 0: no limit).
@@ -19,6 +21,8 @@ SLURM=0
 LIMIT=0
 ADDR=127.0.0.1
 NETNS=""
+NHOSTS=0
+MAPNODE=0
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) N=$2; shift 2 ;;
@@ -26,14 +30,20 @@ while [ $# -gt 0 ]; do
         -t) LIMIT=$2; shift 2 ;;
         -a) ADDR=$2; shift 2 ;;
         --netns) NETNS=$2; shift 2 ;;
+        --hosts) NHOSTS=$2; shift 2 ;;
+        --map-by) [ "$2" = node ] && MAPNODE=1; shift 2 ;;
         --slurm) SLURM=1; shift ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
 done
 [ $# -gt 0 ] || { echo "gvq-launch: no program given (see -h)" >&2; exit 2; }
 [ "$N" -ge 1 ] 2>/dev/null || { echo "gvq-launch: -n must be a positive number" >&2; exit 2; }
+if [ "$NHOSTS" != 0 ]; then
+    [ -n "$NETNS" ] && [ "$NHOSTS" -ge 1 ] 2>/dev/null && [ $((N % NHOSTS)) -eq 0 ] ||
+        { echo "gvq-launch: --hosts needs --netns and must divide -n" >&2; exit 2; }
+fi
 if [ -z "$PORT" ] && [ -n "$NETNS" ]; then
     PORT=29500 # a namespace of its own: nothing else listens there
 elif [ -z "$PORT" ]; then # a free port: bind to 0 and read what the kernel gave
@@ -43,7 +53,11 @@ unset OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_RANK PMIX_RANK PMI_RANK PMI_SIZE
 PIDS=()
 for r in $(seq 0 $((N - 1))); do
     WRAP=()
-    [ -n "$NETNS" ] && WRAP=(ip netns exec "$NETNS$r")
+    host=$r
+    if [ "$NHOSTS" -gt 0 ]; then
+        if [ "$MAPNODE" = 1 ]; then host=$((r % NHOSTS)); else host=$((r / (N / NHOSTS))); fi
+    fi
+    [ -n "$NETNS" ] && WRAP=(ip netns exec "$NETNS$host")
     if [ "$SLURM" = 1 ]; then
         "${WRAP[@]}" env SLURM_PROCID=$r SLURM_NTASKS=$N SLURM_LOCALID=$r GVQ_STORE=$ADDR:$PORT \
             "$@" > >(sed "s/^/[$r] /") 2> >(sed "s/^/[$r] /" >&2) &
