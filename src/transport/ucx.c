@@ -140,6 +140,16 @@ static void close_eps(gvq_ucx_t *u, int n, int force, uint64_t timeout_ns) {
         }
         u->eps[p] = NULL;
     }
+    if (force && reqs != NULL) {
+        /* a broken communicator's worker is never progressed again: a receive cancelled after
+         * a timeout may already be matched to a rendezvous, and progress would still land its
+         * data in a buffer the caller has since freed (UCX cannot cancel it then). The close
+         * requests are left to UCX, which frees them with the worker. */
+        for (int p = 0; p < n; p++)
+            if (reqs[p] != NULL) ucp_request_free(reqs[p]);
+        free(reqs);
+        return;
+    }
     uint64_t start = gvq_now_ns();
     for (int left = 1; left && reqs != NULL;) {
         ucp_worker_progress(u->worker);
