@@ -23,7 +23,24 @@ typedef struct {
      * communicator sets it from the host keys so that the ring visits each host's ranks in one
      * run and crosses each host's link once each way (gvq_ring_order_hosts). */
     const int *ring_order;
+    /* The ranks' hosts when every host holds the same number of ranks, two or more, on two or
+     * more hosts (the hierarchical allreduce's shape; NULL otherwise). */
+    const struct gvq_hier *hier;
 } gvq_coll_ctx_t;
+
+/* The hosts of a communicator whose every host holds K ranks (K >= 2, H >= 2 hosts): hosts in
+ * the order of their lowest rank, ranks in rank order within a host. */
+typedef struct gvq_hier {
+    int nhosts, per_host; /* H, K */
+    int local_index;      /* this rank's place on its host, 0 .. K-1 */
+    int *local;           /* the K ranks of this rank's host */
+    int *cross;           /* the H ranks whose local index is this rank's, one per host */
+} gvq_hier_t;
+
+/* The shape from every rank's host key (n ranks, this one `rank`): *out NULL when the hosts are
+ * not that shape (one host, one rank per host, or hosts of different sizes). */
+gvqResult_t gvq_hier_of_hosts(const uint64_t *host_keys, int n, int rank, gvq_hier_t **out);
+void gvq_hier_free(gvq_hier_t *h);
 
 /* The ring order that groups ranks by host: hosts in the order of their lowest rank, ranks in
  * rank order within a host. Writes order[0..n) and returns 1, or returns 0 when that is rank
@@ -262,6 +279,34 @@ gvqResult_t gvq_ring_allreduce_given(gvq_coll_ctx_t *ctx, const gvq_codec_t *cod
 gvqResult_t gvq_ring_reduce_scatter_keep(gvq_coll_ctx_t *ctx, const void *src, void *dst,
                                          size_t count, gvqDataType_t dtype, gvqRedOp_t op,
                                          const size_t *seg_off, char **own);
+
+/* Rings over some of the transport's ranks: members[0..n) in ring order (this rank among
+ * them), segment p = [seg_off[p], seg_off[p+1]) in element offsets of the whole tensor (the
+ * codec sees those offsets, as in a ring over every rank), n + 1 boundaries. */
+typedef struct {
+    const int *members;
+    int n;
+    const size_t *seg_off;
+} gvq_subring_t;
+/* The reduce-scatter half: this rank's segment of the members' sum lands in dst (tensor
+ * layout); the rest of dst is left as it was. src may equal dst. gvqAvg is not divided. */
+gvqResult_t gvq_subring_reduce_scatter(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub,
+                                       const void *src, void *dst, gvqDataType_t dtype,
+                                       gvqRedOp_t op);
+/* Allreduce of [seg_off[0], seg_off[n]) through codec (no begin hook); gvqAvg is not divided. */
+gvqResult_t gvq_subring_allreduce(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub,
+                                  const gvq_codec_t *codec, const void *src, void *dst);
+/* The allgather half: each member's segment, in place in dst, reaches every member. */
+gvqResult_t gvq_subring_allgather(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub, void *dst,
+                                  gvqDataType_t dtype);
+
+/* Hierarchical allreduce (hier.c; ctx->hier set): a reduce-scatter among each host's K ranks
+ * (K pieces on codec's granule), the allreduce of each piece across the hosts on a ring of its
+ * own (the K rings of a host run at once, one piece each) through `codec`, then an allgather
+ * among each host's ranks. Only the middle stage is compressed: a codec re-encodes H - 1 times,
+ * not N - 1. Bitwise identical on every rank. src may equal dst. codec without begin hook. */
+gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
+                               void *dst, size_t count, gvqRedOp_t op);
 
 /* ---- forwards from library memory (direct.c) -----------------------------------------------
  * For transports that copy a send out of the caller's memory (t->stages_sends): the ring's

@@ -268,23 +268,30 @@ void gvq_ring_partition(size_t *seg_off, int n, size_t count, size_t granule) {
     }
 }
 
+/* A ring over some of the transport's ranks (gvq_subring_t), or all of them (sub NULL). */
 static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                             void *dst, size_t count, int nrs, int nag, int shift, out_mode_t mode,
-                            const size_t *given_off, gvq_tally_t *tally, char **kept, char *also) {
+                            const size_t *given_off, gvq_tally_t *tally, char **kept, char *also,
+                            const gvq_subring_t *sub) {
     ring_t g;
     memset(&g, 0, sizeof g);
     gvqResult_t res = gvqSuccess;
     g.ctx = ctx;
     g.t = ctx->xport;
     g.codec = codec;
-    g.n = g.t->nranks;
+    g.n = sub != NULL ? sub->n : g.t->nranks;
     g.r = g.t->rank;
-    if (ctx->ring_order != NULL && nrs == g.n - 1 && nag == g.n - 1) {
+    const int *order = sub != NULL ? sub->members : NULL;
+    if (sub == NULL && ctx->ring_order != NULL && nrs == g.n - 1 && nag == g.n - 1)
         /* an allreduce: its segments are a partition of the vector, so the ring may take any
          * order (reduce-scatter and allgather keep rank order: segment r is rank r's block) */
-        g.order = ctx->ring_order;
+        order = ctx->ring_order;
+    if (order != NULL) {
+        g.order = order;
+        g.r = -1;
         for (int p = 0; p < g.n; p++)
-            if (g.order[p] == g.t->rank) g.r = p;
+            if (order[p] == g.t->rank) g.r = p;
+        if (g.r < 0) return gvqInternalError; /* not a member */
     }
     g.shift = shift;
     g.nrs = nrs;
@@ -297,7 +304,9 @@ static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const
     g.posted[0] = g.posted[1] = -1;
     g.seg_off = malloc(sizeof(size_t) * (size_t)(g.n + 1));
     if (g.seg_off == NULL) return gvqSystemError;
-    if (given_off != NULL)
+    if (sub != NULL)
+        memcpy(g.seg_off, sub->seg_off, sizeof(size_t) * (size_t)(g.n + 1));
+    else if (given_off != NULL)
         memcpy(g.seg_off, given_off, sizeof(size_t) * (size_t)(g.n + 1));
     else
         gvq_ring_partition(g.seg_off, g.n, count, codec->granule);
@@ -385,7 +394,8 @@ gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *cod
         }
     } else {
         GVQCHECK(ring_run(ctx, codec, src, dst, count, n - 1, n - 1, -1,
-                          codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, tally, NULL, NULL));
+                          codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, tally, NULL, NULL,
+                          NULL));
         if (tally != NULL && !tally->carried) tally->sum = tally->value(tally->arg);
     }
     if (op == gvqAvg) GVQCHECK(dev->divide(dst, count, codec->dtype, n));
@@ -398,7 +408,7 @@ gvqResult_t gvq_ring_allreduce_given(gvq_coll_ctx_t *ctx, const gvq_codec_t *cod
         return gvq_ring_allreduce_tally(ctx, codec, src, dst, count, gvqSum, NULL);
     if (codec->begin != NULL) GVQCHECK(codec->begin(codec, ctx, src, count));
     return ring_run(ctx, codec, src, dst, count, ctx->xport->nranks - 1, ctx->xport->nranks - 1, -1,
-                    codec->wire_is_values ? OUT_DST : OUT_WIRE, seg_off, NULL, NULL, NULL);
+                    codec->wire_is_values ? OUT_DST : OUT_WIRE, seg_off, NULL, NULL, NULL, NULL);
 }
 
 /* Segment boundaries that are the users' blocks: block s = [s*block, (s+1)*block). */
@@ -424,7 +434,7 @@ gvqResult_t gvq_ring_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *
         if (off == NULL) return gvqSystemError;
         /* shift -1: after n-1 steps rank r owns segment r, its own block */
         gvqResult_t res = ring_run(ctx, &codec, src, dst, (size_t)n * recvcount, n - 1, 0, -1,
-                                   OUT_PINGPONG, off, NULL, NULL, NULL);
+                                   OUT_PINGPONG, off, NULL, NULL, NULL, NULL);
         free(off);
         GVQCHECK(res);
     }
@@ -444,7 +454,7 @@ gvqResult_t gvq_ring_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, 
     size_t *off = block_offsets(n, count);
     if (off == NULL) return gvqSystemError;
     gvqResult_t res = ring_run(ctx, &codec, NULL, dst, (size_t)n * count, 0, n - 1, 0, OUT_DST, off,
-                               NULL, NULL, NULL);
+                               NULL, NULL, NULL, NULL);
     free(off);
     return res;
 }
@@ -458,5 +468,54 @@ gvqResult_t gvq_ring_reduce_scatter_keep(gvq_coll_ctx_t *ctx, const void *src, v
     *own = NULL;
     /* shift -1: after n-1 steps rank r owns segment r */
     return ring_run(ctx, &codec, src, NULL, count, n - 1, 0, -1, OUT_PINGPONG, seg_off, NULL, own,
-                    dst);
+                    dst, NULL);
+}
+
+/* ---- rings over some of the ranks (the hierarchical allreduce's stages) ---------------------- */
+
+gvqResult_t gvq_subring_reduce_scatter(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub,
+                                       const void *src, void *dst, gvqDataType_t dtype,
+                                       gvqRedOp_t op) {
+    gvq_codec_t codec;
+    gvq_codec_identity_init(&codec, ctx->dev, dtype, op);
+    size_t end = sub->seg_off[sub->n];
+    if (sub->n == 1 || end == sub->seg_off[0]) {
+        size_t es = gvq_dtype_size(dtype), off = sub->seg_off[0];
+        if (src == dst || end == off) return gvqSuccess;
+        return ctx->dev->copy((char *)dst + off * es, (const char *)src + off * es,
+                              (end - off) * es);
+    }
+    char *own = NULL; /* shift -1: after n-1 steps position p owns segment p, copied into dst */
+    return ring_run(ctx, &codec, src, NULL, end, sub->n - 1, 0, -1, OUT_PINGPONG, NULL, NULL, &own,
+                    dst, sub);
+}
+
+gvqResult_t gvq_subring_allreduce(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub,
+                                  const gvq_codec_t *codec, const void *src, void *dst) {
+    size_t end = sub->seg_off[sub->n];
+    if (end == sub->seg_off[0]) return gvqSuccess;
+    if (sub->n == 1 && codec->wire_is_values) {
+        size_t es = gvq_dtype_size(codec->dtype), off = sub->seg_off[0];
+        if (src == dst) return gvqSuccess;
+        return ctx->dev->copy((char *)dst + off * es, (const char *)src + off * es,
+                              (end - off) * es);
+    }
+    if (sub->n == 1) { /* one rank still goes through the codec, as gvq_ring_allreduce's */
+        size_t off = sub->seg_off[0], len = end - off, es = gvq_dtype_size(codec->dtype);
+        void *w = NULL;
+        GVQCHECK(gvq_coll_scratch(ctx, codec->wire_bytes(codec, off, len), &w));
+        GVQCHECK(codec->encode_combine(codec, off, len, (const char *)src + off * es, NULL, w));
+        return codec->decode(codec, off, len, w, (char *)dst + off * es);
+    }
+    return ring_run(ctx, codec, src, dst, end, sub->n - 1, sub->n - 1, -1,
+                    codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, NULL, NULL, NULL, sub);
+}
+
+gvqResult_t gvq_subring_allgather(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub, void *dst,
+                                  gvqDataType_t dtype) {
+    if (sub->n == 1 || sub->seg_off[sub->n] == sub->seg_off[0]) return gvqSuccess;
+    gvq_codec_t codec;
+    gvq_codec_identity_init(&codec, ctx->dev, dtype, gvqSum);
+    return ring_run(ctx, &codec, NULL, dst, sub->seg_off[sub->n], 0, sub->n - 1, 0, OUT_DST, NULL,
+                    NULL, NULL, NULL, sub);
 }

@@ -105,7 +105,14 @@ static gvq_algo_t op_algo(const gvq_op_t *o) {
         bytes *= (size_t)o->comm->nranks;
     int hosts = !o->comm->xport->one_host ? 0 : o->comm->shm_state == 1 ? 2 : 1;
     return gvq_select_algo(o->kind, o->comm->nranks, bytes, o->dtype, o->comm->xport->fifo,
-                           o->comm->xport->stages_sends, hosts);
+                           o->comm->xport->stages_sends, hosts, o->comm->hier != NULL);
+}
+
+int gvq_comm_hier_chosen(gvqComm_t c, size_t bytes) {
+    if (c->hier == NULL) return 0;
+    int hosts = !c->xport->one_host ? 0 : c->shm_state == 1 ? 2 : 1;
+    return gvq_select_algo(GVQ_OP_ALLREDUCE, c->nranks, bytes, gvqFloat32, c->xport->fifo,
+                           c->xport->stages_sends, hosts, 1) == GVQ_ALGO_HIER;
 }
 
 /* o's data as the signed exchanges carry it (gvq_op_kind_t and gvq_pay_kind_t: the same order). */
@@ -139,6 +146,8 @@ static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_alg
         return gvq_direct_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     gvq_codec_t codec;
     gvq_codec_identity_init(&codec, ctx->dev, o->dtype, o->op);
+    if (algo == GVQ_ALGO_HIER && ctx->hier != NULL)
+        return gvq_hier_allreduce(ctx, &codec, o->sendbuff, o->recvbuff, o->count, o->op);
     return gvq_ring_allreduce(ctx, &codec, o->sendbuff, o->recvbuff, o->count, o->op);
 }
 

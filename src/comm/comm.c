@@ -314,6 +314,29 @@ gvqResult_t gvq_comm_hosts(gvqComm_t c, int *nhosts, int *leader, uint8_t *same_
             free(order);
         }
     }
+    if (c->hier == NULL && *nhosts > 1) {
+        (void)gvq_hier_of_hosts(all, c->nranks, c->rank, &c->hier); /* NULL if out of memory */
+        if (c->hier != NULL)
+            GVQ_INFO("comm %p rank %d: hosts of %d ranks each on %d hosts (GVQ_ALGO=hier can "
+                     "run)",
+                     (void *)c, c->rank, c->hier->per_host, c->hier->nhosts);
+    }
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_comm_pretend_hosts(gvqComm_t c, const uint64_t *keys) {
+    uint64_t *copy = malloc(sizeof(uint64_t) * (size_t)c->nranks);
+    if (copy == NULL) return gvqSystemError;
+    memcpy(copy, keys, sizeof(uint64_t) * (size_t)c->nranks);
+    free(c->host_keys);
+    free(c->ring_order);
+    gvq_hier_free(c->hier);
+    c->host_keys = copy;
+    c->ring_order = NULL;
+    c->hier = NULL;
+    int nhosts, leader;
+    GVQCHECK(gvq_comm_hosts(c, &nhosts, &leader, NULL)); /* no transfer: the keys are known */
+    c->xport->one_host = nhosts == 1;
     return gvqSuccess;
 }
 
@@ -405,6 +428,7 @@ static void comm_free(gvqComm_t c) {
     }
     free(c->host_keys);
     free(c->ring_order);
+    gvq_hier_free(c->hier);
     c->magic = 0;
     free(c);
 }

@@ -28,10 +28,12 @@ struct gvqComm {
     int ntensors;      /* compressors created so far: spreads the fits over the ranks */
     struct gvq_comm_attachment *attached; /* state of layers above (gvq_comm_attach) */
     uint64_t *host_keys;                  /* every rank's gvq_host_key (NULL: not exchanged yet) */
-    int *ring_order; /* the allreduce ring's order by host (gvq_comm_hosts sets it; NULL: rank
-                      * order, also when the hosts' ranks are already consecutive) */
-    uint64_t calls;  /* collective calls agreed on so far (signature.c): the next call's number */
-    uint64_t serial; /* unique among the communicators of this process (handles outlive comms) */
+    int *ring_order;  /* the allreduce ring's order by host (gvq_comm_hosts sets it; NULL: rank
+                       * order, also when the hosts' ranks are already consecutive) */
+    gvq_hier_t *hier; /* hosts of K >= 2 ranks each, H >= 2 (gvq_comm_hosts sets it; NULL: not
+                       * that shape, or not known yet) */
+    uint64_t calls;   /* collective calls agreed on so far (signature.c): the next call's number */
+    uint64_t serial;  /* unique among the communicators of this process (handles outlive comms) */
     /* Host streams (stream.c), atomic: tickets handed to queued calls so far, calls of those
      * finished, and the result of the last one that finished. */
     uint64_t stream_issued;
@@ -102,7 +104,8 @@ static inline gvq_coll_ctx_t gvq_comm_ctx(gvqComm_t c, unsigned long long *sent)
                             .scratch = &c->scratch,
                             .scratch_bytes = &c->scratch_bytes,
                             .bytes_sent = sent,
-                            .ring_order = c->ring_order};
+                            .ring_order = c->ring_order,
+                            .hier = c->hier};
 }
 
 /* State that a layer above the communicator keeps per communicator (zero-code mode's
@@ -117,6 +120,11 @@ void *gvq_comm_attached(gvqComm_t comm, const void *key);
  * them, so collective then): how many, this rank's leader (the lowest rank on its host), and
  * same_host[p] (may be NULL) whether rank p shares this rank's host. The caller has entered. */
 gvqResult_t gvq_comm_hosts(gvqComm_t comm, int *nhosts, int *leader, uint8_t *same_host);
+
+/* Whether an allreduce of `bytes` of float32 on comm takes the hierarchical algorithm
+ * (gvq_hier_allreduce): the hosts have its shape and the selection (GVQ_ALGO, the table) picks
+ * it. The compressed calls ask, so that their middle stage alone is compressed. */
+int gvq_comm_hier_chosen(gvqComm_t comm, size_t bytes);
 
 /* Resolve a config (NULL: defaults) into timeout and chunk size; refuses a bad header. */
 gvqResult_t gvq_config_resolve(const gvqConfig_t *config, const char *caller, int64_t *timeout_ms,
@@ -202,6 +210,10 @@ gvqResult_t gvq_comm_idle(gvqComm_t comm, uint64_t *since);
 
 /* In-process communicators for unit tests: comms[r] for r < nranks, ranks as threads. */
 gvqResult_t gvq_comm_init_inproc(int nranks, const gvqConfig_t *config, gvqComm_t *comms);
+/* For tests of host-shaped algorithms on in-process ranks: comm's ranks are on the hosts named
+ * by keys[0..nranks) (copied), as if the bootstrap had brought them; ring order and hierarchy
+ * follow. Before comm's first collective, the same keys on every rank. */
+gvqResult_t gvq_comm_pretend_hosts(gvqComm_t comm, const uint64_t *keys);
 
 /* Bootstrap (bootstrap.c): exchange (rank -> world rank, host, blob) through the root named in
  * id. mine->blob_bytes bytes at blob go with this rank's entry; with blobs != NULL, *blobs gets

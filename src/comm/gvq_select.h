@@ -16,6 +16,8 @@ typedef enum {
     GVQ_ALGO_DIRECT, /* ring reduce-scatter, direct allgather: sends from library memory only */
     GVQ_ALGO_SHM,    /* allreduce through the communicator's shared memory
                         (src/algorithms/shm_collectives.c) */
+    GVQ_ALGO_HIER,   /* allreduce: inside each host, across hosts per local rank, inside again
+                        (src/algorithms/hier.c) */
     GVQ_ALGO_COUNT
 } gvq_algo_t;
 
@@ -25,10 +27,11 @@ typedef enum {
  * host (gvq_transport_t.one_host), which picks the rows measured on shared memory, else those
  * measured across hosts, and 2 the same with the communicator's shared memory mapped (then
  * allreduce up to 64 KiB runs shm); `staged`: the transport copies sends out of the caller's memory
- * (stages_sends), which on one host moves the ring's rows to direct. The first use of each
- * (collective, algorithm) is reported at INFO. Never GVQ_ALGO_AUTO. */
+ * (stages_sends), which on one host moves the ring's rows to direct; `hier`: the hosts have the
+ * hierarchical allreduce's shape (gvq_coll_ctx_t.hier). The first use of each (collective,
+ * algorithm) is reported at INFO. Never GVQ_ALGO_AUTO. */
 gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
-                           int fifo, int staged, int one_host);
+                           int fifo, int staged, int one_host, int hier);
 const char *gvq_algo_name(gvq_algo_t a);
 /* Replace GVQ_ALGO's setting with spec (same syntax; NULL: the environment's again). For tests;
  * not while collectives run. */

@@ -56,14 +56,14 @@
 #define KIB ((size_t)1 << 10)
 #define NCOLL 5 /* GVQ_OP_ALLREDUCE .. GVQ_OP_ALLGATHER */
 
-static const char *const algo_names[GVQ_ALGO_COUNT] = {"auto", "ring",   "rd", "rab",
-                                                       "tree", "direct", "shm"};
+static const char *const algo_names[GVQ_ALGO_COUNT] = {"auto", "ring",   "rd",  "rab",
+                                                       "tree", "direct", "shm", "hier"};
 static const char *const coll_names[NCOLL] = {"allreduce", "broadcast", "reduce", "reducescatter",
                                               "allgather"};
 #define B(a) (1u << (a))
 static const unsigned coll_algos[NCOLL] = {
-    [GVQ_OP_ALLREDUCE] =
-        B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_DIRECT) | B(GVQ_ALGO_SHM),
+    [GVQ_OP_ALLREDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_DIRECT) |
+                         B(GVQ_ALGO_SHM) | B(GVQ_ALGO_HIER),
     [GVQ_OP_BROADCAST] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE) | B(GVQ_ALGO_SHM),
     [GVQ_OP_REDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE) | B(GVQ_ALGO_SHM),
     [GVQ_OP_REDUCE_SCATTER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_SHM),
@@ -152,7 +152,7 @@ static void parse_item(const char *item, size_t len, const char *spec) {
     int k = eq != NULL ? name_index(coll_names, NCOLL, item, (size_t)(eq - item)) : -1;
     if (a < 0 || (eq != NULL && k < 0)) {
         GVQ_WARN("GVQ_ALGO='%s': '%.*s' is not an algorithm (auto, ring, rd, rab, tree, direct, "
-                 "shm) or "
+                 "shm, hier) or "
                  "collective=algorithm (allreduce, broadcast, reduce, reducescatter, allgather); "
                  "ignored",
                  spec, (int)len, item);
@@ -206,12 +206,13 @@ static gvq_algo_t from_table(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDa
 }
 
 gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
-                           int fifo, int staged, int one_host) {
+                           int fifo, int staged, int one_host, int hier) {
     pthread_once(&env_once, env_init);
     if ((int)kind < 0 || (int)kind >= NCOLL || nranks <= 1 || fifo) return GVQ_ALGO_RING;
     gvq_algo_t a = forced[kind];
     int shm = one_host == 2;
-    if (a == GVQ_ALGO_SHM && !shm) a = GVQ_ALGO_AUTO; /* no shared memory, or too large */
+    if (a == GVQ_ALGO_SHM && !shm) a = GVQ_ALGO_AUTO;   /* no shared memory, or too large */
+    if (a == GVQ_ALGO_HIER && !hier) a = GVQ_ALGO_AUTO; /* not hosts of equal rank counts */
     int from_env = a != GVQ_ALGO_AUTO;
     if (!from_env)
         a = shm && (kind == GVQ_OP_ALLREDUCE || nranks <= SHM_OTHERS_MAX_RANKS)

@@ -213,8 +213,19 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
     /* the early-exit vote rides inside the compressed ring's allgather when it can */
     int voting = phase == gvqPhaseCompressed && cfg->vote < 1.0f;
     gvq_tally_t tally = {local_vote, c, 0, 0};
-    gvqResult_t res = gvq_ring_allreduce_tally(&p.ring, codec, src, dst, cfg->count, gvqSum,
-                                               voting ? &tally : NULL);
+    /* hosts of several ranks: compressed between the hosts only (gvq_hier_allreduce), and the
+     * vote agreed on after the call; not for integer wires (their scales are agreed among all
+     * ranks at the ring's start) nor device memory */
+    int hier = dev == &gvq_host_device && p.ring.hier != NULL && codec->begin == NULL &&
+               gvq_comm_hier_chosen(c->comm, cfg->count * sizeof(float));
+    gvqResult_t res;
+    if (hier) {
+        res = gvq_hier_allreduce(&p.ring, codec, src, dst, cfg->count, gvqSum);
+        if (voting) tally.sum = local_vote(c); /* carried 0: agreed on below */
+    } else {
+        res = gvq_ring_allreduce_tally(&p.ring, codec, src, dst, cfg->count, gvqSum,
+                                       voting ? &tally : NULL);
+    }
     int finite =
         res != gvqSuccess || dev != &gvq_host_device || gvq_compressed_all_finite(dst, cfg->count);
     if (cfg->error_feedback) gvq_ef_end(c, &ef, res == gvqSuccess && finite);

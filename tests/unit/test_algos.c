@@ -382,14 +382,14 @@ static void test_signed(void) {
 /* Malformed or unsupported GVQ_ALGO items are ignored (WARN), the rest applies. */
 static void test_spec(void) {
     gvq_select_override("allreduce=tree,bogus,allgather=rd");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1 << 30, gvqFloat32, 0, 0, 1) == GVQ_ALGO_RING,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1 << 30, gvqFloat32, 0, 0, 1, 0) == GVQ_ALGO_RING,
            "allreduce=tree is not an allreduce algorithm: the table (ring at 1 GiB) must stay");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLGATHER, 4, 1 << 30, gvqFloat32, 0, 0, 1) == GVQ_ALGO_RD,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLGATHER, 4, 1 << 30, gvqFloat32, 0, 0, 1, 0) == GVQ_ALGO_RD,
            "allgather=rd must force Bruck");
     gvq_select_override("rab");
-    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 3, 1, gvqInt8, 0, 0, 1) == GVQ_ALGO_RAB,
+    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 3, 1, gvqInt8, 0, 0, 1, 0) == GVQ_ALGO_RAB,
            "rab for RS");
-    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1, 0, 1) == GVQ_ALGO_RING,
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1, 0, 1, 0) == GVQ_ALGO_RING,
            "FIFO transports keep the ring");
     gvq_select_override(NULL);
 }
@@ -435,7 +435,7 @@ static void test_table(void) {
     gvq_select_override(NULL);
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         EXPECT(gvq_select_algo(rows[i].kind, rows[i].n, rows[i].bytes, gvqFloat32, 0,
-                               rows[i].staged, rows[i].one_host) == rows[i].want,
+                               rows[i].staged, rows[i].one_host, 0) == rows[i].want,
                "%s", rows[i].why);
 }
 

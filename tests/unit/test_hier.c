@@ -1,0 +1,228 @@
+/*
+ * test_hier.c -- the hierarchical allreduce (src/algorithms/hier.c) on in-process ranks that
+ * pretend to sit on H hosts of K ranks each (gvq_comm_pretend_hosts), (H, K) = (1..3, 1..3),
+ * hosts in blocks and interleaved (as mpirun --map-by node places them): every datatype and op
+ * against the double-precision reference of test_reference.h (integers exact, so equal to what
+ * the flat ring gives), odd counts, in place and not, outputs bitwise identical on every rank
+ * (also with values whose float sum depends on the order of the additions). Hosts of unequal
+ * rank counts have no hierarchy: GVQ_ALGO=hier then runs the table's algorithm, with the same
+ * checks. The shape itself (gvq_hier_of_hosts) is held to shapes written out here, and a
+ * compressed middle stage (QSGD) is checked against a flat compressed ring over the same ranks.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "gvq_comm.h"
+#include "gvq_select.h"
+#include "gvq_test.h"
+#include "test_reference.h"
+#include "test_values.h"
+
+typedef struct {
+    int H, K, interleave, uneven;
+    size_t count;
+    gvqDataType_t t;
+    gvqRedOp_t op;
+    int inplace, order_values;
+    int had_hier[16];
+    uint64_t hash[16];
+} hcase_t;
+
+/* The host of rank r: blocks of K, or r mod H; `uneven` moves the last rank to host 0. */
+static uint64_t host_of(const hcase_t *c, int r) {
+    int n = c->H * c->K;
+    if (c->uneven && r == n - 1) return 1000;
+    return 1000 + (uint64_t)(c->interleave ? r % c->H : r / c->K);
+}
+
+static float order_value(int rank, size_t i) {
+    uint32_t h = (uint32_t)(rank * 2654435761u) ^ (uint32_t)(i * 40503u + 977u);
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    float m = 1.0f + (float)(h % 1000) / 997.0f;
+    return ((h >> 10) & 1 ? -m : m) * ldexpf(1.0f, (int)((h >> 11) % 41) - 20);
+}
+
+static void rank_hier(gvqComm_t comm, int rank, int nranks, void *arg) {
+    hcase_t *c = arg;
+    uint64_t keys[16];
+    for (int r = 0; r < nranks; r++)
+        keys[r] = host_of(c, r);
+    EXPECT_RES(gvq_comm_pretend_hosts(comm, keys), gvqSuccess);
+    c->had_hier[rank] = comm->hier != NULL;
+    size_t es = gvq_dtype_size(c->t);
+    char *s = malloc(c->count * es + 1), *d = c->inplace ? s : malloc(c->count * es + 1);
+    for (size_t i = 0; i < c->count; i++)
+        if (c->order_values)
+            ((float *)s)[i] = order_value(rank, i);
+        else
+            put(s, c->t, i, input(rank, i, c->t, c->op));
+    EXPECT_RES(gvqAllReduce(s, d, c->count, c->t, c->op, comm, NULL), gvqSuccess);
+    int bad = 0;
+    for (size_t i = 0; i < c->count && !c->order_values; i++) {
+        double want = expect_reduce(nranks, i, c->t, c->op), got = get(d, c->t, i);
+        if (!close_enough(got, want, c->t) && bad++ < 2)
+            EXPECT(0, "hier H=%d K=%d%s%s count=%zu %s %s rank %d [%zu]: got %g want %g", c->H,
+                   c->K, c->interleave ? " interleaved" : "", c->uneven ? " uneven" : "", c->count,
+                   gvq_dtype_name(c->t), gvq_op_name(c->op), rank, i, got, want);
+    }
+    c->hash[rank] = fnv(d, c->count * es);
+    if (d != s) free(d);
+    free(s);
+}
+
+static void check_case(hcase_t *c) {
+    int n = c->H * c->K;
+    int want = c->H >= 2 && c->K >= 2 && !c->uneven;
+    for (int r = 0; r < n; r++) {
+        EXPECT(c->had_hier[r] == want, "H=%d K=%d uneven=%d rank %d: hierarchy %d, want %d", c->H,
+               c->K, c->uneven, r, c->had_hier[r], want);
+        EXPECT(c->hash[r] == c->hash[0],
+               "hier H=%d K=%d%s count=%zu %s %s%s: rank %d's output differs from rank 0's", c->H,
+               c->K, c->interleave ? " interleaved" : "", c->count, gvq_dtype_name(c->t),
+               gvq_op_name(c->op), c->order_values ? " (order-sensitive values)" : "", r);
+    }
+}
+
+static int sweep(void) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    cfg.chunkBytes = 256; /* several chunks per segment */
+    int cases = 0;
+    for (int H = 1; H <= 3; H++)
+        for (int K = 1; K <= 3; K++)
+            for (int il = 0; il < 2; il++)
+                for (int un = 0; un < 2; un++) {
+                    int n = H * K;
+                    if (n < 2 || (il && (H < 2 || K < 2)) || (un && (H < 2 || n < 3))) continue;
+                    size_t counts[] = {1, (size_t)(n - 1), 7, 1021};
+                    for (int ci = 0; ci < 4; ci++)
+                        for (int t = 0; t < gvqNumTypes; t++)
+                            for (int op = 0; op < gvqNumOps; op++) {
+                                if (gvq_test_sweep_skips(n > 4 ? 4 : n, t, op)) continue;
+                                hcase_t c;
+                                memset(&c, 0, sizeof c);
+                                c.H = H, c.K = K, c.interleave = il, c.uneven = un;
+                                c.count = counts[ci], c.t = (gvqDataType_t)t;
+                                c.op = (gvqRedOp_t)op, c.inplace = (ci + t + op) % 2;
+                                gvq_test_run(n, &cfg, rank_hier, &c);
+                                check_case(&c);
+                                cases++;
+                            }
+                    for (int ip = 0; ip < 2; ip++) { /* sums whose bits depend on the order */
+                        hcase_t c;
+                        memset(&c, 0, sizeof c);
+                        c.H = H, c.K = K, c.interleave = il, c.uneven = un, c.count = 4099;
+                        c.t = gvqFloat32, c.op = ip ? gvqAvg : gvqSum, c.inplace = ip;
+                        c.order_values = 1;
+                        gvq_test_run(n, &cfg, rank_hier, &c);
+                        check_case(&c);
+                        cases++;
+                    }
+                }
+    return cases;
+}
+
+/* The shape, against shapes written out: ranks 0..5 on hosts a b a b a b (round-robin). */
+static void test_shape(void) {
+    const uint64_t rr[6] = {7, 9, 7, 9, 7, 9};
+    gvq_hier_t *h = NULL;
+    EXPECT_RES(gvq_hier_of_hosts(rr, 6, 3, &h), gvqSuccess);
+    EXPECT(h != NULL, "round-robin 2x3: no hierarchy");
+    if (h != NULL) {
+        EXPECT(h->nhosts == 2 && h->per_host == 3 && h->local_index == 1,
+               "rank 3: H %d K %d index %d, want 2 3 1", h->nhosts, h->per_host, h->local_index);
+        EXPECT(h->local[0] == 1 && h->local[1] == 3 && h->local[2] == 5, "rank 3: local %d %d %d",
+               h->local[0], h->local[1], h->local[2]);
+        EXPECT(h->cross[0] == 2 && h->cross[1] == 3, "rank 3: cross %d %d, want 2 3", h->cross[0],
+               h->cross[1]);
+    }
+    gvq_hier_free(h);
+    const uint64_t uneven[5] = {7, 7, 9, 9, 7}, one[4] = {5, 5, 5, 5}, each[3] = {1, 2, 3};
+    EXPECT_RES(gvq_hier_of_hosts(uneven, 5, 0, &h), gvqSuccess);
+    EXPECT(h == NULL, "hosts of 3 and 2 ranks: a hierarchy");
+    EXPECT_RES(gvq_hier_of_hosts(one, 4, 0, &h), gvqSuccess);
+    EXPECT(h == NULL, "one host: a hierarchy");
+    EXPECT_RES(gvq_hier_of_hosts(each, 3, 0, &h), gvqSuccess);
+    EXPECT(h == NULL, "one rank per host: a hierarchy");
+}
+
+/* A QSGD compressor (4-bit) on hosts of several ranks: with GVQ_ALGO=hier only the stage
+ * between the hosts quantizes (H - 1 re-encodes against N - 1 for the flat ring), so the
+ * outputs differ from the flat ring's, are the same on every rank, and are nearer the sum. */
+typedef struct {
+    int H, K;
+    size_t M;
+    double err2[16], norm2[16];
+    uint64_t hash[16];
+} qcase_t;
+
+static float grad_value(int rank, size_t i) {
+    return sinf((float)(i * 0.37 + rank * 1.3)) + 0.25f * (float)((rank + 1) % 3);
+}
+
+static void rank_qsgd(gvqComm_t comm, int rank, int nranks, void *arg) {
+    qcase_t *q = arg;
+    uint64_t keys[16];
+    for (int r = 0; r < nranks; r++)
+        keys[r] = 50 + (uint64_t)(r % q->H); /* round-robin */
+    EXPECT_RES(gvq_comm_pretend_hosts(comm, keys), gvqSuccess);
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecQsgd;
+    cfg.qsgdBits = 4;
+    cfg.qsgdBucket = 128;
+    gvqCompressor_t comp;
+    EXPECT_RES(gvqCompressorCreate(comm, q->M, &cfg, &comp), gvqSuccess);
+    float *x = malloc(q->M * 4), *y = malloc(q->M * 4);
+    for (size_t i = 0; i < q->M; i++)
+        x[i] = grad_value(rank, i);
+    EXPECT_RES(gvqAllReduceCompressed(x, y, q->M, gvqFloat32, gvqSum, comp, comm, NULL),
+               gvqSuccess);
+    double e2 = 0, n2 = 0;
+    for (size_t i = 0; i < q->M; i++) {
+        double want = 0;
+        for (int r = 0; r < nranks; r++)
+            want += grad_value(r, i);
+        e2 += (y[i] - want) * (y[i] - want), n2 += want * want;
+    }
+    q->err2[rank] = e2, q->norm2[rank] = n2;
+    q->hash[rank] = fnv(y, q->M * 4);
+    free(x), free(y);
+    gvqCompressorDestroy(comp);
+}
+
+static void test_compressed(void) {
+    const int shapes[][2] = {{2, 2}, {3, 2}, {2, 3}};
+    for (size_t s = 0; s < 3; s++) {
+        qcase_t flat, hier;
+        memset(&flat, 0, sizeof flat);
+        flat.H = shapes[s][0], flat.K = shapes[s][1], flat.M = 30011;
+        hier = flat;
+        int n = flat.H * flat.K;
+        gvq_select_override("ring");
+        gvq_test_run(n, NULL, rank_qsgd, &flat);
+        gvq_select_override("allreduce=hier");
+        gvq_test_run(n, NULL, rank_qsgd, &hier);
+        for (int r = 1; r < n; r++)
+            EXPECT(hier.hash[r] == hier.hash[0] && flat.hash[r] == flat.hash[0],
+                   "QSGD H=%d K=%d: rank %d's output differs from rank 0's", flat.H, flat.K, r);
+        double ef = sqrt(flat.err2[0] / flat.norm2[0]), eh = sqrt(hier.err2[0] / hier.norm2[0]);
+        EXPECT(hier.hash[0] != flat.hash[0], "QSGD H=%d K=%d: hier gave the flat ring's bits",
+               flat.H, flat.K);
+        EXPECT(eh < ef && eh < 0.2, "QSGD H=%d K=%d: relative error hier %.4f, flat %.4f", flat.H,
+               flat.K, eh, ef);
+        printf("QSGD 4-bit H=%d K=%d: relative error hier %.4f, flat ring %.4f\n", flat.H, flat.K,
+               eh, ef);
+    }
+    gvq_select_override(NULL);
+}
+
+int main(void) {
+    test_shape();
+    gvq_select_override("allreduce=hier");
+    int cases = sweep();
+    gvq_select_override(NULL);
+    test_compressed();
+    printf("hierarchical allreduce: %d cases at (H, K) = (1..3, 1..3)\n", cases);
+    return gvq_test_finish("test_hier");
+}
