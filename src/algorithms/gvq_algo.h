@@ -308,6 +308,11 @@ gvqResult_t gvq_subring_allgather(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub,
 gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                                void *dst, size_t count, gvqRedOp_t op);
 
+/* The same for small vectors (plain): recursive doubling of the whole vector inside each host,
+ * then across the hosts among the ranks of one local index; no stage after it. */
+gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void *dst,
+                                     size_t count, gvqDataType_t dtype, gvqRedOp_t op);
+
 /* ---- forwards from library memory (direct.c) -----------------------------------------------
  * For transports that copy a send out of the caller's memory (t->stages_sends): the ring's
  * reduce-scatter into scratch, then every rank's block sent straight to every other rank: every
@@ -339,6 +344,11 @@ gvqResult_t gvq_chain_reduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, si
 gvqResult_t gvq_rd_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                              gvqDataType_t dtype, gvqRedOp_t op);
 /* Rabenseifner: recursive halving reduce-scatter, then recursive doubling allgather. */
+/* Recursive doubling among members[0..n) (this rank among them; their positions take the
+ * place of ranks). */
+gvqResult_t gvq_rd_allreduce_members(gvq_coll_ctx_t *ctx, const int *members, int n,
+                                     const void *src, void *dst, size_t count, gvqDataType_t dtype,
+                                     gvqRedOp_t op);
 gvqResult_t gvq_rab_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                               gvqDataType_t dtype, gvqRedOp_t op);
 /* Reduce-scatter by recursive halving: src holds nranks*recvcount, dst gets block `rank`. */

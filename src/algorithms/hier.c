@@ -16,6 +16,14 @@
  * its error H - 1 times instead of N - 1. Every rank ends with the same bits: stage 2 gives the
  * same piece to every host (a ring allreduce does), stage 3 copies it. gvqAvg divides once at
  * the end by N.
+ *
+ * Small vectors, where the steps' latency is the cost (gvq_hier_allreduce_small): recursive
+ * doubling of the whole vector among each host's ranks, then among each cross ring's: every
+ * local rank sends the whole vector across (K times the bytes of one leader, but no allgather
+ * inside the host afterwards), log2 K + log2 H steps of which log2 H cross a link, against
+ * 2 (N - 1) for the flat ring. Identical on every rank: a host's ranks end with the same bits
+ * (recursive doubling is identical on every rank), so the K cross rings add the same values in
+ * the same order.
  */
 #include <stdlib.h>
 
@@ -92,4 +100,16 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
     free(off);
     if (res == gvqSuccess && op == gvqAvg) res = ctx->dev->divide(dst, count, codec->dtype, H * K);
     return res;
+}
+
+gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void *dst,
+                                     size_t count, gvqDataType_t dtype, gvqRedOp_t op) {
+    const gvq_hier_t *h = ctx->hier;
+    if (h == NULL) return gvqInternalError;
+    if (count == 0) return gvqSuccess;
+    gvqRedOp_t sum_op = op == gvqAvg ? gvqSum : op;
+    GVQCHECK(gvq_rd_allreduce_members(ctx, h->local, h->per_host, src, dst, count, dtype, sum_op));
+    GVQCHECK(gvq_rd_allreduce_members(ctx, h->cross, h->nhosts, dst, dst, count, dtype, sum_op));
+    if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, count, dtype, h->nhosts * h->per_host));
+    return gvqSuccess;
 }

@@ -50,6 +50,7 @@ typedef struct {
     const gvq_device_ops_t *dev;
     int n, r, p, rem;
     int v; /* virtual rank; -1 for the even rank of a fold pair */
+    const int *map; /* the transport's rank at each position (gvq_rd_allreduce_members), or NULL */
     size_t esize;
     gvqDataType_t dtype;
     gvqRedOp_t op; /* elementwise (gvqAvg reduces as gvqSum; the divide comes last) */
@@ -70,6 +71,7 @@ static void rec_init(rec_t *g, const gvq_coll_ctx_t *ctx, gvqDataType_t dtype, g
     g->esize = gvq_dtype_size(dtype);
     g->dtype = dtype;
     g->op = op == gvqAvg ? gvqSum : op;
+    g->map = NULL;
 }
 
 /* The rank that virtual rank v runs on. */
@@ -80,6 +82,11 @@ static int real_rank(const rec_t *g, int v) {
 /* The first of the ranks virtual rank v stands for. */
 static int first_rank(const rec_t *g, int v) {
     return v < g->rem ? 2 * v : v + g->rem;
+}
+
+/* The transport's rank at position x (-1 stays -1: no peer). */
+static int tr(const rec_t *g, int x) {
+    return x < 0 || g->map == NULL ? x : g->map[x];
 }
 
 /* Send sbytes of sbuf to `to` and receive rbytes into rbuf from `from` (either may be 0). */
@@ -109,16 +116,17 @@ static gvqResult_t combine(const rec_t *g, void *mine, const void *in, size_t co
 static gvqResult_t fold_in(const rec_t *g, void *buf, void *tmp, size_t count) {
     size_t bytes = count * g->esize;
     if (g->r >= 2 * g->rem) return gvqSuccess;
-    if (g->v < 0) return sendrecv(g->t, g->r + 1, buf, bytes, -1, NULL, 0, "fold send");
-    GVQCHECK(sendrecv(g->t, -1, NULL, 0, g->r - 1, tmp, bytes, "fold receive"));
+    if (g->v < 0) return sendrecv(g->t, tr(g, g->r + 1), buf, bytes, -1, NULL, 0, "fold send");
+    GVQCHECK(sendrecv(g->t, -1, NULL, 0, tr(g, g->r - 1), tmp, bytes, "fold receive"));
     return combine(g, buf, tmp, count, 1);
 }
 
 /* After: the odd rank of a pair hands the result back. */
 static gvqResult_t fold_out(const rec_t *g, void *buf, size_t bytes) {
     if (g->r >= 2 * g->rem) return gvqSuccess;
-    if (g->v < 0) return sendrecv(g->t, -1, NULL, 0, g->r + 1, buf, bytes, "fold result receive");
-    return sendrecv(g->t, g->r - 1, buf, bytes, -1, NULL, 0, "fold result send");
+    if (g->v < 0)
+        return sendrecv(g->t, -1, NULL, 0, tr(g, g->r + 1), buf, bytes, "fold result receive");
+    return sendrecv(g->t, tr(g, g->r - 1), buf, bytes, -1, NULL, 0, "fold result send");
 }
 
 /* Cut count elements into p blocks: off[0..p]. */
@@ -167,26 +175,51 @@ static gvqResult_t start_copy(const gvq_coll_ctx_t *ctx, const void *src, void *
     return src == dst ? gvqSuccess : ctx->dev->copy(dst, src, bytes);
 }
 
+/* Recursive doubling on the ranks of g (all of the transport's, or a member list). */
+static gvqResult_t rd_run(gvq_coll_ctx_t *ctx, rec_t *g, const void *src, void *dst, size_t count,
+                          gvqRedOp_t op) {
+    size_t bytes = count * g->esize;
+    if (count == 0) return gvqSuccess;
+    GVQCHECK(start_copy(ctx, src, dst, bytes));
+    if (g->n > 1) {
+        void *tmp = NULL;
+        GVQCHECK(gvq_coll_scratch(ctx, bytes, &tmp));
+        GVQCHECK(fold_in(g, dst, tmp, count));
+        for (int mask = 1; g->v >= 0 && mask < g->p; mask <<= 1) {
+            int pv = g->v ^ mask, peer = tr(g, real_rank(g, pv));
+            GVQCHECK(sendrecv(g->t, peer, dst, bytes, peer, tmp, bytes, "recursive doubling"));
+            GVQCHECK(combine(g, dst, tmp, count, pv < g->v));
+        }
+        GVQCHECK(fold_out(g, dst, bytes));
+    }
+    if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, count, g->dtype, g->n));
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_rd_allreduce_members(gvq_coll_ctx_t *ctx, const int *members, int n,
+                                     const void *src, void *dst, size_t count, gvqDataType_t dtype,
+                                     gvqRedOp_t op) {
+    rec_t g;
+    rec_init(&g, ctx, dtype, op);
+    int r = -1;
+    for (int p = 0; p < n; p++)
+        if (members[p] == g.r) r = p;
+    if (r < 0) return gvqInternalError; /* not a member */
+    g.n = n;
+    g.r = r;
+    g.map = members;
+    for (g.p = 1; g.p * 2 <= g.n; g.p *= 2)
+        ;
+    g.rem = g.n - g.p;
+    g.v = g.r < 2 * g.rem ? ((g.r & 1) ? g.r / 2 : -1) : g.r - g.rem;
+    return rd_run(ctx, &g, src, dst, count, op);
+}
+
 gvqResult_t gvq_rd_allreduce(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                              gvqDataType_t dtype, gvqRedOp_t op) {
     rec_t g;
     rec_init(&g, ctx, dtype, op);
-    size_t bytes = count * g.esize;
-    if (count == 0) return gvqSuccess;
-    GVQCHECK(start_copy(ctx, src, dst, bytes));
-    if (g.n > 1) {
-        void *tmp = NULL;
-        GVQCHECK(gvq_coll_scratch(ctx, bytes, &tmp));
-        GVQCHECK(fold_in(&g, dst, tmp, count));
-        for (int mask = 1; g.v >= 0 && mask < g.p; mask <<= 1) {
-            int pv = g.v ^ mask, peer = real_rank(&g, pv);
-            GVQCHECK(sendrecv(g.t, peer, dst, bytes, peer, tmp, bytes, "recursive doubling"));
-            GVQCHECK(combine(&g, dst, tmp, count, pv < g.v));
-        }
-        GVQCHECK(fold_out(&g, dst, bytes));
-    }
-    if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, count, dtype, g.n));
-    return gvqSuccess;
+    return rd_run(ctx, &g, src, dst, count, op);
 }
 
 /* ---- the signed exchange (gvq_algo.h) ----------------------------------------------------------

@@ -137,7 +137,12 @@ static gvqResult_t run_shm(const gvq_op_t *o, gvq_coll_ctx_t *ctx) {
     return gvq_shm_signed(ctx, &o->comm->shm, &row, 1, &lo, &lo_rank, &hi, &hi_rank, &pay);
 }
 
+/* The hierarchical allreduce of whole vectors by recursive doubling up to this size, by pieces
+ * on rings above (measured on the emulated 1 Gbit/s cluster, perf/RESULTS.md section 14). */
+#define GVQ_HIER_SMALL_BYTES ((size_t)16 << 10)
+
 static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_algo_t algo) {
+    size_t bytes = o->count * gvq_dtype_size(o->dtype);
     if (algo == GVQ_ALGO_RD)
         return gvq_rd_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     if (algo == GVQ_ALGO_RAB)
@@ -146,6 +151,8 @@ static gvqResult_t run_allreduce(const gvq_op_t *o, gvq_coll_ctx_t *ctx, gvq_alg
         return gvq_direct_allreduce(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     gvq_codec_t codec;
     gvq_codec_identity_init(&codec, ctx->dev, o->dtype, o->op);
+    if (algo == GVQ_ALGO_HIER && ctx->hier != NULL && bytes <= GVQ_HIER_SMALL_BYTES)
+        return gvq_hier_allreduce_small(ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     if (algo == GVQ_ALGO_HIER && ctx->hier != NULL)
         return gvq_hier_allreduce(ctx, &codec, o->sendbuff, o->recvbuff, o->count, o->op);
     return gvq_ring_allreduce(ctx, &codec, o->sendbuff, o->recvbuff, o->count, o->op);

@@ -3,7 +3,9 @@
 # namespace of its own named "gvq-h<r % 2>": gvq sees two hosts whose ranks interleave
 # (0 2 4 .. on one, 1 3 5 .. on the other), as `mpirun --map-by node` places them. Passes when
 # PROG passes on every rank and every rank reports that its allreduce ring follows the hosts
-# (GVQ_DEBUG=INFO). Exit 77 (skipped) where unshare --uts is not allowed.
+# (GVQ_DEBUG=INFO); with GVQ_ALGO=hier and an even N, also that every rank has the hierarchical
+# allreduce's shape (2 hosts of N/2 ranks) and that it ran. Exit 77 (skipped) where unshare
+# --uts is not allowed.
 set -uo pipefail
 n=$1
 shift
@@ -21,5 +23,13 @@ k=$(printf '%s\n' "$out" | grep -c 'allreduce ring follows the hosts (2 hosts)')
 if [ "$k" -ne "$n" ]; then
     echo "two_hosts.sh: FAIL: $k of $n ranks report the ring following the hosts"
     exit 1
+fi
+if [ "${GVQ_ALGO:-}" = hier ]; then # hosts of n/2 ranks each: every rank has the hierarchy
+    h=$(printf '%s\n' "$out" | grep -c "hosts of $((n / 2)) ranks each on 2 hosts")
+    a=$(printf '%s\n' "$out" | grep -c 'allreduce: algorithm hier')
+    if [ "$h" -ne "$n" ] || [ "$a" -lt 1 ]; then
+        echo "two_hosts.sh: FAIL: $h of $n ranks report the hierarchy, $a report running it"
+        exit 1
+    fi
 fi
 echo "two_hosts.sh: $n ranks on 2 interleaved hosts passed, every ring in host order"

@@ -95,7 +95,7 @@ static int sweep(void) {
                 for (int un = 0; un < 2; un++) {
                     int n = H * K;
                     if (n < 2 || (il && (H < 2 || K < 2)) || (un && (H < 2 || n < 3))) continue;
-                    size_t counts[] = {1, (size_t)(n - 1), 7, 1021};
+                    size_t counts[] = {1, (size_t)(n - 1), 1021, 20011};
                     for (int ci = 0; ci < 4; ci++)
                         for (int t = 0; t < gvqNumTypes; t++)
                             for (int op = 0; op < gvqNumOps; op++) {
