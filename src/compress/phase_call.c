@@ -220,7 +220,12 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
                gvq_comm_hier_chosen(c->comm, cfg->count * sizeof(float));
     gvqResult_t res;
     if (hier) {
+        /* GradiVeQ's encodes each take Z / (encodes per segment) off (codec_gradiveq.c): across
+         * the hosts that is H encodes of host sums, not N of gradients */
+        int weight = c->gq.nranks;
+        if (phase == gvqPhaseCompressed) c->gq.nranks = p.ring.hier->nhosts;
         res = gvq_hier_allreduce(&p.ring, codec, src, dst, cfg->count, gvqSum);
+        c->gq.nranks = weight;
         if (voting) tally.sum = local_vote(c); /* carried 0: agreed on below */
     } else {
         res = gvq_ring_allreduce_tally(&p.ring, codec, src, dst, cfg->count, gvqSum,

@@ -217,12 +217,87 @@ static void test_compressed(void) {
     gvq_select_override(NULL);
 }
 
+/* GradiVeQ on hosts of several ranks: slices of a mean pattern plus two patterns with
+ * coefficients that change per rank, call and slice, so that the fitted basis (d 4) carries
+ * them nearly exactly. In the compressed phase the hierarchical call must be as near the sum as
+ * the flat ring's: each of the H encodes across the hosts takes Z / H off (not Z / N). */
+static float gq_value(int rank, int call, size_t i) {
+    size_t L = 16, j = i / L, l = i % L;
+    float a = sinf((float)(j * 3 + (size_t)rank * 7 + (size_t)call)), b = cosf((float)(j + rank));
+    return 2.0f + 0.5f * (float)(l % 4) + a * sinf((float)l) + b * cosf((float)(l * 2));
+}
+
+static void rank_gradiveq(gvqComm_t comm, int rank, int nranks, void *arg) {
+    qcase_t *q = arg;
+    uint64_t keys[16];
+    for (int r = 0; r < nranks; r++)
+        keys[r] = 50 + (uint64_t)(r % q->H);
+    EXPECT_RES(gvq_comm_pretend_hosts(comm, keys), gvqSuccess);
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecGradiveq;
+    cfg.sliceSize = 16;
+    cfg.warmupIters = 2;
+    cfg.sampleIters = 6;
+    cfg.sampleSlices = 0; /* every slice a sample */
+    cfg.compressedIters = 100;
+    cfg.maxDims = 4;
+    gvqCompressor_t comp;
+    EXPECT_RES(gvqCompressorCreate(comm, q->M, &cfg, &comp), gvqSuccess);
+    float *x = malloc(q->M * 4), *y = malloc(q->M * 4);
+    gvqCompressorStats_t st = {0};
+    for (int call = 0; call < 10; call++) {
+        for (size_t i = 0; i < q->M; i++)
+            x[i] = gq_value(rank, call, i);
+        EXPECT_RES(gvqAllReduceCompressed(x, y, q->M, gvqFloat32, gvqSum, comp, comm, NULL),
+                   gvqSuccess);
+        gvqCompressorGetStats(comp, &st);
+        double e2 = 0, n2 = 0;
+        for (size_t i = 0; i < q->M; i++) {
+            double want = 0;
+            for (int r = 0; r < nranks; r++)
+                want += gq_value(r, call, i);
+            e2 += (y[i] - want) * (y[i] - want), n2 += want * want;
+        }
+        q->err2[rank] = e2, q->norm2[rank] = n2; /* the last call's */
+    }
+    EXPECT(st.phase == gvqPhaseCompressed, "GradiVeQ H=%d K=%d: phase %d after 10 calls", q->H,
+           q->K, st.phase);
+    q->hash[rank] = fnv(y, q->M * 4);
+    free(x), free(y);
+    gvqCompressorDestroy(comp);
+}
+
+static void test_gradiveq(void) {
+    const int shapes[][2] = {{2, 2}, {3, 2}};
+    for (size_t s = 0; s < 2; s++) {
+        qcase_t flat, hier;
+        memset(&flat, 0, sizeof flat);
+        flat.H = shapes[s][0], flat.K = shapes[s][1], flat.M = 16 * 301 + 5;
+        hier = flat;
+        int n = flat.H * flat.K;
+        gvq_select_override("ring");
+        gvq_test_run(n, NULL, rank_gradiveq, &flat);
+        gvq_select_override("allreduce=hier");
+        gvq_test_run(n, NULL, rank_gradiveq, &hier);
+        for (int r = 1; r < n; r++)
+            EXPECT(hier.hash[r] == hier.hash[0] && flat.hash[r] == flat.hash[0],
+                   "GradiVeQ H=%d K=%d: rank %d's output differs from rank 0's", flat.H, flat.K, r);
+        double ef = sqrt(flat.err2[0] / flat.norm2[0]), eh = sqrt(hier.err2[0] / hier.norm2[0]);
+        EXPECT(ef < 1e-3 && eh < 1e-3, "GradiVeQ H=%d K=%d: relative error hier %.2e, flat %.2e",
+               flat.H, flat.K, eh, ef);
+        printf("GradiVeQ H=%d K=%d: relative error hier %.2e, flat ring %.2e\n", flat.H, flat.K, eh,
+               ef);
+    }
+    gvq_select_override(NULL);
+}
+
 int main(void) {
     test_shape();
     gvq_select_override("allreduce=hier");
     int cases = sweep();
     gvq_select_override(NULL);
     test_compressed();
+    test_gradiveq();
     printf("hierarchical allreduce: %d cases at (H, K) = (1..3, 1..3)\n", cases);
     return gvq_test_finish("test_hier");
 }
