@@ -310,8 +310,8 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
 
 /* The same for small vectors (plain): recursive doubling of the whole vector inside each host,
  * then across the hosts among the ranks of one local index; no stage after it. */
-gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void *dst,
-                                     size_t count, gvqDataType_t dtype, gvqRedOp_t op);
+gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                     gvqDataType_t dtype, gvqRedOp_t op);
 
 /* ---- forwards from library memory (direct.c) -----------------------------------------------
  * For transports that copy a send out of the caller's memory (t->stages_sends): the ring's

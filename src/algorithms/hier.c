@@ -102,8 +102,8 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
     return res;
 }
 
-gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void *dst,
-                                     size_t count, gvqDataType_t dtype, gvqRedOp_t op) {
+gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                     gvqDataType_t dtype, gvqRedOp_t op) {
     const gvq_hier_t *h = ctx->hier;
     if (h == NULL) return gvqInternalError;
     if (count == 0) return gvqSuccess;

@@ -49,7 +49,7 @@ typedef struct {
     gvq_transport_t *t;
     const gvq_device_ops_t *dev;
     int n, r, p, rem;
-    int v; /* virtual rank; -1 for the even rank of a fold pair */
+    int v;          /* virtual rank; -1 for the even rank of a fold pair */
     const int *map; /* the transport's rank at each position (gvq_rd_allreduce_members), or NULL */
     size_t esize;
     gvqDataType_t dtype;
