@@ -108,11 +108,9 @@ static gvq_algo_t op_algo(const gvq_op_t *o) {
                            o->comm->xport->stages_sends, hosts, o->comm->hier != NULL);
 }
 
-int gvq_comm_hier_chosen(gvqComm_t c, size_t bytes) {
-    if (c->hier == NULL) return 0;
-    int hosts = !c->xport->one_host ? 0 : c->shm_state == 1 ? 2 : 1;
-    return gvq_select_algo(GVQ_OP_ALLREDUCE, c->nranks, bytes, gvqFloat32, c->xport->fifo,
-                           c->xport->stages_sends, hosts, 1) == GVQ_ALGO_HIER;
+int gvq_comm_hier_compressed(gvqComm_t c) {
+    return c->hier != NULL && !c->xport->fifo &&
+           gvq_select_forced(GVQ_OP_ALLREDUCE) == GVQ_ALGO_HIER;
 }
 
 /* o's data as the signed exchanges carry it (gvq_op_kind_t and gvq_pay_kind_t: the same order). */

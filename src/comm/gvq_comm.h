@@ -121,10 +121,12 @@ void *gvq_comm_attached(gvqComm_t comm, const void *key);
  * same_host[p] (may be NULL) whether rank p shares this rank's host. The caller has entered. */
 gvqResult_t gvq_comm_hosts(gvqComm_t comm, int *nhosts, int *leader, uint8_t *same_host);
 
-/* Whether an allreduce of `bytes` of float32 on comm takes the hierarchical algorithm
- * (gvq_hier_allreduce): the hosts have its shape and the selection (GVQ_ALGO, the table) picks
- * it. The compressed calls ask, so that their middle stage alone is compressed. */
-int gvq_comm_hier_chosen(gvqComm_t comm, size_t bytes);
+/* Whether a compressed allreduce on comm takes the hierarchical algorithm (gvq_hier_allreduce,
+ * compressed between the hosts only): the hosts have its shape and GVQ_ALGO names hier for
+ * allreduce. Not by default: its stages inside a host carry uncompressed floats, which on the
+ * emulated cluster (loopback TCP, ranks sharing 2 cores) cost more than the flat compressed
+ * ring (perf/RESULTS.md section 14). */
+int gvq_comm_hier_compressed(gvqComm_t comm);
 
 /* Resolve a config (NULL: defaults) into timeout and chunk size; refuses a bad header. */
 gvqResult_t gvq_config_resolve(const gvqConfig_t *config, const char *caller, int64_t *timeout_ms,

@@ -124,6 +124,12 @@ static const select_row_t table[] = {
  * MPI but at 1 KiB on 2 ranks (0.89x); 2-128 MiB 0.86-4.6x against the table's 0.73-2.1x (three
  * rounds; shm below the table in 4 of 16 cells, by 9-26%, within this machine's noise). */
 
+/* Across hosts of several ranks each (the hierarchy's shape) the plain allreduce runs hier from
+ * 16 MiB. Measured on the emulated 1 Gbit/s cluster, ranks placed round-robin (perf/RESULTS.md
+ * section 14), against the table's choice: 2 hosts x 2 ranks 1.15x at 16 MiB, 1.41x at 64 MiB,
+ * slower at 1-4 MiB (0.76-0.90x); 4 x 2 level at 16 and 64 MiB (0.95-1.04x). */
+#define HIER_MIN_BYTES (16384 * KIB)
+
 /* The other collectives run shm up to 8 ranks, where a slot holds 1 MiB (measured at 2-5 ranks,
  * perf/RESULTS.md section 7); beyond, slots of 64 KiB make a large broadcast or allgather an
  * exchange of every rank per 64 KiB, not measured: the table. */
@@ -191,6 +197,11 @@ void gvq_select_override(const char *spec) {
     parse_spec(spec != NULL ? spec : gvq_param_text(GVQ_PARAM_ALGO));
 }
 
+gvq_algo_t gvq_select_forced(gvq_op_kind_t kind) {
+    pthread_once(&env_once, env_init);
+    return (int)kind >= 0 && (int)kind < NCOLL ? forced[kind] : GVQ_ALGO_AUTO;
+}
+
 static gvq_algo_t from_table(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
                              int one_host) {
     int half = dtype == gvqFloat16 || dtype == gvqBfloat16;
@@ -218,6 +229,8 @@ gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqData
         a = shm && (kind == GVQ_OP_ALLREDUCE || nranks <= SHM_OTHERS_MAX_RANKS)
                 ? GVQ_ALGO_SHM
                 : from_table(kind, nranks, bytes, dtype, one_host);
+    if (!from_env && hier && !one_host && kind == GVQ_OP_ALLREDUCE && bytes >= HIER_MIN_BYTES)
+        a = GVQ_ALGO_HIER;
     int moved = !from_env && staged && one_host && nranks >= 3 && a == GVQ_ALGO_RING &&
                 (coll_algos[kind] & B(GVQ_ALGO_DIRECT)) && bytes >= DIRECT_MIN_BYTES;
     if (moved) a = GVQ_ALGO_DIRECT;

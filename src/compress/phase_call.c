@@ -217,7 +217,7 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
      * vote agreed on after the call; not for integer wires (their scales are agreed among all
      * ranks at the ring's start) nor device memory */
     int hier = dev == &gvq_host_device && p.ring.hier != NULL && codec->begin == NULL &&
-               gvq_comm_hier_chosen(c->comm, cfg->count * sizeof(float));
+               gvq_comm_hier_compressed(c->comm);
     gvqResult_t res;
     if (hier) {
         /* GradiVeQ's encodes each take Z / (encodes per segment) off (codec_gradiveq.c): across

@@ -391,7 +391,30 @@ static void test_spec(void) {
            "rab for RS");
     EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 3, 1, gvqInt8, 1, 0, 1, 0) == GVQ_ALGO_RING,
            "FIFO transports keep the ring");
+    gvq_select_override("hier");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 0, 0, 1) == GVQ_ALGO_HIER,
+           "GVQ_ALGO=hier with the hierarchy's shape: hier at any size");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 1024, gvqFloat32, 0, 0, 0, 0) == GVQ_ALGO_RD,
+           "GVQ_ALGO=hier without the shape: the table (rd at 1 KiB across hosts)");
+    EXPECT(gvq_select_forced(GVQ_OP_ALLREDUCE) == GVQ_ALGO_HIER &&
+               gvq_select_forced(GVQ_OP_BROADCAST) == GVQ_ALGO_AUTO,
+           "GVQ_ALGO=hier names allreduce only");
     gvq_select_override(NULL);
+}
+
+/* Hosts of several ranks (the hierarchy's shape) without GVQ_ALGO. */
+static void test_table_hier(void) {
+    const size_t M = (size_t)1 << 20;
+    gvq_select_override(NULL);
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 64 * M, gvqFloat32, 0, 0, 0, 1) == GVQ_ALGO_HIER,
+           "hosts of several ranks: the hierarchy at 64 MiB");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, M, gvqFloat32, 0, 0, 0, 1) == GVQ_ALGO_RING,
+           "hosts of several ranks: the table at 1 MiB (hier slower there)");
+    EXPECT(gvq_select_algo(GVQ_OP_REDUCE_SCATTER, 4, 64 * M, gvqFloat32, 0, 0, 0, 1) ==
+               GVQ_ALGO_RING,
+           "no hierarchical reduce-scatter");
+    EXPECT(gvq_select_algo(GVQ_OP_ALLREDUCE, 4, 64 * M, gvqFloat32, 0, 0, 1, 1) == GVQ_ALGO_RING,
+           "one host: no hierarchy");
 }
 
 /* The table without GVQ_ALGO: by size, rank count, staged sends and one host or several. */
@@ -443,6 +466,7 @@ int main(void) {
     test_values_are_order_sensitive();
     test_spec();
     test_table();
+    test_table_hier();
     test_identical();
     test_direct_is_ring();
     test_signed();
