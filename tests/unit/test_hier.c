@@ -95,11 +95,12 @@ static int sweep(void) {
                 for (int un = 0; un < 2; un++) {
                     int n = H * K;
                     if (n < 2 || (il && (H < 2 || K < 2)) || (un && (H < 2 || n < 3))) continue;
+                    if (gvq_test_sweep_small() && n > 4) continue; /* ThreadSanitizer's run */
                     size_t counts[] = {1, (size_t)(n - 1), 1021, 20011};
                     for (int ci = 0; ci < 4; ci++)
                         for (int t = 0; t < gvqNumTypes; t++)
                             for (int op = 0; op < gvqNumOps; op++) {
-                                if (gvq_test_sweep_skips(n > 4 ? 4 : n, t, op)) continue;
+                                if (gvq_test_sweep_skips(n, t, op)) continue;
                                 hcase_t c;
                                 memset(&c, 0, sizeof c);
                                 c.H = H, c.K = K, c.interleave = il, c.uneven = un;
@@ -193,7 +194,7 @@ static void rank_qsgd(gvqComm_t comm, int rank, int nranks, void *arg) {
 
 static void test_compressed(void) {
     const int shapes[][2] = {{2, 2}, {3, 2}, {2, 3}};
-    for (size_t s = 0; s < 3; s++) {
+    for (size_t s = 0; s < (gvq_test_sweep_small() ? 1u : 3u); s++) {
         qcase_t flat, hier;
         memset(&flat, 0, sizeof flat);
         flat.H = shapes[s][0], flat.K = shapes[s][1], flat.M = 30011;
@@ -269,7 +270,7 @@ static void rank_gradiveq(gvqComm_t comm, int rank, int nranks, void *arg) {
 
 static void test_gradiveq(void) {
     const int shapes[][2] = {{2, 2}, {3, 2}};
-    for (size_t s = 0; s < 2; s++) {
+    for (size_t s = 0; s < (gvq_test_sweep_small() ? 1u : 2u); s++) {
         qcase_t flat, hier;
         memset(&flat, 0, sizeof flat);
         flat.H = shapes[s][0], flat.K = shapes[s][1], flat.M = 16 * 301 + 5;
