@@ -192,30 +192,38 @@ static void rank_qsgd(gvqComm_t comm, int rank, int nranks, void *arg) {
     gvqCompressorDestroy(comp);
 }
 
+/* fn on H x K ranks through the flat ring, then through the hierarchy: both identical on every
+ * rank; *ef and *eh the relative errors of rank 0's output. Returns whether the bits differ. */
+static int flat_and_hier(const char *name, gvq_rank_fn fn, int H, int K, size_t M, double *ef,
+                         double *eh) {
+    qcase_t flat, hier;
+    memset(&flat, 0, sizeof flat);
+    flat.H = H, flat.K = K, flat.M = M;
+    hier = flat;
+    gvq_select_override("ring");
+    gvq_test_run(H * K, NULL, fn, &flat);
+    gvq_select_override("allreduce=hier");
+    gvq_test_run(H * K, NULL, fn, &hier);
+    gvq_select_override(NULL);
+    for (int r = 1; r < H * K; r++)
+        EXPECT(hier.hash[r] == hier.hash[0] && flat.hash[r] == flat.hash[0],
+               "%s H=%d K=%d: rank %d's output differs from rank 0's", name, H, K, r);
+    *ef = sqrt(flat.err2[0] / flat.norm2[0]);
+    *eh = sqrt(hier.err2[0] / hier.norm2[0]);
+    return hier.hash[0] != flat.hash[0];
+}
+
 static void test_compressed(void) {
     const int shapes[][2] = {{2, 2}, {3, 2}, {2, 3}};
     for (size_t s = 0; s < (gvq_test_sweep_small() ? 1u : 3u); s++) {
-        qcase_t flat, hier;
-        memset(&flat, 0, sizeof flat);
-        flat.H = shapes[s][0], flat.K = shapes[s][1], flat.M = 30011;
-        hier = flat;
-        int n = flat.H * flat.K;
-        gvq_select_override("ring");
-        gvq_test_run(n, NULL, rank_qsgd, &flat);
-        gvq_select_override("allreduce=hier");
-        gvq_test_run(n, NULL, rank_qsgd, &hier);
-        for (int r = 1; r < n; r++)
-            EXPECT(hier.hash[r] == hier.hash[0] && flat.hash[r] == flat.hash[0],
-                   "QSGD H=%d K=%d: rank %d's output differs from rank 0's", flat.H, flat.K, r);
-        double ef = sqrt(flat.err2[0] / flat.norm2[0]), eh = sqrt(hier.err2[0] / hier.norm2[0]);
-        EXPECT(hier.hash[0] != flat.hash[0], "QSGD H=%d K=%d: hier gave the flat ring's bits",
-               flat.H, flat.K);
-        EXPECT(eh < ef && eh < 0.2, "QSGD H=%d K=%d: relative error hier %.4f, flat %.4f", flat.H,
-               flat.K, eh, ef);
-        printf("QSGD 4-bit H=%d K=%d: relative error hier %.4f, flat ring %.4f\n", flat.H, flat.K,
-               eh, ef);
+        int H = shapes[s][0], K = shapes[s][1];
+        double ef, eh;
+        int differ = flat_and_hier("QSGD", rank_qsgd, H, K, 30011, &ef, &eh);
+        EXPECT(differ, "QSGD H=%d K=%d: hier gave the flat ring's bits", H, K);
+        EXPECT(eh < ef && eh < 0.2, "QSGD H=%d K=%d: relative error hier %.4f, flat %.4f", H, K, eh,
+               ef);
+        printf("QSGD 4-bit H=%d K=%d: relative error hier %.4f, flat ring %.4f\n", H, K, eh, ef);
     }
-    gvq_select_override(NULL);
 }
 
 /* GradiVeQ on hosts of several ranks: slices of a mean pattern plus two patterns with
@@ -271,25 +279,13 @@ static void rank_gradiveq(gvqComm_t comm, int rank, int nranks, void *arg) {
 static void test_gradiveq(void) {
     const int shapes[][2] = {{2, 2}, {3, 2}};
     for (size_t s = 0; s < (gvq_test_sweep_small() ? 1u : 2u); s++) {
-        qcase_t flat, hier;
-        memset(&flat, 0, sizeof flat);
-        flat.H = shapes[s][0], flat.K = shapes[s][1], flat.M = 16 * 301 + 5;
-        hier = flat;
-        int n = flat.H * flat.K;
-        gvq_select_override("ring");
-        gvq_test_run(n, NULL, rank_gradiveq, &flat);
-        gvq_select_override("allreduce=hier");
-        gvq_test_run(n, NULL, rank_gradiveq, &hier);
-        for (int r = 1; r < n; r++)
-            EXPECT(hier.hash[r] == hier.hash[0] && flat.hash[r] == flat.hash[0],
-                   "GradiVeQ H=%d K=%d: rank %d's output differs from rank 0's", flat.H, flat.K, r);
-        double ef = sqrt(flat.err2[0] / flat.norm2[0]), eh = sqrt(hier.err2[0] / hier.norm2[0]);
-        EXPECT(ef < 1e-3 && eh < 1e-3, "GradiVeQ H=%d K=%d: relative error hier %.2e, flat %.2e",
-               flat.H, flat.K, eh, ef);
-        printf("GradiVeQ H=%d K=%d: relative error hier %.2e, flat ring %.2e\n", flat.H, flat.K, eh,
-               ef);
+        int H = shapes[s][0], K = shapes[s][1];
+        double ef, eh;
+        (void)flat_and_hier("GradiVeQ", rank_gradiveq, H, K, 16 * 301 + 5, &ef, &eh);
+        EXPECT(ef < 1e-3 && eh < 1e-3, "GradiVeQ H=%d K=%d: relative error hier %.2e, flat %.2e", H,
+               K, eh, ef);
+        printf("GradiVeQ H=%d K=%d: relative error hier %.2e, flat ring %.2e\n", H, K, eh, ef);
     }
-    gvq_select_override(NULL);
 }
 
 int main(void) {
