@@ -35,6 +35,11 @@ typedef struct gvq_hier {
     int local_index;      /* this rank's place on its host, 0 .. K-1 */
     int *local;           /* the K ranks of this rank's host */
     int *cross;           /* the H ranks whose local index is this rank's, one per host */
+    /* The stages inside a host over a transport of the host's own (its ranks 0..K-1 in the
+     * order of `local`: a per-host communicator's shared-memory channels), or NULL: over the
+     * collective's own transport. Set by the communicator; not owned. */
+    gvq_transport_t *local_xport;
+    int *local_pos; /* 0 .. K-1: the members in local_xport's numbering */
 } gvq_hier_t;
 
 /* The shape from every rank's host key (n ranks, this one `rank`): *out NULL when the hosts are

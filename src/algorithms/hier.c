@@ -33,6 +33,7 @@ void gvq_hier_free(gvq_hier_t *h) {
     if (h == NULL) return;
     free(h->local);
     free(h->cross);
+    free(h->local_pos);
     free(h);
 }
 
@@ -58,9 +59,10 @@ gvqResult_t gvq_hier_of_hosts(const uint64_t *keys, int n, int rank, gvq_hier_t 
     gvq_hier_t *h = calloc(1, sizeof *h);
     if (h != NULL) {
         h->local = malloc(sizeof(int) * (size_t)K);
+        h->local_pos = malloc(sizeof(int) * (size_t)K);
         h->cross = malloc(sizeof(int) * (size_t)H);
     }
-    if (h == NULL || h->local == NULL || h->cross == NULL) {
+    if (h == NULL || h->local == NULL || h->local_pos == NULL || h->cross == NULL) {
         gvq_hier_free(h);
         free(order);
         return gvqSystemError;
@@ -71,13 +73,28 @@ gvqResult_t gvq_hier_of_hosts(const uint64_t *keys, int n, int rank, gvq_hier_t 
     for (int p = 0; p < n; p++)
         if (order[p] == rank) mine = p;
     h->local_index = mine % K;
-    for (int j = 0; j < K; j++)
+    for (int j = 0; j < K; j++) {
         h->local[j] = order[mine - mine % K + j];
+        h->local_pos[j] = j;
+    }
     for (int g = 0; g < H; g++)
         h->cross[g] = order[g * K + h->local_index];
     free(order);
     *out = h;
     return gvqSuccess;
+}
+
+/* The context and members of the stages inside the host (see gvq_hier_t.local_xport). */
+static gvq_coll_ctx_t local_ctx(const gvq_coll_ctx_t *ctx, const int **members) {
+    const gvq_hier_t *h = ctx->hier;
+    gvq_coll_ctx_t l = *ctx;
+    *members = h->local;
+    if (h->local_xport != NULL) {
+        l.xport = h->local_xport;
+        l.ring_order = NULL;
+        *members = h->local_pos;
+    }
+    return l;
 }
 
 gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
@@ -93,10 +110,12 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
     gvq_ring_partition(cross_off, H, off[j + 1] - off[j], codec->granule);
     for (int s = 0; s <= H; s++)
         cross_off[s] += off[j];
-    gvq_subring_t local = {h->local, K, off}, cross = {h->cross, H, cross_off};
-    gvqResult_t res = gvq_subring_reduce_scatter(ctx, &local, src, dst, codec->dtype, op);
+    const int *lm;
+    gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
+    gvq_subring_t local = {lm, K, off}, cross = {h->cross, H, cross_off};
+    gvqResult_t res = gvq_subring_reduce_scatter(&lctx, &local, src, dst, codec->dtype, op);
     if (res == gvqSuccess) res = gvq_subring_allreduce(ctx, &cross, codec, dst, dst);
-    if (res == gvqSuccess) res = gvq_subring_allgather(ctx, &local, dst, codec->dtype);
+    if (res == gvqSuccess) res = gvq_subring_allgather(&lctx, &local, dst, codec->dtype);
     free(off);
     if (res == gvqSuccess && op == gvqAvg) res = ctx->dev->divide(dst, count, codec->dtype, H * K);
     return res;
@@ -108,7 +127,9 @@ gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void 
     if (h == NULL) return gvqInternalError;
     if (count == 0) return gvqSuccess;
     gvqRedOp_t sum_op = op == gvqAvg ? gvqSum : op;
-    GVQCHECK(gvq_rd_allreduce_members(ctx, h->local, h->per_host, src, dst, count, dtype, sum_op));
+    const int *lm;
+    gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
+    GVQCHECK(gvq_rd_allreduce_members(&lctx, lm, h->per_host, src, dst, count, dtype, sum_op));
     GVQCHECK(gvq_rd_allreduce_members(ctx, h->cross, h->nhosts, dst, dst, count, dtype, sum_op));
     if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, count, dtype, h->nhosts * h->per_host));
     return gvqSuccess;

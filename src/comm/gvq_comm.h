@@ -28,12 +28,14 @@ struct gvqComm {
     int ntensors;      /* compressors created so far: spreads the fits over the ranks */
     struct gvq_comm_attachment *attached; /* state of layers above (gvq_comm_attach) */
     uint64_t *host_keys;                  /* every rank's gvq_host_key (NULL: not exchanged yet) */
-    int *ring_order;  /* the allreduce ring's order by host (gvq_comm_hosts sets it; NULL: rank
-                       * order, also when the hosts' ranks are already consecutive) */
-    gvq_hier_t *hier; /* hosts of K >= 2 ranks each, H >= 2 (gvq_comm_hosts sets it; NULL: not
-                       * that shape, or not known yet) */
-    uint64_t calls;   /* collective calls agreed on so far (signature.c): the next call's number */
-    uint64_t serial;  /* unique among the communicators of this process (handles outlive comms) */
+    int *ring_order;     /* the allreduce ring's order by host (gvq_comm_hosts sets it; NULL: rank
+                          * order, also when the hosts' ranks are already consecutive) */
+    gvq_hier_t *hier;    /* hosts of K >= 2 ranks each, H >= 2 (gvq_comm_hosts sets it; NULL: not
+                          * that shape, or not known yet) */
+    gvqComm_t host_comm; /* this rank's host's ranks (gvq_comm_hier_local), whose shared-memory
+                          * channels carry the hierarchy's stages inside the host; or NULL */
+    uint64_t calls;  /* collective calls agreed on so far (signature.c): the next call's number */
+    uint64_t serial; /* unique among the communicators of this process (handles outlive comms) */
     /* Host streams (stream.c), atomic: tickets handed to queued calls so far, calls of those
      * finished, and the result of the last one that finished. */
     uint64_t stream_issued;
@@ -120,6 +122,12 @@ void *gvq_comm_attached(gvqComm_t comm, const void *key);
  * them, so collective then): how many, this rank's leader (the lowest rank on its host), and
  * same_host[p] (may be NULL) whether rank p shares this rank's host. The caller has entered. */
 gvqResult_t gvq_comm_hosts(gvqComm_t comm, int *nhosts, int *leader, uint8_t *same_host);
+
+/* At init, on a communicator with the hierarchy's shape over MPI or UCX: a communicator of this
+ * rank's host (gvqCommSplit by host, collective), whose shared-memory channels then carry the
+ * hierarchy's stages inside the host (gvq_hier_t.local_xport). Destroyed and aborted with comm.
+ * Nothing to do (gvqSuccess) for other shapes and transports, or with GVQ_HIER_LOCAL=0. */
+gvqResult_t gvq_comm_hier_local(gvqComm_t comm);
 
 /* Whether a compressed allreduce on comm takes the hierarchical algorithm (gvq_hier_allreduce,
  * compressed between the hosts only): the hosts have its shape and GVQ_ALGO names hier for

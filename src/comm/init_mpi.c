@@ -32,6 +32,7 @@ GVQ_API gvqResult_t gvqCommInitMPI(gvqComm_t *comm, MPI_Comm mpiComm, const gvqC
         res = gvq_comm_hosts(*comm, &nhosts, &leader, NULL);
     }
     if (res == gvqSuccess) res = gvq_comm_shm_at_init(*comm);
+    if (res == gvqSuccess) res = gvq_comm_hier_local(*comm);
     if (res != gvqSuccess) {
         (void)gvqCommDestroy(*comm);
         *comm = NULL;

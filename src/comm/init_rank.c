@@ -117,6 +117,7 @@ GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUnique
             (*comm)->xport->one_host = nhosts == 1;
     }
     res = gvq_comm_shm_at_init(*comm);
+    if (res == gvqSuccess) res = gvq_comm_hier_local(*comm);
     if (res != gvqSuccess) {
         (void)gvqCommDestroy(*comm);
         *comm = NULL;

@@ -126,6 +126,10 @@ void gvq_log_note(const char *file, int line, const char *fmt, ...)
       "between its rounds of polls, leaving the core to the caller's compute (0: it yields)")     \
     X(BOOTSTRAP_PORT, "GVQ_BOOTSTRAP_PORT", UINT, 0, NULL,                                        \
       "TCP port of the bootstrap root (0: any free port)")                                        \
+    X(HIER_LOCAL, "GVQ_HIER_LOCAL", UINT, 1, NULL,                                                \
+      "1: a communicator spanning hosts of several ranks each makes one of its host's ranks at "  \
+      "init, whose shared memory carries the hierarchical allreduce's stages inside the host; "   \
+      "0: those stages use the communicator's own transport. The same on every rank")             \
     X(RING_ORDER, "GVQ_RING_ORDER", CHOICE, 0, "host,rank",                                       \
       "order of the allreduce ring when a communicator spans hosts: host (each host's ranks in "  \
       "one run, so the ring crosses each host's link once each way) or rank; the same on every "  \

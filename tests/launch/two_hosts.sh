@@ -4,7 +4,8 @@
 # (0 2 4 .. on one, 1 3 5 .. on the other), as `mpirun --map-by node` places them. Passes when
 # PROG passes on every rank and every rank reports that its allreduce ring follows the hosts
 # (GVQ_DEBUG=INFO); with GVQ_ALGO=hier and an even N, also that every rank has the hierarchical
-# allreduce's shape (2 hosts of N/2 ranks) and that it ran. Exit 77 (skipped) where unshare
+# allreduce's shape (2 hosts of N/2 ranks), its stages inside a host on shared memory, and that
+# it ran. Exit 77 (skipped) where unshare
 # --uts is not allowed.
 set -uo pipefail
 n=$1
@@ -27,8 +28,9 @@ fi
 if [ "${GVQ_ALGO:-}" = hier ]; then # hosts of n/2 ranks each: every rank has the hierarchy
     h=$(printf '%s\n' "$out" | grep -c "hosts of $((n / 2)) ranks each on 2 hosts")
     a=$(printf '%s\n' "$out" | grep -c 'allreduce: algorithm hier')
-    if [ "$h" -ne "$n" ] || [ "$a" -lt 1 ]; then
-        echo "two_hosts.sh: FAIL: $h of $n ranks report the hierarchy, $a report running it"
+    c=$(printf '%s\n' "$out" | grep -c "hierarchy's stages inside the host go through its shared")
+    if [ "$h" -ne "$n" ] || [ "$a" -lt 1 ] || [ "$c" -ne "$n" ]; then
+        echo "two_hosts.sh: FAIL: $h of $n ranks report the hierarchy, $a report running it, $c its shared-memory stages"
         exit 1
     fi
 fi
