@@ -131,9 +131,9 @@ gvqResult_t gvq_comm_hier_local(gvqComm_t comm);
 
 /* Whether a compressed allreduce on comm takes the hierarchical algorithm (gvq_hier_allreduce,
  * compressed between the hosts only): the hosts have its shape and GVQ_ALGO names hier for
- * allreduce. Not by default: its stages inside a host carry uncompressed floats, which on the
- * emulated cluster (loopback TCP, ranks sharing 2 cores) cost more than the flat compressed
- * ring (perf/RESULTS.md section 14). */
+ * allreduce. Not by default: its stages inside a host carry uncompressed floats; on the
+ * emulated cluster it led at 2 hosts x 2 ranks (1.06-1.64x) and lost at 4 x 2, where 8 ranks
+ * share 2 cores (0.46-0.67x; perf/RESULTS.md section 14b). */
 int gvq_comm_hier_compressed(gvqComm_t comm);
 
 /* Resolve a config (NULL: defaults) into timeout and chunk size; refuses a bad header. */
