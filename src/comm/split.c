@@ -188,3 +188,26 @@ GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *
     free(keys);
     return res;
 }
+
+/* ---- the hierarchy's communicator of a host (gvq_comm.h) ------------------------------------ */
+
+gvqResult_t gvq_comm_hier_local(gvqComm_t c) {
+    gvq_hier_t *h = c->hier;
+    const char *kind = c->xport->ops->name;
+    if (h == NULL || c->host_comm != NULL || c->xport->fifo || !gvq_param(GVQ_PARAM_HIER_LOCAL) ||
+        (strcmp(kind, "mpi") != 0 && strcmp(kind, "ucx") != 0))
+        return gvqSuccess; /* the same on every rank: the keys, the transport, the setting */
+    int color = 0;         /* this rank's host: its place in the host order */
+    for (int g = 0; g < h->nhosts; g++)
+        if (h->cross[g] == c->rank) color = g;
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    cfg.timeoutMs = (int)GVQ_MIN(c->xport->timeout_ns / 1000000ull, (uint64_t)INT32_MAX);
+    cfg.chunkBytes = (int)GVQ_MIN(c->chunk_bytes, (size_t)INT32_MAX);
+    gvqComm_t child = NULL;
+    GVQCHECK(gvqCommSplit(c, color, c->rank, &child, &cfg)); /* key: local order is rank order */
+    c->host_comm = child;
+    if (child->p2p != child->xport) h->local_xport = child->p2p;
+    GVQ_INFO("comm %p rank %d: the hierarchy's stages inside the host go through %s", (void *)c,
+             c->rank, h->local_xport != NULL ? "its shared-memory channels" : "the transport");
+    return gvqSuccess;
+}
