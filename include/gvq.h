@@ -208,6 +208,35 @@ GVQ_API gvqResult_t gvqCommInitFromEnv(gvqComm_t *comm, gvqConfig_t *config);
 GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *newcomm,
                                  gvqConfig_t *config);
 
+/* gvqCommShrink's flags. ABORT: the communicator may be broken (a peer died or stalled); the
+ * ranks that do not take part within the timeout are left out as well, provided more than half
+ * of the ranks not excluded remain (a rank cut off from the others, or a stalled one that
+ * resumes, must not go on alone). NO_QUORUM (with ABORT): without that majority rule, for a
+ * caller that knows the missing ranks are dead (its launcher saw them exit), e.g. 1 of 2. */
+#define GVQ_SHRINK_DEFAULT 0
+#define GVQ_SHRINK_ABORT 1
+#define GVQ_SHRINK_NO_QUORUM 2
+
+/* A new communicator of comm's ranks less excludeRanks[0..excludeCount) (NCCL's
+ * ncclCommShrink; MPI ULFM's MPIX_Comm_shrink), also after comm broke. Every rank not excluded
+ * calls it; the excluded do not. With GVQ_SHRINK_ABORT, a rank that has not called it within
+ * twice the timeout (it died, stalled, or hangs elsewhere) is left out too: the survivors agree
+ * on who remains, so every rank that gets a communicator gets the same one (ranks in comm's
+ * order), and a rank left out gets an error. The new communicator has a transport of its own
+ * and starts afresh (zero-code compressors, statistics), as gvqCommSplit's; config sets its
+ * timeout and chunk size (NULL, or a field left undefined: comm's), and that timeout bounds each
+ * round of the agreement. comm stays as it
+ * was: destroy it. MPI: the survivors' MPI processes must stay up (Open MPI ends a job whose
+ * process dies); UCX: any process may die. On UCX each communicator keeps a spare worker for
+ * this (GVQ_UCX_SPARE), used by one shrink that reaches an agreement.
+ * Errors: gvqInvalidArgument (dead comm, NULL newcomm, a rank outside comm or the caller in the
+ * list, unknown flags, no timeout), gvqInvalidUsage (inside a group, the in-process transport,
+ * no spare worker, ranks with different flags, this rank left out by another's list),
+ * gvqTimeout (without ABORT, a rank that did not take part; a member that did not confirm),
+ * gvqRemoteError (left out by the survivors; no majority under ABORT), gvqSystemError. */
+GVQ_API gvqResult_t gvqCommShrink(gvqComm_t comm, const int *excludeRanks, int excludeCount,
+                                  gvqComm_t *newcomm, gvqConfig_t *config, int shrinkFlags);
+
 /* Frees a communicator once its operations are done. Local (not collective); never hangs.
  * Errors: gvqInvalidArgument (NULL or already destroyed). */
 GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm);

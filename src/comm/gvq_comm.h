@@ -34,6 +34,7 @@ struct gvqComm {
                           * that shape, or not known yet) */
     gvqComm_t host_comm; /* this rank's host's ranks (gvq_comm_hier_local), whose shared-memory
                           * channels carry the hierarchy's stages inside the host; or NULL */
+    uint32_t shrinks;    /* gvqCommShrink calls so far on this rank (shrink.c): tags each one's */
     uint64_t calls;  /* collective calls agreed on so far (signature.c): the next call's number */
     uint64_t serial; /* unique among the communicators of this process (handles outlive comms) */
     /* Host streams (stream.c), atomic: tickets handed to queued calls so far, calls of those
@@ -128,6 +129,16 @@ gvqResult_t gvq_comm_hosts(gvqComm_t comm, int *nhosts, int *leader, uint8_t *sa
  * hierarchy's stages inside the host (gvq_hier_t.local_xport). Destroyed and aborted with comm.
  * Nothing to do (gvqSuccess) for other shapes and transports, or with GVQ_HIER_LOCAL=0. */
 gvqResult_t gvq_comm_hier_local(gvqComm_t comm);
+
+/* At creation of a UCX communicator (collective): its spare worker opened and every rank's spare
+ * address kept by the transport, for gvqCommShrink (gvq_ucx_spare_*). Nothing to do on other
+ * transports or with GVQ_UCX_SPARE=0. (split.c) */
+gvqResult_t gvq_comm_ucx_spare(gvqComm_t comm);
+/* The last steps of a communicator made from the parent's ranks ranks[0..m) (split, shrink):
+ * their host keys, the shared memory at init, the spare worker when `spare`. Collective on the
+ * child; on failure the caller destroys it. (split.c) */
+gvqResult_t gvq_comm_child_finish(gvqComm_t parent, const int *ranks, int m, gvqComm_t child,
+                                  int spare);
 
 /* Whether a compressed allreduce on comm takes the hierarchical algorithm (gvq_hier_allreduce,
  * compressed between the hosts only): the hosts have its shape and GVQ_ALGO names hier for

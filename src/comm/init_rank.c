@@ -118,6 +118,7 @@ GVQ_API gvqResult_t gvqCommInitRankConfig(gvqComm_t *comm, int nranks, gvqUnique
     }
     res = gvq_comm_shm_at_init(*comm);
     if (res == gvqSuccess) res = gvq_comm_hier_local(*comm);
+    if (res == gvqSuccess) res = gvq_comm_ucx_spare(*comm);
     if (res != gvqSuccess) {
         (void)gvqCommDestroy(*comm);
         *comm = NULL;

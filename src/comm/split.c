@@ -45,6 +45,36 @@ static int members_of(const split_pair_t *all, int n, int32_t color, int self, i
     return m;
 }
 
+/* Every rank's blob of bytes through comm: lengths first (-1: that rank failed before; every
+ * rank still takes part), then the blobs padded to the longest. *lens (n) and *all (n x *max,
+ * rank p's at p x *max) are the caller's to free. gvqRemoteError when any rank had failed. */
+static gvqResult_t gather_blobs(gvqComm_t comm, const void *mine, int32_t len, int32_t **lens,
+                                uint8_t **all, size_t *max) {
+    int n = comm->nranks;
+    *all = NULL;
+    *max = 0;
+    *lens = calloc((size_t)n, 4);
+    if (*lens == NULL) { /* the others' exchange then times out */
+        GVQ_WARN("out of memory for %d ranks' address lengths", n);
+        return gvqSystemError;
+    }
+    gvqResult_t rg = gvqAllGather(&len, *lens, 1, gvqInt32, comm, NULL);
+    int failed = rg != gvqSuccess;
+    for (int p = 0; rg == gvqSuccess && p < n; p++) {
+        failed |= (*lens)[p] < 0;
+        if ((*lens)[p] > 0 && (size_t)(*lens)[p] > *max) *max = (size_t)(*lens)[p];
+    }
+    if (failed || *max == 0) return rg != gvqSuccess ? rg : failed ? gvqRemoteError : gvqSuccess;
+    *all = malloc(*max * (size_t)n);
+    uint8_t *pad = calloc(*max, 1);
+    if (pad != NULL && len > 0) memcpy(pad, mine, (size_t)len);
+    /* from a zero pad, or nothing (then the others time out), if memory ran out */
+    rg = *all != NULL && pad != NULL ? gvqAllGather(pad, *all, *max, gvqUint8, comm, NULL)
+                                     : gvqSystemError;
+    free(pad);
+    return rg;
+}
+
 /* UCX: the members' worker addresses through the parent, then this rank's transport. */
 static gvqResult_t ucx_child(gvqComm_t comm, int color_member, const int *ranks, int m, int me,
                              gvq_transport_t **t) {
@@ -58,63 +88,78 @@ static gvqResult_t ucx_child(gvqComm_t comm, int color_member, const int *ranks,
                  GVQ_BOOT_MAX_BLOB);
         res = gvqSystemError;
     }
-    /* every rank takes part in the two allgathers, whatever happened here: -1 says it failed */
-    int n = comm->nranks;
-    int32_t mine = res == gvqSuccess ? (int32_t)len : -1, *lens = calloc((size_t)n, 4);
-    uint8_t *all = NULL, *pad = NULL, *packed = NULL;
-    int32_t *mlens = calloc((size_t)m > 0 ? (size_t)m : 1, 4);
-    if (lens == NULL || mlens == NULL) { /* the others' exchange then times out */
-        GVQ_WARN("gvqCommSplit: out of memory for %d ranks' address lengths", n);
-        gvq_ucx_close(u);
-        free(lens);
-        free(mlens);
-        return gvqSystemError;
-    }
-    gvqResult_t rg = gvqAllGather(&mine, lens, 1, gvqInt32, comm, NULL);
+    int32_t *lens = NULL, *mlens = calloc((size_t)m > 0 ? (size_t)m : 1, 4);
+    uint8_t *all = NULL, *packed = NULL;
     size_t max = 0;
-    int failed = rg != gvqSuccess;
-    for (int p = 0; rg == gvqSuccess && p < n; p++) {
-        failed |= lens[p] < 0;
-        if (lens[p] > 0 && (size_t)lens[p] > max) max = (size_t)lens[p];
-    }
-    if (!failed && max > 0) {
-        all = malloc(max * (size_t)n);
-        pad = calloc(max, 1);
-        packed = malloc(max * (size_t)(m > 0 ? m : 1));
-        if (all == NULL || pad == NULL || packed == NULL) {
-            res = gvqSystemError; /* the allgather below still runs, from a zero pad if need be */
-        }
-        if (pad != NULL && len > 0) memcpy(pad, addr, len);
-        rg = all != NULL && pad != NULL ? gvqAllGather(pad, all, max, gvqUint8, comm, NULL)
-                                        : gvqSystemError;
-        failed |= rg != gvqSuccess;
-    }
-    if (res == gvqSuccess && failed) {
+    gvqResult_t rg =
+        gather_blobs(comm, addr, res == gvqSuccess ? (int32_t)len : -1, &lens, &all, &max);
+    if (res == gvqSuccess && rg != gvqSuccess) {
         GVQ_WARN("gvqCommSplit: a rank could not open its UCX worker, or the exchange of the "
                  "addresses failed; no communicator made");
-        res = rg != gvqSuccess ? rg : gvqRemoteError;
+        res = rg;
     }
     if (res == gvqSuccess && color_member) {
+        packed = malloc(max * (size_t)(m > 0 ? m : 1));
+        res = packed != NULL && mlens != NULL ? gvqSuccess : gvqSystemError;
         size_t at = 0;
-        for (int i = 0; i < m; i++) {
+        for (int i = 0; res == gvqSuccess && i < m; i++) {
             mlens[i] = lens[ranks[i]];
             memcpy(packed + at, all + (size_t)ranks[i] * max, (size_t)mlens[i]);
             at += (size_t)mlens[i];
         }
-        res = gvq_ucx_transport_create(u, packed, mlens, m, me, t);
+        if (res == gvqSuccess) res = gvq_ucx_transport_create(u, packed, mlens, m, me, t);
         if (res == gvqSuccess) u = NULL;
     }
     gvq_ucx_close(u);
     free(lens);
     free(mlens);
     free(all);
-    free(pad);
     free(packed);
     return res;
 }
 
-GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *newcomm,
-                                 gvqConfig_t *config) {
+gvqResult_t gvq_comm_ucx_spare(gvqComm_t c) {
+    if (strcmp(c->xport->ops->name, "ucx") != 0 || !gvq_param(GVQ_PARAM_UCX_SPARE))
+        return gvqSuccess; /* the same on every rank: the transport, the setting */
+    const void *addr = NULL;
+    size_t len = 0;
+    gvqResult_t res = gvq_ucx_spare_open(c->xport, &addr, &len);
+    int32_t *lens = NULL, mine = res == gvqSuccess ? (int32_t)len : -1;
+    uint8_t *all = NULL;
+    size_t max = 0;
+    gvqResult_t rg = gather_blobs(c, addr, mine, &lens, &all, &max);
+    if (res == gvqSuccess) res = rg;
+    for (int p = 0, at = 0; res == gvqSuccess && p < c->nranks; at += lens[p], p++)
+        memmove(all + at, all + (size_t)p * max, (size_t)lens[p]); /* packed, in rank order */
+    if (res == gvqSuccess) res = gvq_ucx_spare_peers(c->xport, all, lens);
+    if (res != gvqSuccess)
+        GVQ_WARN("comm %p rank %d: the spare UCX workers (gvqCommShrink's) could not be set up: %s",
+                 (void *)c, c->rank, gvqGetErrorString(res));
+    free(lens);
+    free(all);
+    return res;
+}
+
+gvqResult_t gvq_comm_child_finish(gvqComm_t parent, const int *ranks, int m, gvqComm_t child,
+                                  int spare) {
+    uint64_t *keys = calloc((size_t)m, sizeof *keys);
+    if (keys != NULL && parent->host_keys != NULL) {
+        for (int i = 0; i < m; i++)
+            keys[i] = parent->host_keys[ranks[i]];
+        child->host_keys = keys;
+        keys = NULL;
+        int nhosts = 0, lead = 0;
+        if (gvq_comm_hosts(child, &nhosts, &lead, NULL) == gvqSuccess)
+            child->xport->one_host = nhosts == 1;
+    }
+    free(keys);
+    gvqResult_t res = gvq_comm_shm_at_init(child);
+    if (res == gvqSuccess && spare) res = gvq_comm_ucx_spare(child);
+    return res;
+}
+
+static gvqResult_t split(gvqComm_t comm, int color, int key, gvqComm_t *newcomm,
+                         gvqConfig_t *config, int spare) {
     if (newcomm != NULL) *newcomm = NULL;
     GVQCHECK(gvq_comm_check(comm, "gvqCommSplit", 1));
     if (newcomm == NULL || (color < 0 && color != GVQ_SPLIT_NOCOLOR)) {
@@ -135,8 +180,7 @@ GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *
     int n = comm->nranks, nh = 0, leader = 0;
     split_pair_t *all = calloc((size_t)n, sizeof *all);
     int *ranks = calloc((size_t)n, sizeof *ranks);
-    uint64_t *keys = calloc((size_t)n, sizeof *keys);
-    gvqResult_t res = all && ranks && keys ? gvqSuccess : gvqSystemError;
+    gvqResult_t res = all && ranks ? gvqSuccess : gvqSystemError;
     split_pair_t mine = {SPLIT_MAGIC, color, key};
     /* collective on the parent: a rank that is not splitting fails this call on every rank (a
      * call of another shape at the agreement; an allgather of the same shape by its magic) */
@@ -166,14 +210,7 @@ GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *
         t = NULL; /* the communicator's now, or freed by a failed create */
     }
     if (res == gvqSuccess && *newcomm != NULL) {
-        for (int i = 0; i < m; i++)
-            keys[i] = comm->host_keys[ranks[i]];
-        (*newcomm)->host_keys = keys;
-        keys = NULL;
-        int nhosts = 0, lead = 0;
-        if (gvq_comm_hosts(*newcomm, &nhosts, &lead, NULL) == gvqSuccess)
-            (*newcomm)->xport->one_host = nhosts == 1;
-        res = gvq_comm_shm_at_init(*newcomm);
+        res = gvq_comm_child_finish(comm, ranks, m, *newcomm, spare);
         if (res != gvqSuccess) {
             (void)gvqCommDestroy(*newcomm);
             *newcomm = NULL;
@@ -185,8 +222,12 @@ GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *
     if (t != NULL) t->ops->destroy(t);
     free(all);
     free(ranks);
-    free(keys);
     return res;
+}
+
+GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *newcomm,
+                                 gvqConfig_t *config) {
+    return split(comm, color, key, newcomm, config, 1);
 }
 
 /* ---- the hierarchy's communicator of a host (gvq_comm.h) ------------------------------------ */
@@ -204,7 +245,8 @@ gvqResult_t gvq_comm_hier_local(gvqComm_t c) {
     cfg.timeoutMs = (int)GVQ_MIN(c->xport->timeout_ns / 1000000ull, (uint64_t)INT32_MAX);
     cfg.chunkBytes = (int)GVQ_MIN(c->chunk_bytes, (size_t)INT32_MAX);
     gvqComm_t child = NULL;
-    GVQCHECK(gvqCommSplit(c, color, c->rank, &child, &cfg)); /* key: local order is rank order */
+    /* key: local order is rank order; no spare worker: this one is never shrunk */
+    GVQCHECK(split(c, color, c->rank, &child, &cfg, 0));
     c->host_comm = child;
     if (child->p2p != child->xport) h->local_xport = child->p2p;
     GVQ_INFO("comm %p rank %d: the hierarchy's stages inside the host go through %s", (void *)c,

@@ -196,5 +196,19 @@ gvqResult_t gvq_ucx_open(gvq_ucx_t **u, const void **addr, size_t *addr_len);
 gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens,
                                      int nranks, int rank, gvq_transport_t **t);
 void gvq_ucx_close(gvq_ucx_t *u);
+/* The spare worker of a UCX transport t, for gvqCommShrink (a broken communicator's own worker
+ * is never progressed again). spare_open opens it (once) and gives its address; spare_peers
+ * keeps a copy of every rank's spare address (packed as transport_create's); spare_transport
+ * gives the transport on the spare with endpoints to the ranks with reach[p] != 0 (the others,
+ * and any whose endpoint cannot be made, count as failed peers), made on the first call and kept
+ * by t for the next; spare_take turns that one into the transport of the m ranks ranks[] (this
+ * one at me) and hands it to the caller: t has no spare after it. Other transports:
+ * gvqInvalidUsage. */
+gvqResult_t gvq_ucx_spare_open(gvq_transport_t *t, const void **addr, size_t *len);
+gvqResult_t gvq_ucx_spare_peers(gvq_transport_t *t, const uint8_t *addrs, const int32_t *lens);
+gvqResult_t gvq_ucx_spare_transport(gvq_transport_t *t, const uint8_t *reach,
+                                    gvq_transport_t **out);
+gvqResult_t gvq_ucx_spare_take(gvq_transport_t *t, const int *ranks, int m, int me,
+                               gvq_transport_t **out);
 
 #endif /* GVQ_TRANSPORT_H_ */

@@ -35,13 +35,21 @@ struct gvq_ucx {
     ucp_worker_h worker;
     ucp_address_t *addr;
     size_t addr_len;
-    ucp_ep_h *eps;
-    int nranks, rank;
+    ucp_ep_h *eps; /* neps of them, like peers; rank r's is eps[map[r]] (map NULL: eps[r]) */
+    int nranks, rank, neps;
+    int *map;
     struct ucx_peer {
         struct gvq_ucx *u;
         int rank;
         ucs_status_t failed; /* UCS_OK while healthy (atomic) */
     } * peers;
+    /* The spare worker (gvqCommShrink, below): opened at the communicator's creation, its
+     * address and every rank's spare address exchanged by the communicator; once a shrink
+     * starts, spare_t is the transport on it with endpoints to every rank. */
+    struct gvq_ucx *spare;
+    uint8_t *spare_addrs;
+    int32_t *spare_lens;
+    gvq_transport_t *spare_t;
 };
 
 enum { K_SEND = 1, K_RECV = 2, K_UPTO = 4 };
@@ -175,9 +183,14 @@ static void close_eps(gvq_ucx_t *u, int n, int force, uint64_t timeout_ns) {
 
 void gvq_ucx_close(gvq_ucx_t *u) {
     if (u == NULL) return;
-    if (u->eps != NULL) close_eps(u, u->nranks, 1, 0);
+    if (u->eps != NULL) close_eps(u, u->neps, 1, 0);
+    if (u->spare_t != NULL) u->spare_t->ops->destroy(u->spare_t);
+    gvq_ucx_close(u->spare);
     free(u->eps);
     free(u->peers);
+    free(u->map);
+    free(u->spare_addrs);
+    free(u->spare_lens);
     ucp_worker_release_address(u->worker, u->addr);
     ucp_worker_destroy(u->worker);
     free(u);
@@ -196,6 +209,9 @@ static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status) {
 static gvq_ucx_t *impl(gvq_transport_t *t) {
     return t->impl;
 }
+static int slot(const gvq_ucx_t *u, int peer) {
+    return u->map != NULL ? u->map[peer] : peer;
+}
 
 static uint64_t tag_of(int tag, int src) {
     return ((uint64_t)(uint32_t)tag << 32) | (uint32_t)src;
@@ -210,9 +226,12 @@ static gvqResult_t post_failed(gvq_transport_t *t, const char *what, int peer, u
 static gvqResult_t ucx_isend(gvq_transport_t *t, int peer, int tag, const void *buf, size_t bytes,
                              gvq_req_t *req) {
     gvq_ucx_t *u = impl(t);
+    ucs_status_t failed = __atomic_load_n(&u->peers[slot(u, peer)].failed, __ATOMIC_ACQUIRE);
+    if (u->eps[slot(u, peer)] == NULL) failed = UCS_ERR_UNREACHABLE;
+    if (failed != UCS_OK) return post_failed(t, "a send", peer, failed);
     ucp_request_param_t rp;
     memset(&rp, 0, sizeof rp);
-    void *r = ucp_tag_send_nbx(u->eps[peer], buf, bytes, tag_of(tag, u->rank), &rp);
+    void *r = ucp_tag_send_nbx(u->eps[slot(u, peer)], buf, bytes, tag_of(tag, u->rank), &rp);
     if (UCS_PTR_IS_ERR(r)) return post_failed(t, "a send", peer, UCS_PTR_STATUS(r));
     req->handle[0] = (uint64_t)(uintptr_t)r; /* NULL: done already */
     req->handle[1] = K_SEND;
@@ -225,7 +244,7 @@ static gvqResult_t ucx_isend(gvq_transport_t *t, int peer, int tag, const void *
 static gvqResult_t post_recv(gvq_transport_t *t, int peer, int tag, void *buf, size_t bytes,
                              gvq_req_t *req, int kind) {
     gvq_ucx_t *u = impl(t);
-    ucs_status_t failed = __atomic_load_n(&u->peers[peer].failed, __ATOMIC_ACQUIRE);
+    ucs_status_t failed = __atomic_load_n(&u->peers[slot(u, peer)].failed, __ATOMIC_ACQUIRE);
     if (failed != UCS_OK) return post_failed(t, "a receive", peer, failed);
     ucp_request_param_t rp;
     memset(&rp, 0, sizeof rp);
@@ -304,8 +323,8 @@ static void ucx_destroy(gvq_transport_t *t) {
     gvq_ucx_t *u = impl(t);
     int broken = gvq_broken_get(t->broken) != gvqSuccess ||
                  (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE));
-    close_eps(u, u->nranks, broken, t->timeout_ns);
-    u->nranks = 0;
+    close_eps(u, u->neps, broken, t->timeout_ns);
+    u->neps = 0;
     gvq_ucx_close(u);
     free(t);
 }
@@ -323,23 +342,26 @@ static const gvq_transport_ops_t ucx_ops = {
     .iallgatherv = gvq_xport_iallgatherv_unsupported,
 };
 
-gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens,
-                                     int nranks, int rank, gvq_transport_t **out) {
+/* The transport on u with an endpoint to each of the n addresses (packed, lens[p] bytes each).
+ * reach (NULL: every rank, and an endpoint that cannot be made fails the call) names the ranks
+ * to reach; an endpoint to one of them that cannot be made marks that peer failed instead. */
+static gvqResult_t make_transport(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens, int n,
+                                  int rank, const uint8_t *reach, gvq_transport_t **out) {
     *out = NULL;
     gvq_transport_t *t = calloc(1, sizeof *t);
-    u->eps = calloc((size_t)nranks, sizeof *u->eps);
-    u->peers = calloc((size_t)nranks, sizeof *u->peers);
-    u->nranks = nranks;
+    u->eps = calloc((size_t)n, sizeof *u->eps);
+    u->peers = calloc((size_t)n, sizeof *u->peers);
+    u->nranks = u->neps = n;
     u->rank = rank;
     if (t == NULL || u->eps == NULL || u->peers == NULL) {
-        GVQ_WARN("UCX transport: out of memory for %d endpoints", nranks);
+        GVQ_WARN("UCX transport: out of memory for %d endpoints", n);
         free(t);
         return gvqSystemError;
     }
     /* every address first: a rank on another transport is the cause to name, on every rank,
      * before any endpoint reaches a rank that already gave up */
-    for (int p = 0; p < nranks; p++)
-        if (lens[p] <= 0) {
+    for (int p = 0; p < n; p++)
+        if (lens[p] <= 0 && (reach == NULL || reach[p])) {
             GVQ_WARN("UCX transport: rank %d sent no UCX address (its transport is not UCX: set "
                      "GVQ_TRANSPORT alike on every rank)",
                      p);
@@ -347,8 +369,12 @@ gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const i
             return gvqInvalidUsage;
         }
     size_t at = 0;
-    for (int p = 0; p < nranks; p++) {
+    for (int p = 0; p < n; at += (size_t)GVQ_MAX(lens[p], 0), p++) {
         u->peers[p] = (struct ucx_peer){u, p, UCS_OK};
+        if (reach != NULL && !reach[p]) {
+            u->peers[p].failed = UCS_ERR_UNREACHABLE;
+            continue;
+        }
         ucp_ep_params_t ep;
         memset(&ep, 0, sizeof ep);
         ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -358,21 +384,129 @@ gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const i
         ep.err_handler.cb = ep_failed;
         ep.err_handler.arg = &u->peers[p];
         ucs_status_t st = ucp_ep_create(u->worker, &ep, &u->eps[p]);
-        at += (size_t)lens[p];
         if (st != UCS_OK) {
             GVQ_WARN("UCX transport: cannot reach rank %d: %s", p, ucs_status_string(st));
             u->eps[p] = NULL;
-            free(t);
-            return gvqRemoteError;
+            u->peers[p].failed = st;
+            if (reach == NULL) {
+                free(t);
+                return gvqRemoteError;
+            }
         }
     }
     t->ops = &ucx_ops;
     t->rank = rank;
-    t->nranks = nranks;
+    t->nranks = n;
     t->cancel_keeps_buffers = 1;
     t->concurrent = 1;
     t->impl = u;
     *out = t;
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens,
+                                     int nranks, int rank, gvq_transport_t **out) {
+    return make_transport(u, addrs, lens, nranks, rank, NULL, out);
+}
+
+/* ---- the spare worker: gvqCommShrink's ----------------------------------------------------
+ * A broken communicator's worker is never progressed again (close_eps), so the survivors of a
+ * failure cannot talk over it. Each UCX communicator therefore opens a second worker at
+ * creation and exchanges its address (the communicator layer's gvq_comm_ucx_spare); a shrink
+ * talks over endpoints to those spares and the shrunk communicator keeps the spare's worker. */
+
+gvqResult_t gvq_ucx_spare_open(gvq_transport_t *t, const void **addr, size_t *len) {
+    *addr = NULL;
+    *len = 0;
+    if (t->ops != &ucx_ops) return gvqInvalidUsage;
+    gvq_ucx_t *u = impl(t);
+    if (u->spare == NULL) GVQCHECK(gvq_ucx_open(&u->spare, addr, len));
+    *addr = u->spare->addr;
+    *len = u->spare->addr_len;
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_ucx_spare_peers(gvq_transport_t *t, const uint8_t *addrs, const int32_t *lens) {
+    gvq_ucx_t *u = impl(t);
+    size_t total = 0;
+    for (int p = 0; p < u->nranks; p++)
+        total += (size_t)GVQ_MAX(lens[p], 0);
+    free(u->spare_addrs);
+    free(u->spare_lens);
+    u->spare_addrs = malloc(total > 0 ? total : 1);
+    u->spare_lens = malloc((size_t)u->nranks * sizeof *lens);
+    if (u->spare_addrs == NULL || u->spare_lens == NULL) {
+        free(u->spare_addrs);
+        free(u->spare_lens);
+        u->spare_addrs = NULL;
+        u->spare_lens = NULL;
+        GVQ_WARN("UCX transport: out of memory for %d spare addresses", u->nranks);
+        return gvqSystemError;
+    }
+    memcpy(u->spare_addrs, addrs, total);
+    memcpy(u->spare_lens, lens, (size_t)u->nranks * sizeof *lens);
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_ucx_spare_transport(gvq_transport_t *t, const uint8_t *reach,
+                                    gvq_transport_t **out) {
+    *out = NULL;
+    if (t->ops != &ucx_ops) return gvqInvalidUsage;
+    gvq_ucx_t *u = impl(t);
+    if (u->spare_t == NULL && (u->spare == NULL || u->spare_addrs == NULL)) {
+        GVQ_WARN("UCX transport: this communicator has no spare worker (GVQ_UCX_SPARE=0, a "
+                 "communicator of gvq's own, or one shrink of it already used it)");
+        return gvqInvalidUsage;
+    }
+    if (u->spare_t == NULL) {
+        GVQCHECK(make_transport(u->spare, u->spare_addrs, u->spare_lens, u->nranks, u->rank, reach,
+                                &u->spare_t));
+        u->spare = NULL; /* spare_t's now */
+        u->spare_t->timeout_ns = t->timeout_ns;
+        u->spare_t->abort_flag = t->abort_flag;
+    }
+    *out = u->spare_t;
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_ucx_spare_take(gvq_transport_t *t, const int *ranks, int m, int me,
+                               gvq_transport_t **out) {
+    gvq_ucx_t *u = impl(t);
+    *out = NULL;
+    gvq_transport_t *s = u->spare_t;
+    gvq_ucx_t *su = s != NULL ? impl(s) : NULL;
+    int *map = su != NULL ? malloc((size_t)m * sizeof *map) : NULL;
+    if (map == NULL) return su != NULL ? gvqSystemError : gvqInvalidUsage;
+    uint8_t *member = calloc((size_t)su->neps, 1);
+    if (member == NULL) {
+        free(map);
+        return gvqSystemError;
+    }
+    for (int i = 0; i < m; i++) {
+        map[i] = ranks[i];
+        member[ranks[i]] = 1;
+        su->peers[ranks[i]].rank = i; /* as its WARNs name it */
+    }
+    /* the others' endpoints go: the shrink's last messages to them need not arrive */
+    for (int p = 0; p < su->neps; p++)
+        if (!member[p] && su->eps[p] != NULL) {
+            ucp_request_param_t rp;
+            memset(&rp, 0, sizeof rp);
+            rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+            void *r = ucp_ep_close_nbx(su->eps[p], &rp);
+            if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+            su->eps[p] = NULL;
+        }
+    free(member);
+    su->map = map;
+    su->nranks = m;
+    su->rank = me;
+    s->rank = me;
+    s->nranks = m;
+    s->abort_flag = NULL;
+    u->spare_t = NULL;
+    *out = s;
     return gvqSuccess;
 }
 
@@ -397,6 +531,28 @@ void gvq_ucx_close(gvq_ucx_t *u) {
 gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens,
                                      int nranks, int rank, gvq_transport_t **out) {
     (void)u, (void)addrs, (void)lens, (void)nranks, (void)rank;
+    *out = NULL;
+    return gvqInvalidUsage;
+}
+gvqResult_t gvq_ucx_spare_open(gvq_transport_t *t, const void **addr, size_t *len) {
+    (void)t;
+    *addr = NULL;
+    *len = 0;
+    return gvqInvalidUsage;
+}
+gvqResult_t gvq_ucx_spare_peers(gvq_transport_t *t, const uint8_t *addrs, const int32_t *lens) {
+    (void)t, (void)addrs, (void)lens;
+    return gvqInvalidUsage;
+}
+gvqResult_t gvq_ucx_spare_transport(gvq_transport_t *t, const uint8_t *reach,
+                                    gvq_transport_t **out) {
+    (void)t, (void)reach;
+    *out = NULL;
+    return gvqInvalidUsage;
+}
+gvqResult_t gvq_ucx_spare_take(gvq_transport_t *t, const int *ranks, int m, int me,
+                               gvq_transport_t **out) {
+    (void)t, (void)ranks, (void)m, (void)me;
     *out = NULL;
     return gvqInvalidUsage;
 }

@@ -130,6 +130,10 @@ void gvq_log_note(const char *file, int line, const char *fmt, ...)
       "1: a communicator spanning hosts of several ranks each makes one of its host's ranks at "  \
       "init, whose shared memory carries the hierarchical allreduce's stages inside the host; "   \
       "0: those stages use the communicator's own transport. The same on every rank")             \
+    X(UCX_SPARE, "GVQ_UCX_SPARE", UINT, 1, NULL,                                                  \
+      "1: a UCX communicator (gvqCommInitRank, gvqCommSplit, gvqCommShrink) opens a second UCX "  \
+      "worker at creation, idle until gvqCommShrink talks over it (the broken communicator's "    \
+      "own worker is never progressed again); 0: none, and gvqCommShrink refuses on UCX")         \
     X(RING_ORDER, "GVQ_RING_ORDER", CHOICE, 0, "host,rank",                                       \
       "order of the allreduce ring when a communicator spans hosts: host (each host's ranks in "  \
       "one run, so the ring crosses each host's link once each way) or rank; the same on every "  \

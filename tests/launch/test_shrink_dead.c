@@ -1,0 +1,148 @@
+/*
+ * test_shrink_dead.c -- processes that die, and the survivors that go on (gvqCommShrink with
+ * GVQ_SHRINK_ABORT), in a job started without mpirun (scripts/gvq-launch.sh; UCX transport):
+ * Open MPI would end an mpirun job whose process dies, so this is the UCX path's test.
+ *
+ * Every rank runs 4-bit QSGD allreduces; after a few, the last rank (and, with 4 ranks or more,
+ * rank 1) leaves with _exit in the middle of the loop, as a crash would: no destroy, no goodbye.
+ * The survivors' compressed call fails; they shrink, and each checks on the new communicator,
+ * against values computed here: its size and rank, the members' parent ranks (allgather), an
+ * exact plain sum, and a compressed allreduce identical on every member. With 2 ranks the one
+ * survivor is not a majority: ABORT alone refuses (gvqRemoteError) and NO_QUORUM goes on.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gvq.h"
+
+static int rank = -1, failures;
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            failures++;                                                         \
+            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, "\n");                                              \
+        }                                                                       \
+    } while (0)
+#define GVQ(call)                                                                                \
+    do {                                                                                         \
+        gvqResult_t r_ = (call);                                                                 \
+        if (r_ != gvqSuccess) {                                                                  \
+            fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call, gvqGetErrorString(r_), \
+                    gvqGetLastError(NULL));                                                      \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+#define COUNT ((size_t)1 << 18)
+
+static float val(int r, size_t i) {
+    return (float)((int)((i * 7 + (size_t)r * 13) % 61) - 30);
+}
+
+static int dies(int r, int n) {
+    return r == n - 1 || (n >= 4 && r == 1);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(void) {
+    if (getenv("GVQ_TEST_SKIP") != NULL) {
+        printf("test_shrink_dead: skipped (gvq built without UCX: no transport outside an MPI "
+               "job)\n");
+        return 77;
+    }
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    cfg.timeoutMs = 2000;
+    gvqComm_t comm;
+    GVQ(gvqCommInitFromEnv(&comm, &cfg));
+    int n = 0;
+    GVQ(gvqCommUserRank(comm, &rank));
+    GVQ(gvqCommCount(comm, &n));
+    gvqCompressorConfig_t ccfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    ccfg.codec = gvqCodecQsgd;
+    ccfg.qsgdBits = 4;
+    gvqCompressor_t cp;
+    GVQ(gvqCompressorCreate(comm, COUNT, &ccfg, &cp));
+    float *x = malloc(COUNT * sizeof *x), *y = malloc(COUNT * sizeof *y);
+    for (size_t i = 0; i < COUNT; i++)
+        x[i] = val(rank, i) / 30.0f;
+    gvqResult_t res = gvqSuccess;
+    int calls = 0;
+    for (; res == gvqSuccess && calls < 1000; calls++) {
+        if (calls == 5 && dies(rank, n)) {
+            printf("test_shrink_dead: rank %d of %d leaves now (_exit)\n", rank, n);
+            fflush(stdout);
+            _exit(0);
+        }
+        res = gvqAllReduceCompressed(x, y, COUNT, gvqFloat32, gvqSum, cp, comm, NULL);
+    }
+    CHECK(res != gvqSuccess && calls >= 5, "the compressed calls went on after a death (%d, %s)",
+          calls, gvqGetErrorString(res));
+    gvqComm_t nc = NULL;
+    double t0 = now_s();
+    if (n == 2) {
+        gvqResult_t r1 = gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT);
+        CHECK(r1 == gvqRemoteError && nc == NULL, "1 of 2 without NO_QUORUM: %s",
+              gvqGetErrorString(r1));
+        GVQ(gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT | GVQ_SHRINK_NO_QUORUM));
+    } else {
+        GVQ(gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT));
+    }
+    double took = now_s() - t0;
+    int members[64], m = 0, want = -1, cn = -1, cr = -1;
+    for (int p = 0; p < n && p < 64; p++)
+        if (!dies(p, n)) {
+            if (p == rank) want = m;
+            members[m++] = p;
+        }
+    GVQ(gvqCommCount(nc, &cn));
+    GVQ(gvqCommUserRank(nc, &cr));
+    CHECK(cn == m && cr == want, "rank %d of %d on the shrunk communicator, want %d of %d", cr, cn,
+          want, m);
+    int32_t mine = rank, all[64];
+    GVQ(gvqAllGather(&mine, all, 1, gvqInt32, nc, NULL));
+    for (int k = 0; k < m; k++)
+        CHECK(all[k] == members[k], "member %d is rank %d, want %d", k, all[k], members[k]);
+    for (size_t i = 0; i < COUNT; i++)
+        x[i] = val(rank, i);
+    GVQ(gvqAllReduce(x, y, COUNT, gvqFloat32, gvqSum, nc, NULL));
+    size_t bad = 0;
+    for (size_t i = 0; i < COUNT; i++) {
+        float s = 0;
+        for (int k = 0; k < m; k++)
+            s += val(members[k], i);
+        bad += y[i] != s;
+    }
+    CHECK(bad == 0, "plain sum on the shrunk communicator: %zu of %zu wrong", bad, COUNT);
+    /* a compressor of the new communicator (the old one's stays with the old) */
+    gvqCompressor_t cp2;
+    GVQ(gvqCompressorCreate(nc, COUNT, &ccfg, &cp2));
+    GVQ(gvqAllReduceCompressed(x, y, COUNT, gvqFloat32, gvqSum, cp2, nc, NULL));
+    uint64_t h = 1469598103934665603ull, hs[64];
+    for (size_t i = 0; i < COUNT * sizeof *y; i++)
+        h = (h ^ ((const unsigned char *)y)[i]) * 1099511628211ull;
+    GVQ(gvqAllGather(&h, hs, 1, gvqUint64, nc, NULL));
+    for (int k = 0; k < m; k++)
+        CHECK(hs[k] == h, "the compressed result differs on member %d", k);
+    GVQ(gvqCompressorDestroy(cp2));
+    GVQ(gvqCommDestroy(nc));
+    (void)gvqCompressorDestroy(cp);
+    (void)gvqCommDestroy(comm);
+    printf("test_shrink_dead: rank %d: %d calls, then %s; shrunk %d -> %d in %.2f s; %s (%d "
+           "failure(s))\n",
+           rank, calls, gvqGetErrorString(res), n, m, took, failures ? "FAIL" : "PASS", failures);
+    free(x);
+    free(y);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,216 @@
+/*
+ * test_shrink.c -- gvqCommShrink over the transport of GVQ_TRANSPORT (MPI or UCX). One scenario
+ * per argv[1]:
+ *
+ *   exclude  a healthy communicator less given ranks (the last; at 4 ranks and more also rank
+ *            1): the excluded ranks do not call; every survivor gets a communicator of the
+ *            survivors in parent order, its sums exact; it is shrunk again (less its rank 0),
+ *            which needs the shrunk communicator's own spare on UCX; bad arguments refused.
+ *   stall    the last rank stops (SIGSTOP) in the middle of its allreduces; the others' call
+ *            times out and they shrink with GVQ_SHRINK_ABORT. With 3 ranks or more they get the
+ *            communicator of the others; at 2 ranks the survivor is not a majority and gets
+ *            gvqRemoteError, then shrinks again with GVQ_SHRINK_NO_QUORUM. The stopped rank is
+ *            resumed afterwards and its own shrink must fail: it must not go on alone.
+ *
+ * Expected values come from the definition (which parent ranks remain), never from gvq.
+ */
+#include <pthread.h>
+
+#include "mpitest.h"
+
+#define TIMEOUT_MS 1000
+#define BIG ((size_t)1 << 18)
+
+/* parent rank p's value i: small integers, so every float sum is exact */
+static float val(int p, size_t i) {
+    return (float)((int)((i * 7 + (size_t)p * 13) % 41) - 20);
+}
+
+static gvqComm_t comm_with_timeout(int timeout_ms) {
+    gvqUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (mt.rank == 0) MT_OK(gvqGetUniqueId(&id));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    cfg.timeoutMs = timeout_ms;
+    gvqComm_t comm = NULL;
+    MT_OK(gvqCommInitRankConfig(&comm, mt.nranks, id, mt.rank, &cfg));
+    if (comm == NULL) MPI_Abort(MPI_COMM_WORLD, 1);
+    return comm;
+}
+
+/* c must hold the parent ranks members[0..m) in that order, this one among them: its count,
+ * rank, everyone's parent rank (allgather) and an exact sum of `count` values. */
+static void check_members(gvqComm_t c, int parent_rank, const int *members, int m, size_t count,
+                          const char *what) {
+    int cn = -1, cr = -1, want = -1;
+    for (int k = 0; k < m; k++)
+        if (members[k] == parent_rank) want = k;
+    MT_OK(gvqCommCount(c, &cn));
+    MT_OK(gvqCommUserRank(c, &cr));
+    MT_CHECK(cn == m && cr == want, "%s: rank %d of %d, want %d of %d", what, cr, cn, want, m);
+    if (cn != m) return;
+    int32_t mine = parent_rank, *all = calloc((size_t)m, sizeof *all);
+    MT_OK(gvqAllGather(&mine, all, 1, gvqInt32, c, NULL));
+    for (int k = 0; k < m; k++)
+        MT_CHECK(all[k] == members[k], "%s: member %d is parent rank %d, want %d", what, k, all[k],
+                 members[k]);
+    free(all);
+    float *x = malloc(count * sizeof *x), *y = malloc(count * sizeof *y);
+    for (size_t i = 0; i < count; i++)
+        x[i] = val(parent_rank, i);
+    MT_OK(gvqAllReduce(x, y, count, gvqFloat32, gvqSum, c, NULL));
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) {
+        float s = 0;
+        for (int k = 0; k < m; k++)
+            s += val(members[k], i);
+        bad += y[i] != s;
+    }
+    MT_CHECK(bad == 0, "%s: allreduce of %zu: %zu wrong", what, count, bad);
+    free(x);
+    free(y);
+}
+
+static void bad_arguments(gvqComm_t comm) {
+    gvqComm_t nc = (gvqComm_t)0x1;
+    int self = mt.rank, out = mt.nranks;
+    MT_EXPECT_RES(gvqCommShrink(comm, NULL, 0, NULL, NULL, 0), gvqInvalidArgument);
+    MT_EXPECT_RES(gvqCommShrink(comm, &self, 1, &nc, NULL, 0), gvqInvalidArgument);
+    MT_CHECK(nc == NULL, "a refused shrink left *newcomm set");
+    MT_EXPECT_RES(gvqCommShrink(comm, &out, 1, &nc, NULL, 0), gvqInvalidArgument);
+    MT_EXPECT_RES(gvqCommShrink(comm, NULL, 1, &nc, NULL, 0), gvqInvalidArgument);
+    MT_EXPECT_RES(gvqCommShrink(comm, NULL, 0, &nc, NULL, 8), gvqInvalidArgument);
+    MT_EXPECT_RES(gvqCommShrink(NULL, NULL, 0, &nc, NULL, 0), gvqInvalidArgument);
+}
+
+static void scenario_exclude(void) {
+    int n = mt.nranks;
+    gvqComm_t comm = comm_with_timeout(20000);
+    mt_part("exclude: bad arguments", 60);
+    bad_arguments(comm);
+    int excl[2] = {n - 1, 1}, ne = n >= 4 ? 2 : 1;
+    int members[8], m = 0, in = 1;
+    for (int p = 0; p < n; p++) {
+        int out = 0;
+        for (int k = 0; k < ne; k++)
+            out |= excl[k] == p;
+        if (!out) members[m++] = p;
+        if (out && p == mt.rank) in = 0;
+    }
+    mt_part("exclude: the survivors shrink", 60);
+    if (in) {
+        gvqComm_t nc = NULL;
+        MT_OK(gvqCommShrink(comm, excl, ne, &nc, NULL, GVQ_SHRINK_DEFAULT));
+        MT_CHECK(nc != NULL, "no communicator from the shrink");
+        if (nc != NULL) {
+            check_members(nc, mt.rank, members, m, 1, "exclude");
+            check_members(nc, mt.rank, members, m, 100003, "exclude");
+            if (m >= 2) { /* again, less the new rank 0: the shrunk communicator's own spare */
+                int zero = 0, nr = -1;
+                MT_OK(gvqCommUserRank(nc, &nr));
+                mt_part("exclude: the shrunk communicator shrinks", 60);
+                if (nr != 0) {
+                    gvqComm_t nc2 = NULL;
+                    MT_OK(gvqCommShrink(nc, &zero, 1, &nc2, NULL, 0));
+                    if (nc2 != NULL) {
+                        check_members(nc2, mt.rank, members + 1, m - 1, 4099, "exclude twice");
+                        MT_OK(gvqCommDestroy(nc2));
+                    }
+                }
+            }
+            MT_OK(gvqCommDestroy(nc));
+        }
+    }
+    mt_part("exclude: destroy", 60);
+    MT_OK(gvqCommDestroy(comm));
+}
+
+static volatile int stopped;
+static void *stop_self(void *arg) {
+    (void)arg;
+    mt_sleep_ms(300);
+    stopped = 1;
+    kill(getpid(), SIGSTOP); /* the whole process, in the middle of its allreduces */
+    return NULL;
+}
+
+static void scenario_stall(void) {
+    int n = mt.nranks, staller = n - 1;
+    pid_t *pids = calloc((size_t)n, sizeof *pids), me = getpid();
+    MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, pids, (int)sizeof me, MPI_BYTE, MPI_COMM_WORLD);
+    gvqComm_t comm = comm_with_timeout(TIMEOUT_MS);
+    float *a = malloc(BIG * sizeof(float)), *b = malloc(BIG * sizeof(float));
+    for (size_t i = 0; i < BIG; i++)
+        a[i] = 1.0f;
+    gvqResult_t res = gvqSuccess;
+    mt_part("stall: the failing allreduce", 60);
+    if (mt.rank != staller) {
+        while ((res = gvqAllReduce(a, b, BIG, gvqFloat32, gvqSum, comm, NULL)) == gvqSuccess)
+            ;
+        MT_CHECK(res == gvqTimeout, "survivor: expected gvqTimeout, got %s",
+                 gvqGetErrorString(res));
+        mt_part("stall: the survivors shrink", 60);
+        int members[8], m = 0;
+        for (int p = 0; p < n; p++)
+            if (p != staller) members[m++] = p;
+        gvqComm_t nc = NULL;
+        double t0 = mt_now();
+        if (n == 2) { /* one of two: not a majority */
+            MT_EXPECT_RES(gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT),
+                          gvqRemoteError);
+            MT_CHECK(nc == NULL, "a failed shrink gave a communicator");
+            MT_OK(gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT | GVQ_SHRINK_NO_QUORUM));
+        } else {
+            MT_OK(gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT));
+        }
+        double took = mt_now() - t0;
+        printf("  rank %d: shrink of %d to %d in %.2f s\n", mt.rank, n, m, took);
+        MT_CHECK(took < 8.0 * TIMEOUT_MS / 1000.0, "the shrink took %.1f s", took);
+        if (nc != NULL) {
+            check_members(nc, mt.rank, members, m, 1, "stall");
+            check_members(nc, mt.rank, members, m, BIG + 3, "stall");
+            MT_OK(gvqCommDestroy(nc));
+        }
+        MT_OK(gvqCommDestroy(comm));
+        mt_part("stall: the stopped rank resumes", 60);
+        if (mt.rank == 0) kill(pids[staller], SIGCONT);
+    } else {
+        pthread_t th;
+        pthread_create(&th, NULL, stop_self, NULL);
+        while ((res = gvqAllReduce(a, b, BIG, gvqFloat32, gvqSum, comm, NULL)) == gvqSuccess)
+            ;
+        pthread_join(th, NULL);
+        MT_CHECK(res != gvqSuccess, "the stopped rank's allreduce succeeded without its peers");
+        /* resumed: its peers went on without it; it must not make a communicator */
+        gvqComm_t nc = NULL;
+        gvqResult_t rs = gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT);
+        MT_CHECK(rs != gvqSuccess && nc == NULL,
+                 "the resumed rank's shrink gave %s and a communicator %p", gvqGetErrorString(rs),
+                 (void *)nc);
+        printf("  rank %d (stopped, resumed): allreduce -> %s, shrink -> %s\n", mt.rank,
+               gvqGetErrorString(res), gvqGetErrorString(rs));
+        if (nc != NULL) gvqCommDestroy(nc);
+        gvqCommDestroy(comm);
+    }
+    mt_part("stall: everyone at the barrier", 60);
+    free(a);
+    free(b);
+    free(pids);
+}
+
+int main(int argc, char **argv) {
+    mt_init(&argc, &argv);
+    const char *mode = argc > 1 ? argv[1] : "exclude";
+    if (mt.nranks > 8) {
+        if (mt.rank == 0) printf("test_shrink: at most 8 ranks\n");
+    } else if (strcmp(mode, "exclude") == 0 && mt.nranks >= 2) {
+        scenario_exclude();
+    } else if (strcmp(mode, "stall") == 0 && mt.nranks >= 2) {
+        scenario_stall();
+    } else if (mt.rank == 0) {
+        printf("usage: test_shrink exclude|stall (>= 2 ranks)\n");
+        mt.failures++;
+    }
+    return mt_finish("test_shrink");
+}
