@@ -26,7 +26,14 @@
  * checks that the loss fell and that the weights are identical on every survivor.
  *
  * --die R:S (repeatable): the process that was rank R of the first job leaves at step S with
- * _exit, as a crash would (no destroy, no goodbye). Exit status 0 when the run ended well.
+ * _exit, as a crash would (no destroy, no goodbye). --replace: at the first commit after a
+ * fault, rank 0 starts a replacement for each rank lost (this program, told to join) and every
+ * rank grows into a communicator of the first size (gvqCommGrow, a new unique id passed on the
+ * replacement's command line); rank 0 hands over the step, learning rate, weights and momentum
+ * (gvqBroadcast); every rank makes its compressor anew (a newcomer has no residual that would
+ * match, so the residuals start from zero); the learning rate scales back up; the replacement
+ * draws a data shard of its own. Exit status 0 when the run ended well on this rank and on the
+ * replacements it started.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -34,6 +41,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -151,12 +160,68 @@ static uint64_t hash_of(const void *p, size_t n) {
     return h;
 }
 
+extern char **environ;
+
+/* Start a replacement: this program with this run's options, told to join as rank r of n
+ * through the id, with data shard `shard`. */
+static pid_t spawn_replacement(int argc, char **argv, const gvqUniqueId *id, int r, int n,
+                               int shard) {
+    char hex[2 * sizeof *id + 1], rs[16], ns[16], ss[16];
+    for (size_t i = 0; i < sizeof *id; i++)
+        snprintf(hex + 2 * i, 3, "%02x", ((const unsigned char *)id)[i]);
+    snprintf(rs, sizeof rs, "%d", r);
+    snprintf(ns, sizeof ns, "%d", n);
+    snprintf(ss, sizeof ss, "%d", shard);
+    char **args = calloc((size_t)argc + 9, sizeof *args);
+    if (args == NULL) return -1;
+    int k = 0;
+    for (int i = 0; i < argc; i++) /* --replace too: it takes part in the commits' exchange */
+        args[k++] = argv[i];
+    char *more[] = {"--join", hex, "--join-rank", rs, "--join-size", ns, "--shard", ss};
+    for (int i = 0; i < 8; i++)
+        args[k++] = more[i];
+    pid_t pid = -1;
+    if (posix_spawn(&pid, argv[0], NULL, NULL, args, environ) != 0) pid = -1;
+    free(args);
+    return pid;
+}
+
+static int parse_id(const char *hex, gvqUniqueId *id) {
+    if (strlen(hex) != 2 * sizeof *id) return -1;
+    for (size_t i = 0; i < sizeof *id; i++) {
+        unsigned b = 0;
+        if (sscanf(hex + 2 * i, "%2x", &b) != 1) return -1;
+        ((unsigned char *)id)[i] = (unsigned char)b;
+    }
+    return 0;
+}
+
+/* What a newcomer gets from rank 0 after a grow: the step to start at and the learning rate,
+ * then the weights and the momentum (broadcasts of their own). */
+typedef struct {
+    int64_t step;
+    float lr;
+    int32_t pad;
+} handoff_t;
+
 int main(int argc, char **argv) {
     long steps = 600, every = 50, die_at[MAXDIE];
-    int die_rank[MAXDIE], ndie = 0, qsgd = 0;
+    int die_rank[MAXDIE], ndie = 0, qsgd = 0, replace = 0, join_rank = -1, join_size = 0;
+    int shard = -1;
+    const char *join_hex = NULL;
     float lr = 0.5f, mu = 0.9f;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+        if (strcmp(argv[i], "--replace") == 0)
+            replace = 1;
+        else if (strcmp(argv[i], "--join") == 0 && i + 1 < argc)
+            join_hex = argv[++i];
+        else if (strcmp(argv[i], "--join-rank") == 0 && i + 1 < argc)
+            join_rank = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--join-size") == 0 && i + 1 < argc)
+            join_size = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--shard") == 0 && i + 1 < argc)
+            shard = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atol(argv[++i]);
         else if (strcmp(argv[i], "--commit") == 0 && i + 1 < argc)
             every = atol(argv[++i]);
@@ -170,7 +235,7 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: %s [--steps S] [--commit K] [--lr X] [--codec none|qsgd] "
-                    "[--die RANK:STEP]...\n",
+                    "[--die RANK:STEP]... [--replace]\n",
                     argv[0]);
             return 2;
         }
@@ -179,18 +244,25 @@ int main(int argc, char **argv) {
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     cfg.timeoutMs = 2000; /* a dead peer is noticed within this */
     gvqComm_t comm = NULL;
-    GVQ(gvqCommInitFromEnv(&comm, &cfg));
-    int n0 = 0, n = 0, rank = 0;
-    GVQ(gvqCommUserRank(comm, &first_rank));
+    gvqUniqueId jid;
+    int joining = join_hex != NULL;
+    if (joining && parse_id(join_hex, &jid) != 0) return 2;
+    if (joining) /* a replacement: grow into the survivors' communicator */
+        GVQ(gvqCommGrow(NULL, join_size, &jid, join_rank, &comm, &cfg));
+    else
+        GVQ(gvqCommInitFromEnv(&comm, &cfg));
+    int n0 = 0, n = 0, rank = 0, spawned = 0;
+    pid_t kids[MAXDIE];
+    GVQ(gvqCommUserRank(comm, &rank));
     GVQ(gvqCommCount(comm, &n0));
     n = n0;
-    rank = first_rank;
+    first_rank = joining ? shard : rank;
     gvqCompressorConfig_t ccfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
     ccfg.codec = gvqCodecQsgd;
     ccfg.qsgdBits = 4;
     ccfg.errorFeedback = 1;
     gvqCompressor_t cp = NULL;
-    if (qsgd) GVQ(gvqCompressorCreate(comm, NP, &ccfg, &cp));
+    if (qsgd && !joining) GVQ(gvqCompressorCreate(comm, NP, &ccfg, &cp));
 
     float *teacher = malloc(NP * sizeof(float)), *w = calloc(NP, sizeof(float));
     float *v = calloc(NP, sizeof(float)), *g = malloc(NP * sizeof(float));
@@ -203,12 +275,23 @@ int main(int argc, char **argv) {
         teacher[i] = 2.0f * unif(&s);
     batch(teacher, 999999, 0, tx, ty); /* the held-out batch, the same on every rank */
     double loss0 = loss_grad(w, tx, ty, NULL);
-    commit_take(c, 0, w, v, cp);
+    long step = 0;
+    if (joining) { /* the state, from rank 0 */
+        handoff_t h;
+        GVQ(gvqBroadcast(&h, &h, sizeof h, gvqUint8, 0, comm, NULL));
+        GVQ(gvqBroadcast(w, w, NP, gvqFloat32, 0, comm, NULL));
+        GVQ(gvqBroadcast(v, v, NP, gvqFloat32, 0, comm, NULL));
+        step = (long)h.step;
+        lr = h.lr;
+        if (qsgd) GVQ(gvqCompressorCreate(comm, NP, &ccfg, &cp)); /* as the members do now */
+        printf("[%d] joined as rank %d of %d at step %ld\n", first_rank, rank, n, step);
+    }
+    commit_take(c, step, w, v, cp);
     int faults = 0;
     long lost_total = 0;
     event_t ev = {0};
     double t_step = now_s();
-    for (long step = 0; step < steps;) {
+    while (step < steps) {
         for (int k = 0; k < ndie; k++)
             if (die_rank[k] == first_rank && die_at[k] == step) {
                 printf("[%d] leaves at step %ld (_exit)\n", first_rank, step);
@@ -263,6 +346,41 @@ int main(int argc, char **argv) {
             w[i] -= lr * v[i];
         }
         step++;
+        if (replace && step % every == 0) { /* replacements join here, at a commit */
+            struct {
+                int32_t grow, size;
+                gvqUniqueId id;
+            } j;
+            memset(&j, 0, sizeof j);
+            double t0 = now_s();
+            if (rank == 0 && n < n0 && spawned + (n0 - n) <= MAXDIE) {
+                j.grow = 1;
+                j.size = n0;
+                GVQ(gvqGetUniqueId(&j.id));
+                for (int r = n; r < n0; r++, spawned++)
+                    kids[spawned] = spawn_replacement(argc, argv, &j.id, r, n0, n0 + spawned);
+            }
+            GVQ(gvqBroadcast(&j, &j, sizeof j, gvqUint8, 0, comm, NULL));
+            if (j.grow) {
+                gvqComm_t nc = NULL;
+                GVQ(gvqCommGrow(comm, j.size, &j.id, -1, &nc, NULL));
+                lr *= (float)j.size / (float)n; /* the global batch grew back */
+                handoff_t h = {step, lr, 0};
+                GVQ(gvqBroadcast(&h, &h, sizeof h, gvqUint8, 0, nc, NULL));
+                GVQ(gvqBroadcast(w, w, NP, gvqFloat32, 0, nc, NULL));
+                GVQ(gvqBroadcast(v, v, NP, gvqFloat32, 0, nc, NULL));
+                if (cp != NULL) GVQ(gvqCompressorDestroy(cp));
+                GVQ(gvqCommDestroy(comm));
+                comm = nc;
+                cp = NULL; /* every rank's anew: the newcomer has no residual to match */
+                if (qsgd) GVQ(gvqCompressorCreate(comm, NP, &ccfg, &cp));
+                if (rank == 0)
+                    printf("join at step %ld: %d -> %d ranks in %.3f s (spawn, grow, state "
+                           "handed over); lr now %.4f\n",
+                           step, n, j.size, now_s() - t0, lr);
+                n = j.size;
+            }
+        }
         if (step % every == 0) commit_take(c, step, w, v, cp);
         if (rank == 0 && step % 100 == 0)
             printf("step %ld: held-out loss %.4f (%d ranks)\n", step, loss_grad(w, tx, ty, NULL),
@@ -281,6 +399,14 @@ int main(int argc, char **argv) {
            differ ? "DIFFER between ranks" : "identical on every rank", ok ? "PASS" : "FAIL");
     if (cp != NULL) GVQ(gvqCompressorDestroy(cp));
     GVQ(gvqCommDestroy(comm));
+    for (int k = 0; k < spawned; k++) { /* the replacements this rank started */
+        int st = 1;
+        if (kids[k] <= 0 || waitpid(kids[k], &st, 0) != kids[k] || !WIFEXITED(st) ||
+            WEXITSTATUS(st) != 0) {
+            printf("[%d] FAIL: replacement %d ended with status %d\n", first_rank, k, st);
+            ok = 0;
+        }
+    }
     free(c->cstate);
     free(c);
     free(hs);

@@ -237,6 +237,20 @@ GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *
 GVQ_API gvqResult_t gvqCommShrink(gvqComm_t comm, const int *excludeRanks, int excludeCount,
                                   gvqComm_t *newcomm, gvqConfig_t *config, int shrinkFlags);
 
+/* A new communicator of comm's ranks and newcomers, nranks in all (NCCL's ncclCommGrow). One
+ * process makes a new id (gvqGetUniqueId) and every participant gets it by the caller's own
+ * means (a gvqBroadcast among the members, a file or store for the newcomers). A member passes
+ * its comm and rank -1 and keeps its rank; a newcomer passes comm NULL and its rank, one of
+ * comm's size .. nranks - 1. Collective over all nranks processes, as gvqCommInitRank (whose
+ * rules it follows: over MPI the newcomers must be processes of the same MPI job). comm stays as
+ * it was; the new communicator starts afresh, and its config (NULL: comm's timeout and chunk
+ * size for members, the defaults for newcomers) is its own.
+ * Errors: gvqInvalidArgument (NULL newcomm or commId, a member's rank other than -1 or nranks
+ * below its size, a newcomer's rank outside [0, nranks)), and gvqCommInitRank's (two processes
+ * claiming one rank, a process missing at the timeout). */
+GVQ_API gvqResult_t gvqCommGrow(gvqComm_t comm, int nranks, const gvqUniqueId *commId, int rank,
+                                gvqComm_t *newcomm, gvqConfig_t *config);
+
 /* Frees a communicator once its operations are done. Local (not collective); never hangs.
  * Errors: gvqInvalidArgument (NULL or already destroyed). */
 GVQ_API gvqResult_t gvqCommDestroy(gvqComm_t comm);

@@ -5,7 +5,9 @@
  *   exclude  a healthy communicator less given ranks (the last; at 4 ranks and more also rank
  *            1): the excluded ranks do not call; every survivor gets a communicator of the
  *            survivors in parent order, its sums exact; it is shrunk again (less its rank 0),
- *            which needs the shrunk communicator's own spare on UCX; bad arguments refused.
+ *            which needs the shrunk communicator's own spare on UCX; bad arguments refused;
+ *            then the excluded ranks join again (gvqCommGrow): the members keep their ranks,
+ *            the newcomers take the ranks above them.
  *   stall    the last rank stops (SIGSTOP) in the middle of its allreduces; the others' call
  *            times out and they shrink with GVQ_SHRINK_ABORT. With 3 ranks or more they get the
  *            communicator of the others; at 2 ranks the survivor is not a majority and gets
@@ -99,8 +101,8 @@ static void scenario_exclude(void) {
         if (out && p == mt.rank) in = 0;
     }
     mt_part("exclude: the survivors shrink", 60);
+    gvqComm_t nc = NULL;
     if (in) {
-        gvqComm_t nc = NULL;
         MT_OK(gvqCommShrink(comm, excl, ne, &nc, NULL, GVQ_SHRINK_DEFAULT));
         MT_CHECK(nc != NULL, "no communicator from the shrink");
         if (nc != NULL) {
@@ -119,9 +121,38 @@ static void scenario_exclude(void) {
                     }
                 }
             }
-            MT_OK(gvqCommDestroy(nc));
         }
     }
+    mt_part("exclude: the excluded join again (grow)", 60);
+    gvqUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (mt.rank == 0) MT_OK(gvqGetUniqueId(&id));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    int order[8], k = 0, newrank = -1;
+    for (int i = 0; i < m; i++)
+        order[k++] = members[i];
+    for (int p = 0; p < n; p++) { /* the newcomers, in their old order, above the members */
+        int member = 0;
+        for (int i = 0; i < m; i++)
+            member |= members[i] == p;
+        if (!member) {
+            if (p == mt.rank) newrank = k;
+            order[k++] = p;
+        }
+    }
+    gvqComm_t grown = NULL;
+    if (in) {
+        MT_EXPECT_RES(gvqCommGrow(nc, n, &id, 0, &grown, NULL), gvqInvalidArgument);
+        MT_OK(gvqCommGrow(nc, n, &id, -1, &grown, NULL));
+    } else {
+        MT_EXPECT_RES(gvqCommGrow(NULL, n, &id, n, &grown, NULL), gvqInvalidArgument);
+        MT_OK(gvqCommGrow(NULL, n, &id, newrank, &grown, NULL));
+    }
+    if (grown != NULL) {
+        check_members(grown, mt.rank, order, n, 100003, "grown");
+        MT_OK(gvqCommDestroy(grown));
+    }
+    if (nc != NULL) MT_OK(gvqCommDestroy(nc));
     mt_part("exclude: destroy", 60);
     MT_OK(gvqCommDestroy(comm));
 }

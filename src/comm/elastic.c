@@ -1,6 +1,7 @@
 /*
- * shrink.c -- gvqCommShrink: a new communicator of the ranks that remain, after a fault or to
- * leave given ranks out (NCCL 2.27's ncclCommShrink; MPI ULFM's MPIX_Comm_shrink).
+ * elastic.c -- communicators that change size: gvqCommShrink, a new communicator of the ranks
+ * that remain, after a fault or to leave given ranks out (NCCL 2.27's ncclCommShrink; MPI
+ * ULFM's MPIX_Comm_shrink); gvqCommGrow, one with new processes added (NCCL's ncclCommGrow).
  *
  * The parent may be broken (a peer died or stalled and a call timed out), so nothing here goes
  * through the parent's collectives. Three rounds of small messages, each bounded by the timeout:
@@ -27,7 +28,11 @@
  * The new communicator is made as gvqCommSplit makes a child (MPI_Comm_create_group over the
  * members only; UCX endpoints among the members' spares), copies the host keys, and keeps
  * nothing else of the parent: compressors, zero-code state and parameter-server shards start
- * afresh on it (docs/RELIABILITY.md, "Shrinking a communicator").
+ * afresh on it (docs/RELIABILITY.md, "Shrinking and growing a communicator").
+ *
+ * Growing is a new communicator from a new unique id that the caller hands to the newcomers by
+ * its own means (as NCCL asks): the members keep their ranks, the newcomers take the ranks above
+ * them, and gvqCommInitRank's bootstrap checks that no two claim one rank.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <sched.h>
@@ -271,6 +276,24 @@ static gvqResult_t agree(round_t *r, const uint8_t *excl, uint8_t *members, int 
     return res;
 }
 
+/* config with what it leaves undefined taken from comm, not the environment; *timeout_ms then
+ * holds the timeout it gives. */
+static gvqConfig_t inherit(gvqComm_t comm, const gvqConfig_t *config, int64_t *timeout_ms) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    if (config != NULL) {
+        cfg.blocking = config->blocking;
+        cfg.timeoutMs = config->timeoutMs;
+        cfg.chunkBytes = config->chunkBytes;
+    }
+    if (cfg.timeoutMs == GVQ_CONFIG_UNDEF_INT) {
+        *timeout_ms = (int64_t)(comm->xport->timeout_ns / 1000000ull);
+        cfg.timeoutMs = (int)GVQ_MIN(*timeout_ms, (int64_t)INT32_MAX);
+    }
+    if (cfg.chunkBytes == GVQ_CONFIG_UNDEF_INT)
+        cfg.chunkBytes = (int)GVQ_MIN(comm->chunk_bytes, (size_t)INT32_MAX);
+    return cfg;
+}
+
 /* The transport of the new communicator: the members ranks[0..m), this rank at me. */
 static gvqResult_t child_transport(gvqComm_t comm, int ucx, const int *ranks, int m, int me,
                                    int ctag, uint64_t timeout_ns, gvq_transport_t **t) {
@@ -306,19 +329,7 @@ GVQ_API gvqResult_t gvqCommShrink(gvqComm_t comm, const int *excludeRanks, int e
     int64_t timeout_ms;
     size_t chunk;
     GVQCHECK(gvq_config_resolve(config, "gvqCommShrink", &timeout_ms, &chunk));
-    /* what config leaves undefined comes from the parent, not the environment */
-    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
-    if (config != NULL) {
-        cfg.blocking = config->blocking;
-        cfg.timeoutMs = config->timeoutMs;
-        cfg.chunkBytes = config->chunkBytes;
-    }
-    if (cfg.timeoutMs == GVQ_CONFIG_UNDEF_INT) {
-        timeout_ms = (int64_t)(comm->xport->timeout_ns / 1000000ull);
-        cfg.timeoutMs = (int)GVQ_MIN(timeout_ms, (int64_t)INT32_MAX);
-    }
-    if (cfg.chunkBytes == GVQ_CONFIG_UNDEF_INT)
-        cfg.chunkBytes = (int)GVQ_MIN(comm->chunk_bytes, (size_t)INT32_MAX);
+    gvqConfig_t cfg = inherit(comm, config, &timeout_ms);
     if (timeout_ms <= 0) {
         GVQ_WARN("gvqCommShrink: needs a timeout (config->timeoutMs, or the parent's, > 0): it "
                  "waits that long for the ranks that remain");
@@ -392,5 +403,39 @@ GVQ_API gvqResult_t gvqCommShrink(gvqComm_t comm, const int *excludeRanks, int e
         free(r.recvbufs);
     }
     free(r.reqs);
+    return res;
+}
+
+GVQ_API gvqResult_t gvqCommGrow(gvqComm_t comm, int nranks, const gvqUniqueId *commId, int rank,
+                                gvqComm_t *newcomm, gvqConfig_t *config) {
+    if (newcomm != NULL) *newcomm = NULL;
+    if (comm != NULL) GVQCHECK(gvq_comm_check(comm, "gvqCommGrow", 1));
+    if (newcomm == NULL || commId == NULL) {
+        GVQ_WARN("gvqCommGrow: %s is NULL", newcomm == NULL ? "newcomm" : "commId");
+        return gvqInvalidArgument;
+    }
+    if (comm != NULL && (rank != -1 || nranks < comm->nranks)) {
+        GVQ_WARN("gvqCommGrow: a member passes rank -1 (it keeps its rank) and nranks >= its "
+                 "communicator's %d (got rank %d, nranks %d)",
+                 comm->nranks, rank, nranks);
+        return gvqInvalidArgument;
+    }
+    if (comm == NULL && (rank < 0 || rank >= nranks)) {
+        GVQ_WARN("gvqCommGrow: a newcomer's rank %d is outside [0, %d)", rank, nranks);
+        return gvqInvalidArgument;
+    }
+    int64_t timeout_ms = 0;
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    if (comm != NULL)
+        cfg = inherit(comm, config, &timeout_ms);
+    else if (config != NULL)
+        cfg = *config;
+    gvqResult_t res =
+        gvqCommInitRankConfig(newcomm, nranks, *commId, comm != NULL ? comm->rank : rank, &cfg);
+    if (res == gvqSuccess)
+        GVQ_INFO("gvqCommGrow: %s rank %d of %d", comm != NULL ? "member" : "newcomer",
+                 comm != NULL ? comm->rank : rank, nranks);
+    else
+        GVQ_WARN("gvqCommGrow: no communicator made (%s)", gvqGetErrorString(res));
     return res;
 }
