@@ -153,6 +153,10 @@ static void commit_take(commit_t *c, long step, const float *w, const float *v,
     GVQ(gvqCompressorSave(cp, c->cstate, &c->cbytes));
 }
 
+static long max_l(long a, long b) {
+    return a > b ? a : b;
+}
+
 static uint64_t hash_of(const void *p, size_t n) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++)
@@ -204,212 +208,252 @@ typedef struct {
     int32_t pad;
 } handoff_t;
 
-int main(int argc, char **argv) {
-    long steps = 600, every = 50, die_at[MAXDIE];
-    int die_rank[MAXDIE], ndie = 0, qsgd = 0, replace = 0, join_rank = -1, join_size = 0;
-    int shard = -1;
-    const char *join_hex = NULL;
-    float lr = 0.5f, mu = 0.9f;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--replace") == 0)
-            replace = 1;
-        else if (strcmp(argv[i], "--join") == 0 && i + 1 < argc)
-            join_hex = argv[++i];
-        else if (strcmp(argv[i], "--join-rank") == 0 && i + 1 < argc)
-            join_rank = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--join-size") == 0 && i + 1 < argc)
-            join_size = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--shard") == 0 && i + 1 < argc)
-            shard = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
-            steps = atol(argv[++i]);
-        else if (strcmp(argv[i], "--commit") == 0 && i + 1 < argc)
-            every = atol(argv[++i]);
-        else if (strcmp(argv[i], "--lr") == 0 && i + 1 < argc)
-            lr = (float)atof(argv[++i]);
-        else if (strcmp(argv[i], "--codec") == 0 && i + 1 < argc)
-            qsgd = !strcmp(argv[++i], "qsgd");
-        else if (strcmp(argv[i], "--die") == 0 && i + 1 < argc && ndie < MAXDIE &&
-                 sscanf(argv[++i], "%d:%ld", &die_rank[ndie], &die_at[ndie]) == 2)
-            ndie++;
-        else {
-            fprintf(stderr,
-                    "usage: %s [--steps S] [--commit K] [--lr X] [--codec none|qsgd] "
-                    "[--die RANK:STEP]... [--replace]\n",
-                    argv[0]);
-            return 2;
-        }
-    }
-    if (every < 1) every = 1;
-    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
-    cfg.timeoutMs = 2000; /* a dead peer is noticed within this */
-    gvqComm_t comm = NULL;
-    gvqUniqueId jid;
-    int joining = join_hex != NULL;
-    if (joining && parse_id(join_hex, &jid) != 0) return 2;
-    if (joining) /* a replacement: grow into the survivors' communicator */
-        GVQ(gvqCommGrow(NULL, join_size, &jid, join_rank, &comm, &cfg));
-    else
-        GVQ(gvqCommInitFromEnv(&comm, &cfg));
-    int n0 = 0, n = 0, rank = 0, spawned = 0;
+typedef struct {
+    /* options */
+    long steps, every, die_at[MAXDIE];
+    int die_rank[MAXDIE], ndie, qsgd, replace, join_rank, join_size, shard, argc;
+    const char *join_hex;
+    char **argv;
+    /* the run */
+    gvqComm_t comm;
+    gvqCompressor_t cp;
+    gvqCompressorConfig_t ccfg;
+    int n0, n, rank, spawned, faults;
     pid_t kids[MAXDIE];
-    GVQ(gvqCommUserRank(comm, &rank));
-    GVQ(gvqCommCount(comm, &n0));
-    n = n0;
-    first_rank = joining ? shard : rank;
-    gvqCompressorConfig_t ccfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-    ccfg.codec = gvqCodecQsgd;
-    ccfg.qsgdBits = 4;
-    ccfg.errorFeedback = 1;
-    gvqCompressor_t cp = NULL;
-    if (qsgd && !joining) GVQ(gvqCompressorCreate(comm, NP, &ccfg, &cp));
-
-    float *teacher = malloc(NP * sizeof(float)), *w = calloc(NP, sizeof(float));
-    float *v = calloc(NP, sizeof(float)), *g = malloc(NP * sizeof(float));
-    float *x = malloc(BATCH * IN * sizeof(float)), *tx = malloc(BATCH * IN * sizeof(float));
+    float lr, mu, teacher[NP], w[NP], v[NP], g[NP], x[BATCH * IN], tx[BATCH * IN];
     int y[BATCH], ty[BATCH];
-    commit_t *c = calloc(1, sizeof *c);
-    if (!teacher || !w || !v || !g || !x || !tx || !c) return 1;
-    uint64_t s = 12345;
-    for (int i = 0; i < NP; i++)
-        teacher[i] = 2.0f * unif(&s);
-    batch(teacher, 999999, 0, tx, ty); /* the held-out batch, the same on every rank */
-    double loss0 = loss_grad(w, tx, ty, NULL);
-    long step = 0;
-    if (joining) { /* the state, from rank 0 */
-        handoff_t h;
-        GVQ(gvqBroadcast(&h, &h, sizeof h, gvqUint8, 0, comm, NULL));
-        GVQ(gvqBroadcast(w, w, NP, gvqFloat32, 0, comm, NULL));
-        GVQ(gvqBroadcast(v, v, NP, gvqFloat32, 0, comm, NULL));
-        step = (long)h.step;
-        lr = h.lr;
-        if (qsgd) GVQ(gvqCompressorCreate(comm, NP, &ccfg, &cp)); /* as the members do now */
-        printf("[%d] joined as rank %d of %d at step %ld\n", first_rank, rank, n, step);
+    long step, lost_total;
+    commit_t c;
+    event_t ev;
+    double t_step;
+} run_t;
+
+static int parse(run_t *r, int argc, char **argv) {
+    r->steps = 600, r->every = 50, r->lr = 0.5f, r->mu = 0.9f, r->join_rank = -1, r->shard = -1;
+    r->argc = argc, r->argv = argv;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--replace") == 0)
+            r->replace = 1;
+        else if (next == NULL)
+            return -1;
+        else if (strcmp(a, "--join") == 0)
+            r->join_hex = next;
+        else if (strcmp(a, "--join-rank") == 0)
+            r->join_rank = atoi(next);
+        else if (strcmp(a, "--join-size") == 0)
+            r->join_size = atoi(next);
+        else if (strcmp(a, "--shard") == 0)
+            r->shard = atoi(next);
+        else if (strcmp(a, "--steps") == 0)
+            r->steps = atol(next);
+        else if (strcmp(a, "--commit") == 0)
+            r->every = max_l(atol(next), 1);
+        else if (strcmp(a, "--lr") == 0)
+            r->lr = (float)atof(next);
+        else if (strcmp(a, "--codec") == 0)
+            r->qsgd = !strcmp(next, "qsgd");
+        else if (strcmp(a, "--die") == 0 && r->ndie < MAXDIE &&
+                 sscanf(next, "%d:%ld", &r->die_rank[r->ndie], &r->die_at[r->ndie]) == 2)
+            r->ndie++;
+        else
+            return -1;
+        i += strcmp(a, "--replace") != 0;
     }
-    commit_take(c, step, w, v, cp);
-    int faults = 0;
-    long lost_total = 0;
-    event_t ev = {0};
-    double t_step = now_s();
-    while (step < steps) {
-        for (int k = 0; k < ndie; k++)
-            if (die_rank[k] == first_rank && die_at[k] == step) {
-                printf("[%d] leaves at step %ld (_exit)\n", first_rank, step);
-                fflush(stdout);
-                _exit(0);
-            }
-        t_step = now_s();
-        batch(teacher, (uint64_t)first_rank + 1, step, x, y);
-        (void)loss_grad(w, x, y, g);
-        gvqResult_t res = cp != NULL
-                              ? gvqAllReduceCompressed(g, g, NP, gvqFloat32, gvqAvg, cp, comm, NULL)
-                              : gvqAllReduce(g, g, NP, gvqFloat32, gvqAvg, comm, NULL);
-        if (res != gvqSuccess) { /* a peer died or stalled: shrink, roll back, go on */
-            double t_fail = now_s(), t0 = t_fail;
-            gvqComm_t nc = NULL;
-            GVQ(gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT));
-            double t_shrunk = now_s();
-            if (cp != NULL) (void)gvqCompressorDestroy(cp);
-            (void)gvqCommDestroy(comm);
-            comm = nc;
-            int m = 0;
-            GVQ(gvqCommCount(comm, &m));
-            GVQ(gvqCommUserRank(comm, &rank));
-            cp = NULL;
-            if (qsgd) {
-                GVQ(gvqCompressorCreate(comm, NP, &ccfg, &cp));
-                GVQ(gvqCompressorLoad(cp, c->cstate, c->cbytes));
-            }
-            memcpy(w, c->w, sizeof c->w);
-            memcpy(v, c->v, sizeof c->v);
-            long lost = step - c->step;
-            lr *= (float)m / (float)n; /* the global batch shrank by m / n */
-            faults++;
-            lost_total += lost;
-            ev = (event_t){step,   n, m, lost, t_fail - t_step, t_shrunk - t0, now_s() - t_shrunk,
-                           now_s()};
-            n = m;
-            step = c->step; /* the steps since the commit run again */
-            continue;
-        }
-        if (ev.n_from > 0) { /* the first good step after a fault */
-            if (rank == 0)
-                printf("fault %d at step %ld: %d -> %d ranks; detect %.2f s, shrink %.3f s, "
-                       "reload %.4f s, first step %.4f s; rolled back to step %ld (%ld steps "
-                       "lost); lr now %.4f\n",
-                       faults, ev.step, ev.n_from, ev.n_to, ev.detect, ev.shrink, ev.reload,
-                       now_s() - ev.t_loaded, ev.step - ev.lost, ev.lost, lr);
-            ev.n_from = 0;
-        }
-        for (int i = 0; i < NP; i++) {
-            v[i] = mu * v[i] + g[i];
-            w[i] -= lr * v[i];
-        }
-        step++;
-        if (replace && step % every == 0) { /* replacements join here, at a commit */
-            struct {
-                int32_t grow, size;
-                gvqUniqueId id;
-            } j;
-            memset(&j, 0, sizeof j);
-            double t0 = now_s();
-            if (rank == 0 && n < n0 && spawned + (n0 - n) <= MAXDIE) {
-                j.grow = 1;
-                j.size = n0;
-                GVQ(gvqGetUniqueId(&j.id));
-                for (int r = n; r < n0; r++, spawned++)
-                    kids[spawned] = spawn_replacement(argc, argv, &j.id, r, n0, n0 + spawned);
-            }
-            GVQ(gvqBroadcast(&j, &j, sizeof j, gvqUint8, 0, comm, NULL));
-            if (j.grow) {
-                gvqComm_t nc = NULL;
-                GVQ(gvqCommGrow(comm, j.size, &j.id, -1, &nc, NULL));
-                lr *= (float)j.size / (float)n; /* the global batch grew back */
-                handoff_t h = {step, lr, 0};
-                GVQ(gvqBroadcast(&h, &h, sizeof h, gvqUint8, 0, nc, NULL));
-                GVQ(gvqBroadcast(w, w, NP, gvqFloat32, 0, nc, NULL));
-                GVQ(gvqBroadcast(v, v, NP, gvqFloat32, 0, nc, NULL));
-                if (cp != NULL) GVQ(gvqCompressorDestroy(cp));
-                GVQ(gvqCommDestroy(comm));
-                comm = nc;
-                cp = NULL; /* every rank's anew: the newcomer has no residual to match */
-                if (qsgd) GVQ(gvqCompressorCreate(comm, NP, &ccfg, &cp));
-                if (rank == 0)
-                    printf("join at step %ld: %d -> %d ranks in %.3f s (spawn, grow, state "
-                           "handed over); lr now %.4f\n",
-                           step, n, j.size, now_s() - t0, lr);
-                n = j.size;
-            }
-        }
-        if (step % every == 0) commit_take(c, step, w, v, cp);
-        if (rank == 0 && step % 100 == 0)
-            printf("step %ld: held-out loss %.4f (%d ranks)\n", step, loss_grad(w, tx, ty, NULL),
-                   n);
+    return 0;
+}
+
+/* A step's allreduce failed: shrink, reload the commit, rescale; the steps since run again. */
+static void recover(run_t *r) {
+    double t_fail = now_s();
+    gvqComm_t nc = NULL;
+    GVQ(gvqCommShrink(r->comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT));
+    double t_shrunk = now_s();
+    if (r->cp != NULL) (void)gvqCompressorDestroy(r->cp);
+    (void)gvqCommDestroy(r->comm);
+    r->comm = nc;
+    int m = 0;
+    GVQ(gvqCommCount(r->comm, &m));
+    GVQ(gvqCommUserRank(r->comm, &r->rank));
+    r->cp = NULL;
+    if (r->qsgd) {
+        GVQ(gvqCompressorCreate(r->comm, NP, &r->ccfg, &r->cp));
+        GVQ(gvqCompressorLoad(r->cp, r->c.cstate, r->c.cbytes));
     }
-    double loss1 = loss_grad(w, tx, ty, NULL);
-    uint64_t h = hash_of(w, NP * sizeof *w), *hs = calloc((size_t)n, sizeof *hs);
-    GVQ(gvqAllGather(&h, hs, 1, gvqUint64, comm, NULL));
+    memcpy(r->w, r->c.w, sizeof r->w);
+    memcpy(r->v, r->c.v, sizeof r->v);
+    long lost = r->step - r->c.step;
+    r->lr *= (float)m / (float)r->n; /* the global batch shrank by m / n */
+    r->faults++;
+    r->lost_total += lost;
+    double t = now_s();
+    r->ev =
+        (event_t){r->step, r->n, m, lost, t_fail - r->t_step, t_shrunk - t_fail, t - t_shrunk, t};
+    r->n = m;
+    r->step = r->c.step;
+}
+
+/* At a commit with --replace: rank 0 starts a replacement per rank lost, and all grow. */
+static void maybe_grow(run_t *r) {
+    struct {
+        int32_t grow, size;
+        gvqUniqueId id;
+    } j;
+    memset(&j, 0, sizeof j);
+    double t0 = now_s();
+    if (r->rank == 0 && r->n < r->n0 && r->spawned + (r->n0 - r->n) <= MAXDIE) {
+        j.grow = 1;
+        j.size = r->n0;
+        GVQ(gvqGetUniqueId(&j.id));
+        for (int k = r->n; k < r->n0; k++, r->spawned++)
+            r->kids[r->spawned] =
+                spawn_replacement(r->argc, r->argv, &j.id, k, r->n0, r->n0 + r->spawned);
+    }
+    GVQ(gvqBroadcast(&j, &j, sizeof j, gvqUint8, 0, r->comm, NULL));
+    if (!j.grow) return;
+    gvqComm_t nc = NULL;
+    GVQ(gvqCommGrow(r->comm, j.size, &j.id, -1, &nc, NULL));
+    r->lr *= (float)j.size / (float)r->n; /* the global batch grew back */
+    handoff_t h = {r->step, r->lr, 0};
+    GVQ(gvqBroadcast(&h, &h, sizeof h, gvqUint8, 0, nc, NULL));
+    GVQ(gvqBroadcast(r->w, r->w, NP, gvqFloat32, 0, nc, NULL));
+    GVQ(gvqBroadcast(r->v, r->v, NP, gvqFloat32, 0, nc, NULL));
+    if (r->cp != NULL) GVQ(gvqCompressorDestroy(r->cp));
+    GVQ(gvqCommDestroy(r->comm));
+    r->comm = nc;
+    r->cp = NULL; /* every rank's anew: the newcomer has no residual to match */
+    if (r->qsgd) GVQ(gvqCompressorCreate(r->comm, NP, &r->ccfg, &r->cp));
+    if (r->rank == 0)
+        printf("join at step %ld: %d -> %d ranks in %.3f s (spawn, grow, state handed over); lr "
+               "now %.4f\n",
+               r->step, r->n, j.size, now_s() - t0, r->lr);
+    r->n = j.size;
+}
+
+/* A replacement: grow into the survivors' communicator, then take the state from rank 0. */
+static void join(run_t *r, const gvqConfig_t *cfg) {
+    gvqUniqueId id;
+    if (parse_id(r->join_hex, &id) != 0) exit(2);
+    GVQ(gvqCommGrow(NULL, r->join_size, &id, r->join_rank, &r->comm, (gvqConfig_t *)cfg));
+    GVQ(gvqCommUserRank(r->comm, &r->rank));
+    GVQ(gvqCommCount(r->comm, &r->n0));
+    first_rank = r->shard;
+    handoff_t h;
+    GVQ(gvqBroadcast(&h, &h, sizeof h, gvqUint8, 0, r->comm, NULL));
+    GVQ(gvqBroadcast(r->w, r->w, NP, gvqFloat32, 0, r->comm, NULL));
+    GVQ(gvqBroadcast(r->v, r->v, NP, gvqFloat32, 0, r->comm, NULL));
+    r->step = (long)h.step;
+    r->lr = h.lr;
+    printf("[%d] joined as rank %d of %d at step %ld\n", first_rank, r->rank, r->n0, r->step);
+}
+
+/* One step: 1 when done, 0 when it failed and the run rolled back. */
+static int step_once(run_t *r) {
+    for (int k = 0; k < r->ndie; k++)
+        if (r->die_rank[k] == first_rank && r->die_at[k] == r->step) {
+            printf("[%d] leaves at step %ld (_exit)\n", first_rank, r->step);
+            fflush(stdout);
+            _exit(0);
+        }
+    r->t_step = now_s();
+    batch(r->teacher, (uint64_t)first_rank + 1, r->step, r->x, r->y);
+    (void)loss_grad(r->w, r->x, r->y, r->g);
+    gvqResult_t res =
+        r->cp != NULL
+            ? gvqAllReduceCompressed(r->g, r->g, NP, gvqFloat32, gvqAvg, r->cp, r->comm, NULL)
+            : gvqAllReduce(r->g, r->g, NP, gvqFloat32, gvqAvg, r->comm, NULL);
+    if (res != gvqSuccess) { /* a peer died or stalled */
+        recover(r);
+        return 0;
+    }
+    if (r->ev.n_from > 0) { /* the first good step after a fault */
+        const event_t *e = &r->ev;
+        if (r->rank == 0)
+            printf("fault %d at step %ld: %d -> %d ranks; detect %.2f s, shrink %.3f s, reload "
+                   "%.4f s, first step %.4f s; rolled back to step %ld (%ld steps lost); lr now "
+                   "%.4f\n",
+                   r->faults, e->step, e->n_from, e->n_to, e->detect, e->shrink, e->reload,
+                   now_s() - e->t_loaded, e->step - e->lost, e->lost, r->lr);
+        r->ev.n_from = 0;
+    }
+    for (int i = 0; i < NP; i++) {
+        r->v[i] = r->mu * r->v[i] + r->g[i];
+        r->w[i] -= r->lr * r->v[i];
+    }
+    r->step++;
+    return 1;
+}
+
+/* The end: the loss fell and the weights agree; the replacements this rank started ended well. */
+static int finish(run_t *r, double loss0) {
+    double loss1 = loss_grad(r->w, r->tx, r->ty, NULL);
+    uint64_t h = hash_of(r->w, sizeof r->w), *hs = calloc((size_t)r->n, sizeof *hs);
+    if (hs == NULL) return 0;
+    GVQ(gvqAllGather(&h, hs, 1, gvqUint64, r->comm, NULL));
     int differ = 0;
-    for (int r = 0; r < n; r++)
-        differ += hs[r] != h;
+    for (int k = 0; k < r->n; k++)
+        differ += hs[k] != h;
+    free(hs);
     int ok = differ == 0 && loss1 < 0.5 * loss0 && isfinite(loss1);
     printf("[%d] rank %d of %d at the end: loss %.4f -> %.4f, %d fault(s), %ld step(s) run again, "
            "weights %s: %s\n",
-           first_rank, rank, n, loss0, loss1, faults, lost_total,
+           first_rank, r->rank, r->n, loss0, loss1, r->faults, r->lost_total,
            differ ? "DIFFER between ranks" : "identical on every rank", ok ? "PASS" : "FAIL");
-    if (cp != NULL) GVQ(gvqCompressorDestroy(cp));
-    GVQ(gvqCommDestroy(comm));
-    for (int k = 0; k < spawned; k++) { /* the replacements this rank started */
+    if (r->cp != NULL) GVQ(gvqCompressorDestroy(r->cp));
+    GVQ(gvqCommDestroy(r->comm));
+    for (int k = 0; k < r->spawned; k++) {
         int st = 1;
-        if (kids[k] <= 0 || waitpid(kids[k], &st, 0) != kids[k] || !WIFEXITED(st) ||
+        if (r->kids[k] <= 0 || waitpid(r->kids[k], &st, 0) != r->kids[k] || !WIFEXITED(st) ||
             WEXITSTATUS(st) != 0) {
             printf("[%d] FAIL: replacement %d ended with status %d\n", first_rank, k, st);
             ok = 0;
         }
     }
-    free(c->cstate);
-    free(c);
-    free(hs);
-    free(teacher), free(w), free(v), free(g), free(x), free(tx);
+    return ok;
+}
+
+int main(int argc, char **argv) {
+    run_t *r = calloc(1, sizeof *r);
+    if (r == NULL) return 1;
+    if (parse(r, argc, argv) != 0) {
+        fprintf(stderr,
+                "usage: %s [--steps S] [--commit K] [--lr X] [--codec none|qsgd] "
+                "[--die RANK:STEP]... [--replace]\n",
+                argv[0]);
+        return 2;
+    }
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    cfg.timeoutMs = 2000; /* a dead peer is noticed within this */
+    r->ccfg = (gvqCompressorConfig_t)GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    r->ccfg.codec = gvqCodecQsgd;
+    r->ccfg.qsgdBits = 4;
+    r->ccfg.errorFeedback = 1;
+    uint64_t s = 12345;
+    for (int i = 0; i < NP; i++)
+        r->teacher[i] = 2.0f * unif(&s);
+    batch(r->teacher, 999999, 0, r->tx, r->ty); /* the held-out batch, the same on every rank */
+    double loss0 = loss_grad(r->w, r->tx, r->ty, NULL);
+    if (r->join_hex != NULL) {
+        join(r, &cfg);
+    } else {
+        GVQ(gvqCommInitFromEnv(&r->comm, &cfg));
+        GVQ(gvqCommUserRank(r->comm, &r->rank));
+        GVQ(gvqCommCount(r->comm, &r->n0));
+        first_rank = r->rank;
+    }
+    r->n = r->n0;
+    if (r->qsgd) GVQ(gvqCompressorCreate(r->comm, NP, &r->ccfg, &r->cp));
+    commit_take(&r->c, r->step, r->w, r->v, r->cp);
+    while (r->step < r->steps) {
+        if (!step_once(r)) continue;
+        if (r->replace && r->step % r->every == 0) maybe_grow(r); /* replacements join here */
+        if (r->step % r->every == 0) commit_take(&r->c, r->step, r->w, r->v, r->cp);
+        if (r->rank == 0 && r->step % 100 == 0)
+            printf("step %ld: held-out loss %.4f (%d ranks)\n", r->step,
+                   loss_grad(r->w, r->tx, r->ty, NULL), r->n);
+    }
+    int ok = finish(r, loss0);
+    free(r->c.cstate);
+    free(r);
     return ok ? 0 : 1;
 }
