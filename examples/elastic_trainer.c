@@ -17,6 +17,9 @@
  * compressor's state (gvqCompressorSave: its error-feedback residual); it is a copy in memory,
  * taken between steps, the same step on every rank. After a failure:
  *   - the survivors shrink: every one gets the same communicator of the ranks that answered;
+ *   - they agree on the commit to go back to (the least of their latest commits): a step whose
+ *     call failed on one survivor may have finished on another, which then took the next
+ *     commit already, so each keeps its last two;
  *   - the compressor is made anew on it and loaded from the commit (same count and config);
  *   - weights and momentum come back from the commit, and the steps since are run again;
  *   - the per-rank batch stays, so the global batch shrinks with the ranks: the learning rate is
@@ -223,7 +226,8 @@ typedef struct {
     float lr, mu, teacher[NP], w[NP], v[NP], g[NP], x[BATCH * IN], tx[BATCH * IN];
     int y[BATCH], ty[BATCH];
     long step, lost_total;
-    commit_t c;
+    commit_t c[2]; /* the last two commits: c[latest] and c[!latest] */
+    int latest;
     event_t ev;
     double t_step;
 } run_t;
@@ -276,13 +280,24 @@ static void recover(run_t *r) {
     GVQ(gvqCommCount(r->comm, &m));
     GVQ(gvqCommUserRank(r->comm, &r->rank));
     r->cp = NULL;
+    /* the survivors may be a step apart (one finished a step whose call failed on another), so
+     * one may have taken a commit the other has not: roll back to the oldest latest commit,
+     * which every survivor holds as its latest or the one before */
+    int64_t mine = r->c[r->latest].step, back = mine;
+    GVQ(gvqAllReduce(&mine, &back, 1, gvqInt64, gvqMin, r->comm, NULL));
+    const commit_t *c = &r->c[r->latest];
+    if (c->step != back) c = &r->c[!r->latest];
+    if (c->step != back) {
+        fprintf(stderr, "[%d] no commit of step %lld here\n", first_rank, (long long)back);
+        exit(1);
+    }
     if (r->qsgd) {
         GVQ(gvqCompressorCreate(r->comm, NP, &r->ccfg, &r->cp));
-        GVQ(gvqCompressorLoad(r->cp, r->c.cstate, r->c.cbytes));
+        GVQ(gvqCompressorLoad(r->cp, c->cstate, c->cbytes));
     }
-    memcpy(r->w, r->c.w, sizeof r->w);
-    memcpy(r->v, r->c.v, sizeof r->v);
-    long lost = r->step - r->c.step;
+    memcpy(r->w, c->w, sizeof r->w);
+    memcpy(r->v, c->v, sizeof r->v);
+    long lost = r->step - c->step;
     r->lr *= (float)m / (float)r->n; /* the global batch shrank by m / n */
     r->faults++;
     r->lost_total += lost;
@@ -290,7 +305,7 @@ static void recover(run_t *r) {
     r->ev =
         (event_t){r->step, r->n, m, lost, t_fail - r->t_step, t_shrunk - t_fail, t - t_shrunk, t};
     r->n = m;
-    r->step = r->c.step;
+    r->step = c->step;
 }
 
 /* At a commit with --replace: rank 0 starts a replacement per rank lost, and all grow. */
@@ -443,17 +458,21 @@ int main(int argc, char **argv) {
     }
     r->n = r->n0;
     if (r->qsgd) GVQ(gvqCompressorCreate(r->comm, NP, &r->ccfg, &r->cp));
-    commit_take(&r->c, r->step, r->w, r->v, r->cp);
+    commit_take(&r->c[r->latest], r->step, r->w, r->v, r->cp);
     while (r->step < r->steps) {
         if (!step_once(r)) continue;
         if (r->replace && r->step % r->every == 0) maybe_grow(r); /* replacements join here */
-        if (r->step % r->every == 0) commit_take(&r->c, r->step, r->w, r->v, r->cp);
+        if (r->step % r->every == 0) {
+            r->latest = !r->latest;
+            commit_take(&r->c[r->latest], r->step, r->w, r->v, r->cp);
+        }
         if (r->rank == 0 && r->step % 100 == 0)
             printf("step %ld: held-out loss %.4f (%d ranks)\n", r->step,
                    loss_grad(r->w, r->tx, r->ty, NULL), r->n);
     }
     int ok = finish(r, loss0);
-    free(r->c.cstate);
+    free(r->c[0].cstate);
+    free(r->c[1].cstate);
     free(r);
     return ok ? 0 : 1;
 }

@@ -435,6 +435,13 @@ typedef struct {
     int nranks, rank;
     uint64_t calls; /* exchanges made through it so far (this rank's count) */
 } gvq_shm_t;
+/* Writes this rank's process id (and pid namespace) into its slot, once at the segment's
+ * creation: a wait on a rank whose process has ended then fails at once with gvqRemoteError
+ * instead of at the timeout (ranks of one host in one pid namespace). */
+void gvq_shm_announce(const gvq_shm_t *m);
+/* 1 when rank q's process is known to have ended: it announced a pid of this pid namespace, and
+ * that pid is gone or a zombie (a pid reused since reads as alive: the timeout still holds). */
+int gvq_shm_peer_gone(const gvq_shm_t *m, int q);
 /* gvq_rd_signed's result through shared memory: every rank posts its row (and vector) in its
  * slot and reads all the others', so every rank holds every row; with pay the collective of
  * its kind, written to pay->dst only when every row agrees, a slot's worth (a piece) per

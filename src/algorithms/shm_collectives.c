@@ -30,7 +30,13 @@
  * the transport's progress runs: a peer still finishing the previous call's transfers (an MPI
  * rendezvous send waits for this rank's acknowledgement) must not wait on this rank in turn.
  */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "gvq_algo.h"
 
@@ -38,7 +44,8 @@ typedef struct {
     uint64_t call; /* the call number of what the slot holds (written last, release) */
     uint64_t len;  /* the vector's bytes; 0: the signature alone */
     int64_t row[GVQ_SHM_MAX_FIELDS]; /* a call's packed signature (5 words) shares call's line */
-    uint64_t reduced; /* large vectors: the call whose segment this rank has reduced in place */
+    uint64_t reduced;   /* large vectors: the call whose segment this rank has reduced in place */
+    int64_t pid, pidns; /* slot 0: the rank's process and pid namespace (gvq_shm_announce) */
 } shm_slot_t;
 
 _Static_assert(sizeof(shm_slot_t) <= GVQ_SHM_HEADER, "a slot's header fits GVQ_SHM_HEADER");
@@ -62,6 +69,33 @@ static inline void cpu_pause(void) { /* a spinning core's hint to its sibling */
 #endif
 }
 
+static int64_t pid_namespace(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (int64_t)st.st_ino : -1;
+}
+
+void gvq_shm_announce(const gvq_shm_t *m) {
+    shm_slot_t *s = slot(m, m->rank, 0);
+    s->pidns = pid_namespace();
+    __atomic_store_n(&s->pid, (int64_t)getpid(), __ATOMIC_RELEASE);
+}
+
+int gvq_shm_peer_gone(const gvq_shm_t *m, int q) {
+    const shm_slot_t *s = slot(m, q, 0);
+    int64_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+    if (pid <= 0 || s->pidns != pid_namespace() || s->pidns < 0) return 0;
+    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return 0;
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = 0;
+    const char *close = strrchr(buf, ')'); /* "pid (comm) S ...": the state after the name */
+    return close != NULL && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
 /* Wait until rank q's slot of call k holds k in its call (reduced: its reduced) number;
  * bounded as gvq_xport_waitall is. */
 static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, uint64_t k,
@@ -70,7 +104,7 @@ static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, u
     const shm_slot_t *s = slot(m, q, k);
     const uint64_t *field = reduced ? &s->reduced : &s->call;
     const int64_t spin = gvq_param(GVQ_PARAM_SPIN_BEFORE_YIELD);
-    uint64_t start = 0;
+    uint64_t start = 0, checked = 0;
     for (int64_t idle = 0; __atomic_load_n(field, __ATOMIC_ACQUIRE) != k;) {
         /* a turn: polls of the flag (a load each), then the transport's progress (~100 ns on
          * MPI: the peer may wait on our acks); `spin` turns before the core is yielded */
@@ -84,6 +118,18 @@ static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, u
             GVQ_WARN("call agreement: communicator aborted while waiting for rank %d", q);
             gvq_broken_set(t->broken, gvqInvalidUsage);
             return gvqInvalidUsage;
+        }
+        uint64_t now = gvq_now_ns();
+        if (res == gvqSuccess && now - checked > 100000000ull) { /* 10 times a second */
+            checked = now;
+            for (int p = 0; p < m->nranks; p++) /* any ended rank dooms the call, not only q */
+                if (p != m->rank && gvq_shm_peer_gone(m, p)) {
+                    GVQ_WARN("call agreement: rank %d's process (pid %lld) has ended; collective "
+                             "call %llu cannot complete",
+                             p, (long long)slot(m, p, 0)->pid, (unsigned long long)k);
+                    gvq_broken_set(t->broken, gvqRemoteError);
+                    return gvqRemoteError;
+                }
         }
         if (res == gvqTimeout) {
             GVQ_WARN("call agreement: rank %d did not reach collective call %llu within %llu ms "

@@ -73,6 +73,7 @@ static uint64_t digest_of(const uint8_t *members, int n, uint32_t seq) {
 
 typedef struct {
     gvq_transport_t *t;
+    const gvq_shm_t *shm; /* the parent's shared memory (one host), or NULL: tells ended peers */
     int n, me, flags;
     uint32_t seq;
     uint64_t timeout_ns;
@@ -105,7 +106,7 @@ static gvqResult_t round_run(round_t *r, int kind, const uint8_t *to, const uint
         if (to[p] && t->ops->isend(t, p, tag, r->sendbuf, r->msg_bytes, &sr[p]) != gvqSuccess)
             sr[p].active = 0;
     }
-    uint64_t start = gvq_now_ns();
+    uint64_t start = gvq_now_ns(), checked = 0;
     int64_t polls = 0;
     for (;;) {
         int pending = 0, recv_pending = 0;
@@ -136,7 +137,17 @@ static gvqResult_t round_run(round_t *r, int kind, const uint8_t *to, const uint
             GVQ_WARN("gvqCommShrink: communicator aborted during the shrink");
             return gvqInvalidUsage;
         }
-        if (gvq_now_ns() - start > timeout_ns) break;
+        uint64_t now = gvq_now_ns();
+        if (now - start > timeout_ns) break;
+        if (r->shm != NULL && now - checked > 50000000ull) { /* a peer whose process ended */
+            checked = now;
+            for (int p = 0; p < n; p++)
+                if (rr[p].active && gvq_shm_peer_gone(r->shm, p)) {
+                    GVQ_WARN("gvqCommShrink: rank %d's process has ended", p);
+                    t->ops->cancel(t, &rr[p]);
+                    r->leak |= t->cancel_keeps_buffers;
+                }
+        }
         if (++polls > 64) { /* a dead peer's endpoint may take a while to say so: sleep */
             nanosleep(&(struct timespec){0, 50000}, NULL);
         } else {
@@ -372,6 +383,7 @@ GVQ_API gvqResult_t gvqCommShrink(gvqComm_t comm, const int *excludeRanks, int e
             members[p] = !excl[p];
         r.t = comm->xport;
         if (ucx) res = gvq_ucx_spare_transport(comm->xport, members, &r.t);
+        if (comm->shm_state == 1) r.shm = &comm->shm;
     }
     int ctag = 0, m = 0, me = -1;
     if (res == gvqSuccess) res = agree(&r, excl, members, &ctag);

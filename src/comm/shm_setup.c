@@ -131,6 +131,14 @@ gvqResult_t gvq_comm_shm(gvqComm_t c, gvq_shm_t **out) {
     gvq_transport_t *chan = NULL;
     if (ok && channels)
         ok = (chan = gvq_chan_transport((char *)base + slots_bytes(c->nranks), c->xport)) != NULL;
+    if (ok &&
+        base != NULL) { /* before the agreement below: every rank's pid is there once it is over */
+        gvq_shm_t mine = {.base = base,
+                          .slot_data = gvq_shm_slot_data(c->nranks),
+                          .nranks = c->nranks,
+                          .rank = c->rank};
+        gvq_shm_announce(&mine);
+    }
     if (res == gvqSuccess) res = gvq_agree_i32(&ctx, &ok, 1, gvqMin);
     if (c->rank == 0 && base != NULL) shm_unlink(msg.name); /* every rank has opened it */
     if (res != gvqSuccess || !ok) {
