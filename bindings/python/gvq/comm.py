@@ -189,6 +189,52 @@ class Communicator:
             h, self._h = self._h, None
             call("gvqCommAbort", h)
 
+    # ---- elastic: shrink and grow --------------------------------------------------------
+    def shrink(self, exclude: Sequence[int] = (), abort: bool = False, no_quorum: bool = False,
+               timeout_ms: Optional[int] = None,
+               chunk_bytes: Optional[int] = None) -> Optional["Communicator"]:
+        """gvqCommShrink: a new communicator of this one's ranks less `exclude` (which do not
+        call). abort=True (GVQ_SHRINK_ABORT) also leaves out the ranks that do not answer, for
+        a communicator broken by a dead or stalled peer; the survivors agree, so each gets the
+        same communicator, provided they are a majority (no_quorum=True drops that rule). This
+        communicator stays as it was: destroy it. timeout_ms / chunk_bytes default to this
+        communicator's. Raises RemoteError when left out, Timeout, InvalidUsage."""
+        ex = (ctypes.c_int * max(len(exclude), 1))(*[int(r) for r in exclude])
+        flags = (1 if abort else 0) | (2 if no_quorum else 0)
+        h = ctypes.c_void_p()
+        cfg = _config(timeout_ms, chunk_bytes)
+        call("gvqCommShrink", self.handle, ex if exclude else None, len(exclude), ctypes.byref(h),
+             ctypes.byref(cfg) if cfg is not None else None, flags)
+        return Communicator(h.value) if h.value else None
+
+    def grow(self, nranks: int, unique_id: bytes, timeout_ms: Optional[int] = None,
+             chunk_bytes: Optional[int] = None) -> "Communicator":
+        """gvqCommGrow as a member: a communicator of `nranks` with this one's ranks (kept) and
+        newcomers (Communicator.join with the same id) above them. One process makes the id
+        (gvq.get_unique_id) and hands it to the others by the caller's own means."""
+        return Communicator._grow(self.handle, nranks, unique_id, -1, timeout_ms, chunk_bytes)
+
+    @classmethod
+    def join(cls, nranks: int, unique_id: bytes, rank: int, timeout_ms: Optional[int] = None,
+             chunk_bytes: Optional[int] = None) -> "Communicator":
+        """gvqCommGrow as a newcomer: joins the members' grow() as `rank` (at least the
+        members' count)."""
+        return cls._grow(None, nranks, unique_id, rank, timeout_ms, chunk_bytes)
+
+    @classmethod
+    def _grow(cls, handle: Optional[int], nranks: int, unique_id: bytes, rank: int,
+              timeout_ms: Optional[int], chunk_bytes: Optional[int]) -> "Communicator":
+        if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != 128:
+            raise ValueError("gvq grow/join: unique_id must be the 128 bytes of "
+                             "gvq.get_unique_id()")
+        uid = _structs.UniqueId()
+        ctypes.memmove(ctypes.addressof(uid), bytes(unique_id), 128)
+        h = ctypes.c_void_p()
+        cfg = _config(timeout_ms, chunk_bytes)
+        call("gvqCommGrow", handle, int(nranks), ctypes.byref(uid), int(rank), ctypes.byref(h),
+             ctypes.byref(cfg) if cfg is not None else None)
+        return cls(h.value)
+
     def __enter__(self) -> "Communicator":
         return self
 
