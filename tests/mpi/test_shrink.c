@@ -8,7 +8,8 @@
  *            which needs the shrunk communicator's own spare on UCX; bad arguments refused;
  *            then the excluded ranks join again (gvqCommGrow): the members keep their ranks,
  *            the newcomers take the ranks above them.
- *   stall    the last rank stops (SIGSTOP) in the middle of its allreduces; the others' call
+ *   stall    the last rank stops (SIGSTOP) in the middle of its allreduces (stall-ps: of its
+ *            parameter-server pushes; stall-qsgd: of its 4-bit QSGD calls); the others' call
  *            times out and they shrink with GVQ_SHRINK_ABORT. With 3 ranks or more they get the
  *            communicator of the others; at 2 ranks the survivor is not a majority and gets
  *            gvqRemoteError, then shrinks again with GVQ_SHRINK_NO_QUORUM. The stopped rank is
@@ -166,7 +167,30 @@ static void *stop_self(void *arg) {
     return NULL;
 }
 
-static void scenario_stall(void) {
+/* The call that fails when the peer stops: a plain allreduce, a parameter-server push, or a
+ * 4-bit QSGD allreduce, over and over until it fails. */
+typedef struct {
+    int kind; /* 0 allreduce, 1 ps push, 2 qsgd */
+    gvqPs_t ps;
+    gvqCompressor_t cp;
+    int64_t idx[64];
+    float grads[64 * 8];
+} caller_t;
+
+static gvqResult_t call_until_failure(caller_t *c, gvqComm_t comm, float *a, float *b) {
+    gvqResult_t res;
+    do {
+        if (c->kind == 1)
+            res = gvqPsPush(c->ps, c->idx, c->grads, 64);
+        else if (c->kind == 2)
+            res = gvqAllReduceCompressed(a, b, BIG, gvqFloat32, gvqSum, c->cp, comm, NULL);
+        else
+            res = gvqAllReduce(a, b, BIG, gvqFloat32, gvqSum, comm, NULL);
+    } while (res == gvqSuccess);
+    return res;
+}
+
+static void scenario_stall(int kind) {
     int n = mt.nranks, staller = n - 1;
     pid_t *pids = calloc((size_t)n, sizeof *pids), me = getpid();
     MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, pids, (int)sizeof me, MPI_BYTE, MPI_COMM_WORLD);
@@ -175,10 +199,22 @@ static void scenario_stall(void) {
     for (size_t i = 0; i < BIG; i++)
         a[i] = 1.0f;
     gvqResult_t res = gvqSuccess;
-    mt_part("stall: the failing allreduce", 60);
+    caller_t *cl = calloc(1, sizeof *cl);
+    cl->kind = kind;
+    for (int i = 0; i < 64; i++)
+        cl->idx[i] = (i * 37 + mt.rank) % 1024;
+    if (kind == 1) {
+        gvqPsConfig_t pcfg = GVQ_PS_CONFIG_INITIALIZER;
+        MT_OK(gvqPsCreate(comm, 1024, 8, gvqFloat32, &pcfg, &cl->ps));
+    } else if (kind == 2) {
+        gvqCompressorConfig_t ccfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+        ccfg.codec = gvqCodecQsgd;
+        ccfg.qsgdBits = 4;
+        MT_OK(gvqCompressorCreate(comm, BIG, &ccfg, &cl->cp));
+    }
+    mt_part("stall: the failing call", 60);
     if (mt.rank != staller) {
-        while ((res = gvqAllReduce(a, b, BIG, gvqFloat32, gvqSum, comm, NULL)) == gvqSuccess)
-            ;
+        res = call_until_failure(cl, comm, a, b);
         MT_CHECK(res == gvqTimeout, "survivor: expected gvqTimeout, got %s",
                  gvqGetErrorString(res));
         mt_part("stall: the survivors shrink", 60);
@@ -209,8 +245,7 @@ static void scenario_stall(void) {
     } else {
         pthread_t th;
         pthread_create(&th, NULL, stop_self, NULL);
-        while ((res = gvqAllReduce(a, b, BIG, gvqFloat32, gvqSum, comm, NULL)) == gvqSuccess)
-            ;
+        res = call_until_failure(cl, comm, a, b);
         pthread_join(th, NULL);
         MT_CHECK(res != gvqSuccess, "the stopped rank's allreduce succeeded without its peers");
         /* resumed: its peers went on without it; it must not make a communicator */
@@ -225,6 +260,9 @@ static void scenario_stall(void) {
         gvqCommDestroy(comm);
     }
     mt_part("stall: everyone at the barrier", 60);
+    if (cl->ps != NULL) (void)gvqPsDestroy(cl->ps);
+    if (cl->cp != NULL) (void)gvqCompressorDestroy(cl->cp);
+    free(cl);
     free(a);
     free(b);
     free(pids);
@@ -238,9 +276,13 @@ int main(int argc, char **argv) {
     } else if (strcmp(mode, "exclude") == 0 && mt.nranks >= 2) {
         scenario_exclude();
     } else if (strcmp(mode, "stall") == 0 && mt.nranks >= 2) {
-        scenario_stall();
+        scenario_stall(0);
+    } else if (strcmp(mode, "stall-ps") == 0 && mt.nranks >= 2) {
+        scenario_stall(1);
+    } else if (strcmp(mode, "stall-qsgd") == 0 && mt.nranks >= 2) {
+        scenario_stall(2);
     } else if (mt.rank == 0) {
-        printf("usage: test_shrink exclude|stall (>= 2 ranks)\n");
+        printf("usage: test_shrink exclude|stall|stall-ps|stall-qsgd (>= 2 ranks)\n");
         mt.failures++;
     }
     return mt_finish("test_shrink");
