@@ -282,6 +282,17 @@ static gvqResult_t ucx_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
     ucp_tag_recv_info_t info = {0, 0};
     int recv = (req->handle[1] & K_RECV) != 0;
     ucs_status_t st = recv ? ucp_tag_recv_request_test(r, &info) : ucp_request_check_status(r);
+    if (st == UCS_INPROGRESS && recv) { /* a receive is the worker's, not the endpoint's: it */
+        ucs_status_t failed =           /* does not fail with its peer unless told so here */
+            __atomic_load_n(&u->peers[slot(u, req->peer)].failed, __ATOMIC_ACQUIRE);
+        if (failed == UCS_OK) return gvqSuccess;
+        ucp_request_cancel(u->worker, r);
+        ucp_request_free(r); /* UCX releases it when the cancel completes */
+        req->handle[0] = 0;
+        req->active = 0;
+        *done = 1;
+        return post_failed(t, "a receive", req->peer, failed);
+    }
     if (st == UCS_INPROGRESS) return gvqSuccess;
     ucp_request_free(r);
     req->handle[0] = 0;
