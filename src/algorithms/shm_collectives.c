@@ -128,14 +128,17 @@ static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, u
                              "call %llu cannot complete",
                              p, (long long)slot(m, p, 0)->pid, (unsigned long long)k);
                     gvq_broken_set(t->broken, gvqRemoteError);
+                    if (t->ops->revoke != NULL) t->ops->revoke(t); /* ranks of other hosts */
                     return gvqRemoteError;
                 }
         }
+        if (res != gvqSuccess && res != gvqTimeout) return res; /* revoked: idle warned */
         if (res == gvqTimeout) {
             GVQ_WARN("call agreement: rank %d did not reach collective call %llu within %llu ms "
                      "(shared memory); the peer is gone or stuck (GVQ_TIMEOUT_MS)",
                      q, (unsigned long long)k, (unsigned long long)(t->timeout_ns / 1000000ull));
             gvq_broken_set(t->broken, gvqTimeout);
+            if (t->ops->revoke != NULL) t->ops->revoke(t);
             return gvqTimeout;
         }
     }

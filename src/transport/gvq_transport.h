@@ -15,7 +15,12 @@
 #include "gvq_util.h"
 
 /* Tags separate the traffic of collectives from user point-to-point messages. */
-enum { GVQ_TAG_P2P = 1, GVQ_TAG_COLL = 2, GVQ_TAG_SIGNED = 3 /* the call agreement */ };
+enum {
+    GVQ_TAG_P2P = 1,
+    GVQ_TAG_COLL = 2,
+    GVQ_TAG_SIGNED = 3, /* the call agreement */
+    GVQ_TAG_REVOKE = 5  /* a rank's call failed: the others' fail too (revoke, below) */
+};
 
 typedef struct {
     uint64_t handle[2]; /* owned by the transport */
@@ -56,6 +61,14 @@ typedef struct gvq_transport_ops {
      * the call only. Transports without one point at gvq_xport_iallgatherv_unsupported. */
     gvqResult_t (*iallgatherv)(struct gvq_transport *t, void *blocks, const size_t *displ,
                                const size_t *blen, gvq_req_t *req);
+    /* Optional (NULL: not offered): revoke tells every peer, once, that a call of this rank
+     * failed (a peer gone, a timeout), so that a peer waiting on a third rank that waits on this
+     * one does not sit out its timeout (MPI ULFM's revoke); the notice carries the error that
+     * broke this rank's transport (t->broken). revoked gives the rank whose notice came, or -1,
+     * and its error in *cause. gvq_xport_waitall sends it when a wait fails and answers it at
+     * its idle turns (gvq_xport_idle gives the notice's error). */
+    void (*revoke)(struct gvq_transport *t);
+    int (*revoked)(struct gvq_transport *t, gvqResult_t *cause);
 } gvq_transport_ops_t;
 
 typedef struct gvq_transport {
@@ -116,10 +129,12 @@ gvqResult_t gvq_xport_waitall(gvq_transport_t *t, gvq_req_t *reqs, int n, const 
 gvqResult_t gvq_xport_waitall_many(gvq_transport_t *const *ts, gvq_req_t *reqs, int n,
                                    const char *what);
 /* One idle turn of a wait whose polls found nothing (after GVQ_SPIN_BEFORE_YIELD of them):
- * gvqInvalidUsage after gvqCommAbort; else leaves the core a moment (a host stream's progress
- * thread sleeps GVQ_PROGRESS_SLEEP_US, others yield) and gives gvqTimeout once the timeout has
- * passed since *start (0: the first idle turn, which sets it). No WARN: the caller says what
- * it waited for. */
+ * gvqInvalidUsage after gvqCommAbort; once a peer revoked the transport, the error its call
+ * failed with (gvqTimeout, gvqRemoteError; a WARN names the peer, and the communicator is then
+ * broken with it); else leaves the core a moment (a host
+ * stream's progress thread sleeps GVQ_PROGRESS_SLEEP_US, others yield) and gives gvqTimeout once
+ * the timeout has passed since *start (0: the first idle turn, which sets it). No WARN: the caller
+ * says what it waited for. */
 gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start);
 static inline gvqResult_t gvq_xport_wait(gvq_transport_t *t, gvq_req_t *req, const char *what) {
     return gvq_xport_waitall(t, req, 1, what);

@@ -35,8 +35,11 @@ static gvq_transport_t *xport_of(gvq_transport_t *t, gvq_transport_t *const *ts,
 static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_transport_t *const *ts, gvq_req_t *reqs,
                                 int n, gvqResult_t res, int culprit) {
     for (int i = 0; i < n; i++) /* first: a cancel may mark it broken too, less precisely */
-        if (i == culprit || (culprit < 0 && reqs[i].active))
-            gvq_broken_set(xport_of(t, ts, i)->broken, res);
+        if (i == culprit || (culprit < 0 && reqs[i].active)) {
+            gvq_transport_t *x = xport_of(t, ts, i);
+            gvq_broken_set(x->broken, res);
+            if (x->ops->revoke != NULL && res != gvqInvalidUsage) x->ops->revoke(x); /* not */
+        } /* after a local abort */
     for (int i = 0; i < n; i++)
         if (reqs[i].active) gvq_xport_cancelall(xport_of(t, ts, i), &reqs[i], 1);
     return res;
@@ -45,6 +48,15 @@ static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_transport_t *const *ts, 
 gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start) {
     if (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE))
         return gvqInvalidUsage;
+    gvqResult_t cause = gvqRemoteError;
+    int by = t->ops->revoked != NULL ? t->ops->revoked(t, &cause) : -1;
+    if (by >= 0) {
+        GVQ_WARN("rank %d's call on this communicator failed (%s) and it revoked the "
+                 "communicator; this rank's call fails alike (rank %d's WARN names the cause)",
+                 by, gvqGetErrorString(cause), by);
+        gvq_broken_set(t->broken, cause);
+        return cause;
+    }
     const long sleep_ns = (long)GVQ_MIN(gvq_param(GVQ_PARAM_PROGRESS_SLEEP_US), 999999) * 1000;
     if (sleep_ns > 0 && gvq_thread_may_sleep()) /* leave the core to the compute */
         nanosleep(&(struct timespec){0, sleep_ns}, NULL);
@@ -103,13 +115,15 @@ static gvqResult_t wait_loop(gvq_transport_t *t, gvq_transport_t *const *ts, gvq
         if (++idle >= spin) {
             idle = 0;
             gvq_transport_t *x = xport_of(t, ts, first);
-            if (gvq_xport_idle(x, &start) == gvqTimeout) {
+            gvqResult_t ir = gvq_xport_idle(x, &start);
+            if (ir == gvqTimeout) {
                 GVQ_WARN("%s: no progress for %llu ms with %d transfer(s) pending (first peer %d); "
                          "the peer is gone or stuck (GVQ_TIMEOUT_MS)",
                          what, (unsigned long long)(x->timeout_ns / 1000000ull), pending,
                          reqs[first].peer);
                 return waitall_fail(t, ts, reqs, n, gvqTimeout, -1);
             }
+            if (ir != gvqSuccess) return waitall_fail(t, ts, reqs, n, ir, -1); /* revoked */
         }
     }
     return gvqSuccess;

@@ -50,6 +50,12 @@ struct gvq_ucx {
     uint8_t *spare_addrs;
     int32_t *spare_lens;
     gvq_transport_t *spare_t;
+    /* revoke (gvq_transport.h): a receive from any rank on GVQ_TAG_REVOKE, posted at creation;
+     * revoked_by the rank whose notice came (-1: none); the notice this rank sends, once */
+    void *revoke_req;
+    int32_t revoke_in[2], revoke_out[2];
+    int revoked_by, revoke_sent;
+    gvqResult_t revoke_cause; /* the notice's error, once revoked_by >= 0 */
 };
 
 enum { K_SEND = 1, K_RECV = 2, K_UPTO = 4 };
@@ -332,12 +338,52 @@ static void ucx_cancel(gvq_transport_t *t, gvq_req_t *req) {
 
 static void ucx_destroy(gvq_transport_t *t) {
     gvq_ucx_t *u = impl(t);
+    if (u->revoke_req != NULL) { /* UCX frees it once the cancel is through */
+        ucp_request_cancel(u->worker, u->revoke_req);
+        ucp_request_free(u->revoke_req);
+        u->revoke_req = NULL;
+    }
     int broken = gvq_broken_get(t->broken) != gvqSuccess ||
                  (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE));
     close_eps(u, u->neps, broken, t->timeout_ns);
     u->neps = 0;
     gvq_ucx_close(u);
     free(t);
+}
+
+static void ucx_revoke(gvq_transport_t *t) {
+    gvq_ucx_t *u = impl(t);
+    if (__atomic_exchange_n(&u->revoke_sent, 1, __ATOMIC_ACQ_REL)) return;
+    gvqResult_t why = gvq_broken_get(t->broken);
+    u->revoke_out[0] = u->rank;
+    u->revoke_out[1] = why != gvqSuccess ? (int32_t)why : (int32_t)gvqRemoteError;
+    for (int p = 0; p < u->nranks; p++) {
+        ucp_ep_h ep = u->eps[slot(u, p)];
+        if (p == u->rank || ep == NULL ||
+            __atomic_load_n(&u->peers[slot(u, p)].failed, __ATOMIC_ACQUIRE) != UCS_OK)
+            continue;
+        ucp_request_param_t rp;
+        memset(&rp, 0, sizeof rp);
+        void *r = ucp_tag_send_nbx(ep, u->revoke_out, sizeof u->revoke_out,
+                                   tag_of(GVQ_TAG_REVOKE, u->rank), &rp);
+        if (UCS_PTR_IS_PTR(r)) ucp_request_free(r); /* fire and forget: UCX frees it */
+    }
+}
+
+static int ucx_revoked(gvq_transport_t *t, gvqResult_t *cause) {
+    gvq_ucx_t *u = impl(t);
+    int by = __atomic_load_n(&u->revoked_by, __ATOMIC_ACQUIRE);
+    if (by < 0 && u->revoke_req != NULL) {
+        ucp_tag_recv_info_t info = {0, 0};
+        ucs_status_t st = ucp_tag_recv_request_test(u->revoke_req, &info);
+        if (st == UCS_INPROGRESS) return -1;
+        int from = st == UCS_OK && info.length == sizeof u->revoke_in ? u->revoke_in[0] : -1;
+        if (from < 0 || from >= u->nranks || from == u->rank) return -1; /* not a notice */
+        u->revoke_cause = u->revoke_in[1] == gvqTimeout ? gvqTimeout : gvqRemoteError;
+        __atomic_store_n(&u->revoked_by, by = from, __ATOMIC_RELEASE);
+    }
+    if (by >= 0) *cause = u->revoke_cause;
+    return by;
 }
 
 static const gvq_transport_ops_t ucx_ops = {
@@ -351,7 +397,20 @@ static const gvq_transport_ops_t ucx_ops = {
     .cancel = ucx_cancel,
     .destroy = ucx_destroy,
     .iallgatherv = gvq_xport_iallgatherv_unsupported,
+    .revoke = ucx_revoke,
+    .revoked = ucx_revoked,
 };
+
+/* The receive of a revoke notice from any rank (its rank travels in the notice). */
+static void post_revoke(gvq_ucx_t *u) {
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    void *r =
+        ucp_tag_recv_nbx(u->worker, u->revoke_in, sizeof u->revoke_in,
+                         (uint64_t)(uint32_t)GVQ_TAG_REVOKE << 32, 0xffffffff00000000ull, &rp);
+    u->revoke_req = UCS_PTR_IS_PTR(r) ? r : NULL;
+}
 
 /* The transport on u with an endpoint to each of the n addresses (packed, lens[p] bytes each).
  * reach (NULL: every rank, and an endpoint that cannot be made fails the call) names the ranks
@@ -408,6 +467,8 @@ static gvqResult_t make_transport(gvq_ucx_t *u, const uint8_t *addrs, const int3
     t->ops = &ucx_ops;
     t->rank = rank;
     t->nranks = n;
+    u->revoked_by = -1;
+    post_revoke(u);
     t->cancel_keeps_buffers = 1;
     t->concurrent = 1;
     t->impl = u;
