@@ -31,32 +31,7 @@ static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static ucp_context_h ctx;
 static int ctx_refs;
 
-struct gvq_ucx {
-    ucp_worker_h worker;
-    ucp_address_t *addr;
-    size_t addr_len;
-    ucp_ep_h *eps; /* neps of them, like peers; rank r's is eps[map[r]] (map NULL: eps[r]) */
-    int nranks, rank, neps;
-    int *map;
-    struct ucx_peer {
-        struct gvq_ucx *u;
-        int rank;
-        ucs_status_t failed; /* UCS_OK while healthy (atomic) */
-    } * peers;
-    /* The spare worker (gvqCommShrink, below): opened at the communicator's creation, its
-     * address and every rank's spare address exchanged by the communicator; once a shrink
-     * starts, spare_t is the transport on it with endpoints to every rank. */
-    struct gvq_ucx *spare;
-    uint8_t *spare_addrs;
-    int32_t *spare_lens;
-    gvq_transport_t *spare_t;
-    /* revoke (gvq_transport.h): a receive from any rank on GVQ_TAG_REVOKE, posted at creation;
-     * revoked_by the rank whose notice came (-1: none); the notice this rank sends, once */
-    void *revoke_req;
-    int32_t revoke_in[2], revoke_out[2];
-    int revoked_by, revoke_sent;
-    gvqResult_t revoke_cause; /* the notice's error, once revoked_by >= 0 */
-};
+#include "gvq_ucx_impl.h"
 
 enum { K_SEND = 1, K_RECV = 2, K_UPTO = 4 };
 
@@ -412,11 +387,8 @@ static void post_revoke(gvq_ucx_t *u) {
     u->revoke_req = UCS_PTR_IS_PTR(r) ? r : NULL;
 }
 
-/* The transport on u with an endpoint to each of the n addresses (packed, lens[p] bytes each).
- * reach (NULL: every rank, and an endpoint that cannot be made fails the call) names the ranks
- * to reach; an endpoint to one of them that cannot be made marks that peer failed instead. */
-static gvqResult_t make_transport(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens, int n,
-                                  int rank, const uint8_t *reach, gvq_transport_t **out) {
+gvqResult_t gvq_ucx_make_transport(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens, int n,
+                                   int rank, const uint8_t *reach, gvq_transport_t **out) {
     *out = NULL;
     gvq_transport_t *t = calloc(1, sizeof *t);
     u->eps = calloc((size_t)n, sizeof *u->eps);
@@ -478,108 +450,7 @@ static gvqResult_t make_transport(gvq_ucx_t *u, const uint8_t *addrs, const int3
 
 gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const int32_t *lens,
                                      int nranks, int rank, gvq_transport_t **out) {
-    return make_transport(u, addrs, lens, nranks, rank, NULL, out);
-}
-
-/* ---- the spare worker: gvqCommShrink's ----------------------------------------------------
- * A broken communicator's worker is never progressed again (close_eps), so the survivors of a
- * failure cannot talk over it. Each UCX communicator therefore opens a second worker at
- * creation and exchanges its address (the communicator layer's gvq_comm_ucx_spare); a shrink
- * talks over endpoints to those spares and the shrunk communicator keeps the spare's worker. */
-
-gvqResult_t gvq_ucx_spare_open(gvq_transport_t *t, const void **addr, size_t *len) {
-    *addr = NULL;
-    *len = 0;
-    if (t->ops != &ucx_ops) return gvqInvalidUsage;
-    gvq_ucx_t *u = impl(t);
-    if (u->spare == NULL) GVQCHECK(gvq_ucx_open(&u->spare, addr, len));
-    *addr = u->spare->addr;
-    *len = u->spare->addr_len;
-    return gvqSuccess;
-}
-
-gvqResult_t gvq_ucx_spare_peers(gvq_transport_t *t, const uint8_t *addrs, const int32_t *lens) {
-    gvq_ucx_t *u = impl(t);
-    size_t total = 0;
-    for (int p = 0; p < u->nranks; p++)
-        total += (size_t)GVQ_MAX(lens[p], 0);
-    free(u->spare_addrs);
-    free(u->spare_lens);
-    u->spare_addrs = malloc(total > 0 ? total : 1);
-    u->spare_lens = malloc((size_t)u->nranks * sizeof *lens);
-    if (u->spare_addrs == NULL || u->spare_lens == NULL) {
-        free(u->spare_addrs);
-        free(u->spare_lens);
-        u->spare_addrs = NULL;
-        u->spare_lens = NULL;
-        GVQ_WARN("UCX transport: out of memory for %d spare addresses", u->nranks);
-        return gvqSystemError;
-    }
-    memcpy(u->spare_addrs, addrs, total);
-    memcpy(u->spare_lens, lens, (size_t)u->nranks * sizeof *lens);
-    return gvqSuccess;
-}
-
-gvqResult_t gvq_ucx_spare_transport(gvq_transport_t *t, const uint8_t *reach,
-                                    gvq_transport_t **out) {
-    *out = NULL;
-    if (t->ops != &ucx_ops) return gvqInvalidUsage;
-    gvq_ucx_t *u = impl(t);
-    if (u->spare_t == NULL && (u->spare == NULL || u->spare_addrs == NULL)) {
-        GVQ_WARN("UCX transport: this communicator has no spare worker (GVQ_UCX_SPARE=0, a "
-                 "communicator of gvq's own, or one shrink of it already used it)");
-        return gvqInvalidUsage;
-    }
-    if (u->spare_t == NULL) {
-        GVQCHECK(make_transport(u->spare, u->spare_addrs, u->spare_lens, u->nranks, u->rank, reach,
-                                &u->spare_t));
-        u->spare = NULL; /* spare_t's now */
-        u->spare_t->timeout_ns = t->timeout_ns;
-        u->spare_t->abort_flag = t->abort_flag;
-    }
-    *out = u->spare_t;
-    return gvqSuccess;
-}
-
-gvqResult_t gvq_ucx_spare_take(gvq_transport_t *t, const int *ranks, int m, int me,
-                               gvq_transport_t **out) {
-    gvq_ucx_t *u = impl(t);
-    *out = NULL;
-    gvq_transport_t *s = u->spare_t;
-    gvq_ucx_t *su = s != NULL ? impl(s) : NULL;
-    int *map = su != NULL ? malloc((size_t)m * sizeof *map) : NULL;
-    if (map == NULL) return su != NULL ? gvqSystemError : gvqInvalidUsage;
-    uint8_t *member = calloc((size_t)su->neps, 1);
-    if (member == NULL) {
-        free(map);
-        return gvqSystemError;
-    }
-    for (int i = 0; i < m; i++) {
-        map[i] = ranks[i];
-        member[ranks[i]] = 1;
-        su->peers[ranks[i]].rank = i; /* as its WARNs name it */
-    }
-    /* the others' endpoints go: the shrink's last messages to them need not arrive */
-    for (int p = 0; p < su->neps; p++)
-        if (!member[p] && su->eps[p] != NULL) {
-            ucp_request_param_t rp;
-            memset(&rp, 0, sizeof rp);
-            rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-            rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-            void *r = ucp_ep_close_nbx(su->eps[p], &rp);
-            if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
-            su->eps[p] = NULL;
-        }
-    free(member);
-    su->map = map;
-    su->nranks = m;
-    su->rank = me;
-    s->rank = me;
-    s->nranks = m;
-    s->abort_flag = NULL;
-    u->spare_t = NULL;
-    *out = s;
-    return gvqSuccess;
+    return gvq_ucx_make_transport(u, addrs, lens, nranks, rank, NULL, out);
 }
 
 #else /* !GVQ_WITH_UCX */
@@ -606,27 +477,4 @@ gvqResult_t gvq_ucx_transport_create(gvq_ucx_t *u, const uint8_t *addrs, const i
     *out = NULL;
     return gvqInvalidUsage;
 }
-gvqResult_t gvq_ucx_spare_open(gvq_transport_t *t, const void **addr, size_t *len) {
-    (void)t;
-    *addr = NULL;
-    *len = 0;
-    return gvqInvalidUsage;
-}
-gvqResult_t gvq_ucx_spare_peers(gvq_transport_t *t, const uint8_t *addrs, const int32_t *lens) {
-    (void)t, (void)addrs, (void)lens;
-    return gvqInvalidUsage;
-}
-gvqResult_t gvq_ucx_spare_transport(gvq_transport_t *t, const uint8_t *reach,
-                                    gvq_transport_t **out) {
-    (void)t, (void)reach;
-    *out = NULL;
-    return gvqInvalidUsage;
-}
-gvqResult_t gvq_ucx_spare_take(gvq_transport_t *t, const int *ranks, int m, int me,
-                               gvq_transport_t **out) {
-    (void)t, (void)ranks, (void)m, (void)me;
-    *out = NULL;
-    return gvqInvalidUsage;
-}
-
 #endif
