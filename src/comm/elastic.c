@@ -361,7 +361,7 @@ GVQ_API gvqResult_t gvqCommShrink(gvqComm_t comm, const int *excludeRanks, int e
                  .abort_flag = &comm->abort_flag,
                  .seq = comm->shrinks++,
                  .timeout_ns = (uint64_t)timeout_ms * 1000000ull};
-    r.msg_bytes = sizeof(msg_head_t) + (size_t)n;
+    r.msg_bytes = (sizeof(msg_head_t) + (size_t)n + 7) & ~(size_t)7; /* aligned in recvbufs */
     r.sendbuf = malloc(r.msg_bytes);
     r.recvbufs = calloc((size_t)n, r.msg_bytes);
     r.reqs = calloc(2 * (size_t)n, sizeof *r.reqs);
