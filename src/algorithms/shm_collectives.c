@@ -120,7 +120,7 @@ static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, u
             return gvqInvalidUsage;
         }
         uint64_t now = gvq_now_ns();
-        if (res == gvqSuccess && now - checked > 100000000ull) { /* 10 times a second */
+        if (res == gvqSuccess && now - checked > 20000000ull) { /* 50 times a second */
             checked = now;
             for (int p = 0; p < m->nranks; p++) /* any ended rank dooms the call, not only q */
                 if (p != m->rank && gvq_shm_peer_gone(m, p)) {

@@ -139,7 +139,7 @@ static gvqResult_t round_run(round_t *r, int kind, const uint8_t *to, const uint
         }
         uint64_t now = gvq_now_ns();
         if (now - start > timeout_ns) break;
-        if (r->shm != NULL && now - checked > 50000000ull) { /* a peer whose process ended */
+        if (r->shm != NULL && now - checked > 20000000ull) { /* a peer whose process ended */
             checked = now;
             for (int p = 0; p < n; p++)
                 if (rr[p].active && gvq_shm_peer_gone(r->shm, p)) {
