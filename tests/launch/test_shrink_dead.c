@@ -9,6 +9,11 @@
  * against values computed here: its size and rank, the members' parent ranks (allgather), an
  * exact plain sum, and a compressed allreduce identical on every member. With 2 ranks the one
  * survivor is not a majority: ABORT alone refuses (gvqRemoteError) and NO_QUORUM goes on.
+ *
+ * Argument "revoke" (run by two_hosts.sh, ranks on two hosts, so no shared memory spans the job
+ * and no pid is checked): only the last rank dies, under a 30 s timeout, and every survivor's
+ * failed call and shrink must end within 10 s: a survivor waiting on a live rank that waits on
+ * the dead one learns of the death from that rank's revoke notice, not from its own timeout.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -46,8 +51,10 @@ static float val(int r, size_t i) {
     return (float)((int)((i * 7 + (size_t)r * 13) % 61) - 30);
 }
 
+static int revoke_mode;
+
 static int dies(int r, int n) {
-    return r == n - 1 || (n >= 4 && r == 1);
+    return r == n - 1 || (!revoke_mode && n >= 4 && r == 1);
 }
 
 static double now_s(void) {
@@ -56,14 +63,15 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    revoke_mode = argc > 1 && strcmp(argv[1], "revoke") == 0;
     if (getenv("GVQ_TEST_SKIP") != NULL) {
         printf("test_shrink_dead: skipped (gvq built without UCX: no transport outside an MPI "
                "job)\n");
         return 77;
     }
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
-    cfg.timeoutMs = 2000;
+    cfg.timeoutMs = revoke_mode ? 30000 : 2000;
     gvqComm_t comm;
     GVQ(gvqCommInitFromEnv(&comm, &cfg));
     int n = 0;
@@ -79,14 +87,17 @@ int main(void) {
         x[i] = val(rank, i) / 30.0f;
     gvqResult_t res = gvqSuccess;
     int calls = 0;
+    double t_call = 0;
     for (; res == gvqSuccess && calls < 1000; calls++) {
         if (calls == 5 && dies(rank, n)) {
             printf("test_shrink_dead: rank %d of %d leaves now (_exit)\n", rank, n);
             fflush(stdout);
             _exit(0);
         }
+        t_call = now_s();
         res = gvqAllReduceCompressed(x, y, COUNT, gvqFloat32, gvqSum, cp, comm, NULL);
     }
+    double t_failed = now_s() - t_call;
     CHECK(res != gvqSuccess && calls >= 5, "the compressed calls went on after a death (%d, %s)",
           calls, gvqGetErrorString(res));
     gvqComm_t nc = NULL;
@@ -100,6 +111,11 @@ int main(void) {
         GVQ(gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT));
     }
     double took = now_s() - t0;
+    if (revoke_mode)
+        CHECK(t_failed + took < 10.0,
+              "the failed call took %.2f s and the shrink %.2f s under a "
+              "30 s timeout: the revoke did not reach this rank",
+              t_failed, took);
     int members[64], m = 0, want = -1, cn = -1, cr = -1;
     for (int p = 0; p < n && p < 64; p++)
         if (!dies(p, n)) {
@@ -139,9 +155,10 @@ int main(void) {
     GVQ(gvqCommDestroy(nc));
     (void)gvqCompressorDestroy(cp);
     (void)gvqCommDestroy(comm);
-    printf("test_shrink_dead: rank %d: %d calls, then %s; shrunk %d -> %d in %.2f s; %s (%d "
-           "failure(s))\n",
-           rank, calls, gvqGetErrorString(res), n, m, took, failures ? "FAIL" : "PASS", failures);
+    printf("test_shrink_dead: rank %d: %d calls, then %s after %.2f s; shrunk %d -> %d in %.2f s; "
+           "%s (%d failure(s))\n",
+           rank, calls, gvqGetErrorString(res), t_failed, n, m, took, failures ? "FAIL" : "PASS",
+           failures);
     free(x);
     free(y);
     return failures ? 1 : 0;

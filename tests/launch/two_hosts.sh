@@ -21,7 +21,7 @@ rc=$?
 printf '%s\n' "$out" | grep -v ' GVQ INFO gvq version'
 [ "$rc" -eq 0 ] || exit "$rc"
 k=$(printf '%s\n' "$out" | grep -c 'allreduce ring follows the hosts (2 hosts)')
-if [ "$k" -ne "$n" ]; then
+if [ "$k" -lt "$n" ]; then # a communicator made later (a shrink) reports too
     echo "two_hosts.sh: FAIL: $k of $n ranks report the ring following the hosts"
     exit 1
 fi
