@@ -11,38 +11,7 @@
  * never loaded an MPI transport (GVQ_TRANSPORT=auto picks UCX outside an MPI job).
  */
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "gvq.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            failures++;                                                         \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, "\n");                                              \
-        }                                                                       \
-    } while (0)
-#define GVQ(call)                                                                                \
-    do {                                                                                         \
-        gvqResult_t r_ = (call);                                                                 \
-        if (r_ != gvqSuccess) {                                                                  \
-            fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call, gvqGetErrorString(r_), \
-                    gvqGetLastError(NULL));                                                      \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
-
-static int rank = -1;
-
-/* rank r's value i: a small integer, so sums of up to 64 ranks are exact in float */
-static float val(int r, size_t i) {
-    return (float)((int)((i * 7 + (size_t)r * 13) % 61) - 30);
-}
+#include "launch_test.h"
 
 static void test_plain(gvqComm_t comm, int n) {
     static const size_t counts[] = {1, 3, 1000, (1u << 20) + 3};

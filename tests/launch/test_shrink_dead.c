@@ -23,33 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gvq.h"
-
-static int rank = -1, failures;
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            failures++;                                                         \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, "\n");                                              \
-        }                                                                       \
-    } while (0)
-#define GVQ(call)                                                                                \
-    do {                                                                                         \
-        gvqResult_t r_ = (call);                                                                 \
-        if (r_ != gvqSuccess) {                                                                  \
-            fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call, gvqGetErrorString(r_), \
-                    gvqGetLastError(NULL));                                                      \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "launch_test.h"
 
 #define COUNT ((size_t)1 << 18)
-
-static float val(int r, size_t i) {
-    return (float)((int)((i * 7 + (size_t)r * 13) % 61) - 30);
-}
 
 static int revoke_mode;
 

@@ -72,6 +72,15 @@ def _torch_store() -> Any:
     return None
 
 
+def _unique_id(unique_id: bytes, what: str):
+    """The gvqUniqueId of gvq.get_unique_id()'s 128 bytes."""
+    if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != 128:
+        raise ValueError("%s: unique_id must be the 128 bytes of gvq.get_unique_id()" % what)
+    uid = _structs.UniqueId()
+    ctypes.memmove(ctypes.addressof(uid), bytes(unique_id), 128)
+    return uid
+
+
 class Communicator:
     """A gvq communicator (gvqComm_t). Make one with Communicator.init_rank (from a unique id),
     Communicator.from_env (from a launcher's environment, no MPI), Communicator.from_mpi (from an mpi4py communicator, keeping its ranks) or
@@ -88,11 +97,7 @@ class Communicator:
         """gvqCommInitRank(Config): collective over `nranks` processes of one MPI job calling it
         with the same id; returns once all joined. timeout_ms / chunk_bytes set gvqConfig_t
         fields (None: environment or default). Raises InvalidArgument, InvalidUsage, Timeout."""
-        if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != 128:
-            raise ValueError("Communicator.init_rank: unique_id must be the 128 bytes of "
-                             "gvq.get_unique_id()")
-        uid = _structs.UniqueId()
-        ctypes.memmove(ctypes.addressof(uid), bytes(unique_id), 128)
+        uid = _unique_id(unique_id, "Communicator.init_rank")
         h = ctypes.c_void_p()
         cfg = _config(timeout_ms, chunk_bytes)
         call("gvqCommInitRankConfig", ctypes.byref(h), int(nranks), uid, int(rank),
@@ -224,11 +229,7 @@ class Communicator:
     @classmethod
     def _grow(cls, handle: Optional[int], nranks: int, unique_id: bytes, rank: int,
               timeout_ms: Optional[int], chunk_bytes: Optional[int]) -> "Communicator":
-        if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != 128:
-            raise ValueError("gvq grow/join: unique_id must be the 128 bytes of "
-                             "gvq.get_unique_id()")
-        uid = _structs.UniqueId()
-        ctypes.memmove(ctypes.addressof(uid), bytes(unique_id), 128)
+        uid = _unique_id(unique_id, "Communicator.grow/join")
         h = ctypes.c_void_p()
         cfg = _config(timeout_ms, chunk_bytes)
         call("gvqCommGrow", handle, int(nranks), ctypes.byref(uid), int(rank), ctypes.byref(h),
