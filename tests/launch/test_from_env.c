@@ -11,6 +11,7 @@
  * never loaded an MPI transport (GVQ_TRANSPORT=auto picks UCX outside an MPI job).
  */
 #include <math.h>
+
 #include "launch_test.h"
 
 static void test_plain(gvqComm_t comm, int n) {
