@@ -2,8 +2,8 @@
 # link_fault.sh GVQ_PERF [mpi|ucx] -- link faults on the emulated cluster (perf/link-fault.sh):
 # 2 ranks on 2 emulated hosts at 1 Gbit/s, host 1's link taken down at the bridge.
 #   1. down 2 s with GVQ_TIMEOUT_MS 10000: the run completes, every result checked (#wrong 0);
-#   2. down 8 s with GVQ_TIMEOUT_MS 3000: every rank's call fails with a WARN naming the
-#      timeout within 3 s + 2 s of the fault, and the job exits non-zero (mpirun's own teardown
+#   2. down 6 s with GVQ_TIMEOUT_MS 2000: every rank's call fails with a WARN naming the
+#      timeout within 2 s + 2 s of the fault, and the job exits non-zero (mpirun's own teardown
 #      waits for the link, which carries its out-of-band channel).
 # Exit 77 (skipped) where network namespaces cannot be made.
 set -uo pipefail
@@ -30,14 +30,14 @@ if [ "$rc" -ne 0 ] || [ -z "$row" ] || ! printf '%s\n' "$row" | awk '{exit !($9 
 fi
 grep -q "link down" <<<"$out" || { echo "link_fault.sh: FAIL: the run ended before the fault"; fail=1; }
 
-out=$(bash "$here/../../perf/link-fault.sh" -a 2 -d 8 -t 3000 -- "$perf" -b 4M -e 4M -C none \
+out=$(bash "$here/../../perf/link-fault.sh" -a 2 -d 6 -t 2000 -- "$perf" -b 4M -e 4M -C none \
     -n 400 -w 2 2>&1)
 rc=$?
 printf '%s\n' "$out" | grep -E "link-fault"
 n=$(printf '%s\n' "$out" | grep -E "last logged [0-9.]+ s after the link went down: .*GVQ WARN" |
-    awk '{for (i = 1; i <= NF; i++) if ($i == "logged") t = $(i + 1); if (t <= 5.0) k++} END {print k + 0}')
+    awk '{for (i = 1; i <= NF; i++) if ($i == "logged") t = $(i + 1); if (t <= 4.0) k++} END {print k + 0}')
 if [ "$rc" -eq 0 ] || [ "$n" -ne 2 ]; then
-    echo "link_fault.sh: FAIL: an 8 s outage under a 3 s timeout: exit $rc, $n of 2 ranks failed within 5 s"
+    echo "link_fault.sh: FAIL: a 6 s outage under a 2 s timeout: exit $rc, $n of 2 ranks failed within 4 s"
     fail=1
 fi
 [ "$fail" -eq 0 ] && echo "link_fault.sh ($transport): short outage survived exactly, long outage failed on every rank within the timeout"

@@ -11,8 +11,8 @@ run() {
     local np=$1
     shift
     "$mpiexec" -n "$np" --oversubscribe "$train" --model resnet --micro-batches 4 --batch 64 \
-        --iters 40 --train-subset 2560 --test-subset 500 --lr 0.05 --print-every 20 \
-        --eval-every 40 "$@"
+        --iters 20 --train-subset 2560 --test-subset 500 --lr 0.05 --print-every 10 \
+        --eval-every 20 "$@"
 }
 digits() { grep '^epoch' | sed 's/ *[0-9]* img\/s//'; }
 one=$(run 1 --stages 1)
