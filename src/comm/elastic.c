@@ -109,7 +109,7 @@ static gvqResult_t round_run(round_t *r, int kind, const uint8_t *to, const uint
     uint64_t start = gvq_now_ns(), checked = 0;
     int64_t polls = 0;
     for (;;) {
-        int pending = 0, recv_pending = 0;
+        int recv_pending = 0;
         for (int i = 0; i < 2 * n; i++) {
             if (!r->reqs[i].active) continue;
             int done = 0;
@@ -127,7 +127,6 @@ static gvqResult_t round_run(round_t *r, int kind, const uint8_t *to, const uint
                              "(another call, or another number of shrinks before); ignored",
                              i);
             }
-            pending += !done;
             recv_pending += !done && i < n;
         }
         if (recv_pending == 0) break; /* sends still out are left to the transport below */
@@ -153,7 +152,6 @@ static gvqResult_t round_run(round_t *r, int kind, const uint8_t *to, const uint
         } else {
             sched_yield();
         }
-        (void)pending;
     }
     /* what has not come is cancelled; the sends get the rest of the timeout to leave */
     for (int p = 0; p < n; p++)
