@@ -33,19 +33,25 @@ def object_files(build):
     return targets
 
 
-def symbols(obj):
-    out = subprocess.run(["nm", "-P", obj], capture_output=True, text=True, check=True).stdout
-    defined, used = set(), set()
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) < 2:
-            continue
-        name, kind = parts[0], parts[1]
-        if kind == "U":
-            used.add(name)
-        elif kind in "TDBRVWC":  # global definitions (local t/d/b/r cannot be called)
-            defined.add(name)
-    return defined, used
+def symbols(objs):
+    """{object: (defined, used)} from one nm run over all of objs (a run per object costs ~80 ms)."""
+    out = {o: (set(), set()) for o in objs}
+    for i in range(0, len(objs), 200):
+        part = objs[i:i + 200]
+        text = subprocess.run(["nm", "-P", "-A"] + part, capture_output=True, text=True,
+                              check=True).stdout
+        for line in text.splitlines():
+            obj, sep, rest = line.partition(": ")
+            parts = rest.split()
+            if not sep or obj not in out or len(parts) < 2:
+                continue
+            name, kind = parts[0], parts[1]
+            defined, used = out[obj]
+            if kind == "U":
+                used.add(name)
+            elif kind in "TDBRVWC":  # global definitions (local t/d/b/r cannot be called)
+                defined.add(name)
+    return out
 
 
 def source_name(obj, build):
@@ -124,11 +130,12 @@ def main():
     groups = {"libgvq": list(lib)}
     groups.update({g: list(v) for g, v in programs.items()})
     failed = 0
+    syms = symbols(sorted({o for objs in groups.values() for o in objs}))
     for gname, objs in sorted(groups.items()):
         defs, uses, names = {}, {}, {}
         for o in objs:
             names[o] = source_name(o, build)
-            defs[o], uses[o] = symbols(o)
+            defs[o], uses[o] = syms[o]
         owner = {}
         for o, ds in defs.items():
             for s in ds:

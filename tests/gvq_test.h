@@ -67,6 +67,27 @@ static inline void gvq_test_run(int nranks, const gvqConfig_t *cfg, gvq_rank_fn 
         gvqCommDestroy(comms[r]);
 }
 
+/* Run fn over ncases cases (stride bytes apart from cases) on one communicator of nranks
+ * in-process ranks, every rank taking them in the same order: the sweeps' way of calling a
+ * communicator many times, as a trainer does, without a communicator's setup per case. */
+typedef struct {
+    gvq_rank_fn fn;
+    char *cases;
+    size_t ncases, stride;
+} gvq_test_each_t;
+
+static void gvq_test_each_main(gvqComm_t comm, int rank, int nranks, void *arg) {
+    const gvq_test_each_t *e = arg;
+    for (size_t i = 0; i < e->ncases; i++)
+        e->fn(comm, rank, nranks, e->cases + i * e->stride);
+}
+
+static inline void gvq_test_run_each(int nranks, const gvqConfig_t *cfg, gvq_rank_fn fn,
+                                     void *cases, size_t ncases, size_t stride) {
+    gvq_test_each_t e = {fn, cases, ncases, stride};
+    if (ncases > 0) gvq_test_run(nranks, cfg, gvq_test_each_main, &e);
+}
+
 /* GVQ_TEST_SWEEP=small: the exhaustive sweeps (every dtype x op x count x rank count) keep a
  * representative part -- float32, int32 and float16; sum and max; up to 4 ranks -- for the
  * sanitizer builds, where a thread switch costs a hundred times more (ThreadSanitizer). */

@@ -167,26 +167,30 @@ static void test_forced(void) {
         gvq_select_override(algos[a]);
         for (int n = 1; n <= 5; n++) {
             size_t counts[] = {1, (size_t)(n > 1 ? n - 1 : 2), 7, 1021};
+            case_t cs[4 * gvqNumTypes * gvqNumOps], sums[4 * gvqNumTypes];
+            size_t nc = 0, ns = 0;
             for (int ci = 0; ci < 4; ci++)
                 for (int t = 0; t < gvqNumTypes; t++)
                     for (int op = 0; op < gvqNumOps; op++) {
                         if (gvq_test_sweep_skips(n, t, op)) continue;
-                        case_t c = {algos[a],
-                                    counts[ci],
-                                    (gvqDataType_t)t,
-                                    (gvqRedOp_t)op,
-                                    (ci + t + op) % 2,
-                                    (ci + t) % n,
-                                    0,
-                                    {0}};
-                        gvq_test_run(n, &cfg, rank_allreduce, &c);
-                        check_same(&c, n);
-                        gvq_test_run(n, &cfg, rank_reduce_scatter, &c);
-                        gvq_test_run(n, &cfg, rank_reduce, &c);
-                        if (op != gvqSum) continue;
-                        gvq_test_run(n, &cfg, rank_allgather, &c);
-                        gvq_test_run(n, &cfg, rank_broadcast, &c);
+                        cs[nc++] = (case_t){algos[a],
+                                            counts[ci],
+                                            (gvqDataType_t)t,
+                                            (gvqRedOp_t)op,
+                                            (ci + t + op) % 2,
+                                            (ci + t) % n,
+                                            0,
+                                            {0}};
+                        if (op == gvqSum) sums[ns++] = cs[nc - 1];
                     }
+            /* one communicator per (algorithm, rank count) takes every case in turn */
+            gvq_test_run_each(n, &cfg, rank_allreduce, cs, nc, sizeof cs[0]);
+            for (size_t i = 0; i < nc; i++)
+                check_same(&cs[i], n);
+            gvq_test_run_each(n, &cfg, rank_reduce_scatter, cs, nc, sizeof cs[0]);
+            gvq_test_run_each(n, &cfg, rank_reduce, cs, nc, sizeof cs[0]);
+            gvq_test_run_each(n, &cfg, rank_allgather, sums, ns, sizeof sums[0]);
+            gvq_test_run_each(n, &cfg, rank_broadcast, sums, ns, sizeof sums[0]);
         }
     }
     gvq_select_override(NULL);

@@ -133,27 +133,42 @@ static void test_all_collectives(void) {
     cfg.chunkBytes = 256; /* many chunks per segment */
     for (int n = 1; n <= 5; n++) {
         size_t counts[] = {0, 1, (size_t)(n > 1 ? n - 1 : 2), 7919, 40009};
+        const size_t cap = 5 * gvqNumTypes * gvqNumOps * 2;
+        case_t *all = calloc(cap, sizeof *all), *most = calloc(cap, sizeof *most),
+               *sums = calloc(cap * 5, sizeof *sums);
+        size_t na = 0, nm = 0, ns = 0;
         for (int ci = 0; ci < 5; ci++)
             for (int t = 0; t < gvqNumTypes; t++)
                 for (int op = 0; op < gvqNumOps; op++)
                     for (int ip = 0; ip < 2; ip++) {
                         if (gvq_test_sweep_skips(n, t, op)) continue;
                         case_t c = {counts[ci], (gvqDataType_t)t, (gvqRedOp_t)op, ip, 0, {0}};
-                        gvq_test_run(n, &cfg, rank_allreduce, &c);
-                        check_same(&c, n, "allreduce");
+                        all[na++] = c;
                         if (ci == 4 && op > gvqSum)
                             continue; /* large counts: sum only for the rest */
-                        gvq_test_run(n, &cfg, rank_reduce_scatter, &c);
                         c.root = (ci + t) % n;
-                        gvq_test_run(n, &cfg, rank_reduce, &c);
-                        if (op != gvqSum) continue;
-                        gvq_test_run(n, &cfg, rank_allgather, &c);
-                        check_same(&c, n, "allgather");
-                        for (int root = 0; root < n; root++) {
-                            c.root = root;
-                            gvq_test_run(n, &cfg, rank_broadcast, &c);
-                        }
+                        most[nm++] = c;
+                        if (op == gvqSum) sums[ns++] = c;
                     }
+        /* one communicator per rank count takes every case in turn */
+        gvq_test_run_each(n, &cfg, rank_allreduce, all, na, sizeof all[0]);
+        for (size_t i = 0; i < na; i++)
+            check_same(&all[i], n, "allreduce");
+        gvq_test_run_each(n, &cfg, rank_reduce_scatter, most, nm, sizeof most[0]);
+        gvq_test_run_each(n, &cfg, rank_reduce, most, nm, sizeof most[0]);
+        gvq_test_run_each(n, &cfg, rank_allgather, sums, ns, sizeof sums[0]);
+        for (size_t i = 0; i < ns; i++)
+            check_same(&sums[i], n, "allgather");
+        size_t nb = 0; /* broadcast from every root */
+        for (size_t i = 0; i < ns; i++)
+            for (int root = 0; root < n; root++) {
+                sums[ns + nb] = sums[i];
+                sums[ns + nb++].root = root;
+            }
+        gvq_test_run_each(n, &cfg, rank_broadcast, sums + ns, nb, sizeof sums[0]);
+        free(all);
+        free(most);
+        free(sums);
     }
 }
 

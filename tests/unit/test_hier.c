@@ -97,29 +97,29 @@ static int sweep(void) {
                     if (n < 2 || (il && (H < 2 || K < 2)) || (un && (H < 2 || n < 3))) continue;
                     if (gvq_test_sweep_small() && n > 4) continue; /* ThreadSanitizer's run */
                     size_t counts[] = {1, (size_t)(n - 1), 1021, 20011};
+                    hcase_t *cs = calloc(4 * gvqNumTypes * gvqNumOps + 2, sizeof *cs);
+                    size_t nc = 0;
                     for (int ci = 0; ci < 4; ci++)
                         for (int t = 0; t < gvqNumTypes; t++)
                             for (int op = 0; op < gvqNumOps; op++) {
                                 if (gvq_test_sweep_skips(n, t, op)) continue;
-                                hcase_t c;
-                                memset(&c, 0, sizeof c);
-                                c.H = H, c.K = K, c.interleave = il, c.uneven = un;
-                                c.count = counts[ci], c.t = (gvqDataType_t)t;
-                                c.op = (gvqRedOp_t)op, c.inplace = (ci + t + op) % 2;
-                                gvq_test_run(n, &cfg, rank_hier, &c);
-                                check_case(&c);
-                                cases++;
+                                hcase_t *c = &cs[nc++];
+                                c->H = H, c->K = K, c->interleave = il, c->uneven = un;
+                                c->count = counts[ci], c->t = (gvqDataType_t)t;
+                                c->op = (gvqRedOp_t)op, c->inplace = (ci + t + op) % 2;
                             }
                     for (int ip = 0; ip < 2; ip++) { /* sums whose bits depend on the order */
-                        hcase_t c;
-                        memset(&c, 0, sizeof c);
-                        c.H = H, c.K = K, c.interleave = il, c.uneven = un, c.count = 4099;
-                        c.t = gvqFloat32, c.op = ip ? gvqAvg : gvqSum, c.inplace = ip;
-                        c.order_values = 1;
-                        gvq_test_run(n, &cfg, rank_hier, &c);
-                        check_case(&c);
-                        cases++;
+                        hcase_t *c = &cs[nc++];
+                        c->H = H, c->K = K, c->interleave = il, c->uneven = un, c->count = 4099;
+                        c->t = gvqFloat32, c->op = ip ? gvqAvg : gvqSum, c->inplace = ip;
+                        c->order_values = 1;
                     }
+                    /* one communicator per shape takes every case in turn */
+                    gvq_test_run_each(n, &cfg, rank_hier, cs, nc, sizeof cs[0]);
+                    for (size_t i = 0; i < nc; i++)
+                        check_case(&cs[i]);
+                    cases += (int)nc;
+                    free(cs);
                 }
     return cases;
 }

@@ -173,7 +173,8 @@ int main(void) {
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     gvq_select_override("shm");
     const size_t counts[] = {1, 5, 1000, 20000, 263144, 300001, 600007};
-    for (int rep = 0; rep < 3; rep++)
+    int reps = gvq_test_sweep_small() ? 1 : 3; /* ThreadSanitizer's run: one of three */
+    for (int rep = 0; rep < reps; rep++)
         for (int n = 2; n <= 5; n++) {
             for (int ci = 0; ci < NCALLS; ci++) {
                 uint32_t h = hsh((uint32_t)(ci + 1000 * n + 77777 * rep));
