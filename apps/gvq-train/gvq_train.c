@@ -131,6 +131,14 @@ static void usage(FILE *f) {
         "  --stop-at ACC         stop once test accuracy reaches ACC percent\n"
         "  --stop-step N         end after step N; the learning-rate schedule still spans\n"
         "                        --epochs (a short run of a long run's first steps)\n"
+        "  --elastic K           commit every K steps; when a rank dies or stalls the others\n"
+        "                        shrink to the survivors, roll back to the last commit, scale\n"
+        "                        the learning rate by the ranks left and go on (start without\n"
+        "                        mpirun, e.g. scripts/gvq-launch.sh, so a death ends no job)\n"
+        "  --replace             with --elastic: at the first commit after a fault rank 0\n"
+        "                        starts a replacement per rank lost (this program), which\n"
+        "                        joins (gvqCommGrow) and takes the state from rank 0\n"
+        "  --die R:S             (tests) the process first ranked R leaves at step S\n"
         "  --log FILE            CSV: iter,epoch,time_s,loss,train_acc,test_acc,img_per_s,\n"
         "                        compute_s,comm_s,conv_ratio,phase (apps/gvq-train/plot.sh draws "
         "it)\n"
@@ -250,6 +258,13 @@ enum {
     OPT_CHECK_EVERY,
     OPT_STOP_AT,
     OPT_STOP_STEP,
+    OPT_ELASTIC,
+    OPT_REPLACE,
+    OPT_JOIN,
+    OPT_JOIN_RANK,
+    OPT_JOIN_SIZE,
+    OPT_JOIN_FIRST,
+    OPT_DIE,
     OPT_LOG,
     OPT_DUMP,
     OPT_DUMP_LAYER,
@@ -323,6 +338,13 @@ static const struct option long_opts[] = {
     {"check-every", required_argument, NULL, OPT_CHECK_EVERY},
     {"stop-at", required_argument, NULL, OPT_STOP_AT},
     {"stop-step", required_argument, NULL, OPT_STOP_STEP},
+    {"elastic", required_argument, NULL, OPT_ELASTIC},
+    {"replace", no_argument, NULL, OPT_REPLACE},
+    {"join", required_argument, NULL, OPT_JOIN},
+    {"join-rank", required_argument, NULL, OPT_JOIN_RANK},
+    {"join-size", required_argument, NULL, OPT_JOIN_SIZE},
+    {"join-first", required_argument, NULL, OPT_JOIN_FIRST},
+    {"die", required_argument, NULL, OPT_DIE},
     {"log", required_argument, NULL, OPT_LOG},
     {"dump-grads", required_argument, NULL, OPT_DUMP},
     {"dump-layer", required_argument, NULL, OPT_DUMP_LAYER},
@@ -627,6 +649,34 @@ static int parse_output_opt(int c, const char *arg, train_opts_t *o, const char 
     case OPT_STOP_STEP:
         if (parse_long(arg, 1, 1L << 40, &o->stop_step)) *what = "--stop-step (>= 1)";
         break;
+    case OPT_ELASTIC:
+        if (parse_int(arg, 1, 1 << 30, &o->elastic)) *what = "--elastic (>= 1)";
+        break;
+    case OPT_REPLACE:
+        o->replace = 1;
+        break;
+    case OPT_JOIN:
+        o->join_hex = arg;
+        break;
+    case OPT_JOIN_RANK:
+        if (parse_int(arg, 1, 1 << 20, &o->join_rank)) *what = "--join-rank";
+        break;
+    case OPT_JOIN_SIZE:
+        if (parse_int(arg, 2, 1 << 20, &o->join_size)) *what = "--join-size";
+        break;
+    case OPT_JOIN_FIRST:
+        if (parse_int(arg, 0, 1 << 20, &o->join_first)) *what = "--join-first";
+        break;
+    case OPT_DIE: {
+        int rr = -1;
+        long st = -1;
+        char tail = 0;
+        if (o->ndie >= 8 || sscanf(arg, "%d:%ld%c", &rr, &st, &tail) != 2 || rr < 0 || st < 0)
+            *what = "--die (R:S, at most 8)";
+        else
+            o->die_rank[o->ndie] = rr, o->die_step[o->ndie++] = st;
+        break;
+    }
     case OPT_LOG:
         o->log_path = arg;
         break;
@@ -694,6 +744,20 @@ static int check_args(train_opts_t *o, int batch_given) {
                         "next forward pass overwrites before the step ends)\n");
         return -1;
     }
+    if ((o->elastic > 0 || o->ndie > 0) &&
+        (o->stages > 0 || o->text || o->overlap_forward || o->dump_path != NULL)) {
+        fprintf(stderr, "gvq-train: --elastic and --die apply to data-parallel image models "
+                        "without --overlap-forward and --dump-grads\n");
+        return -1;
+    }
+    if ((o->replace || o->join_hex != NULL) && o->elastic <= 0) {
+        fprintf(stderr, "gvq-train: --replace needs --elastic\n");
+        return -1;
+    }
+    if (o->join_hex != NULL && (o->join_rank <= 0 || o->join_size <= o->join_rank)) {
+        fprintf(stderr, "gvq-train: --join needs --join-rank R and --join-size N > R\n");
+        return -1;
+    }
     if (o->stop_step > 0 && (o->stages > 0 || o->text)) {
         fprintf(stderr, "gvq-train: --stop-step applies to data-parallel image models (not "
                         "--stages or --model text)\n");
@@ -758,18 +822,41 @@ static int batch_given_text(const train_opts_t *o) {
     return o->batch > 0 ? o->batch : 64;
 }
 
+/* Started by mpirun (or srun with PMI), or by a launcher that only sets torchrun's or Slurm's
+ * variables: then the data-parallel run meets through gvqCommInitFromEnv and MPI is not used,
+ * so a process that dies ends no job (--elastic). */
+static int under_mpi(void) {
+    if (getenv("OMPI_COMM_WORLD_RANK") != NULL || getenv("PMIX_RANK") != NULL ||
+        getenv("PMI_RANK") != NULL)
+        return 1;
+    return !((getenv("RANK") != NULL && getenv("WORLD_SIZE") != NULL) ||
+             getenv("SLURM_PROCID") != NULL);
+}
+
 int main(int argc, char **argv) {
     int provided = 0; /* the training layer's stream runs MPI from its progress thread */
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    const int mpi = under_mpi();
     int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (mpi) {
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    } else {
+        const char *e = getenv("RANK") != NULL ? getenv("RANK") : getenv("SLURM_PROCID");
+        rank = e != NULL ? atoi(e) : 0;
+    }
     train_opts_t o;
     train_opts_default(&o);
     o.progress = rank == 0 && stderr_is_terminal();
+    o.argc = argc;
+    o.argv = argv;
     int p = parse_args(argc, argv, &o);
+    if (p == 0 && !mpi && (o.text || o.stages > 0)) {
+        fprintf(stderr, "gvq-train: --model text and --stages run under mpirun only\n");
+        p = -1;
+    }
     if (p != 0) {
         if (rank == 0) usage(p > 0 ? stdout : stderr);
-        MPI_Finalize();
+        if (mpi) MPI_Finalize();
         return p > 0 ? 0 : 2;
     }
     if (o.text) {
@@ -788,8 +875,8 @@ int main(int argc, char **argv) {
         return trc == 0 ? 0 : 1;
     }
     train_result_t res;
-    int rc =
-        o.stages > 0 ? pipe_run(&o, MPI_COMM_WORLD, &res) : train_run(&o, MPI_COMM_WORLD, &res);
+    int rc = o.stages > 0 ? pipe_run(&o, MPI_COMM_WORLD, &res)
+                          : train_run(&o, mpi ? MPI_COMM_WORLD : MPI_COMM_NULL, &res);
     free(res.loss_hist);
     if (rc == 0 && res.sync_mismatches > 0) {
         if (rank == 0)
@@ -797,6 +884,6 @@ int main(int argc, char **argv) {
                     res.sync_mismatches, res.sync_checks);
         rc = -1;
     }
-    MPI_Finalize();
+    if (mpi) MPI_Finalize();
     return rc == 0 ? 0 : 1;
 }

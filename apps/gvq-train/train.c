@@ -26,9 +26,12 @@
 
 #include <errno.h>
 #include <math.h>
+#include <setjmp.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "gvq.h"
@@ -36,15 +39,26 @@
 #include "aggregate.h"
 #include "mnist.h"
 
-/* A failed gvq or MPI call ends the whole job: a rank that stopped calling collectives would
- * leave the others waiting for it until gvq's timeout. */
+/* A failed gvq or MPI call ends the whole job (train_fail): a rank that stopped calling
+ * collectives would leave the others waiting for it until gvq's timeout. In an elastic run's
+ * steps it goes to the recovery instead (train_fault). */
+static jmp_buf *train_fault;
+
+static void train_fail(void) {
+    if (train_fault != NULL) longjmp(*train_fault, 1);
+    int mpi = 0;
+    MPI_Initialized(&mpi);
+    if (mpi) MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+
 #define TRAIN_GVQ(call, comm)                                                                    \
     do {                                                                                         \
         gvqResult_t res_ = (call);                                                               \
         if (res_ != gvqSuccess) {                                                                \
             fprintf(stderr, "gvq-train: %s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call, \
                     gvqGetErrorString(res_), gvqGetLastError(comm));                             \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                        \
+            train_fail();                                                                        \
         }                                                                                        \
     } while (0)
 
@@ -56,9 +70,14 @@
             int len_ = 0;                                                                          \
             MPI_Error_string(err_, msg_, &len_);                                                   \
             fprintf(stderr, "gvq-train: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, msg_); \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
+            train_fail();                                                                          \
         }                                                                                          \
     } while (0)
+
+/* The small reductions of the run (sums, checks, flags) over gvq's communicator: MPI may not be
+ * there (a run started without mpirun). */
+#define TRAIN_REDUCE(ptr, n, type, op, comm) \
+    TRAIN_GVQ(gvqAllReduce((ptr), (ptr), (n), (type), (op), (comm), NULL), (comm))
 
 static double now_s(void) {
     struct timespec ts;
@@ -216,9 +235,8 @@ void train_shuffle(int *perm, int n, uint64_t seed) {
     }
 }
 
-/* Test accuracy in percent: each rank evaluates its share of the test set. */
-double train_evaluate(net_t *net, const mnist_set_t *test, int rank, int nranks, MPI_Comm comm,
-                      float *images, uint8_t *labels, int *idx) {
+long train_count_correct(net_t *net, const mnist_set_t *test, int rank, int nranks, float *images,
+                         uint8_t *labels, int *idx) {
     int lo = (int)((long)test->n * rank / nranks), hi = (int)((long)test->n * (rank + 1) / nranks);
     long correct = 0;
     for (int i = lo; i < hi; i += net->capacity) {
@@ -228,16 +246,22 @@ double train_evaluate(net_t *net, const mnist_set_t *test, int rank, int nranks,
         mnist_batch(test, idx, n, images, labels);
         correct += net_count_correct(net, images, labels, n);
     }
-    long total = 0;
+    return correct;
+}
+
+/* Test accuracy in percent: each rank evaluates its share of the test set. */
+double train_evaluate(net_t *net, const mnist_set_t *test, int rank, int nranks, MPI_Comm comm,
+                      float *images, uint8_t *labels, int *idx) {
+    long correct = train_count_correct(net, test, rank, nranks, images, labels, idx), total = 0;
     TRAIN_MPI(MPI_Allreduce(&correct, &total, 1, MPI_LONG, MPI_SUM, comm));
     return 100.0 * (double)total / (double)test->n;
 }
 
 /* 1 when every rank holds the same weights (compares the min and max of their hashes). */
-static int weights_agree(const net_t *net, MPI_Comm comm) {
-    unsigned long long h = hash_floats(net->params, net->nparams), lo = 0, hi = 0;
-    TRAIN_MPI(MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm));
-    TRAIN_MPI(MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm));
+static int weights_agree(const net_t *net, gvqComm_t comm) {
+    uint64_t lo = hash_floats(net->params, net->nparams), hi = lo;
+    TRAIN_REDUCE(&lo, 1, gvqUint64, gvqMin, comm);
+    TRAIN_REDUCE(&hi, 1, gvqUint64, gvqMax, comm);
     return lo == hi;
 }
 
@@ -401,15 +425,38 @@ typedef struct {
     deferred_t next;
     int pending;
     double prev_t0, prev_fwd, prev_t1; /* the deferred step's (its timeline) */
+    /* --elastic: the last two commits (a survivor may be a step ahead of another), the first
+     * job's size, this process's rank in it, and the faults ridden through */
+    struct {
+        long step, pos;
+        int epoch;
+        float *params, *velocity;
+    } commit[2];
+    int latest, nranks0, first_rank, faults, after_fault, spawned;
+    long steps_lost, start_step; /* start_step: a replacement's first step */
+    long agg_since;              /* the step the aggregation was last set up at (its counts') */
+    pid_t kids[8];               /* the replacements rank 0 started */
+    double lr_scale, step_start, recovered_at;
 } run_t;
+
+static void elastic_join(run_t *r);
 
 /* The data and the model: the batch checked against the ranks, both image sets loaded (every
  * rank loads them; one failure stops all), the network and its buffers. -1, everything freed,
  * when the run cannot start. */
 static int run_load(run_t *r) {
     const train_opts_t *o = r->o;
-    TRAIN_MPI(MPI_Comm_rank(r->comm, &r->rank));
-    TRAIN_MPI(MPI_Comm_size(r->comm, &r->nranks));
+    if (o->join_hex != NULL) { /* a replacement: joins once its data and model are ready */
+        r->rank = o->join_rank;
+        r->nranks = o->join_size;
+    } else {
+        if (r->comm != MPI_COMM_NULL)
+            TRAIN_GVQ(gvqCommInitMPI(&r->gcomm, r->comm, NULL), NULL);
+        else
+            TRAIN_GVQ(gvqCommInitFromEnv(&r->gcomm, NULL), NULL);
+        TRAIN_GVQ(gvqCommUserRank(r->gcomm, &r->rank), r->gcomm);
+        TRAIN_GVQ(gvqCommCount(r->gcomm, &r->nranks), r->gcomm);
+    }
     const int rank = r->rank, nranks = r->nranks;
     r->out = o->out != NULL ? o->out : stdout;
     memset(r->res, 0, sizeof *r->res);
@@ -430,8 +477,8 @@ static int run_load(run_t *r) {
     char err[4096] = "";
     r->bad = mnist_load(&r->train, o->data_dir, "train", o->train_subset, err, sizeof err) != 0 ||
              mnist_load(&r->test, o->data_dir, "t10k", o->test_subset, err, sizeof err) != 0;
-    r->anybad = 0;
-    TRAIN_MPI(MPI_Allreduce(&r->bad, &r->anybad, 1, MPI_INT, MPI_MAX, r->comm));
+    r->anybad = r->bad;
+    if (o->join_hex == NULL) TRAIN_REDUCE(&r->anybad, 1, gvqInt32, gvqMax, r->gcomm);
     if (r->anybad) {
         if (r->bad) fprintf(stderr, "gvq-train: rank %d: %s\n", rank, err);
         goto fail;
@@ -462,22 +509,23 @@ static int run_load(run_t *r) {
     if (r->velocity == NULL || r->images == NULL || r->labels == NULL || r->perm == NULL ||
         r->idx == NULL || r->res->loss_hist == NULL) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", rank);
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        train_fail();
     }
+    if (o->join_hex != NULL) elastic_join(r);
     return 0;
 fail:
     mnist_free(&r->train);
     mnist_free(&r->test);
+    (void)gvqCommDestroy(r->gcomm);
     return -1;
 }
 
 /* gvq: a communicator, and the training layer with a variable per weight tensor. */
 static void run_connect(run_t *r) {
-    TRAIN_GVQ(gvqCommInitMPI(&r->gcomm, r->comm, NULL), NULL);
     r->phases = malloc(2 * (size_t)r->net.nconv + 16);
     if (r->phases == NULL) {
         fprintf(stderr, "gvq-train: rank %d: out of memory\n", r->rank);
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        train_fail();
     }
     gvqResult_t agg_res;
     if (agg_setup(&r->agg, r->o, &r->net, r->gcomm, &agg_res) != 0) TRAIN_GVQ(agg_res, r->gcomm);
@@ -498,7 +546,8 @@ static int run_open_dump(run_t *r) {
             r->bad = dump_open(&r->dump, o->dump_path, conv[o->dump_layer - 1]->nw) != 0;
             r->dumping = !r->bad;
         }
-        TRAIN_MPI(MPI_Allreduce(&r->bad, &r->anybad, 1, MPI_INT, MPI_MAX, r->comm));
+        r->anybad = r->bad;
+        TRAIN_REDUCE(&r->anybad, 1, gvqInt32, gvqMax, r->gcomm);
         if (r->anybad) {
             if (r->dumping) fclose(r->dump.f);
             r->dumping = 0;
@@ -623,7 +672,7 @@ static void run_step(run_t *r, long step, int *last, int *printing) {
     const double lr_step =
         o->cosine ? o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)step / (double)iters))
                   : o->lr;
-    const sgd_t sgd = {&r->net, r->velocity, (float)lr_step, (float)o->momentum,
+    const sgd_t sgd = {&r->net, r->velocity, (float)(lr_step * r->lr_scale), (float)o->momentum,
                        (float)o->weight_decay};
     *last = step + 1 == iters || step + 1 == o->stop_step;
     *printing = (step + 1) % o->print_every == 0 || *last;
@@ -654,7 +703,7 @@ static void run_step(run_t *r, long step, int *last, int *printing) {
 
     if (checking) {
         r->res->sync_checks++;
-        if (!weights_agree(&r->net, r->comm)) {
+        if (!weights_agree(&r->net, r->gcomm)) {
             r->res->sync_mismatches++;
             progress_clear(&r->progress);
             if (r->rank == 0)
@@ -700,7 +749,8 @@ static int end_window(run_t *r, long step, int last) {
     double sums[5] = {r->win_loss, (double)r->win_correct, (double)r->win_seen, r->win_compute,
                       r->win_comm};
     double tot[5];
-    TRAIN_MPI(MPI_Allreduce(sums, tot, 5, MPI_DOUBLE, MPI_SUM, r->comm));
+    memcpy(tot, sums, sizeof tot);
+    TRAIN_REDUCE(tot, 5, gvqFloat64, gvqSum, r->gcomm);
     const long nsteps_win = r->win_steps;
     double mean_loss = tot[0] / ((double)nsteps_win * nranks);
     double train_acc = 100.0 * tot[1] / tot[2];
@@ -710,9 +760,12 @@ static int end_window(run_t *r, long step, int last) {
     if (step + 1 == nsteps_win) res->first_loss = mean_loss;
     res->last_loss = mean_loss;
     int evaluated = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
-    if (evaluated)
-        r->test_acc = train_evaluate(&r->net, &r->test, r->rank, nranks, r->comm, r->images,
-                                     r->labels, r->idx);
+    if (evaluated) {
+        int64_t right =
+            train_count_correct(&r->net, &r->test, r->rank, nranks, r->images, r->labels, r->idx);
+        TRAIN_REDUCE(&right, 1, gvqInt64, gvqSum, r->gcomm);
+        r->test_acc = 100.0 * (double)right / (double)r->test.n;
+    }
 
     double ratio = window_ratio(r);
 
@@ -749,6 +802,255 @@ static int end_window(run_t *r, long step, int last) {
     return 0;
 }
 
+/* ---- Elastic runs (--elastic K) ---------------------------------------------------------------
+ * Every K steps, between two steps, each rank copies what a rollback needs: the step, the
+ * epoch's place (its order follows from the seed and the epoch) and the weights and momentum,
+ * the same step on every rank. A failed call (a dead, stalled or unreachable peer: gvq's error,
+ * seen by every survivor within the timeout) leaves the step (train_fault); then the survivors
+ * - shrink: gvqCommShrink with GVQ_SHRINK_ABORT, every survivor the same communicator of the
+ *   ranks that answered (a majority of the last one; the rest leave the run);
+ * - agree on the commit to go back to, the least of their latest (a survivor may have finished
+ *   the step whose call failed on another and taken the next commit: each keeps two);
+ * - set the aggregation up anew on the new communicator: the compressors are rebuilt, not moved
+ *   (their error feedback and fitted bases start over, as after gvq-train's start);
+ * - scale the learning rate by the ranks left: the per-rank batch stays, the global shrinks;
+ * - run the lost steps again from the commit's weights and momentum. */
+
+static int elastic_alloc(run_t *r) {
+    r->lr_scale = 1.0;
+    r->nranks0 = r->nranks;
+    r->first_rank = r->o->join_hex != NULL ? r->o->join_first : r->rank;
+    if (r->o->elastic <= 0) return 0;
+    for (int k = 0; k < 2; k++) {
+        r->commit[k].step = -1;
+        r->commit[k].params = malloc(sizeof(float) * r->net.nparams);
+        r->commit[k].velocity = malloc(sizeof(float) * r->net.nparams);
+        if (r->commit[k].params == NULL || r->commit[k].velocity == NULL) return -1;
+    }
+    return 0;
+}
+
+static void elastic_free(run_t *r) {
+    for (int k = 0; k < 2; k++) {
+        free(r->commit[k].params);
+        free(r->commit[k].velocity);
+    }
+}
+
+static void elastic_commit(run_t *r, long step) {
+    int k = r->commit[r->latest].step < 0 ? r->latest : !r->latest;
+    r->commit[k].step = step;
+    r->commit[k].pos = r->pos;
+    r->commit[k].epoch = r->epoch;
+    memcpy(r->commit[k].params, r->net.params, sizeof(float) * r->net.nparams);
+    memcpy(r->commit[k].velocity, r->velocity, sizeof(float) * r->net.nparams);
+    r->latest = k;
+}
+
+/* --die R:S: the process first ranked R leaves at step S as a crash would (no destroy, no
+ * goodbye), with status 0 so that a launcher does not stop the others. */
+static void elastic_maybe_die(const run_t *r, long step) {
+    for (int i = 0; i < r->o->ndie; i++)
+        if (r->o->die_rank[i] == r->first_rank && r->o->die_step[i] == step) {
+            fprintf(stderr, "gvq-train: rank %d (first rank %d) leaves at step %ld (--die)\n",
+                    r->rank, r->first_rank, step);
+            fflush(NULL);
+            _Exit(0);
+        }
+}
+
+/* A rank that cannot go on (left out of the shrink, or its last commit gone) leaves the run. */
+static void elastic_leave(const run_t *r, const char *what, gvqResult_t res) {
+    fprintf(stderr, "gvq-train: rank %d (first rank %d) leaves the run: %s: %s\n", r->rank,
+            r->first_rank, what, gvqGetErrorString(res));
+    fflush(NULL);
+    exit(3);
+}
+
+/* After a failed call: shrink, agree on the commit, set up anew; returns the step to go on
+ * from. */
+static long elastic_recover(run_t *r, long failed_step) {
+    const double t_fail = now_s();
+    agg_free(&r->agg);
+    gvqComm_t nc = NULL;
+    gvqResult_t res = gvqCommShrink(r->gcomm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT);
+    if (res != gvqSuccess) elastic_leave(r, "gvqCommShrink", res);
+    const double t_shrunk = now_s();
+    (void)gvqCommDestroy(r->gcomm);
+    r->gcomm = nc;
+    const int before = r->nranks;
+    if ((res = gvqCommUserRank(nc, &r->rank)) != gvqSuccess ||
+        (res = gvqCommCount(nc, &r->nranks)) != gvqSuccess)
+        elastic_leave(r, "the new communicator", res);
+    int64_t back = r->commit[r->latest].step;
+    if ((res = gvqAllReduce(&back, &back, 1, gvqInt64, gvqMin, nc, NULL)) != gvqSuccess)
+        elastic_leave(r, "agreeing on the commit", res);
+    int k = r->commit[r->latest].step == back ? r->latest : !r->latest;
+    if (r->commit[k].step != back)
+        elastic_leave(r, "no commit of that step here", gvqInternalError);
+    memcpy(r->net.params, r->commit[k].params, sizeof(float) * r->net.nparams);
+    memcpy(r->velocity, r->commit[k].velocity, sizeof(float) * r->net.nparams);
+    r->pos = r->commit[k].pos;
+    r->epoch = r->commit[k].epoch;
+    if (r->epoch > 0)
+        train_shuffle(r->perm, r->train.n, r->o->seed * 1000003ull + (uint64_t)r->epoch);
+    r->commit[!k].step = -1; /* the other may be a step no other survivor reached */
+    r->latest = k;
+    r->batch = r->local * r->nranks;
+    r->lr_scale = (double)r->nranks / (double)r->nranks0;
+    if (agg_setup(&r->agg, r->o, &r->net, nc, &res) != 0) elastic_leave(r, "agg_setup", res);
+    r->agg.before_ready = record_grad;
+    r->agg.before_ready_arg = &r->dump_hook;
+    r->agg_since = back;
+    const long lost = failed_step - back;
+    r->faults++;
+    r->steps_lost += lost;
+    r->win_loss = r->win_compute = r->win_comm = 0.0;
+    r->win_correct = r->win_seen = r->win_steps = 0;
+    r->recovered_at = now_s();
+    r->after_fault = 1;
+    r->win_start = r->recovered_at;
+    if (r->rank == 0) {
+        progress_clear(&r->progress);
+        fprintf(r->out,
+                "# fault at step %ld: %d -> %d ranks; detected %.3f s into the step, shrink %.3f "
+                "s, reload %.3f s; back to step %ld (%ld steps lost), lr x %.3f\n",
+                failed_step + 1, before, r->nranks, t_fail - r->step_start, t_shrunk - t_fail,
+                r->recovered_at - t_shrunk, back, lost, r->lr_scale);
+        fflush(r->out);
+    }
+    return back;
+}
+
+/* ---- replacements (--replace) ----
+ * At the first commit after a fault, rank 0 starts one process per rank lost (this program with
+ * this run's options and --join: the unique id of the grown set, its rank and size), every rank
+ * grows into a communicator of the first job's size (gvqCommGrow; the members keep their ranks),
+ * and rank 0 hands the commit (step, epoch's place, weights, momentum) over to the newcomers; the
+ * aggregation is set up anew on the grown communicator and the learning rate scales back. */
+
+typedef struct {
+    int64_t step, pos;
+    int32_t epoch, pad;
+} handoff_t;
+
+extern char **environ;
+
+static pid_t spawn_replacement(const run_t *r, const gvqUniqueId *id, int rank, int size,
+                               int first) {
+    char hex[2 * sizeof *id + 1], rs[16], ns[16], fs[16];
+    for (size_t i = 0; i < sizeof *id; i++)
+        snprintf(hex + 2 * i, 3, "%02x", ((const unsigned char *)id)[i]);
+    snprintf(rs, sizeof rs, "%d", rank);
+    snprintf(ns, sizeof ns, "%d", size);
+    snprintf(fs, sizeof fs, "%d", first);
+    char **args = calloc((size_t)r->o->argc + 9, sizeof *args);
+    if (args == NULL) return -1;
+    int k = 0;
+    for (int i = 0; i < r->o->argc; i++) /* --replace too: it takes part in the commits' */
+        args[k++] = r->o->argv[i];       /* exchange from then on */
+    char *more[] = {"--join", hex, "--join-rank", rs, "--join-size", ns, "--join-first", fs};
+    for (int i = 0; i < 8; i++)
+        args[k++] = more[i];
+    pid_t pid = -1;
+    if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, args, environ) != 0) pid = -1;
+    free(args);
+    return pid;
+}
+
+static void handoff(run_t *r, handoff_t *h) {
+    TRAIN_GVQ(gvqBroadcast(h, h, sizeof *h, gvqUint8, 0, r->gcomm, NULL), r->gcomm);
+    TRAIN_GVQ(
+        gvqBroadcast(r->net.params, r->net.params, r->net.nparams, gvqFloat32, 0, r->gcomm, NULL),
+        r->gcomm);
+    TRAIN_GVQ(gvqBroadcast(r->velocity, r->velocity, r->net.nparams, gvqFloat32, 0, r->gcomm, NULL),
+              r->gcomm);
+}
+
+/* A replacement, at the end of run_load: grow into the survivors' communicator, take the state. */
+static void elastic_join(run_t *r) {
+    gvqUniqueId id;
+    const char *hex = r->o->join_hex;
+    int ok = strlen(hex) == 2 * sizeof id;
+    for (size_t i = 0; ok && i < sizeof id; i++) {
+        unsigned b = 0;
+        ok = sscanf(hex + 2 * i, "%2x", &b) == 1;
+        ((unsigned char *)&id)[i] = (unsigned char)b;
+    }
+    if (!ok) {
+        fprintf(stderr, "gvq-train: --join: not a unique id\n");
+        exit(2);
+    }
+    TRAIN_GVQ(gvqCommGrow(NULL, r->o->join_size, &id, r->o->join_rank, &r->gcomm, NULL), NULL);
+    handoff_t h;
+    handoff(r, &h);
+    r->start_step = r->agg_since = (long)h.step;
+    r->pos = (long)h.pos;
+    r->epoch = h.epoch;
+    if (r->epoch > 0)
+        train_shuffle(r->perm, r->train.n, r->o->seed * 1000003ull + (uint64_t)r->epoch);
+    fprintf(stderr, "gvq-train: replacement %d joined as rank %d of %d at step %ld\n",
+            r->o->join_first, r->rank, r->nranks, r->start_step);
+}
+
+static void elastic_maybe_grow(run_t *r, long step) {
+    struct {
+        int32_t grow, size;
+        gvqUniqueId id;
+    } j;
+    memset(&j, 0, sizeof j);
+    const double t0 = now_s();
+    if (r->rank == 0 && r->nranks < r->nranks0 &&
+        r->spawned + (r->nranks0 - r->nranks) <= (int)(sizeof r->kids / sizeof r->kids[0])) {
+        j.grow = 1;
+        j.size = r->nranks0;
+        TRAIN_GVQ(gvqGetUniqueId(&j.id), r->gcomm);
+        for (int k = r->nranks; k < r->nranks0; k++, r->spawned++)
+            r->kids[r->spawned] =
+                spawn_replacement(r, &j.id, k, r->nranks0, r->nranks0 + r->spawned);
+    }
+    TRAIN_GVQ(gvqBroadcast(&j, &j, sizeof j, gvqUint8, 0, r->gcomm, NULL), r->gcomm);
+    if (!j.grow) return;
+    const int before = r->nranks;
+    agg_free(&r->agg);
+    gvqComm_t nc = NULL;
+    TRAIN_GVQ(gvqCommGrow(r->gcomm, j.size, &j.id, -1, &nc, NULL), r->gcomm);
+    (void)gvqCommDestroy(r->gcomm);
+    r->gcomm = nc;
+    TRAIN_GVQ(gvqCommCount(nc, &r->nranks), nc);
+    handoff_t h = {step, r->pos, r->epoch, 0};
+    handoff(r, &h);
+    r->batch = r->local * r->nranks;
+    r->lr_scale = (double)r->nranks / (double)r->nranks0;
+    gvqResult_t res;
+    if (agg_setup(&r->agg, r->o, &r->net, nc, &res) != 0) TRAIN_GVQ(res, nc);
+    r->agg.before_ready = record_grad;
+    r->agg.before_ready_arg = &r->dump_hook;
+    r->agg_since = step;
+    if (r->rank == 0) {
+        progress_clear(&r->progress);
+        fprintf(r->out,
+                "# join at step %ld: %d -> %d ranks in %.3f s (start, grow, state handed "
+                "over), lr x %.3f\n",
+                step, before, r->nranks, now_s() - t0, r->lr_scale);
+        fflush(r->out);
+    }
+}
+
+/* Rank 0 at the end: the replacements it started ended well (0), or -1. */
+static int elastic_reap(run_t *r) {
+    int bad = 0;
+    for (int k = 0; k < r->spawned; k++) {
+        int st = 1;
+        if (r->kids[k] <= 0 || waitpid(r->kids[k], &st, 0) != r->kids[k] || !WIFEXITED(st) ||
+            WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "gvq-train: replacement %d ended with status %d\n", k, st);
+            bad = 1;
+        }
+    }
+    return bad ? -1 : 0;
+}
+
 /* The loop over the steps; returns the number of steps run. */
 static long run_loop(run_t *r) {
     const train_opts_t *o = r->o;
@@ -756,7 +1058,7 @@ static long run_loop(run_t *r) {
     r->win_start = now_s();
     r->progress = (progress_t){r->rank == 0 && o->progress, 0, r->win_start, 0.0};
     r->test_acc = -1.0;
-    r->pos = (long)r->train.n; /* forces a shuffle at step 0 */
+    if (o->join_hex == NULL) r->pos = (long)r->train.n; /* forces a shuffle at step 0 */
     r->next = (deferred_t){&r->agg, {&r->net, r->velocity, 0, 0, 0}, gvqSuccess, 0.0, NULL, NULL};
     if (o->overlap_forward) {
         r->next.wait_start = calloc(2 * (size_t)r->net.nlayers, sizeof(double));
@@ -765,16 +1067,39 @@ static long run_loop(run_t *r) {
         if (!r->dumping) /* dumps read whole blocks */
             agg_split_blocks(&r->agg, update_range, &r->next);
     }
-    long step;
-    for (step = 0; step < r->iters; step++) {
+    jmp_buf fault;
+    volatile long step = r->start_step;
+    if (o->elastic > 0) {
+        if (setjmp(fault) != 0) {
+            train_fault = NULL; /* a failure while recovering ends this rank */
+            step = elastic_recover(r, step);
+        }
+        train_fault = &fault;
+    }
+    for (; step < r->iters; step++) {
         int last, printing;
+        if (o->elastic > 0 && step % o->elastic == 0) {
+            elastic_commit(r, step);
+            /* a replacement's first commit is the one its members grew at */
+            if (o->replace && !(o->join_hex != NULL && step == r->start_step))
+                elastic_maybe_grow(r, step);
+        }
+        elastic_maybe_die(r, step);
+        r->step_start = now_s();
         run_step(r, step, &last, &printing);
+        if (r->after_fault && r->rank == 0) {
+            fprintf(r->out, "# first step after the fault done %.3f s after the reload\n",
+                    now_s() - r->recovered_at);
+            fflush(r->out);
+        }
+        r->after_fault = 0;
         if (!printing) continue;
         if (end_window(r, step, last)) {
             step++;
             break;
         }
     }
+    train_fault = NULL;
     return step;
 }
 
@@ -803,12 +1128,13 @@ static void run_totals(run_t *r, long step) {
         res->fits += st.fits;
         res->early_exits += st.earlyExits;
     }
-    double conv_raw = raw_conv_per_call * (double)step, conv_wire = 0.0;
+    const double counted = (double)(step - r->agg_since); /* the aggregation's counts' steps */
+    double conv_raw = raw_conv_per_call * counted, conv_wire = 0.0;
     double rest_wire = 0.0; /* rest bytes on the wire (plain: the raw amount) */
     for (int v = 0; v < r->agg.nvars; v++)
         *(r->agg.vars[v].conv >= 0 ? &conv_wire : &rest_wire) += (double)agg_wire_bytes(&r->agg, v);
     res->conv_ratio = conv_wire > 0 ? conv_raw / conv_wire : 1.0;
-    double all_raw = conv_raw + raw_rest_per_call * (double)step;
+    double all_raw = conv_raw + raw_rest_per_call * counted;
     res->total_ratio = conv_wire + rest_wire > 0 ? all_raw / (conv_wire + rest_wire) : 1.0;
 }
 
@@ -845,6 +1171,11 @@ static void print_summary(const run_t *r) {
                 st.fitsRefused, st.earlyExits, st.ratio, st.keptEnergy, st.lastLoss,
                 st.reason[0] ? "; " : "", st.reason);
     }
+    if (o->elastic > 0)
+        fprintf(out,
+                "# elastic: %d fault(s) ridden through, %ld step(s) lost and run again, %d of %d "
+                "ranks at the end (the wire's ratios: since the last fault or join)\n",
+                r->faults, r->steps_lost, r->nranks, r->nranks0);
     if (o->stop_at > 0.0)
         fprintf(out, "# time to %.2f%% test accuracy: %s\n", o->stop_at,
                 res->time_to_stop >= 0.0 ? "reached" : "not reached");
@@ -853,8 +1184,12 @@ static void print_summary(const run_t *r) {
 
 /* Frees the run; 0, or -1 when some rank failed. */
 static int run_free(run_t *r) {
+    elastic_free(r);
     agg_free(&r->agg);
+    r->anybad = r->bad;
+    TRAIN_REDUCE(&r->anybad, 1, gvqInt32, gvqMax, r->gcomm);
     TRAIN_GVQ(gvqCommDestroy(r->gcomm), NULL);
+    if (elastic_reap(r) != 0) r->anybad = 1; /* after the last collective: they take part */
     free(r->phases);
     free(r->velocity);
     free(r->next.wait_start);
@@ -865,7 +1200,6 @@ static int run_free(run_t *r) {
     net_free(&r->net);
     mnist_free(&r->train);
     mnist_free(&r->test);
-    TRAIN_MPI(MPI_Allreduce(&r->bad, &r->anybad, 1, MPI_INT, MPI_MAX, r->comm));
     return r->anybad ? -1 : 0;
 }
 
@@ -878,6 +1212,10 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
     r->res = res;
     if (run_load(r) != 0) return -1;
     run_connect(r);
+    if (elastic_alloc(r) != 0) {
+        fprintf(stderr, "gvq-train: rank %d: out of memory\n", r->rank);
+        train_fail();
+    }
     if (run_open_dump(r) != 0) return run_free(r);
 
     if (r->rank == 0 && !o->quiet) print_header(r);

@@ -87,8 +87,19 @@ typedef struct {
     int dump_layer; /* conv layer (1-based, over net_t.conv) whose gradients --dump-grads records */
     long dump_iters; /* iterations to record (0: all) */
     int quiet;       /* no progress lines (tests) */
-    int progress;    /* 1: rank 0 keeps a line with the time left on stderr (a terminal) */
-    FILE *out;       /* progress lines (rank 0) */
+    /* --elastic K: commit every K steps; a failed call shrinks the ranks to the survivors, which
+     * roll back to the last commit (train.c, "Elastic runs"). 0: a failed call ends the job. */
+    int elastic;
+    int replace; /* --replace: rank 0 starts a replacement per rank lost, joining at a commit */
+    const char *join_hex; /* a replacement's (internal options): the grown set's unique id, */
+    int join_rank, join_size, join_first; /* its rank and size, the first rank it reports */
+    int argc;                             /* the command line, for the replacements */
+    char **argv;
+    int ndie; /* --die R:S (tests): the process first ranked R leaves at step S */
+    int die_rank[8];
+    long die_step[8];
+    int progress; /* 1: rank 0 keeps a line with the time left on stderr (a terminal) */
+    FILE *out;    /* progress lines (rank 0) */
 } train_opts_t;
 
 /* Fills defaults: the cnn with 3 convs (16, 32, 64 channels, 3x3; for the resnet the same widths
@@ -119,9 +130,14 @@ typedef struct {
 void train_shuffle(int *perm, int n, uint64_t seed);
 double train_evaluate(net_t *net, const mnist_set_t *test, int rank, int nranks, MPI_Comm comm,
                       float *images, uint8_t *labels, int *idx);
+/* This rank's share of train_evaluate: the images of its part of the test set it classifies
+ * right. */
+long train_count_correct(net_t *net, const mnist_set_t *test, int rank, int nranks, float *images,
+                         uint8_t *labels, int *idx);
 
 /* Runs the training; returns 0, or -1 after printing why (bad options, data missing, a gvq
- * error). Collective over comm. */
+ * error). Collective over comm; with comm MPI_COMM_NULL (a process started without mpirun) the
+ * ranks meet through the launcher's environment (gvqCommInitFromEnv) and MPI is not used. */
 int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res);
 
 #endif /* GVQ_TRAIN_TRAIN_H_ */
