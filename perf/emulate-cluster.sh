@@ -30,7 +30,8 @@
 # RANK, WORLD_SIZE, MASTER_ADDR = the first namespace's address, MASTER_PORT 29500), each in its
 # namespace, with GVQ_SOCKET_IFNAME=eth0: gvqCommInitFromEnv, or the DDP example without MPI.
 #
-# Environment: GVQ_EMU_SUBNET (default 10.213.7), extra mpirun options in GVQ_EMU_MPIRUN_ARGS.
+# Environment: GVQ_EMU_SUBNET (default 10.213.7), extra mpirun options in GVQ_EMU_MPIRUN_ARGS
+# (with -L: extra scripts/gvq-launch.sh options in GVQ_EMU_LAUNCH_ARGS, e.g. --keep-going).
 set -euo pipefail
 
 RANKS=4
@@ -126,7 +127,7 @@ if [ "$LAUNCH" = 1 ]; then
     echo "# emulate-cluster: no mpirun: ranks started from the environment (scripts/gvq-launch.sh)"
     GVQ_SOCKET_IFNAME=eth0 UCX_TLS="$UCX_TLS_EMU" UCX_NET_DEVICES=eth0 \
         bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/gvq-launch.sh" -n "$RANKS" -a "$SUBNET.1" \
-        --netns "${TAG}-" --hosts "$NHOSTS" --map-by "$MAP" -- "$@"
+        --netns "${TAG}-" --hosts "$NHOSTS" --map-by "$MAP" ${GVQ_EMU_LAUNCH_ARGS:-} -- "$@"
     exit $?
 fi
 ip netns exec "${NS[0]}" mpirun -np "$RANKS" --host "$HOSTS" "${MAPBY[@]}" \

@@ -5,7 +5,7 @@
 # the meeting point). gvqCommInitFromEnv (C) and gvq.Communicator.from_env (Python) read them.
 #
 #   bash scripts/gvq-launch.sh [-n N] [-p PORT] [-a ADDR] [--netns PREFIX [--hosts H] [--map-by node]]
-#                              [--slurm] [-t SECONDS] -- PROGRAM [ARGS...]
+#                              [--slurm] [-t SECONDS] [--keep-going] -- PROGRAM [ARGS...]
 #
 # -a ADDR: the meeting point's address (default 127.0.0.1). --netns PREFIX: rank r runs in the
 # network namespace PREFIXr (perf/emulate-cluster.sh -L uses it); with --hosts H, N / H ranks share
@@ -13,7 +13,10 @@
 # node in PREFIX(r % H) (mpirun's round-robin placement).
 # Debian's torchrun fails on Python 3.11, so this stands in for it. Every rank's output is
 # prefixed with its rank. The exit status is the first failing rank's (the others are then
-# stopped after a grace of 10 s), 124 when -t SECONDS passed (default 0: no limit).
+# stopped after a grace of 10 s), 124 when -t SECONDS passed (default 0: no limit). With
+# --keep-going a rank that fails stops no other (an elastic job rides through it: gvq-train
+# --elastic, perf/chaos.sh); the exit status is then 0 when some rank ended with 0, else the
+# first failing rank's.
 set -uo pipefail
 N=2
 PORT=""
@@ -23,6 +26,7 @@ ADDR=127.0.0.1
 NETNS=""
 NHOSTS=0
 MAPNODE=0
+KEEP=0
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) N=$2; shift 2 ;;
@@ -33,6 +37,7 @@ while [ $# -gt 0 ]; do
         --hosts) NHOSTS=$2; shift 2 ;;
         --map-by) [ "$2" = node ] && MAPNODE=1; shift 2 ;;
         --slurm) SLURM=1; shift ;;
+        --keep-going) KEEP=1; shift ;;
         -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
@@ -68,6 +73,7 @@ for r in $(seq 0 $((N - 1))); do
     PIDS+=($!)
 done
 rc=0
+ok=0
 start=$(date +%s)
 left=$N
 declare -A done_=()
@@ -77,7 +83,11 @@ while [ $left -gt 0 ]; do
         if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
             wait "${PIDS[$i]}"; s=$?
             done_[$i]=1; left=$((left - 1))
-            if [ $s -ne 0 ] && [ $rc -eq 0 ]; then
+            [ $s -eq 0 ] && ok=1
+            if [ $s -ne 0 ] && [ $KEEP = 1 ]; then
+                echo "gvq-launch: rank $i exited with $s; the others go on (--keep-going)" >&2
+                [ $rc -eq 0 ] && rc=$s
+            elif [ $s -ne 0 ] && [ $rc -eq 0 ]; then
                 rc=$s
                 echo "gvq-launch: rank $i exited with $s; stopping the others in 10 s" >&2
                 ( sleep 10; kill "${PIDS[@]}" 2>/dev/null ) &
@@ -93,4 +103,5 @@ while [ $left -gt 0 ]; do
     sleep 0.1
 done
 wait 2>/dev/null
+[ $KEEP = 1 ] && [ $ok = 1 ] && [ $rc -ne 124 ] && rc=0
 exit $rc

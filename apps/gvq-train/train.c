@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "gvq.h"
@@ -952,8 +953,11 @@ static pid_t spawn_replacement(const run_t *r, const gvqUniqueId *id, int rank, 
     char *more[] = {"--join", hex, "--join-rank", rs, "--join-size", ns, "--join-first", fs};
     for (int i = 0; i < 8; i++)
         args[k++] = more[i];
+    char self[4096]; /* this program's path (spawning /proc/self/exe would name it "exe") */
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     pid_t pid = -1;
-    if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, args, environ) != 0) pid = -1;
+    if (len > 0) self[len] = '\0';
+    if (len <= 0 || posix_spawn(&pid, self, NULL, NULL, args, environ) != 0) pid = -1;
     free(args);
     return pid;
 }
