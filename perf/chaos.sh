@@ -14,6 +14,7 @@
 #
 #   bash perf/chaos.sh [-n RANKS] [-m MINUTES] [-s SEED] [-t TIMEOUT_MS] [-r RATE]
 #                      [-f stop,link2,link30,kill|none] [-o DIR] -- GVQ_TRAIN [ARGS...]
+#   bash perf/chaos.sh --summary DIR      # the summary of a run written to DIR, again
 #
 # MINUTES is how long the run is expected to take (the faults are spread over it; the run's own
 # length is its --epochs/--iters). -f none runs the same command without faults (the reference).
@@ -29,6 +30,7 @@ TIMEOUT=10000
 RATE=1gbit
 FAULTS=stop,link2,link30,kill
 OUT=""
+SUMMARY=""
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) RANKS=$2; shift 2 ;;
@@ -38,11 +40,28 @@ while [ $# -gt 0 ]; do
         -r) RATE=$2; shift 2 ;;
         -f) FAULTS=$2; shift 2 ;;
         -o) OUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        --summary) SUMMARY=$2; shift 2 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
 done
+summary() { # DIR: what run.log, faults.log and rss.csv say
+    local log="$1/run.log" flog="$1/faults.log" rss="$1/rss.csv" faults lost checks mism acc
+    grep -E '^\[[0-9]+\] # (fault|join|first|done|elastic|wire)' "$log" | sed 's/^/#   /'
+    grep -E 'leaves the run|exited with' "$log" | sed 's/^/#   /'
+    faults=$(grep -c '# fault at step' "$log")
+    lost=$(awk '/# fault at step/ { for (i = 1; i < NF; i++) if ($i ~ /^\(/) s += substr($i, 2) } END { print s + 0 }' "$log")
+    checks=$(awk '/weight checksums compared/ { for (i = 1; i < NF; i++) if ($i == "compared") c = $(i + 1) } END { print c + 0 }' "$log")
+    mism=$(grep -c 'hold different weights' "$log")
+    acc=$(awk '/# done:/ { for (i = 1; i < NF; i++) if ($i == "accuracy") a = $(i + 1) } END { print a }' "$log")
+    echo "# faults injected: $(grep -cE ': (SIGSTOP|SIGKILL|host [0-9]+.s link down)' "$flog"), reported by the run: $faults, steps lost: $lost"
+    echo "# weight checks: $checks at the end's count, mismatches reported: $mism; final test accuracy: ${acc:-none}"
+    # memory: each process's resident set 60 s into its life and at its last sample
+    awk -F, 'NR > 1 { if (!($2 in t0)) t0[$2] = $1; if ($1 - t0[$2] >= 60 && !($2 in a)) a[$2] = $4; z[$2] = $4; h[$2] = $3; e[$2] = $1 }
+        END { for (p in a) printf "# memory: pid %s (host %s, to %.0f s): %d -> %d kB (%+.1f%%)\n", p, h[p], e[p], a[p], z[p], 100 * (z[p] - a[p]) / a[p] }' "$rss"
+}
+[ -n "$SUMMARY" ] && { summary "$SUMMARY"; exit 0; }
 [ $# -gt 0 ] || { echo "chaos: no program given (see -h)" >&2; exit 2; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 OUT=${OUT:-/tmp/chaos.$SEED}
@@ -53,10 +72,31 @@ echo "t_s,pid,host,rss_kb" >"$rss"
 stamp() { awk -v s="$start" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f", n - s }'; }
 note() { echo "$(stamp) $*" | tee -a "$flog"; }
 
+# replacements start on a host whose rank has left (the first of 1..RANKS-1 without a gvq-train;
+# else host 0), as a scheduler would place them: gvq-train runs GVQ_TRAIN_SPAWN_WITH with the
+# replacement's command line
+cat >"$OUT/spawn" <<'EOS'
+#!/bin/sh
+job=$(cat "$(dirname "$0")/job")
+n=$(cat "$(dirname "$0")/ranks")
+h=1
+while [ "$h" -lt "$n" ]; do
+    busy=0
+    for p in $(ip netns pids "gvq$job-$h" 2>/dev/null); do
+        [ "$(cat /proc/$p/comm 2>/dev/null)" = gvq-train ] && busy=1
+    done
+    [ "$busy" = 0 ] && exec ip netns exec "gvq$job-$h" "$@"
+    h=$((h + 1))
+done
+exec "$@"
+EOS
+chmod +x "$OUT/spawn"
+echo "$RANKS" >"$OUT/ranks"
 start=$(date +%s.%N)
-GVQ_TIMEOUT_MS=$TIMEOUT GVQ_EMU_LAUNCH_ARGS="--keep-going" \
+GVQ_TRAIN_SPAWN_WITH="$OUT/spawn" GVQ_TIMEOUT_MS=$TIMEOUT GVQ_EMU_LAUNCH_ARGS="--keep-going" \
     bash "$here/emulate-cluster.sh" -L -n "$RANKS" -r "$RATE" -- "$@" >"$log" 2>&1 &
 job=$!
+echo "$job" >"$OUT/job"
 br="gvq${job}br"
 trainers() { # host -> the gvq-train processes in its namespace
     ip netns pids "gvq${job}-$1" 2>/dev/null | while read -r p; do
@@ -151,16 +191,5 @@ wait 2>/dev/null
 end=$(stamp)
 
 echo "# chaos summary ($OUT), run ended after $end s with status $rc"
-grep -E '^\[[0-9]+\] # (fault|join|first|done|elastic|wire)' "$log" | sed 's/^/#   /'
-grep -E 'leaves the run|exited with' "$log" | sed 's/^/#   /'
-faults=$(grep -c '# fault at step' "$log")
-lost=$(awk '/# fault at step/ { for (i = 1; i < NF; i++) if ($i ~ /^\(/) s += substr($i, 2) } END { print s + 0 }' "$log")
-checks=$(awk '/weight checksums compared/ { for (i = 1; i < NF; i++) if ($i == "compared") c = $(i + 1) } END { print c + 0 }' "$log")
-mism=$(grep -c 'hold different weights' "$log")
-acc=$(awk '/# done:/ { for (i = 1; i < NF; i++) if ($i == "accuracy") a = $(i + 1) } END { print a }' "$log")
-echo "# faults injected: $(grep -cE ': (SIGSTOP|SIGKILL|host [0-9]+.s link down)' "$flog"), reported by the run: $faults, steps lost: $lost"
-echo "# weight checks: $checks at the end's count, mismatches reported: $mism; final test accuracy: ${acc:-none}"
-# memory: each process's resident set 60 s into its life and at its last sample
-awk -F, 'NR > 1 { if (!($2 in t0)) t0[$2] = $1; if ($1 - t0[$2] >= 60 && !($2 in a)) a[$2] = $4; z[$2] = $4; h[$2] = $3 }
-    END { for (p in a) printf "# memory: pid %s (host %s): %d -> %d kB (%+.1f%%)\n", p, h[p], a[p], z[p], 100 * (z[p] - a[p]) / a[p] }' "$rss"
+summary "$OUT"
 exit "$rc"

@@ -65,10 +65,10 @@ for r in $(seq 0 $((N - 1))); do
     [ -n "$NETNS" ] && WRAP=(ip netns exec "$NETNS$host")
     if [ "$SLURM" = 1 ]; then
         "${WRAP[@]}" env SLURM_PROCID=$r SLURM_NTASKS=$N SLURM_LOCALID=$r GVQ_STORE=$ADDR:$PORT \
-            "$@" > >(sed "s/^/[$r] /") 2> >(sed "s/^/[$r] /" >&2) &
+            "$@" > >(sed -u "s/^/[$r] /") 2> >(sed -u "s/^/[$r] /" >&2) &
     else
         "${WRAP[@]}" env RANK=$r WORLD_SIZE=$N LOCAL_RANK=$r LOCAL_WORLD_SIZE=$N \
-            MASTER_ADDR=$ADDR MASTER_PORT=$PORT "$@" > >(sed "s/^/[$r] /") 2> >(sed "s/^/[$r] /" >&2) &
+            MASTER_ADDR=$ADDR MASTER_PORT=$PORT "$@" > >(sed -u "s/^/[$r] /") 2> >(sed -u "s/^/[$r] /" >&2) &
     fi
     PIDS+=($!)
 done

@@ -873,6 +873,7 @@ static void elastic_leave(const run_t *r, const char *what, gvqResult_t res) {
 static long elastic_recover(run_t *r, long failed_step) {
     const double t_fail = now_s();
     agg_free(&r->agg);
+    const double t_freed = now_s();
     gvqComm_t nc = NULL;
     gvqResult_t res = gvqCommShrink(r->gcomm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT);
     if (res != gvqSuccess) elastic_leave(r, "gvqCommShrink", res);
@@ -914,10 +915,11 @@ static long elastic_recover(run_t *r, long failed_step) {
     if (r->rank == 0) {
         progress_clear(&r->progress);
         fprintf(r->out,
-                "# fault at step %ld: %d -> %d ranks; detected %.3f s into the step, shrink %.3f "
-                "s, reload %.3f s; back to step %ld (%ld steps lost), lr x %.3f\n",
-                failed_step + 1, before, r->nranks, t_fail - r->step_start, t_shrunk - t_fail,
-                r->recovered_at - t_shrunk, back, lost, r->lr_scale);
+                "# fault at step %ld: %d -> %d ranks; detected %.3f s into the step, teardown "
+                "%.3f s, shrink %.3f s, reload %.3f s; back to step %ld (%ld steps lost), lr x "
+                "%.3f\n",
+                failed_step + 1, before, r->nranks, t_fail - r->step_start, t_freed - t_fail,
+                t_shrunk - t_freed, r->recovered_at - t_shrunk, back, lost, r->lr_scale);
         fflush(r->out);
     }
     return back;
@@ -945,19 +947,26 @@ static pid_t spawn_replacement(const run_t *r, const gvqUniqueId *id, int rank, 
     snprintf(rs, sizeof rs, "%d", rank);
     snprintf(ns, sizeof ns, "%d", size);
     snprintf(fs, sizeof fs, "%d", first);
-    char **args = calloc((size_t)r->o->argc + 9, sizeof *args);
+    char self[4096]; /* this program's path (spawning /proc/self/exe would name it "exe") */
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) return -1;
+    self[len] = '\0';
+    /* GVQ_TRAIN_SPAWN_WITH: a program that starts the replacement where it should run (a
+     * scheduler's hook; perf/chaos.sh's puts it on an emulated host without a rank), given the
+     * replacement's command line */
+    const char *with = getenv("GVQ_TRAIN_SPAWN_WITH");
+    char **args = calloc((size_t)r->o->argc + 10, sizeof *args);
     if (args == NULL) return -1;
     int k = 0;
-    for (int i = 0; i < r->o->argc; i++) /* --replace too: it takes part in the commits' */
+    if (with != NULL && with[0] != '\0') args[k++] = (char *)with;
+    args[k++] = self;
+    for (int i = 1; i < r->o->argc; i++) /* --replace too: it takes part in the commits' */
         args[k++] = r->o->argv[i];       /* exchange from then on */
     char *more[] = {"--join", hex, "--join-rank", rs, "--join-size", ns, "--join-first", fs};
     for (int i = 0; i < 8; i++)
         args[k++] = more[i];
-    char self[4096]; /* this program's path (spawning /proc/self/exe would name it "exe") */
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     pid_t pid = -1;
-    if (len > 0) self[len] = '\0';
-    if (len <= 0 || posix_spawn(&pid, self, NULL, NULL, args, environ) != 0) pid = -1;
+    if (posix_spawnp(&pid, args[0], NULL, NULL, args, environ) != 0) pid = -1;
     free(args);
     return pid;
 }
