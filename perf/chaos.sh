@@ -54,8 +54,8 @@ summary() { # DIR: what run.log, faults.log and rss.csv say
     lost=$(awk '/# fault at step/ { for (i = 1; i < NF; i++) if ($i ~ /^\(/) s += substr($i, 2) } END { print s + 0 }' "$log")
     checks=$(awk '/weight checksums compared/ { for (i = 1; i < NF; i++) if ($i == "compared") c = $(i + 1) } END { print c + 0 }' "$log")
     mism=$(grep -c 'hold different weights' "$log")
-    acc=$(awk '/# done:/ { for (i = 1; i < NF; i++) if ($i == "accuracy") a = $(i + 1) } END { print a }' "$log")
-    echo "# faults injected: $(grep -cE ': (SIGSTOP|SIGKILL|host [0-9]+.s link down)' "$flog"), reported by the run: $faults, steps lost: $lost"
+    acc=$(awk '/# done:/ { for (i = 1; i < NF; i++) if ($i == "accuracy") a = $(i + 1) } END { sub(/,$/, "", a); print a }' "$log")
+    echo "# injected: $(grep -c ': SIGKILL' "$flog") kill(s) and $(grep -c 'link down for 30 s' "$flog") 30 s outage(s) (each a fault to ride through), $(grep -c ': SIGSTOP' "$flog") stop(s) and $(grep -c 'link down for 2 s' "$flog") 2 s outage(s) (within the timeout: no fault); faults reported by the run: $faults, steps lost: $lost"
     echo "# weight checks: $checks at the end's count, mismatches reported: $mism; final test accuracy: ${acc:-none}"
     # memory: each process's resident set 60 s into its life and at its last sample
     awk -F, 'NR > 1 { if (!($2 in t0)) t0[$2] = $1; if ($1 - t0[$2] >= 60 && !($2 in a)) a[$2] = $4; z[$2] = $4; h[$2] = $3; e[$2] = $1 }
@@ -72,22 +72,29 @@ echo "t_s,pid,host,rss_kb" >"$rss"
 stamp() { awk -v s="$start" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f", n - s }'; }
 note() { echo "$(stamp) $*" | tee -a "$flog"; }
 
-# replacements start on a host whose rank has left (the first of 1..RANKS-1 without a gvq-train;
-# else host 0), as a scheduler would place them: gvq-train runs GVQ_TRAIN_SPAWN_WITH with the
-# replacement's command line
+# replacements start on a host whose rank has left (the first of 1..RANKS-1 without a gvq-train,
+# whose link is up and that no replacement took in the last minute; else host 0), as a scheduler
+# would place them: gvq-train runs GVQ_TRAIN_SPAWN_WITH with the replacement's command line
 cat >"$OUT/spawn" <<'EOS'
-#!/bin/sh
-job=$(cat "$(dirname "$0")/job")
-n=$(cat "$(dirname "$0")/ranks")
-h=1
-while [ "$h" -lt "$n" ]; do
+#!/bin/bash
+d=$(dirname "$0")
+job=$(cat "$d/job")
+n=$(cat "$d/ranks")
+exec 9>"$d/spawn.lock"
+flock 9 # two replacements started at once take two hosts
+h=1 pick=""
+while [ "$h" -lt "$n" ] && [ -z "$pick" ]; do
     busy=0
+    [ -e "$d/down.$h" ] && busy=1
+    [ -n "$(find "$d" -maxdepth 1 -name "placed.$h" -newermt '-60 seconds')" ] && busy=1
     for p in $(ip netns pids "gvq$job-$h" 2>/dev/null); do
-        [ "$(cat /proc/$p/comm 2>/dev/null)" = gvq-train ] && busy=1
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = gvq-train ] && busy=1
     done
-    [ "$busy" = 0 ] && exec ip netns exec "gvq$job-$h" "$@"
+    [ "$busy" = 0 ] && pick=$h && : >"$d/placed.$h"
     h=$((h + 1))
 done
+exec 9>&-
+[ -n "$pick" ] && exec ip netns exec "gvq$job-$pick" "$@"
 exec "$@"
 EOS
 chmod +x "$OUT/spawn"
@@ -166,7 +173,9 @@ inject() { # kind host
             read -r p h <<<"$(target "$h")"
             [ -n "$p" ] && [ "$h" != 0 ] || { note "$kind: no host but rank 0's with a gvq-train"; return; }
             note "$kind: host $h's link down for $d s"
+            : >"$OUT/down.$h" # the spawn wrapper places no replacement behind a link that is down
             ip -n "$br" link set "p$h" down; sleep "$d"; ip -n "$br" link set "p$h" up
+            rm -f "$OUT/down.$h"
             note "$kind: host $h's link up" ;;
         kill)
             read -r p h <<<"$(target "$h")"

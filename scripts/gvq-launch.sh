@@ -15,8 +15,8 @@
 # prefixed with its rank. The exit status is the first failing rank's (the others are then
 # stopped after a grace of 10 s), 124 when -t SECONDS passed (default 0: no limit). With
 # --keep-going a rank that fails stops no other (an elastic job rides through it: gvq-train
-# --elastic, perf/chaos.sh); the exit status is then 0 when some rank ended with 0, else the
-# first failing rank's.
+# --elastic, perf/chaos.sh); the exit status is then rank 0's (the rank that reports an elastic
+# job), or the first failing rank's when rank 0 was ended by a signal.
 set -uo pipefail
 N=2
 PORT=""
@@ -73,7 +73,7 @@ for r in $(seq 0 $((N - 1))); do
     PIDS+=($!)
 done
 rc=0
-ok=0
+rank0=""
 start=$(date +%s)
 left=$N
 declare -A done_=()
@@ -83,7 +83,7 @@ while [ $left -gt 0 ]; do
         if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
             wait "${PIDS[$i]}"; s=$?
             done_[$i]=1; left=$((left - 1))
-            [ $s -eq 0 ] && ok=1
+            [ "$i" = 0 ] && rank0=$s
             if [ $s -ne 0 ] && [ $KEEP = 1 ]; then
                 echo "gvq-launch: rank $i exited with $s; the others go on (--keep-going)" >&2
                 [ $rc -eq 0 ] && rc=$s
@@ -103,5 +103,5 @@ while [ $left -gt 0 ]; do
     sleep 0.1
 done
 wait 2>/dev/null
-[ $KEEP = 1 ] && [ $ok = 1 ] && [ $rc -ne 124 ] && rc=0
+[ $KEEP = 1 ] && [ $rc -ne 124 ] && [ -n "$rank0" ] && [ "$rank0" -lt 128 ] && rc=$rank0
 exit $rc

@@ -854,6 +854,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gvq-train: --model text and --stages run under mpirun only\n");
         p = -1;
     }
+    if (p == 0 && mpi && o.replace) { /* a replacement cannot join an MPI job */
+        fprintf(stderr, "gvq-train: --replace needs a start without mpirun (a launcher's "
+                        "environment, e.g. scripts/gvq-launch.sh)\n");
+        p = -1;
+    }
     if (p != 0) {
         if (rank == 0) usage(p > 0 ? stdout : stderr);
         if (mpi) MPI_Finalize();

@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -435,6 +436,7 @@ typedef struct {
     } commit[2];
     int latest, nranks0, first_rank, faults, after_fault, spawned;
     long steps_lost, start_step; /* start_step: a replacement's first step */
+    int joined;                  /* a replacement before its first step: its grow is done */
     long agg_since;              /* the step the aggregation was last set up at (its counts') */
     pid_t kids[8];               /* the replacements rank 0 started */
     double lr_scale, step_start, recovered_at;
@@ -911,7 +913,9 @@ static long elastic_recover(run_t *r, long failed_step) {
     r->win_correct = r->win_seen = r->win_steps = 0;
     r->recovered_at = now_s();
     r->after_fault = 1;
+    r->train_s += r->recovered_at - r->win_start; /* the window lost and the recovery count */
     r->win_start = r->recovered_at;
+    r->prev_raw = r->prev_wire = 0; /* the new compressors' counts start at 0 */
     if (r->rank == 0) {
         progress_clear(&r->progress);
         fprintf(r->out,
@@ -998,6 +1002,7 @@ static void elastic_join(run_t *r) {
     handoff_t h;
     handoff(r, &h);
     r->start_step = r->agg_since = (long)h.step;
+    r->joined = 1;
     r->pos = (long)h.pos;
     r->epoch = h.epoch;
     if (r->epoch > 0)
@@ -1018,9 +1023,18 @@ static void elastic_maybe_grow(run_t *r, long step) {
         j.grow = 1;
         j.size = r->nranks0;
         TRAIN_GVQ(gvqGetUniqueId(&j.id), r->gcomm);
+        int started = r->spawned;
         for (int k = r->nranks; k < r->nranks0; k++, r->spawned++)
             r->kids[r->spawned] =
                 spawn_replacement(r, &j.id, k, r->nranks0, r->nranks0 + r->spawned);
+        for (int k = started; k < r->spawned; k++)
+            if (r->kids[k] <= 0) j.grow = 0;
+        if (!j.grow) { /* no grow without every replacement: stop those started */
+            fprintf(stderr, "gvq-train: cannot start a replacement: %s; going on with %d ranks\n",
+                    strerror(errno), r->nranks);
+            for (int k = started; k < r->spawned; k++)
+                if (r->kids[k] > 0) kill(r->kids[k], SIGKILL);
+        }
     }
     TRAIN_GVQ(gvqBroadcast(&j, &j, sizeof j, gvqUint8, 0, r->gcomm, NULL), r->gcomm);
     if (!j.grow) return;
@@ -1040,6 +1054,7 @@ static void elastic_maybe_grow(run_t *r, long step) {
     r->agg.before_ready = record_grad;
     r->agg.before_ready_arg = &r->dump_hook;
     r->agg_since = step;
+    r->prev_raw = r->prev_wire = 0;
     if (r->rank == 0) {
         progress_clear(&r->progress);
         fprintf(r->out,
@@ -1050,18 +1065,18 @@ static void elastic_maybe_grow(run_t *r, long step) {
     }
 }
 
-/* Rank 0 at the end: the replacements it started ended well (0), or -1. */
-static int elastic_reap(run_t *r) {
-    int bad = 0;
+/* Rank 0 at the end: waits for the replacements it started and says how each ended. Those still
+ * in the run took part in the last reductions (their failure is every rank's); one that left
+ * (killed, cut off) was a fault the run rode through, not the job's failure. */
+static void elastic_reap(run_t *r) {
     for (int k = 0; k < r->spawned; k++) {
-        int st = 1;
-        if (r->kids[k] <= 0 || waitpid(r->kids[k], &st, 0) != r->kids[k] || !WIFEXITED(st) ||
-            WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "gvq-train: replacement %d ended with status %d\n", k, st);
-            bad = 1;
-        }
+        int st = 0;
+        if (r->kids[k] <= 0 || waitpid(r->kids[k], &st, 0) != r->kids[k]) continue;
+        if (WIFSIGNALED(st))
+            fprintf(stderr, "gvq-train: replacement %d ended by signal %d\n", k, WTERMSIG(st));
+        else if (WEXITSTATUS(st) != 0)
+            fprintf(stderr, "gvq-train: replacement %d exited with %d\n", k, WEXITSTATUS(st));
     }
-    return bad ? -1 : 0;
 }
 
 /* The loop over the steps; returns the number of steps run. */
@@ -1094,10 +1109,10 @@ static long run_loop(run_t *r) {
         if (o->elastic > 0 && step % o->elastic == 0) {
             elastic_commit(r, step);
             /* a replacement's first commit is the one its members grew at */
-            if (o->replace && !(o->join_hex != NULL && step == r->start_step))
-                elastic_maybe_grow(r, step);
+            if (o->replace && !r->joined) elastic_maybe_grow(r, step);
         }
         elastic_maybe_die(r, step);
+        r->joined = 0; /* a replacement skips only the grow it joined through */
         r->step_start = now_s();
         run_step(r, step, &last, &printing);
         if (r->after_fault && r->rank == 0) {
@@ -1202,7 +1217,7 @@ static int run_free(run_t *r) {
     r->anybad = r->bad;
     TRAIN_REDUCE(&r->anybad, 1, gvqInt32, gvqMax, r->gcomm);
     TRAIN_GVQ(gvqCommDestroy(r->gcomm), NULL);
-    if (elastic_reap(r) != 0) r->anybad = 1; /* after the last collective: they take part */
+    elastic_reap(r); /* after the last collective: they take part in it */
     free(r->phases);
     free(r->velocity);
     free(r->next.wait_start);
