@@ -862,6 +862,21 @@ static void elastic_maybe_die(const run_t *r, long step) {
         }
 }
 
+/* On a new communicator (r->gcomm, r->nranks set) from step on: the per-rank batch stays, so
+ * the global batch and the learning rate scale with the ranks; the aggregation is set up anew
+ * (its compressors' counts and the window's ratio start at 0). */
+static gvqResult_t elastic_reaggregate(run_t *r, long step) {
+    gvqResult_t res = gvqSuccess;
+    r->batch = r->local * r->nranks;
+    r->lr_scale = (double)r->nranks / (double)r->nranks0;
+    if (agg_setup(&r->agg, r->o, &r->net, r->gcomm, &res) != 0) return res;
+    r->agg.before_ready = record_grad;
+    r->agg.before_ready_arg = &r->dump_hook;
+    r->agg_since = step;
+    r->prev_raw = r->prev_wire = 0;
+    return gvqSuccess;
+}
+
 /* A rank that cannot go on (left out of the shrink, or its last commit gone) leaves the run. */
 static void elastic_leave(const run_t *r, const char *what, gvqResult_t res) {
     fprintf(stderr, "gvq-train: rank %d (first rank %d) leaves the run: %s: %s\n", r->rank,
@@ -900,12 +915,7 @@ static long elastic_recover(run_t *r, long failed_step) {
         train_shuffle(r->perm, r->train.n, r->o->seed * 1000003ull + (uint64_t)r->epoch);
     r->commit[!k].step = -1; /* the other may be a step no other survivor reached */
     r->latest = k;
-    r->batch = r->local * r->nranks;
-    r->lr_scale = (double)r->nranks / (double)r->nranks0;
-    if (agg_setup(&r->agg, r->o, &r->net, nc, &res) != 0) elastic_leave(r, "agg_setup", res);
-    r->agg.before_ready = record_grad;
-    r->agg.before_ready_arg = &r->dump_hook;
-    r->agg_since = back;
+    if ((res = elastic_reaggregate(r, back)) != gvqSuccess) elastic_leave(r, "agg_setup", res);
     const long lost = failed_step - back;
     r->faults++;
     r->steps_lost += lost;
@@ -915,7 +925,6 @@ static long elastic_recover(run_t *r, long failed_step) {
     r->after_fault = 1;
     r->train_s += r->recovered_at - r->win_start; /* the window lost and the recovery count */
     r->win_start = r->recovered_at;
-    r->prev_raw = r->prev_wire = 0; /* the new compressors' counts start at 0 */
     if (r->rank == 0) {
         progress_clear(&r->progress);
         fprintf(r->out,
@@ -1047,14 +1056,7 @@ static void elastic_maybe_grow(run_t *r, long step) {
     TRAIN_GVQ(gvqCommCount(nc, &r->nranks), nc);
     handoff_t h = {step, r->pos, r->epoch, 0};
     handoff(r, &h);
-    r->batch = r->local * r->nranks;
-    r->lr_scale = (double)r->nranks / (double)r->nranks0;
-    gvqResult_t res;
-    if (agg_setup(&r->agg, r->o, &r->net, nc, &res) != 0) TRAIN_GVQ(res, nc);
-    r->agg.before_ready = record_grad;
-    r->agg.before_ready_arg = &r->dump_hook;
-    r->agg_since = step;
-    r->prev_raw = r->prev_wire = 0;
+    TRAIN_GVQ(elastic_reaggregate(r, step), nc);
     if (r->rank == 0) {
         progress_clear(&r->progress);
         fprintf(r->out,
