@@ -4,13 +4,14 @@
 # every call's result: #wrong).
 #
 #   bash perf/link-fault.sh [-n RANKS] [-p PER_HOST] [-H HOST] [-a AT_S] [-d DOWN_S] [-r RATE]
-#                           [-t TIMEOUT_MS] [-- PROGRAM ARGS...]
+#                           [-t TIMEOUT_MS] [-L] [-- PROGRAM ARGS...]
 #
 # The cluster is perf/emulate-cluster.sh's (mpirun over network namespaces, a shaped veth per
 # host); HOST's veth (default 1) goes down at the bridge AT_S seconds (default 3) after every rank
 # has started gvq (its GVQ_DEBUG_FILE log holds the version line)
 # and comes back DOWN_S seconds later (default 2): no packet crosses it either way meanwhile.
-# GVQ_TIMEOUT_MS is TIMEOUT_MS on every rank (default 10000). Without a program,
+# GVQ_TIMEOUT_MS is TIMEOUT_MS on every rank (default 10000). -L: the ranks start without mpirun
+# (emulate-cluster.sh -L: scripts/gvq-launch.sh, gvq over UCX's TCP). Without a program,
 # build/perf/gvq-perf -b 4M -e 4M -C none -n 150 -w 2 runs (about 8 s at 1 Gbit/s, 2 ranks).
 # Expected (docs/RELIABILITY.md, "Link faults"): an outage shorter than the timeout changes no
 # result and every call completes; a longer one ends every rank's call with an error within the
@@ -23,6 +24,7 @@ AT=3
 DOWN=2
 RATE=1gbit
 TIMEOUT=10000
+LAUNCH=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) RANKS=$2; shift 2 ;;
@@ -32,7 +34,8 @@ while [ $# -gt 0 ]; do
         -d) DOWN=$2; shift 2 ;;
         -r) RATE=$2; shift 2 ;;
         -t) TIMEOUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -L) LAUNCH=(-L); shift ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
@@ -43,8 +46,10 @@ out=$(mktemp)
 logs=$(mktemp -d) # each rank's gvq log (GVQ_DEBUG_FILE): written where the rank runs, so its
 chmod 755 "$logs" # time is the rank's own even while the link that carries mpirun's output is down
 start=$(date +%s.%N)
-GVQ_EMU_MPIRUN_ARGS="${GVQ_EMU_MPIRUN_ARGS:-} -x GVQ_TIMEOUT_MS=$TIMEOUT -x GVQ_DEBUG=WARN -x GVQ_DEBUG_FILE=$logs/rank.%p.log" \
-    bash "$here/emulate-cluster.sh" -n "$RANKS" -p "$PER" -k 2 -r "$RATE" -- "$@" >"$out" 2>&1 &
+# without mpirun the ranks inherit this environment (mpirun's are given it by -x)
+GVQ_TIMEOUT_MS=$TIMEOUT GVQ_DEBUG=WARN GVQ_DEBUG_FILE=$logs/rank.%p.log \
+    GVQ_EMU_MPIRUN_ARGS="${GVQ_EMU_MPIRUN_ARGS:-} -x GVQ_TIMEOUT_MS=$TIMEOUT -x GVQ_DEBUG=WARN -x GVQ_DEBUG_FILE=$logs/rank.%p.log" \
+    bash "$here/emulate-cluster.sh" "${LAUNCH[@]}" -n "$RANKS" -p "$PER" -k 2 -r "$RATE" -- "$@" >"$out" 2>&1 &
 job=$!
 br="gvq${job}br"
 # AT counts from when every rank has started gvq (its log file has the version line): a fault

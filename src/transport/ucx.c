@@ -40,6 +40,15 @@ static gvqResult_t ctx_get(void) {
     gvqResult_t res = gvqSuccess;
     if (ctx_refs == 0) {
         ucp_config_t *cfg = NULL;
+        /* TCP connects without blocking unless the user says otherwise: UCX's default connect
+         * (UCX_TCP_CONN_NB=n) blocks ucp_ep_create until the kernel gives up, and a peer behind
+         * a link that is down (SYN resent at 1, 3, 7, 15, 31 s ...) held a survivor there for
+         * ~31 s, past the shrink's first round, so the others left without it (RELIABILITY,
+         * "Link faults"). A connection that fails now fails the endpoint, as a dead peer's does
+         * (ep_failed). The transport's options are read from the environment when a worker opens
+         * its interfaces (ucp_config_modify's key is not applied to them in UCX 1.13), so the
+         * default is set there, once, before UCX starts. */
+        if (getenv("UCX_TCP_CONN_NB") == NULL) setenv("UCX_TCP_CONN_NB", "y", 0);
         ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
         if (st == UCS_OK) {
             ucp_params_t p;

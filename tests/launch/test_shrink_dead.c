@@ -14,6 +14,16 @@
  * and no pid is checked): only the last rank dies, under a 30 s timeout, and every survivor's
  * failed call and shrink must end within 10 s: a survivor waiting on a live rank that waits on
  * the dead one learns of the death from that rank's revoke notice, not from its own timeout.
+ *
+ * Arguments "cut R" (run by cut_link.sh on the emulated cluster: one rank per host, gvq over UCX's
+ * TCP): plain allreduces under a 2 s timeout until host R's link goes down at the bridge (for
+ * 15 s); rank R is alive but cut off. Every rank's call fails; the others shrink and must be done
+ * within twice the timeout and 3 s (the shrink's first round waits twice the timeout for late
+ * ranks), then check the new communicator as above; rank R's own shrink must fail (no majority)
+ * and it leaves with status 0. Before UCX's TCP connects were made non-blocking, a survivor's
+ * endpoint to rank R's spare worker blocked in connect() until the link came back (SYN resent at
+ * 1, 3, 7, 15 s): the shrink took 15 s or more, and in a chaos run a late survivor found the
+ * others gone.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -27,9 +37,11 @@
 
 #define COUNT ((size_t)1 << 18)
 
-static int revoke_mode;
+static int revoke_mode, cut_rank = -1;
 
+/* the ranks that leave: die, or (cut mode) are cut off */
 static int dies(int r, int n) {
+    if (cut_rank >= 0) return r == cut_rank;
     return r == n - 1 || (!revoke_mode && n >= 4 && r == 1);
 }
 
@@ -41,6 +53,7 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     revoke_mode = argc > 1 && strcmp(argv[1], "revoke") == 0;
+    if (argc > 2 && strcmp(argv[1], "cut") == 0) cut_rank = atoi(argv[2]);
     if (getenv("GVQ_TEST_SKIP") != NULL) {
         printf("test_shrink_dead: skipped (gvq built without UCX: no transport outside an MPI "
                "job)\n");
@@ -48,6 +61,7 @@ int main(int argc, char **argv) {
     }
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     cfg.timeoutMs = revoke_mode ? 30000 : 2000;
+    double limit_s = 2.0 * (double)cfg.timeoutMs / 1000.0 + 3.0; /* cut mode: the shrink's bound */
     gvqComm_t comm;
     GVQ(gvqCommInitFromEnv(&comm, &cfg));
     int n = 0;
@@ -63,8 +77,15 @@ int main(int argc, char **argv) {
         x[i] = val(rank, i) / 30.0f;
     gvqResult_t res = gvqSuccess;
     int calls = 0;
-    double t_call = 0;
-    for (; res == gvqSuccess && calls < 1000; calls++) {
+    double t_call = 0, t_start = now_s();
+    /* cut mode: plain calls (the link carries them) until the cut fails one, 90 s at most */
+    for (; res == gvqSuccess && (cut_rank >= 0 ? now_s() - t_start < 90.0 : calls < 1000);
+         calls++) {
+        if (cut_rank >= 0) {
+            t_call = now_s();
+            res = gvqAllReduce(x, y, COUNT, gvqFloat32, gvqSum, comm, NULL);
+            continue;
+        }
         if (calls == 5 && dies(rank, n)) {
             printf("test_shrink_dead: rank %d of %d leaves now (_exit)\n", rank, n);
             fflush(stdout);
@@ -84,6 +105,19 @@ int main(int argc, char **argv) {
           calls, gvqGetErrorString(res));
     gvqComm_t nc = NULL;
     double t0 = now_s();
+    if (cut_rank >= 0 && rank == cut_rank) { /* cut off: its own shrink finds no majority */
+        gvqResult_t r1 = gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT);
+        CHECK(r1 != gvqSuccess && nc == NULL, "the cut-off rank's shrink: %s, want an error",
+              gvqGetErrorString(r1));
+        printf("test_shrink_dead: rank %d (cut off): %d calls, then %s; its shrink: %s after "
+               "%.2f s; %s (%d failure(s))\n",
+               rank, calls, gvqGetErrorString(res), gvqGetErrorString(r1), now_s() - t0,
+               failures ? "FAIL" : "PASS", failures);
+        if (nc != NULL) (void)gvqCommDestroy(nc);
+        (void)gvqCompressorDestroy(cp);
+        (void)gvqCommAbort(comm);
+        return failures ? 1 : 0;
+    }
     if (n == 2) {
         gvqResult_t r1 = gvqCommShrink(comm, NULL, 0, &nc, NULL, GVQ_SHRINK_ABORT);
         CHECK(r1 == gvqRemoteError && nc == NULL, "1 of 2 without NO_QUORUM: %s",
@@ -98,6 +132,11 @@ int main(int argc, char **argv) {
               "the failed call took %.2f s and the shrink %.2f s under a "
               "30 s timeout: the revoke did not reach this rank",
               t_failed, took);
+    if (cut_rank >= 0)
+        CHECK(took < limit_s,
+              "the shrink after a cut link took %.2f s, more than %.1f s (twice the timeout "
+              "and 3 s): something blocked before or between its rounds",
+              took, limit_s);
     int members[64], m = 0, want = -1, cn = -1, cr = -1;
     for (int p = 0; p < n && p < 64; p++)
         if (!dies(p, n)) {

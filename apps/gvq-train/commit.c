@@ -1,0 +1,122 @@
+/*
+ * commit.c -- gvq-train's commits on disk (commit.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "commit.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+#define FNV_INIT 0xcbf29ce484222325ull
+
+uint64_t commit_model_sig(size_t nparams, int nsizes, const size_t *sizes) {
+    uint64_t n = nparams, h = fnv(FNV_INIT, &n, sizeof n);
+    for (int i = 0; i < nsizes; i++) {
+        uint64_t s = sizes[i];
+        h = fnv(h, &s, sizeof s);
+    }
+    return h;
+}
+
+static int write_all(int fd, const void *p, size_t n, uint64_t *h) {
+    *h = fnv(*h, p, n);
+    for (const char *b = p; n > 0;) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int commit_write(const char *dir, const commit_hdr_t *h, const float *params,
+                 const float *velocity, char *err, size_t cap) {
+    char path[4096], tmp[4200];
+    if (snprintf(path, sizeof path, "%s/%s", dir, COMMIT_FILE) >= (int)sizeof path) {
+        snprintf(err, cap, "%s: the path is too long", dir);
+        return -1;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, cap, "%s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    uint64_t sum = FNV_INIT;
+    const size_t bytes = sizeof(float) * (size_t)h->nparams;
+    int bad = write_all(fd, h, sizeof *h, &sum) != 0 || write_all(fd, params, bytes, &sum) != 0 ||
+              write_all(fd, velocity, bytes, &sum) != 0;
+    uint64_t ignored = 0, final = sum;
+    bad = bad || write_all(fd, &final, sizeof final, &ignored) != 0 || fsync(fd) != 0;
+    int e = errno;
+    if (close(fd) != 0 && !bad) bad = 1, e = errno;
+    if (bad || rename(tmp, path) != 0) {
+        snprintf(err, cap, "%s: %s", bad ? tmp : path, strerror(bad ? e : errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static int read_all(FILE *f, void *p, size_t n, uint64_t *h) {
+    if (fread(p, 1, n, f) != n) return -1;
+    *h = fnv(*h, p, n);
+    return 0;
+}
+
+int commit_read(const char *dir, commit_hdr_t *h, float *params, float *velocity, size_t nparams,
+                uint64_t want_sig, uint64_t want_seed, char *err, size_t cap) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/%s", dir, COMMIT_FILE) >= (int)sizeof path) {
+        snprintf(err, cap, "%s: the path is too long", dir);
+        return -1;
+    }
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, cap, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    uint64_t sum = FNV_INIT, stored = 0;
+    int rc = -1;
+    if (read_all(f, h, sizeof *h, &sum) != 0 || memcmp(h->magic, COMMIT_MAGIC, 8) != 0) {
+        snprintf(err, cap, "%s: not a gvq-train commit (no %s header)", path, COMMIT_MAGIC);
+    } else if (h->version != 1 || h->header_bytes != sizeof *h) {
+        snprintf(err, cap, "%s: commit version %u with a %u-byte header; this gvq-train reads "
+                 "version 1 (%zu bytes)", path, h->version, h->header_bytes, sizeof *h);
+    } else if (h->nparams != nparams || h->model_sig != want_sig) {
+        snprintf(err, cap, "%s: made by another model (%llu parameters, layout %016llx; this run's: "
+                 "%zu, %016llx)", path, (unsigned long long)h->nparams,
+                 (unsigned long long)h->model_sig, nparams, (unsigned long long)want_sig);
+    } else if (h->seed != want_seed) {
+        snprintf(err, cap, "%s: made with --seed %llu, this run's is %llu (the epochs' orders "
+                 "follow from it)", path, (unsigned long long)h->seed,
+                 (unsigned long long)want_seed);
+    } else if (h->step < 0 || h->epoch < 0 || h->pos < 0 || h->nranks < 1 || h->iters < 1 ||
+               h->step > h->iters) {
+        snprintf(err, cap, "%s: the header's step %lld, epoch %lld or place %lld is out of range",
+                 path, (long long)h->step, (long long)h->epoch, (long long)h->pos);
+    } else if (read_all(f, params, sizeof(float) * nparams, &sum) != 0 ||
+               read_all(f, velocity, sizeof(float) * nparams, &sum) != 0 ||
+               fread(&stored, sizeof stored, 1, f) != 1) {
+        snprintf(err, cap, "%s: shorter than its header says (cut off?)", path);
+    } else if (stored != sum || fgetc(f) != EOF) {
+        snprintf(err, cap, "%s: %s", path,
+                 stored != sum ? "checksum mismatch: the file is corrupted"
+                               : "longer than its header says");
+    } else {
+        rc = 0;
+    }
+    fclose(f);
+    return rc;
+}

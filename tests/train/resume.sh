@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# resume.sh GVQ_TRAIN -- gvq-train's commits on disk (--elastic K --commit-dir DIR, --resume DIR),
+# 2 ranks started without mpirun (scripts/gvq-launch.sh), the CNN on real Fashion-MNIST:
+#   1. a run stopped after step 70 (--stop-step) leaves the commit of step 60 on disk;
+#   2. a run resumed from it ends with the same weights, to the bit, as a run of the same 120
+#      steps without a stop (plain aggregation: no compressor state to lose), and says that the
+#      compressors are rebuilt;
+#   3. a resume refuses, with a line naming the cause and a non-zero status, a commit with a
+#      flipped byte (checksum), one cut short, a missing one, one made with another --seed, and
+#      one made by another model (other channel widths).
+set -uo pipefail
+exe=$1
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+data=/usr/share/datasets/fashion-mnist
+if [ ! -r "$data/train-images-idx3-ubyte.gz" ]; then
+    echo "SKIPPED: no Fashion-MNIST in $data (Debian package dataset-fashion-mnist)"
+    exit 77
+fi
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+run() { # ARGS... -> the job's output in $dir/out, its status returned
+    bash "$here/../../scripts/gvq-launch.sh" -n 2 -t 120 -- "$exe" --batch 64 --iters 120 \
+        --train-subset 5120 --test-subset 500 --print-every 20 --no-progress --codec none \
+        --elastic 20 "$@" >"$dir/out" 2>&1
+}
+fail() { echo "FAIL: $*"; cat "$dir/out"; exit 1; }
+hash_of() { awk '/# final weights: FNV-1a/ { h = $NF } END { print h }' "$dir/out"; }
+mkdir "$dir/c"
+run --commit-dir "$dir/c" --stop-step 70 || fail "the stopped run exited with $?"
+grep -q '# commits on disk: 4 in .*, 0 failed' "$dir/out" || fail "not 4 commits written"
+[ -s "$dir/c/gvq-train.commit" ] || fail "no commit file"
+cp "$dir/c/gvq-train.commit" "$dir/good"
+run --resume "$dir/c" || fail "the resumed run exited with $?"
+grep -q '# resumed from .*: step 60 (epoch .*compressors are rebuilt' "$dir/out" ||
+    fail "no resume line at step 60"
+grep -q '# done: 60 steps (resumed at step 60)' "$dir/out" || fail "the resumed run did not run 60 steps"
+resumed=$(hash_of)
+run || fail "the whole run exited with $?"
+whole=$(hash_of)
+[ -n "$whole" ] && [ "$resumed" = "$whole" ] || fail "resumed weights $resumed, whole run's $whole"
+echo "resume.sh: stopped at 70, resumed from the commit of step 60: final weights $resumed, the same as 120 steps without a stop"
+
+refuse() { # WHAT PATTERN ARGS...: a resume that must fail with PATTERN in its output
+    local what=$1 pat=$2
+    shift 2
+    run "$@" && fail "a resume from $what succeeded"
+    grep -q -- "$pat" "$dir/out" || fail "a resume from $what: no line saying '$pat'"
+    echo "resume.sh: $what refused: $(grep -m1 -- "$pat" "$dir/out" | sed 's/^\[[0-9]*\] //' | cut -c1-150)"
+}
+size=$(stat -c %s "$dir/good")
+cp "$dir/good" "$dir/c/gvq-train.commit"
+printf '\x5a' | dd of="$dir/c/gvq-train.commit" bs=1 seek=$((size / 2)) conv=notrunc status=none
+refuse "a flipped byte" "checksum mismatch" --resume "$dir/c"
+head -c $((size - 100)) "$dir/good" >"$dir/c/gvq-train.commit"
+refuse "a file cut short" "shorter than its header says" --resume "$dir/c"
+cp "$dir/good" "$dir/c/gvq-train.commit"
+refuse "another seed" "made with --seed 1, this run's is 2" --resume "$dir/c" --seed 2
+refuse "another model" "made by another model" --resume "$dir/c" --channels 8,16,32
+refuse "a missing file" "No such file" --resume "$dir/none"
+echo "resume.sh: PASS"
