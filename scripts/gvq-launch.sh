@@ -74,6 +74,7 @@ for r in $(seq 0 $((N - 1))); do
 done
 rc=0
 rank0=""
+killer=""
 start=$(date +%s)
 left=$N
 declare -A done_=()
@@ -91,6 +92,7 @@ while [ $left -gt 0 ]; do
                 rc=$s
                 echo "gvq-launch: rank $i exited with $s; stopping the others in 10 s" >&2
                 ( sleep 10; kill "${PIDS[@]}" 2>/dev/null ) &
+                killer=$!
             fi
         fi
     done
@@ -102,6 +104,7 @@ while [ $left -gt 0 ]; do
     fi
     sleep 0.1
 done
+[ -n "$killer" ] && kill "$killer" 2>/dev/null # every rank has ended: no grace to wait out
 wait 2>/dev/null
 [ $KEEP = 1 ] && [ $rc -ne 124 ] && [ -n "$rank0" ] && [ "$rank0" -lt 128 ] && rc=$rank0
 exit $rc

@@ -40,8 +40,8 @@ static int write_all(int fd, const void *p, size_t n, uint64_t *h) {
     return 0;
 }
 
-int commit_write(const char *dir, const commit_hdr_t *h, const float *params,
-                 const float *velocity, char *err, size_t cap) {
+int commit_write(const char *dir, const commit_hdr_t *h, const float *params, const float *velocity,
+                 char *err, size_t cap) {
     char path[4096], tmp[4200];
     if (snprintf(path, sizeof path, "%s/%s", dir, COMMIT_FILE) >= (int)sizeof path) {
         snprintf(err, cap, "%s: the path is too long", dir);
@@ -92,16 +92,21 @@ int commit_read(const char *dir, commit_hdr_t *h, float *params, float *velocity
     if (read_all(f, h, sizeof *h, &sum) != 0 || memcmp(h->magic, COMMIT_MAGIC, 8) != 0) {
         snprintf(err, cap, "%s: not a gvq-train commit (no %s header)", path, COMMIT_MAGIC);
     } else if (h->version != 1 || h->header_bytes != sizeof *h) {
-        snprintf(err, cap, "%s: commit version %u with a %u-byte header; this gvq-train reads "
-                 "version 1 (%zu bytes)", path, h->version, h->header_bytes, sizeof *h);
+        snprintf(err, cap,
+                 "%s: commit version %u with a %u-byte header; this gvq-train reads "
+                 "version 1 (%zu bytes)",
+                 path, h->version, h->header_bytes, sizeof *h);
     } else if (h->nparams != nparams || h->model_sig != want_sig) {
-        snprintf(err, cap, "%s: made by another model (%llu parameters, layout %016llx; this run's: "
-                 "%zu, %016llx)", path, (unsigned long long)h->nparams,
-                 (unsigned long long)h->model_sig, nparams, (unsigned long long)want_sig);
+        snprintf(err, cap,
+                 "%s: made by another model (%llu parameters, layout %016llx; this run's: "
+                 "%zu, %016llx)",
+                 path, (unsigned long long)h->nparams, (unsigned long long)h->model_sig, nparams,
+                 (unsigned long long)want_sig);
     } else if (h->seed != want_seed) {
-        snprintf(err, cap, "%s: made with --seed %llu, this run's is %llu (the epochs' orders "
-                 "follow from it)", path, (unsigned long long)h->seed,
-                 (unsigned long long)want_seed);
+        snprintf(err, cap,
+                 "%s: made with --seed %llu, this run's is %llu (the epochs' orders "
+                 "follow from it)",
+                 path, (unsigned long long)h->seed, (unsigned long long)want_seed);
     } else if (h->step < 0 || h->epoch < 0 || h->pos < 0 || h->nranks < 1 || h->iters < 1 ||
                h->step > h->iters) {
         snprintf(err, cap, "%s: the header's step %lld, epoch %lld or place %lld is out of range",

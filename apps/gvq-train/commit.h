@@ -30,9 +30,9 @@ typedef struct {
     int64_t step;          /* the next step to run */
     int64_t pos;           /* the next image of the epoch's order */
     int64_t epoch;
-    int64_t iters;         /* the run's length (the learning-rate schedule spans it) */
-    int32_t nranks;        /* the ranks at the commit */
-    int32_t compressors;   /* COMMIT_COMPRESSORS_REBUILT: no compressor state in the file */
+    int64_t iters;       /* the run's length (the learning-rate schedule spans it) */
+    int32_t nranks;      /* the ranks at the commit */
+    int32_t compressors; /* COMMIT_COMPRESSORS_REBUILT: no compressor state in the file */
 } commit_hdr_t;
 
 /* FNV-1a over the sizes that define the model's layout (every layer's parameter count). */
@@ -40,8 +40,8 @@ uint64_t commit_model_sig(size_t nparams, int nsizes, const size_t *sizes);
 
 /* Writes DIR/gvq-train.commit (via DIR/gvq-train.commit.tmp, fsync and rename). 0, or -1 with
  * the cause in err. */
-int commit_write(const char *dir, const commit_hdr_t *h, const float *params,
-                 const float *velocity, char *err, size_t cap);
+int commit_write(const char *dir, const commit_hdr_t *h, const float *params, const float *velocity,
+                 char *err, size_t cap);
 
 /* Reads DIR/gvq-train.commit into h, params and velocity (nparams floats each), after checking
  * magic, version, size, checksum, and that it was made by a model of this layout and seed

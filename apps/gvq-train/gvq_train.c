@@ -135,6 +135,11 @@ static void usage(FILE *f) {
         "                        shrink to the survivors, roll back to the last commit, scale\n"
         "                        the learning rate by the ranks left and go on (start without\n"
         "                        mpirun, e.g. scripts/gvq-launch.sh, so a death ends no job)\n"
+        "  --commit-dir DIR      with --elastic: rank 0 also writes each commit to\n"
+        "                        DIR/gvq-train.commit (step, the epoch's place, weights,\n"
+        "                        momentum; not the compressors' state)\n"
+        "  --resume DIR          start from DIR/gvq-train.commit (the same model, --seed and\n"
+        "                        run length; the compressors start afresh)\n"
         "  --replace             with --elastic: at the first commit after a fault rank 0\n"
         "                        starts a replacement per rank lost (this program), which\n"
         "                        joins (gvqCommGrow) and takes the state from rank 0\n"
@@ -259,6 +264,8 @@ enum {
     OPT_STOP_AT,
     OPT_STOP_STEP,
     OPT_ELASTIC,
+    OPT_COMMIT_DIR,
+    OPT_RESUME,
     OPT_REPLACE,
     OPT_JOIN,
     OPT_JOIN_RANK,
@@ -339,6 +346,8 @@ static const struct option long_opts[] = {
     {"stop-at", required_argument, NULL, OPT_STOP_AT},
     {"stop-step", required_argument, NULL, OPT_STOP_STEP},
     {"elastic", required_argument, NULL, OPT_ELASTIC},
+    {"commit-dir", required_argument, NULL, OPT_COMMIT_DIR},
+    {"resume", required_argument, NULL, OPT_RESUME},
     {"replace", no_argument, NULL, OPT_REPLACE},
     {"join", required_argument, NULL, OPT_JOIN},
     {"join-rank", required_argument, NULL, OPT_JOIN_RANK},
@@ -652,6 +661,12 @@ static int parse_output_opt(int c, const char *arg, train_opts_t *o, const char 
     case OPT_ELASTIC:
         if (parse_int(arg, 1, 1 << 30, &o->elastic)) *what = "--elastic (>= 1)";
         break;
+    case OPT_COMMIT_DIR:
+        o->commit_dir = arg;
+        break;
+    case OPT_RESUME:
+        o->resume_dir = arg;
+        break;
     case OPT_REPLACE:
         o->replace = 1;
         break;
@@ -748,6 +763,16 @@ static int check_args(train_opts_t *o, int batch_given) {
         (o->stages > 0 || o->text || o->overlap_forward || o->dump_path != NULL)) {
         fprintf(stderr, "gvq-train: --elastic and --die apply to data-parallel image models "
                         "without --overlap-forward and --dump-grads\n");
+        return -1;
+    }
+    if (o->commit_dir != NULL && o->elastic <= 0) {
+        fprintf(stderr, "gvq-train: --commit-dir needs --elastic K (the commits it writes)\n");
+        return -1;
+    }
+    /* a replacement (--join) ignores --resume: it takes the members' state */
+    if (o->resume_dir != NULL && (o->stages > 0 || o->text || o->overlap_forward)) {
+        fprintf(stderr, "gvq-train: --resume applies to data-parallel image models (not "
+                        "--stages, --model text or --overlap-forward)\n");
         return -1;
     }
     if ((o->replace || o->join_hex != NULL) && o->elastic <= 0) {

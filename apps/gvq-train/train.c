@@ -39,6 +39,7 @@
 #include "gvq.h"
 #include "gvq_mpi.h"
 #include "aggregate.h"
+#include "commit.h"
 #include "mnist.h"
 
 /* A failed gvq or MPI call ends the whole job (train_fail): a rank that stopped calling
@@ -440,6 +441,9 @@ typedef struct {
     long agg_since;              /* the step the aggregation was last set up at (its counts') */
     pid_t kids[8];               /* the replacements rank 0 started */
     double lr_scale, step_start, recovered_at;
+    int resumed;                      /* --resume: the state came from a commit on disk */
+    long disk_commits, disk_failures; /* --commit-dir */
+    double disk_s;                    /* their writing time (rank 0) */
 } run_t;
 
 static void elastic_join(run_t *r);
@@ -840,6 +844,8 @@ static void elastic_free(run_t *r) {
     }
 }
 
+static void commit_to_disk(run_t *r, int k);
+
 static void elastic_commit(run_t *r, long step) {
     int k = r->commit[r->latest].step < 0 ? r->latest : !r->latest;
     r->commit[k].step = step;
@@ -848,6 +854,7 @@ static void elastic_commit(run_t *r, long step) {
     memcpy(r->commit[k].params, r->net.params, sizeof(float) * r->net.nparams);
     memcpy(r->commit[k].velocity, r->velocity, sizeof(float) * r->net.nparams);
     r->latest = k;
+    if (r->o->commit_dir != NULL && r->rank == 0) commit_to_disk(r, k);
 }
 
 /* --die R:S: the process first ranked R leaves at step S as a crash would (no destroy, no
@@ -993,6 +1000,89 @@ static void handoff(run_t *r, handoff_t *h) {
               r->gcomm);
 }
 
+/* ---- commits on disk (--commit-dir, --resume; commit.h) ----
+ * Rank 0 writes each commit (every rank holds the same state: the weight checks say so); a
+ * resumed run reads it on rank 0 and broadcasts it, as a replacement's handoff does. The
+ * compressors are not in it: a resumed run rebuilds them (the file says so). */
+
+static uint64_t model_sig(const net_t *net) {
+    size_t sizes[2 * 64];
+    int n = 0;
+    for (int i = 0; i < net->nlayers && n + 2 <= (int)(sizeof sizes / sizeof sizes[0]); i++) {
+        sizes[n++] = net->layers[i].nw;
+        sizes[n++] = net->layers[i].nb;
+    }
+    return commit_model_sig(net->nparams, n, sizes);
+}
+
+static void commit_to_disk(run_t *r, int k) {
+    commit_hdr_t h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, COMMIT_MAGIC, sizeof h.magic);
+    h.version = 1;
+    h.header_bytes = sizeof h;
+    h.nparams = r->net.nparams;
+    h.model_sig = model_sig(&r->net);
+    h.seed = r->o->seed;
+    h.step = r->commit[k].step;
+    h.pos = r->commit[k].pos;
+    h.epoch = r->commit[k].epoch;
+    h.iters = r->iters;
+    h.nranks = r->nranks;
+    h.compressors = COMMIT_COMPRESSORS_REBUILT;
+    char err[4400];
+    const double t0 = now_s();
+    if (commit_write(r->o->commit_dir, &h, r->commit[k].params, r->commit[k].velocity, err,
+                     sizeof err) != 0) {
+        progress_clear(&r->progress);
+        fprintf(stderr,
+                "gvq-train: the commit of step %ld is not on disk: %s (it is in memory; "
+                "the run goes on)\n",
+                r->commit[k].step, err);
+        r->disk_failures++;
+    } else {
+        r->disk_commits++;
+        r->disk_s += now_s() - t0;
+    }
+}
+
+/* --resume DIR: rank 0 reads the commit, every rank takes it (or every rank fails: -1). */
+static int run_resume(run_t *r) {
+    commit_hdr_t h;
+    memset(&h, 0, sizeof h);
+    char err[4400] = "";
+    int32_t bad = 0;
+    if (r->rank == 0) {
+        bad = commit_read(r->o->resume_dir, &h, r->net.params, r->velocity, r->net.nparams,
+                          model_sig(&r->net), r->o->seed, err, sizeof err) != 0;
+        if (!bad && (h.pos > (int64_t)r->train.n || h.epoch > 1 << 30 || h.iters != r->iters)) {
+            snprintf(err, sizeof err,
+                     "%s/%s: made for %lld steps of %s images (this run: %ld "
+                     "steps, %d images): give the same --epochs or --iters and --train-subset",
+                     r->o->resume_dir, COMMIT_FILE, (long long)h.iters,
+                     h.pos > (int64_t)r->train.n ? "more" : "as many", r->iters, r->train.n);
+            bad = 1;
+        }
+        if (bad) fprintf(stderr, "gvq-train: --resume: %s\n", err);
+    }
+    TRAIN_GVQ(gvqBroadcast(&bad, &bad, 1, gvqInt32, 0, r->gcomm, NULL), r->gcomm);
+    if (bad) return -1;
+    handoff_t ho = {h.step, h.pos, (int32_t)h.epoch, 0};
+    handoff(r, &ho);
+    r->start_step = r->agg_since = (long)ho.step;
+    r->resumed = 1;
+    r->pos = (long)ho.pos;
+    r->epoch = ho.epoch;
+    if (r->epoch > 0)
+        train_shuffle(r->perm, r->train.n, r->o->seed * 1000003ull + (uint64_t)r->epoch);
+    if (r->rank == 0 && !r->o->quiet)
+        fprintf(r->out,
+                "# resumed from %s/%s: step %ld (epoch %d), written by %d ranks; the "
+                "compressors are rebuilt (the commit holds none)\n",
+                r->o->resume_dir, COMMIT_FILE, r->start_step, r->epoch, h.nranks);
+    return 0;
+}
+
 /* A replacement, at the end of run_load: grow into the survivors' communicator, take the state. */
 static void elastic_join(run_t *r) {
     gvqUniqueId id;
@@ -1088,7 +1178,7 @@ static long run_loop(run_t *r) {
     r->win_start = now_s();
     r->progress = (progress_t){r->rank == 0 && o->progress, 0, r->win_start, 0.0};
     r->test_acc = -1.0;
-    if (o->join_hex == NULL) r->pos = (long)r->train.n; /* forces a shuffle at step 0 */
+    if (o->join_hex == NULL && !r->resumed) r->pos = (long)r->train.n; /* a shuffle at step 0 */
     r->next = (deferred_t){&r->agg, {&r->net, r->velocity, 0, 0, 0}, gvqSuccess, 0.0, NULL, NULL};
     if (o->overlap_forward) {
         r->next.wait_start = calloc(2 * (size_t)r->net.nlayers, sizeof(double));
@@ -1175,12 +1265,15 @@ static void print_summary(const run_t *r) {
     gvqCompressor_t *comp = r->agg.conv_comp;
     FILE *out = r->out;
     const double train_s = r->train_s;
+    const long ran = res->iters - r->start_step; /* a resumed run began at start_step */
+    char from[64] = "";
+    if (r->resumed) snprintf(from, sizeof from, " (resumed at step %ld)", r->start_step);
     fprintf(out,
-            "# done: %ld steps in %.1f s of training (%.1f ms/step, %.0f img/s), test accuracy "
+            "# done: %ld steps%s in %.1f s of training (%.1f ms/step, %.0f img/s), test accuracy "
             "%.2f%%, compute %.1f s comm %.1f s per rank (comm %.0f%%)\n",
-            res->iters, train_s, 1e3 * train_s / (double)(res->iters > 0 ? res->iters : 1),
-            (double)r->batch * (double)res->iters / train_s, r->test_acc, res->compute_s,
-            res->comm_s, 100.0 * res->comm_s / (res->compute_s + res->comm_s));
+            ran, from, train_s, 1e3 * train_s / (double)(ran > 0 ? ran : 1),
+            (double)r->batch * (double)ran / train_s, r->test_acc, res->compute_s, res->comm_s,
+            100.0 * res->comm_s / (res->compute_s + res->comm_s));
     if (!o->zero_code)
         fprintf(out,
                 "# wire: conv layers %.2fx smaller than a plain fp32 ring over the run, "
@@ -1206,6 +1299,15 @@ static void print_summary(const run_t *r) {
                 "# elastic: %d fault(s) ridden through, %ld step(s) lost and run again, %d of %d "
                 "ranks at the end (the wire's ratios: since the last fault or join)\n",
                 r->faults, r->steps_lost, r->nranks, r->nranks0);
+    if (o->commit_dir != NULL)
+        fprintf(out,
+                "# commits on disk: %ld in %s/%s (%.3f s writing, %.1f ms each), %ld failed; "
+                "compressors not saved (rebuilt on --resume)\n",
+                r->disk_commits, o->commit_dir, COMMIT_FILE, r->disk_s,
+                r->disk_commits > 0 ? 1e3 * r->disk_s / (double)r->disk_commits : 0.0,
+                r->disk_failures);
+    fprintf(out, "# final weights: FNV-1a %016llx\n",
+            (unsigned long long)hash_floats(r->net.params, r->net.nparams));
     if (o->stop_at > 0.0)
         fprintf(out, "# time to %.2f%% test accuracy: %s\n", o->stop_at,
                 res->time_to_stop >= 0.0 ? "reached" : "not reached");
@@ -1247,6 +1349,10 @@ int train_run(const train_opts_t *o, MPI_Comm comm, train_result_t *res) {
         train_fail();
     }
     if (run_open_dump(r) != 0) return run_free(r);
+    if (o->resume_dir != NULL && o->join_hex == NULL && run_resume(r) != 0) {
+        r->bad = 1;
+        return run_free(r);
+    }
 
     if (r->rank == 0 && !o->quiet) print_header(r);
 

@@ -91,7 +91,9 @@ typedef struct {
      * roll back to the last commit (train.c, "Elastic runs"). 0: a failed call ends the job. */
     int elastic;
     int replace; /* --replace: rank 0 starts a replacement per rank lost, joining at a commit */
-    const char *join_hex; /* a replacement's (internal options): the grown set's unique id, */
+    const char *commit_dir; /* --commit-dir: rank 0 writes every commit there (commit.h) */
+    const char *resume_dir; /* --resume: start from the commit written there */
+    const char *join_hex;   /* a replacement's (internal options): the grown set's unique id, */
     int join_rank, join_size, join_first; /* its rank and size, the first rank it reports */
     int argc;                             /* the command line, for the replacements */
     char **argv;
