@@ -4,7 +4,7 @@
 # every call's result: #wrong).
 #
 #   bash perf/link-fault.sh [-n RANKS] [-p PER_HOST] [-H HOST] [-a AT_S] [-d DOWN_S] [-r RATE]
-#                           [-t TIMEOUT_MS] [-L] [-- PROGRAM ARGS...]
+#                           [-t TIMEOUT_MS] [-L] [-l LOSS_PCT] [-- PROGRAM ARGS...]
 #
 # The cluster is perf/emulate-cluster.sh's (mpirun over network namespaces, a shaped veth per
 # host); HOST's veth (default 1) goes down at the bridge AT_S seconds (default 3) after every rank
@@ -13,6 +13,9 @@
 # GVQ_TIMEOUT_MS is TIMEOUT_MS on every rank (default 10000). -L: the ranks start without mpirun
 # (emulate-cluster.sh -L: scripts/gvq-launch.sh, gvq over UCX's TCP). Without a program,
 # build/perf/gvq-perf -b 4M -e 4M -C none -n 150 -w 2 runs (about 8 s at 1 Gbit/s, 2 ranks).
+# -l LOSS_PCT: instead of taking the link down, drop LOSS_PCT percent of HOST's packets, each way,
+# at random (nftables' numgen in HOST's namespace; `tc netem` does not exist in this kernel) from
+# AT_S for DOWN_S seconds (installs Debian's nftables when `nft` is missing).
 # Expected (docs/RELIABILITY.md, "Link faults"): an outage shorter than the timeout changes no
 # result and every call completes; a longer one ends every rank's call with an error within the
 # timeout and the job exits, no hang.
@@ -25,6 +28,7 @@ DOWN=2
 RATE=1gbit
 TIMEOUT=10000
 LAUNCH=()
+LOSS=""
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) RANKS=$2; shift 2 ;;
@@ -35,12 +39,20 @@ while [ $# -gt 0 ]; do
         -r) RATE=$2; shift 2 ;;
         -t) TIMEOUT=$2; shift 2 ;;
         -L) LAUNCH=(-L); shift ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -l) LOSS=$2; shift 2 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
 done
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ -n "$LOSS" ]; then
+    case "$LOSS" in [0-9] | [1-9][0-9]) ;; *) echo "link-fault: -l takes 0..99 (percent)" >&2; exit 2 ;; esac
+    if ! command -v nft >/dev/null; then
+        source "$here/../scripts/common.sh"
+        gvq_install_packages nftables >/dev/null
+    fi
+fi
 [ $# -gt 0 ] || set -- "$here/../build/perf/gvq-perf" -b 4M -e 4M -C none -n 150 -w 2
 out=$(mktemp)
 logs=$(mktemp -d) # each rank's gvq log (GVQ_DEBUG_FILE): written where the rank runs, so its
@@ -61,7 +73,21 @@ for _ in $(seq 1 600); do
 done
 sleep "$AT"
 fault=""
-if kill -0 "$job" 2>/dev/null; then
+if kill -0 "$job" 2>/dev/null && [ -n "$LOSS" ]; then
+    hns="gvq${job}-$HOST"
+    ip netns exec "$hns" nft -f - <<EON && fault=$(date +%s.%N) &&
+table inet gvqloss {
+    chain in { type filter hook input priority 0; numgen random mod 100 < $LOSS counter drop; }
+    chain out { type filter hook output priority 0; numgen random mod 100 < $LOSS counter drop; }
+}
+EON
+        echo "# link-fault: host $HOST drops $LOSS% of its packets each way from $(date +%T.%3N)"
+    sleep "$DOWN"
+    if ip netns exec "$hns" nft list table inet gvqloss 2>/dev/null | grep -q drop; then
+        ip netns exec "$hns" nft list table inet gvqloss | grep -E "packets" | sed 's/^ */# link-fault:   /'
+        ip netns exec "$hns" nft delete table inet gvqloss && echo "# link-fault: host $HOST drops nothing from $(date +%T.%3N)"
+    fi
+elif kill -0 "$job" 2>/dev/null; then
     ip -n "$br" link set "p$HOST" down && fault=$(date +%s.%N) &&
         echo "# link-fault: host $HOST's link down at $(date +%T.%3N)"
     sleep "$DOWN"
@@ -79,6 +105,8 @@ for f in "$logs"/rank.*.log; do # when each rank last logged, counted from the f
         "$(echo "$(stat -c %.9Y "$f") - $fault" | bc)" "$(tail -n 1 "$f" | cut -c1-160)"
 done
 rm -rf "$out" "$logs"
-printf '# link-fault: %s ranks, link of host %s down %s s from %s s, GVQ_TIMEOUT_MS %s: exit %s after %.1f s\n' \
-    "$RANKS" "$HOST" "$DOWN" "$AT" "$TIMEOUT" "$rc" "$(echo "$end - $start" | bc)"
+what="link of host $HOST down $DOWN s"
+[ -n "$LOSS" ] && what="host $HOST dropping $LOSS% of its packets for $DOWN s"
+printf '# link-fault: %s ranks, %s from %s s, GVQ_TIMEOUT_MS %s: exit %s after %.1f s\n' \
+    "$RANKS" "$what" "$AT" "$TIMEOUT" "$rc" "$(echo "$end - $start" | bc)"
 exit "$rc"

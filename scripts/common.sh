@@ -4,7 +4,7 @@ set -euo pipefail
 
 GVQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GVQ_BUILD_DIR=${GVQ_BUILD_DIR:-$GVQ_ROOT/build}
-GVQ_PACKAGES="build-essential cmake pkg-config python3 libopenmpi-dev openmpi-bin libucx-dev libopenblas-dev liblapacke-dev zlib1g-dev dataset-fashion-mnist python3-numpy python3-mpi4py python3-torch python3-pytest python3-torchvision"
+GVQ_PACKAGES="build-essential cmake pkg-config python3 libopenmpi-dev openmpi-bin libucx-dev libopenblas-dev liblapacke-dev zlib1g-dev dataset-fashion-mnist python3-numpy python3-mpi4py python3-torch python3-pytest python3-torchvision nftables"
 
 # gvq_install_packages [PACKAGE...]: the named packages (default: $GVQ_PACKAGES)
 gvq_install_packages() {

@@ -4,7 +4,9 @@
 #   1. down 2 s with GVQ_TIMEOUT_MS 10000: the run completes, every result checked (#wrong 0);
 #   2. down 6 s with GVQ_TIMEOUT_MS 2000: every rank's call fails with a WARN naming the
 #      timeout within 2 s + 2 s of the fault, and the job exits non-zero (mpirun's own teardown
-#      waits for the link, which carries its out-of-band channel).
+#      waits for the link, which carries its out-of-band channel);
+#   3. host 1 drops 5% of its packets each way for 4 s (nftables, perf/link-fault.sh -l): the
+#      run completes, every result checked (#wrong 0), and packets were dropped.
 # Exit 77 (skipped) where network namespaces cannot be made.
 set -uo pipefail
 perf=$1
@@ -40,5 +42,16 @@ if [ "$rc" -eq 0 ] || [ "$n" -ne 2 ]; then
     echo "link_fault.sh: FAIL: a 6 s outage under a 2 s timeout: exit $rc, $n of 2 ranks failed within 4 s"
     fail=1
 fi
-[ "$fail" -eq 0 ] && echo "link_fault.sh ($transport): short outage survived exactly, long outage failed on every rank within the timeout"
+out=$(bash "$here/../../perf/link-fault.sh" -l 5 -a 1 -d 4 -t 10000 -- "$perf" -b 4M -e 4M -C none \
+    -n 40 -w 2 2>&1)
+rc=$?
+printf '%s\n' "$out" | grep -E "link-fault|^ +4194304"
+row=$(printf '%s\n' "$out" | grep -E '^ +4194304 ')
+dropped=$(printf '%s\n' "$out" | awk '/counter packets/ { for (i = 1; i < NF; i++) if ($i == "packets") s += $(i + 1) } END { print s + 0 }')
+if [ "$rc" -ne 0 ] || [ -z "$row" ] || ! printf '%s\n' "$row" | awk '{exit !($9 == 0 && $13 == 0)}' ||
+    [ "$dropped" -eq 0 ]; then
+    echo "link_fault.sh: FAIL: 5% packet loss: exit $rc, row '$row', $dropped packets dropped"
+    fail=1
+fi
+[ "$fail" -eq 0 ] && echo "link_fault.sh ($transport): short outage survived exactly, long outage failed on every rank within the timeout, 5% packet loss ($dropped packets dropped) changed no result"
 exit "$fail"
