@@ -3,8 +3,10 @@
 # times (issue 39): gvq-train --elastic --replace started without mpirun (perf/emulate-cluster.sh
 # -L, one rank per emulated host, gvq over UCX's TCP), and, while it trains,
 #   stop    a rank is stopped (SIGSTOP) and resumed (SIGCONT) after half the timeout: no fault;
-#   link2   a host's link goes down at the bridge for 2 s: no fault (shorter than the timeout);
-#   link30  a host's link goes down for 30 s: its rank is cut off, the others shrink it out and
+#   link2   a host's link goes down at the bridge for 2 s (under a timeout below 5 s: a fifth of
+#           it): no fault (TCP's retransmission comes within the timeout);
+#   link30  a host's link goes down for 30 s (or three timeouts, whichever is longer): its rank
+#           is cut off, the others shrink it out and
 #           a replacement joins at the next commit; the cut-off rank leaves when its own shrink
 #           finds no majority;
 #   kill    a rank is killed (SIGKILL): the others shrink, a replacement joins.
@@ -41,7 +43,7 @@ while [ $# -gt 0 ]; do
         -f) FAULTS=$2; shift 2 ;;
         -o) OUT=$2; shift 2 ;;
         --summary) SUMMARY=$2; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         --) shift; break ;;
         *) break ;;
     esac
@@ -55,7 +57,7 @@ summary() { # DIR: what run.log, faults.log and rss.csv say
     checks=$(awk '/weight checksums compared/ { for (i = 1; i < NF; i++) if ($i == "compared") c = $(i + 1) } END { print c + 0 }' "$log")
     mism=$(grep -c 'hold different weights' "$log")
     acc=$(awk '/# done:/ { for (i = 1; i < NF; i++) if ($i == "accuracy") a = $(i + 1) } END { sub(/,$/, "", a); print a }' "$log")
-    echo "# injected: $(grep -c ': SIGKILL' "$flog") kill(s) and $(grep -c 'link down for 30 s' "$flog") 30 s outage(s) (each a fault to ride through), $(grep -c ': SIGSTOP' "$flog") stop(s) and $(grep -c 'link down for 2 s' "$flog") 2 s outage(s) (within the timeout: no fault); faults reported by the run: $faults, steps lost: $lost"
+    echo "# injected: $(grep -c ': SIGKILL' "$flog") kill(s) and $(grep -c 'link30: .*link down for' "$flog") long outage(s) (each a fault to ride through), $(grep -c ': SIGSTOP' "$flog") stop(s) and $(grep -c 'link2: .*link down for' "$flog") short outage(s) (within the timeout: no fault); faults reported by the run: $faults, steps lost: $lost"
     echo "# weight checks: $checks at the end's count, mismatches reported: $mism; final test accuracy: ${acc:-none}"
     # memory: each process's resident set 60 s into its life and at its last sample
     awk -F, 'NR > 1 { if (!($2 in t0)) t0[$2] = $1; if ($1 - t0[$2] >= 60 && !($2 in a)) a[$2] = $4; z[$2] = $4; h[$2] = $3; e[$2] = $1 }
@@ -169,7 +171,12 @@ inject() { # kind host
             kill -STOP "$p"; sleep "$hold"; kill -CONT "$p"
             note "stop: SIGCONT pid $p" ;;
         link2|link30)
-            local d=${kind#link}
+            local d # the outage: short enough to ride through, or long enough to cut the rank off
+            if [ "$kind" = link2 ]; then
+                d=$(awk -v t="$TIMEOUT" 'BEGIN { d = t < 5000 ? t / 5000 : 2; printf "%.1f", d }')
+            else
+                d=$(awk -v t="$TIMEOUT" 'BEGIN { d = 3 * t / 1000; printf "%.0f", d > 30 ? d : 30 }')
+            fi
             read -r p h <<<"$(target "$h")"
             [ -n "$p" ] && [ "$h" != 0 ] || { note "$kind: no host but rank 0's with a gvq-train"; return; }
             note "$kind: host $h's link down for $d s"

@@ -136,6 +136,10 @@ static void test_all_collectives(void) {
         const size_t cap = 5 * gvqNumTypes * gvqNumOps * 2;
         case_t *all = calloc(cap, sizeof *all), *most = calloc(cap, sizeof *most),
                *sums = calloc(cap * 5, sizeof *sums);
+        if (all == NULL || most == NULL || sums == NULL) {
+            fprintf(stderr, "test_collectives_inproc: out of memory for the case lists\n");
+            exit(1);
+        }
         size_t na = 0, nm = 0, ns = 0;
         for (int ci = 0; ci < 5; ci++)
             for (int t = 0; t < gvqNumTypes; t++)

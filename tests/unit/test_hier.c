@@ -98,6 +98,10 @@ static int sweep(void) {
                     if (gvq_test_sweep_small() && n > 4) continue; /* ThreadSanitizer's run */
                     size_t counts[] = {1, (size_t)(n - 1), 1021, 20011};
                     hcase_t *cs = calloc(4 * gvqNumTypes * gvqNumOps + 2, sizeof *cs);
+                    if (cs == NULL) {
+                        fprintf(stderr, "test_hier: out of memory for the case list\n");
+                        exit(1);
+                    }
                     size_t nc = 0;
                     for (int ci = 0; ci < 4; ci++)
                         for (int t = 0; t < gvqNumTypes; t++)
