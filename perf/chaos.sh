@@ -175,7 +175,7 @@ inject() { # kind host
             if [ "$kind" = link2 ]; then
                 d=$(awk -v t="$TIMEOUT" 'BEGIN { d = t < 5000 ? t / 5000 : 2; printf "%.1f", d }')
             else
-                d=$(awk -v t="$TIMEOUT" 'BEGIN { d = 3 * t / 1000; printf "%.0f", d > 30 ? d : 30 }')
+                d=$(awk -v t="$TIMEOUT" 'BEGIN { d = 3 * t / 1000; if (d < 30) d = 30; printf "%.0f", d }')
             fi
             read -r p h <<<"$(target "$h")"
             [ -n "$p" ] && [ "$h" != 0 ] || { note "$kind: no host but rank 0's with a gvq-train"; return; }
