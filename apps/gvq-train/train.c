@@ -1000,6 +1000,17 @@ static void handoff(run_t *r, handoff_t *h) {
               r->gcomm);
 }
 
+/* Rank 0's state (h on rank 0; the weights and momentum) to every rank, and the run set to go
+ * on from it: a replacement's join, a resume. */
+static void take_state(run_t *r, handoff_t *h) {
+    handoff(r, h);
+    r->start_step = r->agg_since = (long)h->step;
+    r->pos = (long)h->pos;
+    r->epoch = h->epoch;
+    if (r->epoch > 0)
+        train_shuffle(r->perm, r->train.n, r->o->seed * 1000003ull + (uint64_t)r->epoch);
+}
+
 /* ---- commits on disk (--commit-dir, --resume; commit.h) ----
  * Rank 0 writes each commit (every rank holds the same state: the weight checks say so); a
  * resumed run reads it on rank 0 and broadcasts it, as a replacement's handoff does. The
@@ -1068,13 +1079,8 @@ static int run_resume(run_t *r) {
     TRAIN_GVQ(gvqBroadcast(&bad, &bad, 1, gvqInt32, 0, r->gcomm, NULL), r->gcomm);
     if (bad) return -1;
     handoff_t ho = {h.step, h.pos, (int32_t)h.epoch, 0};
-    handoff(r, &ho);
-    r->start_step = r->agg_since = (long)ho.step;
+    take_state(r, &ho);
     r->resumed = 1;
-    r->pos = (long)ho.pos;
-    r->epoch = ho.epoch;
-    if (r->epoch > 0)
-        train_shuffle(r->perm, r->train.n, r->o->seed * 1000003ull + (uint64_t)r->epoch);
     if (r->rank == 0 && !r->o->quiet)
         fprintf(r->out,
                 "# resumed from %s/%s: step %ld (epoch %d), written by %d ranks; the "
@@ -1099,13 +1105,8 @@ static void elastic_join(run_t *r) {
     }
     TRAIN_GVQ(gvqCommGrow(NULL, r->o->join_size, &id, r->o->join_rank, &r->gcomm, NULL), NULL);
     handoff_t h;
-    handoff(r, &h);
-    r->start_step = r->agg_since = (long)h.step;
+    take_state(r, &h);
     r->joined = 1;
-    r->pos = (long)h.pos;
-    r->epoch = h.epoch;
-    if (r->epoch > 0)
-        train_shuffle(r->perm, r->train.n, r->o->seed * 1000003ull + (uint64_t)r->epoch);
     fprintf(stderr, "gvq-train: replacement %d joined as rank %d of %d at step %ld\n",
             r->o->join_first, r->rank, r->nranks, r->start_step);
 }
