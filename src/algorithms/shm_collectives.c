@@ -112,8 +112,9 @@ static gvqResult_t wait_posted(gvq_coll_ctx_t *ctx, const gvq_shm_t *m, int q, u
             cpu_pause();
         if (t->ops->progress != NULL) t->ops->progress(t);
         if (++idle < spin) continue;
-        idle = 0;
-        gvqResult_t res = gvq_xport_idle(t, &start);
+        int slept = 0;
+        gvqResult_t res = gvq_xport_idle_slept(t, &start, &slept);
+        idle = slept ? spin - 1 : 0;
         if (res == gvqInvalidUsage) {
             GVQ_WARN("call agreement: communicator aborted while waiting for rank %d", q);
             gvq_broken_set(t->broken, gvqInvalidUsage);

@@ -69,6 +69,10 @@ typedef struct gvq_transport_ops {
      * its idle turns (gvq_xport_idle gives the notice's error). */
     void (*revoke)(struct gvq_transport *t);
     int (*revoked)(struct gvq_transport *t, gvqResult_t *cause);
+    /* Optional (NULL: the waiter sleeps GVQ_PROGRESS_SLEEP_US instead): sleep in the kernel until
+     * the transport has something to progress or max_ns pass, whichever is first; returns at
+     * once when events are already waiting (UCX: the worker's event fd). GVQ_WAIT=block/auto. */
+    void (*block)(struct gvq_transport *t, uint64_t max_ns);
 } gvq_transport_ops_t;
 
 typedef struct gvq_transport {
@@ -131,11 +135,17 @@ gvqResult_t gvq_xport_waitall_many(gvq_transport_t *const *ts, gvq_req_t *reqs, 
 /* One idle turn of a wait whose polls found nothing (after GVQ_SPIN_BEFORE_YIELD of them):
  * gvqInvalidUsage after gvqCommAbort; once a peer revoked the transport, the error its call
  * failed with (gvqTimeout, gvqRemoteError; a WARN names the peer, and the communicator is then
- * broken with it); else leaves the core a moment (a host
- * stream's progress thread sleeps GVQ_PROGRESS_SLEEP_US, others yield) and gives gvqTimeout once
- * the timeout has passed since *start (0: the first idle turn, which sets it). No WARN: the caller
- * says what it waited for. */
+ * broken with it); else leaves the core a moment and gives gvqTimeout once the timeout has passed
+ * since *start (0: the first idle turn, which sets it). No WARN: the caller says what it waited
+ * for. How the core is left (GVQ_WAIT): a host stream's progress thread sleeps
+ * GVQ_PROGRESS_SLEEP_US while its caller computes; other waits yield, and once GVQ_SPIN_US have
+ * passed without progress in block mode (auto: while a yield recently showed another thread
+ * wanting this core) they sleep GVQ_PROGRESS_SLEEP_US at a time here (what is waited for may
+ * not be the transport's: shared memory); gvq_xport_waitall sleeps in the transport's block op. */
 gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start);
+/* The same, and *slept = 1 when the turn slept: the waiter then polls once before the next turn
+ * instead of GVQ_SPIN_BEFORE_YIELD times (a sleeping wait costs next to no CPU). */
+gvqResult_t gvq_xport_idle_slept(gvq_transport_t *t, uint64_t *start, int *slept);
 static inline gvqResult_t gvq_xport_wait(gvq_transport_t *t, gvq_req_t *req, const char *what) {
     return gvq_xport_waitall(t, req, 1, what);
 }

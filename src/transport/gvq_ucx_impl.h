@@ -9,6 +9,7 @@
 
 struct gvq_ucx {
     ucp_worker_h worker;
+    int efd; /* the worker's event fd (UCP_FEATURE_WAKEUP), -1 without: the block op sleeps */
     ucp_address_t *addr;
     size_t addr_len;
     ucp_ep_h *eps; /* neps of them, like peers; rank r's is eps[map[r]] (map NULL: eps[r]) */

@@ -5,7 +5,10 @@
  * The loop polls; after GVQ_SPIN_BEFORE_YIELD fruitless polls it yields the core, which matters
  * when ranks outnumber cores (oversubscribed runs). A host stream's progress thread sleeps
  * GVQ_PROGRESS_SLEEP_US instead while no caller waits for its stream: the caller computes
- * meanwhile and needs the core.
+ * meanwhile and needs the core. GVQ_WAIT=block (and auto, once a yield shows that another
+ * thread wants the core) sleeps after GVQ_SPIN_US without progress: in the kernel until the
+ * transport's next event where it can say (UCX's event fd), else GVQ_PROGRESS_SLEEP_US at a
+ * time.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <sched.h>
@@ -45,7 +48,45 @@ static gvqResult_t waitall_fail(gvq_transport_t *t, gvq_transport_t *const *ts, 
     return res;
 }
 
-gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start) {
+/* GVQ_WAIT=auto: until when this thread counts its core as shared. A yield that took longer than
+ * CONTESTED_NS gave the core to another thread that wanted it (the scheduler ran it for a slice);
+ * for CONTESTED_FOR_NS after that the thread's waits sleep instead of spinning, then it tries a
+ * spinning wait again. A thread alone on its core gets its yields back in a microsecond or two. */
+#define CONTESTED_NS 100000ull
+#define CONTESTED_FOR_NS 100000000ull
+static __thread uint64_t contested_until;
+
+/* Leave the core for one idle turn; fd: the wait is for t's own transfers (its block op may
+ * sleep on them). Returns 1 when it slept (the waiter's next fruitless poll sleeps again). */
+static int leave_core(gvq_transport_t *t, uint64_t start, int fd) {
+    const long sleep_ns = (long)GVQ_MIN(gvq_param(GVQ_PARAM_PROGRESS_SLEEP_US), 999999) * 1000;
+    if (sleep_ns > 0 && gvq_thread_may_sleep()) { /* leave the core to the compute */
+        nanosleep(&(struct timespec){0, sleep_ns}, NULL);
+        return 0;
+    }
+    const int64_t mode = gvq_param(GVQ_PARAM_WAIT); /* 0 auto, 1 spin (default), 2 block */
+    uint64_t now = gvq_now_ns();
+    int block = mode == 2 || (mode == 0 && now < contested_until);
+    if (block && start != 0 && now - start >= (uint64_t)gvq_param(GVQ_PARAM_SPIN_US) * 1000) {
+        if (fd && t->ops->block != NULL) {
+            t->ops->block(t, 1000000ull); /* at most 1 ms: abort and timeout are checked */
+        } else { /* no event to wake on: naps of an eighth of the wait so far (at most 1/8 */
+            uint64_t nap = (now - start) / 8; /* late), GVQ_PROGRESS_SLEEP_US to 1 ms */
+            nap = GVQ_MIN(GVQ_MAX(nap, (uint64_t)(sleep_ns > 0 ? sleep_ns : 50000)), 1000000ull);
+            nanosleep(&(struct timespec){0, (long)nap}, NULL);
+        }
+        return 1;
+    }
+    sched_yield();
+    if (mode == 0 && !block) {
+        uint64_t after = gvq_now_ns();
+        if (after - now > CONTESTED_NS) contested_until = after + CONTESTED_FOR_NS;
+    }
+    return 0;
+}
+
+/* slept (NULL: not asked): whether the turn slept */
+static gvqResult_t idle_turn(gvq_transport_t *t, uint64_t *start, int fd, int *slept) {
     if (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE))
         return gvqInvalidUsage;
     gvqResult_t cause = gvqRemoteError;
@@ -57,14 +98,19 @@ gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start) {
         gvq_broken_set(t->broken, cause);
         return cause;
     }
-    const long sleep_ns = (long)GVQ_MIN(gvq_param(GVQ_PARAM_PROGRESS_SLEEP_US), 999999) * 1000;
-    if (sleep_ns > 0 && gvq_thread_may_sleep()) /* leave the core to the compute */
-        nanosleep(&(struct timespec){0, sleep_ns}, NULL);
-    else
-        sched_yield();
+    int s = leave_core(t, *start, fd);
+    if (slept != NULL) *slept = s;
     uint64_t now = gvq_now_ns();
     if (*start == 0) *start = now;
     return t->timeout_ns != 0 && now - *start > t->timeout_ns ? gvqTimeout : gvqSuccess;
+}
+
+gvqResult_t gvq_xport_idle(gvq_transport_t *t, uint64_t *start) {
+    return idle_turn(t, start, 0, NULL);
+}
+
+gvqResult_t gvq_xport_idle_slept(gvq_transport_t *t, uint64_t *start, int *slept) {
+    return idle_turn(t, start, 0, slept);
 }
 
 /* Every request tested in turn, each by its own transport, so that transfers of several
@@ -113,9 +159,12 @@ static gvqResult_t wait_loop(gvq_transport_t *t, gvq_transport_t *const *ts, gvq
             }
         }
         if (++idle >= spin) {
-            idle = 0;
             gvq_transport_t *x = xport_of(t, ts, first);
-            gvqResult_t ir = gvq_xport_idle(x, &start);
+            /* one transport for every request: it may sleep until its own next event; after a
+             * sleep one round of polls, then the next sleep */
+            int slept = 0;
+            gvqResult_t ir = idle_turn(x, &start, ts == NULL, &slept);
+            idle = slept ? spin - 1 : 0;
             if (ir == gvqTimeout) {
                 GVQ_WARN("%s: no progress for %llu ms with %d transfer(s) pending (first peer %d); "
                          "the peer is gone or stuck (GVQ_TIMEOUT_MS)",

@@ -12,14 +12,17 @@
  *
  * Progress: test and progress drive ucp_worker_progress; the worker runs in UCX's multi-thread
  * mode (host streams call from their own threads). A failed peer (UCP_ERR_HANDLING_MODE_PEER)
- * fails the requests with it; gvq's wait loop turns a stall into gvqTimeout as for MPI.
+ * fails the requests with it; gvq's wait loop turns a stall into gvqTimeout as for MPI. A wait
+ * that sleeps (GVQ_WAIT) sleeps on the worker's event fd (ucx_block).
  * A send UCX has started cannot be called back, so a cancelled send may still read its buffer
  * (cancel_keeps_buffers, as MPI).
  */
 #define _GNU_SOURCE
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gvq_transport.h"
 
@@ -30,6 +33,7 @@
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static ucp_context_h ctx;
 static int ctx_refs;
+static int ctx_wakeup; /* the context has UCP_FEATURE_WAKEUP: workers have event fds */
 
 #include "gvq_ucx_impl.h"
 
@@ -54,9 +58,14 @@ static gvqResult_t ctx_get(void) {
             ucp_params_t p;
             memset(&p, 0, sizeof p);
             p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-            p.features = UCP_FEATURE_TAG;
-            p.mt_workers_shared = 1;
+            p.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP; /* GVQ_WAIT=block sleeps on */
+            p.mt_workers_shared = 1;                           /* the worker's event fd */
             st = ucp_init(&p, cfg, &ctx);
+            ctx_wakeup = st == UCS_OK;
+            if (st != UCS_OK) { /* a UCX without wakeup support: waits sleep instead */
+                p.features = UCP_FEATURE_TAG;
+                st = ucp_init(&p, cfg, &ctx);
+            }
             ucp_config_release(cfg);
         }
         if (st != UCS_OK) {
@@ -103,6 +112,8 @@ gvqResult_t gvq_ucx_open(gvq_ucx_t **out, const void **addr, size_t *addr_len) {
         if (ucp_worker_query(u->worker, &wa) == UCS_OK && wa.thread_mode != UCS_THREAD_MODE_MULTI)
             GVQ_WARN("UCX transport: this UCX gives no multi-thread workers; host streams and "
                      "calls from several threads are not safe on it");
+        u->efd = -1;
+        if (ctx_wakeup && ucp_worker_get_efd(u->worker, &u->efd) != UCS_OK) u->efd = -1;
         st = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len);
         if (st != UCS_OK) ucp_worker_destroy(u->worker);
     }
@@ -309,6 +320,26 @@ static void ucx_progress(gvq_transport_t *t) {
     ucp_worker_progress(impl(t)->worker);
 }
 
+/* Sleep until the worker has an event or max_ns pass (ucp_worker_arm: UCS_ERR_BUSY when events
+ * are waiting already). A broken communicator's worker is left alone (close_eps). */
+static void ucx_block(gvq_transport_t *t, uint64_t max_ns) {
+    gvq_ucx_t *u = impl(t);
+    struct timespec ts = {(time_t)(max_ns / 1000000000ull), (long)(max_ns % 1000000000ull)};
+    if (u->efd < 0 || gvq_broken_get(t->broken) != gvqSuccess) {
+        struct timespec nap = {0, 50000};
+        nanosleep(&nap, NULL);
+        return;
+    }
+    ucs_status_t st = ucp_worker_arm(u->worker);
+    if (st == UCS_ERR_BUSY) return; /* progress them */
+    if (st != UCS_OK) {
+        nanosleep(&ts, NULL);
+        return;
+    }
+    struct pollfd pfd = {u->efd, POLLIN, 0};
+    ppoll(&pfd, 1, &ts, NULL);
+}
+
 static void ucx_cancel(gvq_transport_t *t, gvq_req_t *req) {
     gvq_ucx_t *u = impl(t);
     void *r = (void *)(uintptr_t)req->handle[0];
@@ -383,6 +414,7 @@ static const gvq_transport_ops_t ucx_ops = {
     .iallgatherv = gvq_xport_iallgatherv_unsupported,
     .revoke = ucx_revoke,
     .revoked = ucx_revoked,
+    .block = ucx_block,
 };
 
 /* The receive of a revoke notice from any rank (its rank travels in the notice). */

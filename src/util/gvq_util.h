@@ -112,6 +112,14 @@ void gvq_log_note(const char *file, int line, const char *fmt, ...)
       "gives the same bits)")                                                                     \
     X(SPIN_BEFORE_YIELD, "GVQ_SPIN_BEFORE_YIELD", UINT, 16, NULL,                                 \
       "polls of an unfinished transfer before the waiting thread yields the core")                \
+    X(WAIT, "GVQ_WAIT", CHOICE, 1, "auto,spin,block",                                             \
+      "how a thread waits for the network: spin (poll, yielding the core every "                  \
+      "GVQ_SPIN_BEFORE_YIELD polls), block (after GVQ_SPIN_US without progress, sleep in the "    \
+      "kernel until the transport has an event: UCX's event fd; MPI and shared memory sleep "     \
+      "GVQ_PROGRESS_SLEEP_US at a time) or auto (spin while the thread has its core to itself, "  \
+      "block for 100 ms after a yield took over 100 us: another thread wanted the core)")         \
+    X(SPIN_US, "GVQ_SPIN_US", UINT, 50, NULL,                                                     \
+      "GVQ_WAIT block or auto: microseconds a wait polls without progress before it sleeps")      \
     X(TRAIN_BUCKET_BYTES, "GVQ_TRAIN_BUCKET_BYTES", UINT, 262144, NULL,                           \
       "the training layer's default bucketBytes: plain tensors below it are fused into "          \
       "buckets of up to that size (0: no fusion)")                                                \
