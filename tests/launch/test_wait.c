@@ -129,8 +129,8 @@ int main(int argc, char **argv) {
         printf("\n");
         CHECK(wall > 0.2 && wall < 3.0, "call %d waited %.3f s for a peer %.1f s late", k, wall,
               LATE_US / 1e6);
-        CHECK(spin || cpu < 0.25 * wall,
-              "call %d: the waiting thread used %.3f s of CPU in %.3f s", k, cpu, wall);
+        CHECK(spin || cpu < 0.25 * wall, "call %d: the waiting thread used %.3f s of CPU in %.3f s",
+              k, cpu, wall);
         CHECK(spin || sleeps >= 50, "call %d: the waiting thread slept %ld times in %.3f s", k,
               sleeps, wall);
     }
