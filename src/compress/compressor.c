@@ -62,7 +62,8 @@ static gvqResult_t alloc_buffers(gvqCompressor_t c) {
     if (cfg->error_feedback) {
         c->ef_input = malloc(sizeof(float) * count);
         c->residual = calloc(count, sizeof(float));
-        if (c->ef_input == NULL || c->residual == NULL) return gvqSystemError;
+        c->ef_coef = malloc(sizeof(float) * (size_t)GVQ_MAX(cfg->L, 1)); /* d <= L */
+        if (c->ef_input == NULL || c->residual == NULL || c->ef_coef == NULL) return gvqSystemError;
     }
     return gvqSuccess;
 }
@@ -95,6 +96,7 @@ static void compressor_free(gvqCompressor_t c) {
     free(c->work);
     free(c->ef_input);
     free(c->residual);
+    free(c->ef_coef);
     free(c);
 }
 

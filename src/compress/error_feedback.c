@@ -101,11 +101,9 @@ static gvqResult_t slice_residual(gvqCompressor_t c, size_t j, const float *xs, 
 static gvqResult_t gradiveq_residual(gvqCompressor_t c, const float *xs, float *r) {
     size_t L = (size_t)c->cfg.L, full = c->nfull * L;
     memset(r + full, 0, sizeof(float) * (c->cfg.count - full)); /* the tail travels exactly */
-    float *coef = malloc(sizeof(float) * (size_t)c->st.d);
-    gvqResult_t res = coef != NULL ? gvqSuccess : gvqSystemError;
+    gvqResult_t res = gvqSuccess; /* c->ef_coef: L floats, made with the compressor (d <= L) */
     for (size_t j = 0; res == gvqSuccess && j < c->nfull; j++)
-        res = slice_residual(c, j, xs, coef, r + j * L);
-    free(coef);
+        res = slice_residual(c, j, xs, c->ef_coef, r + j * L);
     return res;
 }
 

@@ -68,6 +68,7 @@ struct gvqCompressor {
     float *work;     /* collocated vector (count) */
     float *ef_input; /* gradient + residual (count) */
     float *residual;
+    float *ef_coef; /* GradiVeQ's coefficients of one slice's residual (L >= d), made once */
     gvq_gradiveq_t gq;
     gvq_qsgd_t qs;
     int have_qsgd;

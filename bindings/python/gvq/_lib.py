@@ -136,6 +136,7 @@ def declare(structs) -> None:
     _proto("gvqCommInitMPI", P(c_void_p), c_void_p, P(s.Config))
     _proto("gvqCommDestroy", c_void_p)
     _proto("gvqCommAbort", c_void_p)
+    _proto("gvqCommSplit", c_void_p, c_int, c_int, P(c_void_p), P(s.Config))
     _proto("gvqCommShrink", c_void_p, P(c_int), c_int, P(c_void_p), P(s.Config), c_int)
     _proto("gvqCommGrow", c_void_p, c_int, P(s.UniqueId), c_int, P(c_void_p), P(s.Config))
     _proto("gvqCommCount", c_void_p, P(c_int))

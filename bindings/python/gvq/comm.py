@@ -194,6 +194,20 @@ class Communicator:
             h, self._h = self._h, None
             call("gvqCommAbort", h)
 
+    SPLIT_NOCOLOR = -1
+
+    def split(self, color: int, key: int = 0, timeout_ms: Optional[int] = None,
+              chunk_bytes: Optional[int] = None) -> Optional["Communicator"]:
+        """gvqCommSplit (NCCL's ncclCommSplit): collective over every rank of this communicator;
+        the ranks giving the same color (>= 0) form a new communicator ranked by key, then by
+        their rank here; SPLIT_NOCOLOR gives None. One color everywhere duplicates it. The new
+        communicator has a transport of its own: destroy it on its own."""
+        h = ctypes.c_void_p()
+        cfg = _config(timeout_ms, chunk_bytes)
+        call("gvqCommSplit", self.handle, int(color), int(key), ctypes.byref(h),
+             ctypes.byref(cfg) if cfg is not None else None)
+        return Communicator(h.value) if h.value else None
+
     # ---- elastic: shrink and grow --------------------------------------------------------
     def shrink(self, exclude: Sequence[int] = (), abort: bool = False, no_quorum: bool = False,
                timeout_ms: Optional[int] = None,

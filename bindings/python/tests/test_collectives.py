@@ -328,3 +328,22 @@ def test_layout_from_shapes(comm):
         gvq.Layout().conv(4, 0, 3, 3)
     comm.set_layout(layout.text(total))  # the library accepts it (checks dims and bounds)
     comm.set_layout(None)
+
+
+def test_split(mpi, comm):
+    """Communicator.split: by parity of rank (keys reversed), a duplicate, and NOCOLOR."""
+    r, n = comm.rank, comm.size
+    half = comm.split(r % 2, key=-r)
+    mates = [q for q in range(n) if q % 2 == r % 2]
+    assert half.size == len(mates) and half.rank == sorted(mates, reverse=True).index(r)
+    x = np.array([float(r + 1)], dtype=np.float32)
+    assert half.allreduce(x, np.zeros_like(x))[0] == float(sum(q + 1 for q in mates))
+    half.destroy()
+    dup = comm.split(0)
+    assert dup.size == n and dup.rank == r
+    dup.destroy()
+    none = comm.split(gvq.Communicator.SPLIT_NOCOLOR if r == 0 else 0)
+    assert (none is None) == (r == 0)
+    if none is not None:
+        assert none.size == n - 1
+        none.destroy()

@@ -224,18 +224,18 @@ static gvqResult_t is_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const voi
     return is_agree_scales(s, ctx);
 }
 
-/* The per-block multipliers and units for nscales blocks (replacing any). */
-static gvqResult_t is_alloc_factors(gvq_intsum_t *s) {
-    free(s->mult);
-    free(s->unit);
-    s->mult = calloc(GVQ_MAX(s->nscales, (size_t)1), sizeof(float));
-    s->unit = calloc(GVQ_MAX(s->nscales, (size_t)1), sizeof(float));
-    return s->mult != NULL && s->unit != NULL ? gvqSuccess : gvqSystemError;
+/* The scales, multipliers and units of s->nscales blocks (s holds none yet). */
+static gvqResult_t is_alloc_scales(gvq_intsum_t *s) {
+    size_t n = GVQ_MAX(s->nscales, (size_t)1);
+    s->scale = calloc(n, sizeof(float));
+    s->mult = calloc(n, sizeof(float));
+    s->unit = calloc(n, sizeof(float));
+    return s->scale != NULL && s->mult != NULL && s->unit != NULL ? gvqSuccess : gvqSystemError;
 }
 
-gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t block,
-                            gvq_gradiveq_t *gq, const gvq_device_ops_t *dev, size_t count,
-                            int nranks, uint32_t seed, uint32_t rank) {
+/* The width, levels and stream of s (zeroed first); the checks every layout shares. */
+static gvqResult_t is_setup(gvq_intsum_t *s, int bits, int max_levels, int nranks, uint32_t seed,
+                            uint32_t rank) {
     memset(s, 0, sizeof *s);
     if (bits != 8 && bits != 16) {
         GVQ_WARN("integer-summed wire: bits=%d must be 8 or 16", bits);
@@ -249,16 +249,23 @@ gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t bl
                  nranks, bits, (1 << (bits - 1)) - 1);
         return gvqInvalidArgument;
     }
+    s->bits = bits;
+    s->levels = lv;
+    s->seed = seed;
+    s->rank = rank;
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t block,
+                            gvq_gradiveq_t *gq, const gvq_device_ops_t *dev, size_t count,
+                            int nranks, uint32_t seed, uint32_t rank) {
+    GVQCHECK(is_setup(s, bits, max_levels, nranks, seed, rank));
     if (gq == NULL && block == 0) {
         GVQ_WARN("integer-summed wire: block of 0 values");
         return gvqInvalidArgument;
     }
-    s->bits = bits;
-    s->levels = lv;
     s->block = block;
     s->gq = gq;
-    s->seed = seed;
-    s->rank = rank;
     if (gq != NULL) {
         size_t full = count / gq->L;
         s->ny = full * gq->d + count % gq->L;
@@ -268,8 +275,7 @@ gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t bl
     } else {
         s->nscales = GVQ_DIV_UP(count, block);
     }
-    if ((s->scale = calloc(GVQ_MAX(s->nscales, (size_t)1), sizeof(float))) == NULL) goto oom;
-    if (is_alloc_factors(s) != gvqSuccess) goto oom;
+    if (is_alloc_scales(s) != gvqSuccess) goto oom;
     return gvqSuccess;
 oom:
     GVQ_WARN("integer-summed wire: cannot allocate its %zu scales", s->nscales);
@@ -280,6 +286,7 @@ oom:
 gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col_len, size_t ncols,
                                     const gvq_device_ops_t *dev, int nranks, uint32_t seed,
                                     uint32_t rank) {
+    (void)dev;
     size_t ny = 0;
     for (size_t j = 0; j < ncols; j++)
         ny += col_len[j];
@@ -287,12 +294,11 @@ gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col
         GVQ_WARN("integer-summed wire: %zu columns of %zu values in all", ncols, ny);
         return gvqInvalidArgument;
     }
-    GVQCHECK(gvq_intsum_init(s, bits, 0, ny, NULL, dev, ny, nranks, seed, rank));
-    free(s->scale);
+    GVQCHECK(is_setup(s, bits, 0, nranks, seed, rank));
+    s->block = ny; /* as one block of ny values would have it; the columns are the blocks */
     s->nscales = ncols;
-    s->scale = calloc(ncols, sizeof(float));
     s->blk = malloc(sizeof(uint32_t) * ny);
-    if (s->scale == NULL || s->blk == NULL || is_alloc_factors(s) != gvqSuccess) {
+    if (s->blk == NULL || is_alloc_scales(s) != gvqSuccess) {
         GVQ_WARN("integer-summed wire: cannot allocate the scales of %zu columns", ncols);
         gvq_intsum_fini(s);
         return gvqSystemError;
