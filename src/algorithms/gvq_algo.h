@@ -35,6 +35,8 @@ typedef struct gvq_hier {
     int local_index;      /* this rank's place on its host, 0 .. K-1 */
     int *local;           /* the K ranks of this rank's host */
     int *cross;           /* the H ranks whose local index is this rank's, one per host */
+    int host_index;       /* this rank's host, 0 .. H-1 */
+    int *order;           /* H x K: order[g * K + j] is host g's local rank j */
     /* The stages inside a host over a transport of the host's own (its ranks 0..K-1 in the
      * order of `local`: a per-host communicator's shared-memory channels), or NULL: over the
      * collective's own transport. Set by the communicator; not owned. */
@@ -317,6 +319,17 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
  * then across the hosts among the ranks of one local index; no stage after it. */
 gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                                      gvqDataType_t dtype, gvqRedOp_t op);
+
+/* Hierarchical reduce-scatter and allgather (count values per rank; hier.c): the blocks are
+ * laid out piece by piece (piece j: the blocks of every host's local rank j, host by host) in a
+ * buffer of the call's own; a reduce-scatter of the K pieces inside the host, then of piece j's
+ * H blocks across the hosts on ring j (allgather: across first, then inside). Each host's link
+ * carries (H - 1) / H of the whole (reduce-scatter: of the host's sums) in H - 1 steps, against
+ * the flat ring's N - 1. gvqAvg divides by N at the end. src may equal dst's own block. */
+gvqResult_t gvq_hier_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                    gvqDataType_t dtype, gvqRedOp_t op);
+gvqResult_t gvq_hier_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                               gvqDataType_t dtype);
 
 /* ---- forwards from library memory (direct.c) -----------------------------------------------
  * For transports that copy a send out of the caller's memory (t->stages_sends): the ring's

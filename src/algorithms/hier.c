@@ -34,6 +34,7 @@ void gvq_hier_free(gvq_hier_t *h) {
     free(h->local);
     free(h->cross);
     free(h->local_pos);
+    free(h->order);
     free(h);
 }
 
@@ -73,13 +74,14 @@ gvqResult_t gvq_hier_of_hosts(const uint64_t *keys, int n, int rank, gvq_hier_t 
     for (int p = 0; p < n; p++)
         if (order[p] == rank) mine = p;
     h->local_index = mine % K;
+    h->host_index = mine / K;
     for (int j = 0; j < K; j++) {
         h->local[j] = order[mine - mine % K + j];
         h->local_pos[j] = j;
     }
     for (int g = 0; g < H; g++)
         h->cross[g] = order[g * K + h->local_index];
-    free(order);
+    h->order = order; /* kept: the reduce-scatter's and allgather's block layout */
     *out = h;
     return gvqSuccess;
 }
@@ -133,4 +135,87 @@ gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void 
     GVQCHECK(gvq_rd_allreduce_members(ctx, h->cross, h->nhosts, dst, dst, count, dtype, sum_op));
     if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, count, dtype, h->nhosts * h->per_host));
     return gvqSuccess;
+}
+
+/* ---- reduce-scatter and allgather --------------------------------------------------------
+ * The buffer holds the N blocks piece by piece: position j * H + g is the block of host g's
+ * local rank j (h->order[g * K + j]), so piece j (the blocks of ring j's members) is contiguous
+ * and its H blocks are in ring j's order. */
+typedef struct {
+    char *buf;
+    size_t bytes; /* of one block */
+    size_t *off;  /* K + 1 piece boundaries, then H + 1 block boundaries of piece j (elements) */
+} hier_blocks_t;
+
+static gvqResult_t blocks_init(const gvq_hier_t *h, size_t count, size_t esize, hier_blocks_t *b) {
+    int H = h->nhosts, K = h->per_host, j = h->local_index;
+    size_t n = (size_t)H * (size_t)K;
+    b->bytes = count * esize;
+    b->buf = malloc(GVQ_MAX(n * b->bytes, (size_t)1));
+    b->off = malloc(sizeof(size_t) * (size_t)(K + 1 + H + 1));
+    if (b->buf == NULL || b->off == NULL) {
+        free(b->buf);
+        free(b->off);
+        GVQ_WARN("hierarchical collective: cannot allocate %zu bytes of blocks", n * b->bytes);
+        return gvqSystemError;
+    }
+    for (int k = 0; k <= K; k++)
+        b->off[k] = (size_t)k * (size_t)H * count;
+    for (int g = 0; g <= H; g++)
+        b->off[K + 1 + g] = b->off[j] + (size_t)g * count;
+    return gvqSuccess;
+}
+
+static char *block_at(const hier_blocks_t *b, const gvq_hier_t *h, int g, int j) {
+    return b->buf + ((size_t)j * (size_t)h->nhosts + (size_t)g) * b->bytes;
+}
+
+gvqResult_t gvq_hier_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                    gvqDataType_t dtype, gvqRedOp_t op) {
+    const gvq_hier_t *h = ctx->hier;
+    if (h == NULL || h->order == NULL) return gvqInternalError;
+    if (count == 0) return gvqSuccess;
+    int H = h->nhosts, K = h->per_host;
+    hier_blocks_t b;
+    GVQCHECK(blocks_init(h, count, gvq_dtype_size(dtype), &b));
+    gvqResult_t res = gvqSuccess;
+    for (int g = 0; g < H && res == gvqSuccess; g++)
+        for (int k = 0; k < K && res == gvqSuccess; k++)
+            res =
+                ctx->dev->copy(block_at(&b, h, g, k),
+                               (const char *)src + (size_t)h->order[g * K + k] * b.bytes, b.bytes);
+    const int *lm;
+    gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
+    gvq_subring_t local = {lm, K, b.off}, cross = {h->cross, H, b.off + K + 1};
+    if (res == gvqSuccess) res = gvq_subring_reduce_scatter(&lctx, &local, b.buf, b.buf, dtype, op);
+    if (res == gvqSuccess) res = gvq_subring_reduce_scatter(ctx, &cross, b.buf, b.buf, dtype, op);
+    if (res == gvqSuccess)
+        res = ctx->dev->copy(dst, block_at(&b, h, h->host_index, h->local_index), b.bytes);
+    if (res == gvqSuccess && op == gvqAvg) res = ctx->dev->divide(dst, count, dtype, H * K);
+    free(b.buf);
+    free(b.off);
+    return res;
+}
+
+gvqResult_t gvq_hier_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
+                               gvqDataType_t dtype) {
+    const gvq_hier_t *h = ctx->hier;
+    if (h == NULL || h->order == NULL) return gvqInternalError;
+    if (count == 0) return gvqSuccess;
+    int H = h->nhosts, K = h->per_host;
+    hier_blocks_t b;
+    GVQCHECK(blocks_init(h, count, gvq_dtype_size(dtype), &b));
+    const int *lm;
+    gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
+    gvq_subring_t local = {lm, K, b.off}, cross = {h->cross, H, b.off + K + 1};
+    gvqResult_t res = ctx->dev->copy(block_at(&b, h, h->host_index, h->local_index), src, b.bytes);
+    if (res == gvqSuccess) res = gvq_subring_allgather(ctx, &cross, b.buf, dtype);
+    if (res == gvqSuccess) res = gvq_subring_allgather(&lctx, &local, b.buf, dtype);
+    for (int g = 0; g < H && res == gvqSuccess; g++)
+        for (int k = 0; k < K && res == gvqSuccess; k++)
+            res = ctx->dev->copy((char *)dst + (size_t)h->order[g * K + k] * b.bytes,
+                                 block_at(&b, h, g, k), b.bytes);
+    free(b.buf);
+    free(b.off);
+    return res;
 }

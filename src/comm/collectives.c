@@ -180,11 +180,16 @@ static gvqResult_t run_collective(const gvq_op_t *o, int allow_auto) {
                                    o->root);
         return gvq_chain_reduce(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op, o->root);
     case GVQ_OP_REDUCE_SCATTER:
+        if (algo == GVQ_ALGO_HIER && ctx.hier != NULL)
+            return gvq_hier_reduce_scatter(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype,
+                                           o->op);
         if (algo == GVQ_ALGO_RAB)
             return gvq_rab_reduce_scatter(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype,
                                           o->op);
         return gvq_ring_reduce_scatter(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype, o->op);
     case GVQ_OP_ALLGATHER:
+        if (algo == GVQ_ALGO_HIER && ctx.hier != NULL)
+            return gvq_hier_allgather(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype);
         if (algo == GVQ_ALGO_RD)
             return gvq_bruck_allgather(&ctx, o->sendbuff, o->recvbuff, o->count, o->dtype);
         if (algo == GVQ_ALGO_DIRECT)

@@ -66,8 +66,10 @@ static const unsigned coll_algos[NCOLL] = {
                          B(GVQ_ALGO_SHM) | B(GVQ_ALGO_HIER),
     [GVQ_OP_BROADCAST] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE) | B(GVQ_ALGO_SHM),
     [GVQ_OP_REDUCE] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_TREE) | B(GVQ_ALGO_SHM),
-    [GVQ_OP_REDUCE_SCATTER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_SHM),
-    [GVQ_OP_ALLGATHER] = B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_DIRECT) | B(GVQ_ALGO_SHM),
+    [GVQ_OP_REDUCE_SCATTER] =
+        B(GVQ_ALGO_RING) | B(GVQ_ALGO_RAB) | B(GVQ_ALGO_SHM) | B(GVQ_ALGO_HIER),
+    [GVQ_OP_ALLGATHER] =
+        B(GVQ_ALGO_RING) | B(GVQ_ALGO_RD) | B(GVQ_ALGO_DIRECT) | B(GVQ_ALGO_SHM) | B(GVQ_ALGO_HIER),
 };
 
 /* Datatype classes: 16-bit floats reduce through float conversions, so their reductions cost

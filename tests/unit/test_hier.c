@@ -6,8 +6,10 @@
  * the flat ring gives), odd counts, in place and not, outputs bitwise identical on every rank
  * (also with values whose float sum depends on the order of the additions). Hosts of unequal
  * rank counts have no hierarchy: GVQ_ALGO=hier then runs the table's algorithm, with the same
- * checks. The shape itself (gvq_hier_of_hosts) is held to shapes written out here, and a
- * compressed middle stage (QSGD) is checked against a flat compressed ring over the same ranks.
+ * checks. The hierarchical reduce-scatter and allgather likewise (every rank's block against
+ * the reference; the allgather equal to the inputs and identical on every rank). The shape
+ * itself (gvq_hier_of_hosts) is held to shapes written out here, and a compressed middle stage
+ * (QSGD) is checked against a flat compressed ring over the same ranks.
  */
 #include <math.h>
 #include <string.h>
@@ -120,6 +122,95 @@ static int sweep(void) {
                     }
                     /* one communicator per shape takes every case in turn */
                     gvq_test_run_each(n, &cfg, rank_hier, cs, nc, sizeof cs[0]);
+                    for (size_t i = 0; i < nc; i++)
+                        check_case(&cs[i]);
+                    cases += (int)nc;
+                    free(cs);
+                }
+    return cases;
+}
+
+/* Reduce-scatter (c->op >= 0) or allgather (c->op < 0, op ignored) of c->count values per rank
+ * through the hierarchy: every rank's block against the reference, the allgather's output equal
+ * to every rank's input block and identical on every rank. */
+static void rank_rsag(gvqComm_t comm, int rank, int nranks, void *arg) {
+    hcase_t *c = arg;
+    uint64_t keys[16];
+    for (int r = 0; r < nranks; r++)
+        keys[r] = host_of(c, r);
+    EXPECT_RES(gvq_comm_pretend_hosts(comm, keys), gvqSuccess);
+    c->had_hier[rank] = comm->hier != NULL;
+    size_t es = gvq_dtype_size(c->t), n = (size_t)nranks, m = c->count;
+    int rs = (int)c->op >= 0;
+    gvqRedOp_t op = rs ? c->op : gvqSum;
+    char *big = malloc(n * m * es + 1), *own = malloc(m * es + 1);
+    if (rs) { /* input: n blocks; output: this rank's */
+        for (size_t i = 0; i < n * m; i++)
+            put(big, c->t, i, input(rank, i, c->t, op));
+        char *out = c->inplace ? big + (size_t)rank * m * es : own;
+        EXPECT_RES(gvqReduceScatter(big, out, m, c->t, op, comm, NULL), gvqSuccess);
+        int bad = 0;
+        for (size_t i = 0; i < m; i++) {
+            double want = expect_reduce(nranks, (size_t)rank * m + i, c->t, op);
+            double got = get(out, c->t, i);
+            if (!close_enough(got, want, c->t) && bad++ < 2)
+                EXPECT(0,
+                       "hier reducescatter H=%d K=%d%s%s count=%zu %s %s rank %d [%zu]: got %g "
+                       "want %g",
+                       c->H, c->K, c->interleave ? " interleaved" : "", c->uneven ? " uneven" : "",
+                       m, gvq_dtype_name(c->t), gvq_op_name(op), rank, i, got, want);
+        }
+        c->hash[rank] = 0; /* one block each: nothing to compare across ranks */
+    } else {               /* input: one block; output: n blocks */
+        char *in = c->inplace ? big + (size_t)rank * m * es : own;
+        for (size_t i = 0; i < m; i++)
+            put(in, c->t, i, input(rank, i, c->t, gvqSum));
+        EXPECT_RES(gvqAllGather(in, big, m, c->t, comm, NULL), gvqSuccess);
+        int bad = 0;
+        for (size_t q = 0; q < n; q++)
+            for (size_t i = 0; i < m; i++) {
+                double want = input((int)q, i, c->t, gvqSum), got = get(big, c->t, q * m + i);
+                if (got != want && bad++ < 2)
+                    EXPECT(0,
+                           "hier allgather H=%d K=%d%s count=%zu %s rank %d block %zu [%zu]: "
+                           "got %g want %g",
+                           c->H, c->K, c->interleave ? " interleaved" : "", m, gvq_dtype_name(c->t),
+                           rank, q, i, got, want);
+            }
+        c->hash[rank] = fnv(big, n * m * es);
+    }
+    free(big);
+    free(own);
+}
+
+static int sweep_rsag(void) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    cfg.chunkBytes = 256;
+    int cases = 0;
+    for (int H = 1; H <= 3; H++)
+        for (int K = 1; K <= 3; K++)
+            for (int il = 0; il < 2; il++)
+                for (int un = 0; un < 2; un++) {
+                    int n = H * K;
+                    if (n < 2 || (il && (H < 2 || K < 2)) || (un && (H < 2 || n < 3))) continue;
+                    if (gvq_test_sweep_small() && n > 4) continue;
+                    size_t counts[] = {1, 3, 1021};
+                    hcase_t *cs = calloc(3 * gvqNumTypes * (gvqNumOps + 1), sizeof *cs);
+                    if (cs == NULL) {
+                        fprintf(stderr, "test_hier: out of memory for the case list\n");
+                        exit(1);
+                    }
+                    size_t nc = 0;
+                    for (int ci = 0; ci < 3; ci++)
+                        for (int t = 0; t < gvqNumTypes; t++)
+                            for (int op = -1; op < gvqNumOps; op++) { /* -1: the allgather */
+                                if (op >= 0 && gvq_test_sweep_skips(n, t, op)) continue;
+                                hcase_t *c = &cs[nc++];
+                                c->H = H, c->K = K, c->interleave = il, c->uneven = un;
+                                c->count = counts[ci], c->t = (gvqDataType_t)t;
+                                c->op = (gvqRedOp_t)op, c->inplace = (ci + t + op + 1) % 2;
+                            }
+                    gvq_test_run_each(n, &cfg, rank_rsag, cs, nc, sizeof cs[0]);
                     for (size_t i = 0; i < nc; i++)
                         check_case(&cs[i]);
                     cases += (int)nc;
@@ -296,9 +387,13 @@ int main(void) {
     test_shape();
     gvq_select_override("allreduce=hier");
     int cases = sweep();
+    gvq_select_override("reducescatter=hier,allgather=hier");
+    int rsag = sweep_rsag();
     gvq_select_override(NULL);
     test_compressed();
     test_gradiveq();
-    printf("hierarchical allreduce: %d cases at (H, K) = (1..3, 1..3)\n", cases);
+    printf("hierarchical allreduce: %d cases, reduce-scatter and allgather: %d, at (H, K) = "
+           "(1..3, 1..3)\n",
+           cases, rsag);
     return gvq_test_finish("test_hier");
 }
