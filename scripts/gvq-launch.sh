@@ -74,8 +74,8 @@ for r in $(seq 0 $((N - 1))); do
 done
 rc=0
 rank0=""
-killer=""
-start=$(date +%s)
+grace_end="" # once a rank failed: when the others are stopped (no background timer, whose
+start=$(date +%s) # sleep would hold this script's output open after every rank ended)
 left=$N
 declare -A done_=()
 while [ $left -gt 0 ]; do
@@ -91,11 +91,16 @@ while [ $left -gt 0 ]; do
             elif [ $s -ne 0 ] && [ $rc -eq 0 ]; then
                 rc=$s
                 echo "gvq-launch: rank $i exited with $s; stopping the others in 10 s" >&2
-                ( sleep 10; kill "${PIDS[@]}" 2>/dev/null ) &
-                killer=$!
+                grace_end=$(( $(date +%s) + 10 ))
             fi
         fi
     done
+    if [ -n "$grace_end" ] && [ "$(date +%s)" -ge "$grace_end" ]; then
+        for i in "${!PIDS[@]}"; do # only the ranks still running (no reused pid is hit)
+            [ -z "${done_[$i]:-}" ] && kill "${PIDS[$i]}" 2>/dev/null
+        done
+        grace_end=""
+    fi
     if [ "$LIMIT" -gt 0 ] && [ $(( $(date +%s) - start )) -ge "$LIMIT" ]; then
         echo "gvq-launch: $LIMIT s passed; stopping every rank" >&2
         kill -9 "${PIDS[@]}" 2>/dev/null
@@ -104,7 +109,6 @@ while [ $left -gt 0 ]; do
     fi
     sleep 0.1
 done
-[ -n "$killer" ] && kill "$killer" 2>/dev/null # every rank has ended: no grace to wait out
 wait 2>/dev/null
 [ $KEEP = 1 ] && [ $rc -ne 124 ] && [ -n "$rank0" ] && [ "$rank0" -lt 128 ] && rc=$rank0
 exit $rc

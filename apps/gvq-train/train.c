@@ -911,6 +911,8 @@ static long elastic_recover(run_t *r, long failed_step) {
     int64_t back = r->commit[r->latest].step;
     if ((res = gvqAllReduce(&back, &back, 1, gvqInt64, gvqMin, nc, NULL)) != gvqSuccess)
         elastic_leave(r, "agreeing on the commit", res);
+    if (back < 0) /* a survivor has no commit at all: nothing to roll back to */
+        elastic_leave(r, "no commit to roll back to", gvqInternalError);
     int k = r->commit[r->latest].step == back ? r->latest : !r->latest;
     if (r->commit[k].step != back)
         elastic_leave(r, "no commit of that step here", gvqInternalError);
@@ -1199,10 +1201,12 @@ static long run_loop(run_t *r) {
     }
     for (; step < r->iters; step++) {
         int last, printing;
-        if (o->elastic > 0 && step % o->elastic == 0) {
+        /* a commit every K steps, and one where the run starts: a run resumed (--resume) at a
+         * step K does not divide must have a state to roll back to before its first multiple */
+        if (o->elastic > 0 && (step % o->elastic == 0 || step == r->start_step)) {
             elastic_commit(r, step);
             /* a replacement's first commit is the one its members grew at */
-            if (o->replace && !r->joined) elastic_maybe_grow(r, step);
+            if (o->replace && !r->joined && step % o->elastic == 0) elastic_maybe_grow(r, step);
         }
         elastic_maybe_die(r, step);
         r->joined = 0; /* a replacement skips only the grow it joined through */

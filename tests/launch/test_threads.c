@@ -73,7 +73,10 @@ static void *thread_main(void *p) {
     gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
     cfg.timeoutMs = TIMEOUT_MS;
     j->init = gvqCommInitRankConfig(&j->comm, nranks, ids[j->t], rank, &cfg);
-    if (j->init != gvqSuccess) return NULL;
+    if (j->init != gvqSuccess) { /* counted as ready: the main thread reports it, not a hang */
+        __atomic_add_fetch(&ready, 1, __ATOMIC_RELEASE);
+        return NULL;
+    }
     float *x[CALLS], *y[CALLS];
     for (int k = 0; k < CALLS; k++) {
         size_t c = count_of(k);
@@ -151,10 +154,15 @@ static void *thread_main(void *p) {
 typedef struct {
     gvqComm_t comm;
     gvqResult_t res;
+    int receiving; /* set (atomically) by the main thread right before its receive */
 } abort_t;
 
+/* gvqCommAbort frees the communicator: it must come after the receive has started (200 ms
+ * after the main thread says it is about to call), not before */
 static void *aborter(void *p) {
     abort_t *a = p;
+    while (!__atomic_load_n(&a->receiving, __ATOMIC_ACQUIRE))
+        usleep(1000);
     usleep(200000);
     a->res = gvqCommAbort(a->comm);
     return NULL;
@@ -207,15 +215,20 @@ int main(void) {
 
     /* 3: rank 0 receives from rank 1 what it never sends; another thread aborts */
     if (rank == 0 && nranks > 1) {
-        abort_t a = {lone, gvqInternalError};
+        abort_t a = {lone, gvqInternalError, 0};
         pthread_t ta;
-        pthread_create(&ta, NULL, aborter, &a);
+        if (pthread_create(&ta, NULL, aborter, &a) != 0) {
+            fprintf(stderr, "rank 0: cannot start the aborting thread\n");
+            exit(1);
+        }
         double t0 = now_s();
+        __atomic_store_n(&a.receiving, 1, __ATOMIC_RELEASE);
         gvqResult_t r = gvqRecv(y, 16, gvqFloat32, 1, lone, NULL);
         double took = now_s() - t0;
         pthread_join(ta, NULL);
         lone_aborted = a.res == gvqSuccess;
-        CHECK(r == gvqInvalidUsage && a.res == gvqSuccess && took < TIMEOUT_MS / 1000.0,
+        CHECK(r == gvqInvalidUsage && a.res == gvqSuccess && took >= 0.15 &&
+                  took < TIMEOUT_MS / 1000.0,
               "a receive aborted from another thread: %s after %.2f s (abort: %s)",
               gvqGetErrorString(r), took, gvqGetErrorString(a.res));
     }
@@ -226,12 +239,19 @@ int main(void) {
 
     /* 4: the last rank leaves while the others' threads are in calls */
     if (nranks > 1 && rank == nranks - 1) {
+        /* its threads' parts 1 and 2 are done (ready, acquired above): judged before it leaves */
+        for (int t = 0; t < THREADS; t++) {
+            CHECK(jobs[t].init == gvqSuccess, "thread %d: gvqCommInitRank: %s", t,
+                  gvqGetErrorString(jobs[t].init));
+            CHECK(jobs[t].bad == 0, "thread %d: %d wrong result(s) or failed call(s)", t,
+                  jobs[t].bad);
+        }
         __atomic_store_n(&leaving, 1, __ATOMIC_RELEASE);
         usleep(300000);
-        printf("test_threads: rank %d of %d leaves now (_exit) while the others' threads call\n",
-               rank, nranks);
+        printf("test_threads: rank %d of %d leaves now (_exit) while the others' threads call%s\n",
+               rank, nranks, failures ? " (after failures)" : "");
         fflush(stdout);
-        _exit(0);
+        _exit(failures ? 1 : 0);
     }
     __atomic_store_n(&leaving, 1, __ATOMIC_RELEASE);
     for (int t = 0; t < THREADS; t++) {

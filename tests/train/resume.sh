@@ -7,7 +7,10 @@
 #      compressors are rebuilt;
 #   3. a resume refuses, with a line naming the cause and a non-zero status, a commit with a
 #      flipped byte (checksum), one cut short, a missing one, one made with another --seed, and
-#      one made by another model (other channel widths).
+#      one made by another model (other channel widths);
+#   4. 3 ranks resumed at step 60 with --elastic 50, one dying at step 75 (before the first
+#      multiple of 50): the survivors roll back to step 60 (the commit made where the run
+#      started) and end with status 0 (it once rolled back to step -1, uninitialised weights).
 set -uo pipefail
 exe=$1
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,7 +52,9 @@ refuse() { # WHAT PATTERN ARGS...: a resume that must fail with PATTERN in its o
 }
 size=$(stat -c %s "$dir/good")
 cp "$dir/good" "$dir/c/gvq-train.commit"
-printf '\x5a' | dd of="$dir/c/gvq-train.commit" bs=1 seek=$((size / 2)) conv=notrunc status=none
+byte=$(od -An -tu1 -j $((size / 2)) -N1 "$dir/good" | tr -d ' ') # flipped, whatever it was
+printf "\\$(printf '%03o' $((byte ^ 0x5a)))" |
+    dd of="$dir/c/gvq-train.commit" bs=1 seek=$((size / 2)) conv=notrunc status=none
 refuse "a flipped byte" "checksum mismatch" --resume "$dir/c"
 head -c $((size - 100)) "$dir/good" >"$dir/c/gvq-train.commit"
 refuse "a file cut short" "shorter than its header says" --resume "$dir/c"
@@ -57,4 +62,17 @@ cp "$dir/good" "$dir/c/gvq-train.commit"
 refuse "another seed" "made with --seed 1, this run's is 2" --resume "$dir/c" --seed 2
 refuse "another model" "made by another model" --resume "$dir/c" --channels 8,16,32
 refuse "a missing file" "No such file" --resume "$dir/none"
+
+run3() { # ARGS... on 3 ranks (a batch of 96) -> $dir/out, the job's status
+    bash "$here/../../scripts/gvq-launch.sh" -n 3 -t 120 --keep-going -- "$exe" --batch 96 \
+        --iters 120 --train-subset 5760 --test-subset 500 --print-every 20 --no-progress \
+        --codec none "$@" >"$dir/out" 2>&1
+}
+mkdir "$dir/c3"
+run3 --elastic 20 --commit-dir "$dir/c3" --stop-step 70 || fail "the 3-rank stopped run exited with $?"
+run3 --elastic 50 --resume "$dir/c3" --die 1:75 || fail "the resumed 3-rank run exited with $?"
+grep -q '# fault at step 76: 3 -> 2 ranks.*back to step 60 ' "$dir/out" ||
+    fail "a fault before the resumed run's first commit step did not roll back to step 60"
+grep -q '# done: 60 steps (resumed at step 60)' "$dir/out" || fail "no done line after the fault"
+echo "resume.sh: resumed at 60 with --elastic 50, a rank lost at 75: rolled back to 60 and finished"
 echo "resume.sh: PASS"
