@@ -25,6 +25,7 @@
  * (recursive doubling is identical on every rank), so the K cross rings add the same values in
  * the same order.
  */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "gvq_algo.h"
@@ -170,6 +171,20 @@ static char *block_at(const hier_blocks_t *b, const gvq_hier_t *h, int g, int j)
     return b->buf + ((size_t)j * (size_t)h->nhosts + (size_t)g) * b->bytes;
 }
 
+/* Every block between rank order (ranked: block r is rank r's) and b's layout: into b when `in`,
+ * else out of it. */
+static gvqResult_t blocks_move(gvq_coll_ctx_t *ctx, const hier_blocks_t *b, char *ranked, int in) {
+    const gvq_hier_t *h = ctx->hier;
+    int H = h->nhosts, K = h->per_host;
+    gvqResult_t res = gvqSuccess;
+    for (int g = 0; g < H && res == gvqSuccess; g++)
+        for (int k = 0; k < K && res == gvqSuccess; k++) {
+            char *r = ranked + (size_t)h->order[g * K + k] * b->bytes, *x = block_at(b, h, g, k);
+            res = in ? ctx->dev->copy(x, r, b->bytes) : ctx->dev->copy(r, x, b->bytes);
+        }
+    return res;
+}
+
 gvqResult_t gvq_hier_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                                     gvqDataType_t dtype, gvqRedOp_t op) {
     const gvq_hier_t *h = ctx->hier;
@@ -178,12 +193,7 @@ gvqResult_t gvq_hier_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *
     int H = h->nhosts, K = h->per_host;
     hier_blocks_t b;
     GVQCHECK(blocks_init(h, count, gvq_dtype_size(dtype), &b));
-    gvqResult_t res = gvqSuccess;
-    for (int g = 0; g < H && res == gvqSuccess; g++)
-        for (int k = 0; k < K && res == gvqSuccess; k++)
-            res =
-                ctx->dev->copy(block_at(&b, h, g, k),
-                               (const char *)src + (size_t)h->order[g * K + k] * b.bytes, b.bytes);
+    gvqResult_t res = blocks_move(ctx, &b, (char *)(uintptr_t)src, 1); /* only read */
     const int *lm;
     gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
     gvq_subring_t local = {lm, K, b.off}, cross = {h->cross, H, b.off + K + 1};
@@ -211,10 +221,7 @@ gvqResult_t gvq_hier_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, 
     gvqResult_t res = ctx->dev->copy(block_at(&b, h, h->host_index, h->local_index), src, b.bytes);
     if (res == gvqSuccess) res = gvq_subring_allgather(ctx, &cross, b.buf, dtype);
     if (res == gvqSuccess) res = gvq_subring_allgather(&lctx, &local, b.buf, dtype);
-    for (int g = 0; g < H && res == gvqSuccess; g++)
-        for (int k = 0; k < K && res == gvqSuccess; k++)
-            res = ctx->dev->copy((char *)dst + (size_t)h->order[g * K + k] * b.bytes,
-                                 block_at(&b, h, g, k), b.bytes);
+    if (res == gvqSuccess) res = blocks_move(ctx, &b, dst, 0);
     free(b.buf);
     free(b.off);
     return res;

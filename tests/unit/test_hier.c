@@ -46,13 +46,18 @@ static float order_value(int rank, size_t i) {
     return ((h >> 10) & 1 ? -m : m) * ldexpf(1.0f, (int)((h >> 11) % 41) - 20);
 }
 
-static void rank_hier(gvqComm_t comm, int rank, int nranks, void *arg) {
-    hcase_t *c = arg;
+/* The case's hosts on this communicator, and whether it has the hierarchy's shape. */
+static void pretend(hcase_t *c, gvqComm_t comm, int rank, int nranks) {
     uint64_t keys[16];
     for (int r = 0; r < nranks; r++)
         keys[r] = host_of(c, r);
     EXPECT_RES(gvq_comm_pretend_hosts(comm, keys), gvqSuccess);
     c->had_hier[rank] = comm->hier != NULL;
+}
+
+static void rank_hier(gvqComm_t comm, int rank, int nranks, void *arg) {
+    hcase_t *c = arg;
+    pretend(c, comm, rank, nranks);
     size_t es = gvq_dtype_size(c->t);
     char *s = malloc(c->count * es + 1), *d = c->inplace ? s : malloc(c->count * es + 1);
     for (size_t i = 0; i < c->count; i++)
@@ -135,11 +140,7 @@ static int sweep(void) {
  * to every rank's input block and identical on every rank. */
 static void rank_rsag(gvqComm_t comm, int rank, int nranks, void *arg) {
     hcase_t *c = arg;
-    uint64_t keys[16];
-    for (int r = 0; r < nranks; r++)
-        keys[r] = host_of(c, r);
-    EXPECT_RES(gvq_comm_pretend_hosts(comm, keys), gvqSuccess);
-    c->had_hier[rank] = comm->hier != NULL;
+    pretend(c, comm, rank, nranks);
     size_t es = gvq_dtype_size(c->t), n = (size_t)nranks, m = c->count;
     int rs = (int)c->op >= 0;
     gvqRedOp_t op = rs ? c->op : gvqSum;
