@@ -63,6 +63,7 @@ GVQ_TIMEOUT_MS=$TIMEOUT GVQ_DEBUG=WARN GVQ_DEBUG_FILE=$logs/rank.%p.log \
     GVQ_EMU_MPIRUN_ARGS="${GVQ_EMU_MPIRUN_ARGS:-} -x GVQ_TIMEOUT_MS=$TIMEOUT -x GVQ_DEBUG=WARN -x GVQ_DEBUG_FILE=$logs/rank.%p.log" \
     bash "$here/emulate-cluster.sh" "${LAUNCH[@]}" -n "$RANKS" -p "$PER" -k 2 -r "$RATE" -- "$@" >"$out" 2>&1 &
 job=$!
+trap 'kill "$job" 2>/dev/null' INT TERM # the cluster's own teardown restores links and rules
 br="gvq${job}br"
 # AT counts from when every rank has started gvq (its log file has the version line): a fault
 # during mpirun's start would only delay MPI_Init
@@ -75,13 +76,18 @@ sleep "$AT"
 fault=""
 if kill -0 "$job" 2>/dev/null && [ -n "$LOSS" ]; then
     hns="gvq${job}-$HOST"
-    ip netns exec "$hns" nft -f - <<EON && fault=$(date +%s.%N) &&
+    # the host's link only (eth0): its ranks' loopback traffic (-p K > 1) is not the link's
+    if ip netns exec "$hns" nft -f - <<EON; then
 table inet gvqloss {
-    chain in { type filter hook input priority 0; numgen random mod 100 < $LOSS counter drop; }
-    chain out { type filter hook output priority 0; numgen random mod 100 < $LOSS counter drop; }
+    chain in { type filter hook input priority 0; iifname "eth0" numgen random mod 100 < $LOSS counter drop; }
+    chain out { type filter hook output priority 0; oifname "eth0" numgen random mod 100 < $LOSS counter drop; }
 }
 EON
+        fault=$(date +%s.%N)
         echo "# link-fault: host $HOST drops $LOSS% of its packets each way from $(date +%T.%3N)"
+    else
+        echo "# link-fault: the loss rules could not be loaded in $hns (nft failed)" >&2
+    fi
     sleep "$DOWN"
     if ip netns exec "$hns" nft list table inet gvqloss 2>/dev/null | grep -q drop; then
         ip netns exec "$hns" nft list table inet gvqloss | grep -E "packets" | sed 's/^ */# link-fault:   /'
