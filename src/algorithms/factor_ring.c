@@ -8,7 +8,10 @@
  *   ring buffer:  [ t0 col 0 | t0 col 1 | .. | t1 col 0 | .. ]    one ring, then copied back
  *
  * fp32 sums, or the integer-summed wire (codec_intsum.c) with one shared scale per column,
- * rounded with bits keyed by (seed, rank, call). The ring buffer and the integer wire's state
+ * rounded with bits keyed by (seed, rank, call). With ctx->hier set (the caller's choice: the
+ * compressed calls' GVQ_ALGO=hier) the sum is hierarchical (hier.c): fp32 inside each host,
+ * the integer wire only between the hosts, its headroom that of H summands. The ring buffer and
+ * the integer wire's state
  * live in a workspace the caller keeps (gvq_factor_ws_t), so a call allocates nothing once the
  * sizes have been seen.
  */
@@ -46,7 +49,7 @@ static gvqResult_t ws_grow(gvq_factor_ws_t *ws, size_t nv, size_t ncol) {
 static gvqResult_t ws_intsum(gvq_factor_ws_t *ws, gvq_coll_ctx_t *ctx, int bits, size_t ncol,
                              uint32_t seed, int same_cols) {
     uint32_t rank = (uint32_t)ctx->xport->rank;
-    int nranks = ctx->xport->nranks;
+    int nranks = ctx->hier != NULL ? ctx->hier->nhosts : ctx->xport->nranks; /* the summands */
     if (ws->is.bits == bits && same_cols && ws->is_nranks == nranks && ws->is_seed == seed &&
         ws->is_rank == rank)
         return gvqSuccess;
@@ -93,7 +96,10 @@ static gvqResult_t factor_ring_ws(gvq_coll_ctx_t *ctx, int bits, const gvq_facto
         ws->is.call = call;
         gvq_codec_intsum_init(&codec, ctx->dev, &ws->is);
     }
-    GVQCHECK(gvq_ring_allreduce(ctx, &codec, ws->buf, ws->buf, nv, gvqSum));
+    if (ctx->hier != NULL)
+        GVQCHECK(gvq_hier_allreduce(ctx, &codec, ws->buf, ws->buf, nv, gvqSum));
+    else
+        GVQCHECK(gvq_ring_allreduce(ctx, &codec, ws->buf, ws->buf, nv, gvqSum));
     for (size_t i = 0, at = 0; i < n; i++) {
         memcpy(f[i].buf, ws->buf + at, sizeof(float) * f[i].rows * f[i].cols);
         at += f[i].rows * f[i].cols;

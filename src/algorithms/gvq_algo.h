@@ -84,6 +84,10 @@ typedef struct gvq_codec {
      * the integer-summed wires' scales) */
     gvqResult_t (*begin)(const struct gvq_codec *c, gvq_coll_ctx_t *ctx, const void *local,
                          size_t count);
+    /* optional, beside begin: the same when this rank encodes only [lo, hi) of local (the
+     * hierarchy's stage across the hosts, hier.c); still collective over all of ctx */
+    gvqResult_t (*begin_part)(const struct gvq_codec *c, gvq_coll_ctx_t *ctx, const void *local,
+                              size_t count, size_t lo, size_t hi);
 } gvq_codec_t;
 
 /* The identity codec: the plain allreduce. */
@@ -311,7 +315,8 @@ gvqResult_t gvq_subring_allgather(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub,
  * (K pieces on codec's granule), the allreduce of each piece across the hosts on a ring of its
  * own (the K rings of a host run at once, one piece each) through `codec`, then an allgather
  * among each host's ranks. Only the middle stage is compressed: a codec re-encodes H - 1 times,
- * not N - 1. Bitwise identical on every rank. src may equal dst. codec without begin hook. */
+ * not N - 1. Bitwise identical on every rank. src may equal dst. A codec with a begin hook needs
+ * begin_part (the integer wires: made for H ranks, the summands of the middle stage). */
 gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                                void *dst, size_t count, gvqRedOp_t op);
 
@@ -507,7 +512,8 @@ void gvq_codec_watch_fini(gvq_watch_t *w);
 
 /* ---- factor_ring.c: several tensors' low-rank factors in one ring -------------------------
  * Each factor column-major rows x cols, summed in place; fp32 (bits 0) or the integer-summed
- * wire (bits 8 or 16) with one scale per column, its rounding keyed by (seed, rank, call). */
+ * wire (bits 8 or 16) with one scale per column, its rounding keyed by (seed, rank, call).
+ * ctx->hier set: hierarchical (gvq_hier_allreduce), the integer wire between the hosts only. */
 typedef struct {
     float *buf;
     size_t rows, cols;

@@ -13,9 +13,12 @@
  *   3. inside each host, a ring allgather of the K pieces.
  *
  * Only stage 2 crosses host links, so only stage 2 is compressed: a re-quantizing codec adds
- * its error H - 1 times instead of N - 1. Every rank ends with the same bits: stage 2 gives the
- * same piece to every host (a ring allreduce does), stage 3 copies it. gvqAvg divides once at
- * the end by N.
+ * its error H - 1 times instead of N - 1. An integer-summed wire (codec_intsum.c) agrees on its
+ * scales between stages 1 and 2 (begin_part: each rank's maxima over its piece of the host's
+ * sum, the max over all ranks) and adds H host sums, so its headroom is H's: each host's level
+ * is bounded by floor((2^(b-1) - 1) / H), the caller makes the wire with H. Every rank ends with
+ * the same bits: stage 2 gives the same piece to every host (a ring allreduce does), stage 3 copies
+ * it. gvqAvg divides once at the end by N.
  *
  * Small vectors, where the steps' latency is the cost (gvq_hier_allreduce_small): recursive
  * doubling of the whole vector among each host's ranks, then among each cross ring's: every
@@ -103,7 +106,7 @@ static gvq_coll_ctx_t local_ctx(const gvq_coll_ctx_t *ctx, const int **members) 
 gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                                void *dst, size_t count, gvqRedOp_t op) {
     const gvq_hier_t *h = ctx->hier;
-    if (h == NULL || codec->begin != NULL) return gvqInternalError;
+    if (h == NULL || (codec->begin != NULL && codec->begin_part == NULL)) return gvqInternalError;
     if (count == 0) return gvqSuccess;
     int H = h->nhosts, K = h->per_host, j = h->local_index;
     size_t *off = malloc(sizeof(size_t) * (size_t)(K + 1 + H + 1));
@@ -117,6 +120,11 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
     gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
     gvq_subring_t local = {lm, K, off}, cross = {h->cross, H, cross_off};
     gvqResult_t res = gvq_subring_reduce_scatter(&lctx, &local, src, dst, codec->dtype, op);
+    /* an integer wire's scales: each rank's maxima over its piece of the host's sum, the max
+     * over all N ranks (every host holds every piece), so each block's scale is the largest of
+     * the H host sums that its ring adds */
+    if (res == gvqSuccess && codec->begin != NULL)
+        res = codec->begin_part(codec, ctx, dst, count, off[j], off[j + 1]);
     if (res == gvqSuccess) res = gvq_subring_allreduce(ctx, &cross, codec, dst, dst);
     if (res == gvqSuccess) res = gvq_subring_allgather(&lctx, &local, dst, codec->dtype);
     free(off);

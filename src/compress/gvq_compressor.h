@@ -75,6 +75,7 @@ struct gvqCompressor {
     /* integer-summed wires (integerBits): QSGD's, and GradiVeQ's of fit is_gq_version */
     gvq_intsum_t is_qsgd, is_gq;
     uint64_t is_gq_version; /* 0: none */
+    int is_qsgd_n, is_gq_n; /* the summands each was made for: N, or H in the hierarchy */
     size_t
         codec_chunk_bytes; /* ring chunk while a compressing codec runs (GVQ_CODEC_CHUNK_BYTES) */
     uint64_t fit_version;  /* bumped by every gvq_compressor_codec_setup (a fit or a load) */

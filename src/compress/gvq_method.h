@@ -70,6 +70,8 @@ typedef struct {
     gvq_coll_ctx_t comm; /* the communicator's own ring (agreements, the fit) */
     gvq_coll_ctx_t ring; /* where the compressed ring runs */
     unsigned long long sent;
+    int hier; /* compressed between the hosts only (gvq_hier_allreduce): host buffers on hosts
+                 of several ranks, GVQ_ALGO naming the hierarchy */
 } gvq_call_plan_t;
 gvqResult_t gvq_compressed_plan(gvqCompressor_t c, const gvq_device_ops_t *dev, gvq_call_plan_t *p);
 /* one such call on host buffers, entered and checked (the allreduce of plain, gradiveq and

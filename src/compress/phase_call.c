@@ -48,18 +48,21 @@ static int32_t local_vote(void *arg) {
 
 /* The integer-summed wire of the phase's codec (host buffers): QSGD's made once, GradiVeQ's
  * again after every fit. */
-static gvqResult_t intsum_codec(gvqCompressor_t c, int gradiveq, gvq_codec_t *out) {
+static gvqResult_t intsum_codec(gvqCompressor_t c, int gradiveq, int summands, gvq_codec_t *out) {
     const gvq_comp_cfg_t *cfg = &c->cfg;
     gvq_intsum_t *s = gradiveq ? &c->is_gq : &c->is_qsgd;
+    int *made_for = gradiveq ? &c->is_gq_n : &c->is_qsgd_n;
     int stale = gradiveq ? c->is_gq_version != c->fit_version : s->bits == 0;
-    if (stale) {
+    if (stale || *made_for != summands) {
         gvq_intsum_fini(s);
+        *made_for = 0;
         if (gradiveq) c->is_gq_version = 0; /* stays stale if the init below fails */
         GVQCHECK(gvq_intsum_init(s, cfg->int_bits, gradiveq ? 0 : c->qs.levels,
                                  (size_t)cfg->qbucket, gradiveq ? &c->gq : NULL, c->comm->dev,
-                                 cfg->count, c->comm->nranks, (uint32_t)cfg->seed,
+                                 cfg->count, summands, (uint32_t)cfg->seed,
                                  (uint32_t)c->comm->rank));
         if (gradiveq) c->is_gq_version = c->fit_version;
+        *made_for = summands;
     }
     s->call = (uint32_t)c->st.iter;
     gvq_codec_intsum_init(out, c->comm->dev, s);
@@ -72,6 +75,7 @@ static gvqResult_t choose_codec(gvqCompressor_t c, const gvq_device_ops_t *dev, 
     const gvq_comp_cfg_t *cfg = &c->cfg;
     int phase = c->st.phase;
     gvq_codec_t *out = on_dev ? &p->inner : &p->codec;
+    int summands = p->hier ? p->comm.hier->nhosts : c->comm->nranks; /* an integer wire's */
     int use_qsgd = cfg->codec == gvqCodecQsgd ||
                    (cfg->codec == gvqCodecGradiveq && phase != gvqPhaseCompressed &&
                     cfg->sample_codec == gvqCodecQsgd);
@@ -82,7 +86,7 @@ static gvqResult_t choose_codec(gvqCompressor_t c, const gvq_device_ops_t *dev, 
         if (on_dev)
             gvq_codec_gradiveq_dev_init(out, dev, &c->gq_dev);
         else if (cfg->int_bits)
-            GVQCHECK(intsum_codec(c, 1, out));
+            GVQCHECK(intsum_codec(c, 1, summands, out));
         else
             gvq_codec_gradiveq_init(out, c->comm->dev, &c->gq);
     } else if (use_qsgd) {
@@ -92,7 +96,7 @@ static gvqResult_t choose_codec(gvqCompressor_t c, const gvq_device_ops_t *dev, 
                                            c->qs.seed, c->qs.rank,   c->qs.call};
             gvq_codec_qsgd_dev_init(out, dev, &c->qsgd_dev);
         } else if (cfg->int_bits) {
-            GVQCHECK(intsum_codec(c, 0, out));
+            GVQCHECK(intsum_codec(c, 0, summands, out));
         } else {
             gvq_codec_qsgd_init(out, c->comm->dev, &c->qs);
         }
@@ -130,6 +134,7 @@ gvqResult_t gvq_compressed_plan(gvqCompressor_t c, const gvq_device_ops_t *dev,
     int on_dev = dev != &gvq_host_device;
     p->sent = 0;
     p->comm = gvq_comm_ctx(c->comm, &p->sent);
+    p->hier = !on_dev && p->comm.hier != NULL && gvq_comm_hier_compressed(c->comm);
     GVQCHECK(choose_codec(c, dev, on_dev, p));
     choose_ring(c, dev, on_dev, p);
     return gvqSuccess;
@@ -214,12 +219,12 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
     int voting = phase == gvqPhaseCompressed && cfg->vote < 1.0f;
     gvq_tally_t tally = {local_vote, c, 0, 0};
     /* hosts of several ranks: compressed between the hosts only (gvq_hier_allreduce), and the
-     * vote agreed on after the call; not for integer wires (their scales are agreed among all
-     * ranks at the ring's start) nor device memory */
-    int hier = dev == &gvq_host_device && p.ring.hier != NULL && codec->begin == NULL &&
-               gvq_comm_hier_compressed(c->comm);
+     * vote agreed on after the call; host memory only. An integer wire was made for H summands
+     * (choose_codec). Error feedback's watched residual: this rank encodes only its piece of
+     * the host's sum, so what it dropped is that piece's and the rest of r is zero. */
     gvqResult_t res;
-    if (hier) {
+    if (p.hier) {
+        if (codec != &p.codec) memset(ef.r, 0, sizeof(float) * cfg->count);
         /* GradiVeQ's encodes each take Z / (encodes per segment) off (codec_gradiveq.c): across
          * the hosts that is H encodes of host sums, not N of gradients */
         int weight = c->gq.nranks;

@@ -250,6 +250,9 @@ static void test_shape(void) {
 typedef struct {
     int H, K;
     size_t M;
+    int int_bits; /* integerBits of the compressor (0: float wire) */
+    int ef;       /* QSGD: error feedback, over `calls` calls (0 or 1: one call) */
+    int calls;
     double err2[16], norm2[16];
     uint64_t hash[16];
 } qcase_t;
@@ -258,44 +261,57 @@ static float grad_value(int rank, size_t i) {
     return sinf((float)(i * 0.37 + rank * 1.3)) + 0.25f * (float)((rank + 1) % 3);
 }
 
-static void rank_qsgd(gvqComm_t comm, int rank, int nranks, void *arg) {
-    qcase_t *q = arg;
+/* The case's ranks round-robin over its H hosts. */
+static void pretend_rr(const qcase_t *q, gvqComm_t comm, int nranks) {
     uint64_t keys[16];
     for (int r = 0; r < nranks; r++)
-        keys[r] = 50 + (uint64_t)(r % q->H); /* round-robin */
+        keys[r] = 50 + (uint64_t)(r % q->H);
     EXPECT_RES(gvq_comm_pretend_hosts(comm, keys), gvqSuccess);
+}
+
+/* QSGD 4-bit over q->calls calls (inputs shifted per call); the error is that of the sum of the
+ * outputs against the sum of the exact sums: with error feedback, what each call drops comes
+ * back in the next, so it stays about one call's error however many calls are added. */
+static void rank_qsgd(gvqComm_t comm, int rank, int nranks, void *arg) {
+    qcase_t *q = arg;
+    pretend_rr(q, comm, nranks);
     gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
     cfg.codec = gvqCodecQsgd;
     cfg.qsgdBits = 4;
     cfg.qsgdBucket = 128;
+    cfg.integerBits = q->int_bits;
+    cfg.errorFeedback = q->ef;
     gvqCompressor_t comp;
     EXPECT_RES(gvqCompressorCreate(comm, q->M, &cfg, &comp), gvqSuccess);
     float *x = malloc(q->M * 4), *y = malloc(q->M * 4);
-    for (size_t i = 0; i < q->M; i++)
-        x[i] = grad_value(rank, i);
-    EXPECT_RES(gvqAllReduceCompressed(x, y, q->M, gvqFloat32, gvqSum, comp, comm, NULL),
-               gvqSuccess);
-    double e2 = 0, n2 = 0;
-    for (size_t i = 0; i < q->M; i++) {
-        double want = 0;
-        for (int r = 0; r < nranks; r++)
-            want += grad_value(r, i);
-        e2 += (y[i] - want) * (y[i] - want), n2 += want * want;
+    double *acc = calloc(q->M, sizeof(double)), *want = calloc(q->M, sizeof(double));
+    int calls = q->calls > 0 ? q->calls : 1;
+    for (int t = 0; t < calls; t++) {
+        for (size_t i = 0; i < q->M; i++)
+            x[i] = grad_value(rank, i + (size_t)t * 7);
+        EXPECT_RES(gvqAllReduceCompressed(x, y, q->M, gvqFloat32, gvqSum, comp, comm, NULL),
+                   gvqSuccess);
+        for (size_t i = 0; i < q->M; i++) {
+            acc[i] += y[i];
+            for (int r = 0; r < nranks; r++)
+                want[i] += grad_value(r, i + (size_t)t * 7);
+        }
     }
+    double e2 = 0, n2 = 0;
+    for (size_t i = 0; i < q->M; i++)
+        e2 += (acc[i] - want[i]) * (acc[i] - want[i]), n2 += want[i] * want[i];
     q->err2[rank] = e2, q->norm2[rank] = n2;
     q->hash[rank] = fnv(y, q->M * 4);
-    free(x), free(y);
+    free(x), free(y), free(acc), free(want);
     gvqCompressorDestroy(comp);
 }
 
 /* fn on H x K ranks through the flat ring, then through the hierarchy: both identical on every
  * rank; *ef and *eh the relative errors of rank 0's output. Returns whether the bits differ. */
-static int flat_and_hier(const char *name, gvq_rank_fn fn, int H, int K, size_t M, double *ef,
-                         double *eh) {
-    qcase_t flat, hier;
-    memset(&flat, 0, sizeof flat);
-    flat.H = H, flat.K = K, flat.M = M;
-    hier = flat;
+static int flat_and_hier_as(const char *name, gvq_rank_fn fn, const qcase_t *q, double *ef,
+                            double *eh) {
+    int H = q->H, K = q->K;
+    qcase_t flat = *q, hier = *q;
     gvq_select_override("ring");
     gvq_test_run(H * K, NULL, fn, &flat);
     gvq_select_override("allreduce=hier");
@@ -307,6 +323,14 @@ static int flat_and_hier(const char *name, gvq_rank_fn fn, int H, int K, size_t 
     *ef = sqrt(flat.err2[0] / flat.norm2[0]);
     *eh = sqrt(hier.err2[0] / hier.norm2[0]);
     return hier.hash[0] != flat.hash[0];
+}
+
+static int flat_and_hier(const char *name, gvq_rank_fn fn, int H, int K, size_t M, double *ef,
+                         double *eh) {
+    qcase_t q;
+    memset(&q, 0, sizeof q);
+    q.H = H, q.K = K, q.M = M;
+    return flat_and_hier_as(name, fn, &q, ef, eh);
 }
 
 static void test_compressed(void) {
@@ -322,6 +346,40 @@ static void test_compressed(void) {
     }
 }
 
+/* The integer-summed wire across the hosts (8 bits: each host's level is bounded by 127 / H, not
+ * 127 / N, and QSGD 4-bit by its own 7): the scales agreed on the host sums' pieces, identical
+ * on every rank, as near the sum as the flat ring's integer wire or nearer. Error feedback in the
+ * hierarchy: each rank keeps what its piece of the host's sum dropped, so over 8 calls the
+ * summed outputs stay within about one call's error of the summed sums (without it the error of
+ * the sum grows like sqrt(8) calls'). */
+static void test_compressed_int(void) {
+    const int shapes[][2] = {{2, 2}, {3, 2}, {2, 3}};
+    for (size_t s = 0; s < (gvq_test_sweep_small() ? 1u : 3u); s++) {
+        qcase_t q;
+        memset(&q, 0, sizeof q);
+        q.H = shapes[s][0], q.K = shapes[s][1], q.M = 30011, q.int_bits = 8;
+        double ef, eh;
+        int differ = flat_and_hier_as("QSGD int8", rank_qsgd, &q, &ef, &eh);
+        EXPECT(differ, "QSGD int8 H=%d K=%d: hier gave the flat ring's bits", q.H, q.K);
+        EXPECT(eh < ef && eh < 0.2, "QSGD int8 H=%d K=%d: relative error hier %.4f, flat %.4f", q.H,
+               q.K, eh, ef);
+        printf("QSGD 4-bit on the 8-bit wire H=%d K=%d: relative error hier %.4f, flat ring %.4f\n",
+               q.H, q.K, eh, ef);
+        q.int_bits = 0, q.ef = 1, q.calls = 8;
+        double ef8, eh8, e1f, e1h;
+        (void)flat_and_hier_as("QSGD EF", rank_qsgd, &q, &ef8, &eh8);
+        q.ef = 0;
+        (void)flat_and_hier_as("QSGD 8 calls", rank_qsgd, &q, &e1f, &e1h);
+        EXPECT(eh8 < 0.5 * e1h && ef8 < 0.5 * e1f,
+               "QSGD H=%d K=%d, 8 calls: error of the summed outputs with error feedback hier %.4f "
+               "flat %.4f, without hier %.4f flat %.4f",
+               q.H, q.K, eh8, ef8, e1h, e1f);
+        printf("QSGD 4-bit H=%d K=%d, 8 calls summed: error feedback hier %.4f flat %.4f, without "
+               "hier %.4f flat %.4f\n",
+               q.H, q.K, eh8, ef8, e1h, e1f);
+    }
+}
+
 /* GradiVeQ on hosts of several ranks: slices of a mean pattern plus two patterns with
  * coefficients that change per rank, call and slice, so that the fitted basis (d 4) carries
  * them nearly exactly. In the compressed phase the hierarchical call must be as near the sum as
@@ -334,10 +392,7 @@ static float gq_value(int rank, int call, size_t i) {
 
 static void rank_gradiveq(gvqComm_t comm, int rank, int nranks, void *arg) {
     qcase_t *q = arg;
-    uint64_t keys[16];
-    for (int r = 0; r < nranks; r++)
-        keys[r] = 50 + (uint64_t)(r % q->H);
-    EXPECT_RES(gvq_comm_pretend_hosts(comm, keys), gvqSuccess);
+    pretend_rr(q, comm, nranks);
     gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
     cfg.codec = gvqCodecGradiveq;
     cfg.sliceSize = 16;
@@ -346,6 +401,7 @@ static void rank_gradiveq(gvqComm_t comm, int rank, int nranks, void *arg) {
     cfg.sampleSlices = 0; /* every slice a sample */
     cfg.compressedIters = 100;
     cfg.maxDims = 4;
+    cfg.integerBits = q->int_bits;
     gvqCompressor_t comp;
     EXPECT_RES(gvqCompressorCreate(comm, q->M, &cfg, &comp), gvqSuccess);
     float *x = malloc(q->M * 4), *y = malloc(q->M * 4);
@@ -382,6 +438,84 @@ static void test_gradiveq(void) {
                K, eh, ef);
         printf("GradiVeQ H=%d K=%d: relative error hier %.2e, flat ring %.2e\n", H, K, eh, ef);
     }
+    /* its coefficients on the 8-bit wire: levels of 127 / H across the hosts against 127 / N */
+    const int ishapes[][2] = {{2, 2}, {2, 3}};
+    for (size_t s = 0; s < (gvq_test_sweep_small() ? 1u : 2u); s++) {
+        qcase_t q;
+        memset(&q, 0, sizeof q);
+        q.H = ishapes[s][0], q.K = ishapes[s][1], q.M = 16 * 301 + 5, q.int_bits = 8;
+        double ef, eh;
+        (void)flat_and_hier_as("GradiVeQ int8", rank_gradiveq, &q, &ef, &eh);
+        EXPECT(eh < ef && eh < 0.05, "GradiVeQ int8 H=%d K=%d: relative error hier %.2e, flat %.2e",
+               q.H, q.K, eh, ef);
+        printf("GradiVeQ on the 8-bit wire H=%d K=%d: relative error hier %.2e, flat ring %.2e\n",
+               q.H, q.K, eh, ef);
+    }
+}
+
+/* The tracked basis (d 4) on the 16-bit wire: its three factor rings hierarchical (fp32 inside
+ * a host, integers across). A 64 x 144 gradient of rank 3 plus noise, 12 calls: identical on every
+ * rank, and as near the sum as the flat rings'. */
+static float track_value(int rank, int call, size_t i) {
+    size_t r = i % 64, c = i / 64;
+    float v = 0;
+    for (int a = 0; a < 3; a++)
+        v += sinf((float)(r * (a + 1)) * 0.21f + (float)a) *
+             cosf((float)(c * (2 * a + 1)) * 0.07f) *
+             (1.0f + 0.3f * sinf((float)(rank * 3 + call + a)));
+    return v + 0.01f * sinf((float)(i * 7919 + (size_t)rank * 31 + (size_t)call * 17));
+}
+
+static void rank_track(gvqComm_t comm, int rank, int nranks, void *arg) {
+    qcase_t *q = arg;
+    pretend_rr(q, comm, nranks);
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecGradiveq;
+    cfg.basisUpdate = gvqBasisTrack;
+    cfg.maxDims = 4;
+    cfg.sliceSize = 64;
+    cfg.integerBits = q->int_bits;
+    gvqCompressor_t comp;
+    EXPECT_RES(gvqCompressorCreate(comm, q->M, &cfg, &comp), gvqSuccess);
+    float *x = malloc(q->M * 4), *y = malloc(q->M * 4);
+    for (int call = 0; call < 12; call++) {
+        for (size_t i = 0; i < q->M; i++)
+            x[i] = track_value(rank, call, i);
+        EXPECT_RES(gvqAllReduceCompressed(x, y, q->M, gvqFloat32, gvqSum, comp, comm, NULL),
+                   gvqSuccess);
+        double e2 = 0, n2 = 0;
+        for (size_t i = 0; i < q->M; i++) {
+            double want = 0;
+            for (int r = 0; r < nranks; r++)
+                want += track_value(r, call, i);
+            e2 += (y[i] - want) * (y[i] - want), n2 += want * want;
+        }
+        q->err2[rank] = e2, q->norm2[rank] = n2; /* the last call's */
+    }
+    q->hash[rank] = fnv(y, q->M * 4);
+    free(x), free(y);
+    gvqCompressorDestroy(comp);
+}
+
+static void test_track(void) {
+    const int shapes[][2] = {{2, 2}, {3, 2}, {2, 3}};
+    for (size_t s = 0; s < (gvq_test_sweep_small() ? 1u : 3u); s++) {
+        for (int bits = 0; bits <= 16; bits += 16) {
+            qcase_t q;
+            memset(&q, 0, sizeof q);
+            q.H = shapes[s][0], q.K = shapes[s][1], q.M = 64 * 144, q.int_bits = bits;
+            double ef, eh;
+            int differ = flat_and_hier_as("tracked basis", rank_track, &q, &ef, &eh);
+            EXPECT(differ, "tracked basis int%d H=%d K=%d: hier gave the flat rings' bits", bits,
+                   q.H, q.K);
+            EXPECT(eh < 0.05 && eh < 1.2 * ef + 1e-4,
+                   "tracked basis int%d H=%d K=%d: relative error hier %.2e, flat %.2e", bits, q.H,
+                   q.K, eh, ef);
+            printf("tracked basis d 4, int%d, H=%d K=%d: relative error hier %.2e, flat rings "
+                   "%.2e\n",
+                   bits, q.H, q.K, eh, ef);
+        }
+    }
 }
 
 int main(void) {
@@ -392,7 +526,9 @@ int main(void) {
     int rsag = sweep_rsag();
     gvq_select_override(NULL);
     test_compressed();
+    test_compressed_int();
     test_gradiveq();
+    test_track();
     printf("hierarchical allreduce: %d cases, reduce-scatter and allgather: %d, at (H, K) = "
            "(1..3, 1..3)\n",
            cases, rsag);

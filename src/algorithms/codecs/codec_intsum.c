@@ -181,26 +181,45 @@ static gvqResult_t is_decode(const gvq_codec_t *c, size_t off, size_t count, con
     return s->gq_codec.decode(&s->gq_codec, off, count, w, dst);
 }
 
-void gvq_intsum_local_scales(gvq_intsum_t *s) {
-    if (s->gq == NULL && s->blk == NULL) { /* blocks of `block` values: the kernel */
-        gvq_kernels()->max_abs_blocks(s->y, s->ny, s->block, s->scale);
+/* This rank's max |y| per block over y values [k0, k1) into s->scale; every other block 0. */
+static void is_local_scales(gvq_intsum_t *s, size_t k0, size_t k1) {
+    const gvq_kernels_t *kt = gvq_kernels();
+    if (s->gq == NULL && s->blk == NULL && k0 == 0 && k1 == s->ny) {
+        kt->max_abs_blocks(s->y, s->ny, s->block, s->scale); /* blocks of `block` values */
         return;
     }
     for (size_t b = 0; b < s->nscales; b++)
         s->scale[b] = 0;
-    for (size_t k = 0; k < s->ny; k++) {
-        float a = fabsf(s->y[k]);
-        size_t b = is_block(s, k);
-        if (a != a) a = INFINITY; /* NaN and Inf alike: the largest pattern short of NaN's */
-        if (a > s->scale[b]) s->scale[b] = a;
+    for (size_t k = k0; k < k1;) {
+        size_t b;
+        int stride;
+        size_t m = is_run(s, k, k1 - k, &b, &stride);
+        if (stride == 0) { /* one block: the kernel's max over a block of m values */
+            float a;
+            kt->max_abs_blocks(s->y + k, m, m, &a);
+            if (a > s->scale[b]) s->scale[b] = a;
+        } else {
+            for (size_t i = 0; i < m; i++) {
+                float a = fabsf(s->y[k + i]);
+                if (a != a) a = INFINITY; /* NaN and Inf alike, as the kernel has it */
+                if (a > s->scale[b + i]) s->scale[b + i] = a;
+            }
+        }
+        k += m;
     }
+}
+
+void gvq_intsum_local_scales(gvq_intsum_t *s) {
+    is_local_scales(s, 0, s->ny);
 }
 
 /* Non-negative floats order like their bit patterns as int32: a max over the patterns is the
  * max of the floats. A NaN or Inf value makes its block's scale Inf, above every finite one.
- * Then each block's multiplier (lv / scale, 0 for a zero or non-finite block) and unit. */
-static gvqResult_t is_agree_scales(gvq_intsum_t *s, gvq_coll_ctx_t *ctx) {
-    gvq_intsum_local_scales(s);
+ * Then each block's multiplier (lv / scale, 0 for a zero or non-finite block) and unit. The
+ * local maxima are over y values [k0, k1) (the part this rank encodes); the max over the ranks
+ * of ctx makes every block's scale whichever ranks hold it. */
+static gvqResult_t is_agree_scales(gvq_intsum_t *s, gvq_coll_ctx_t *ctx, size_t k0, size_t k1) {
+    is_local_scales(s, k0, k1);
     GVQCHECK(gvq_agree_i32(ctx, (int32_t *)s->scale, (int)s->nscales, gvqMax));
     const float lv = (float)s->levels;
     for (size_t b = 0; b < s->nscales; b++) {
@@ -211,17 +230,32 @@ static gvqResult_t is_agree_scales(gvq_intsum_t *s, gvq_coll_ctx_t *ctx) {
     return gvqSuccess;
 }
 
-static gvqResult_t is_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
-                            size_t count) {
+/* begin for a rank that encodes only [lo, hi) of the tensor (the hierarchy's stage across the
+ * hosts: its piece of the host's sum; lo and hi on the granule): y of that part only (GradiVeQ:
+ * its slices' coefficients, and the tail when hi is the end), its blocks' maxima. */
+static gvqResult_t is_begin_part(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                                 size_t count, size_t lo, size_t hi) {
     gvq_intsum_t *s = c->state;
+    if (lo > hi || hi > count || lo % c->granule != 0 || (hi % c->granule != 0 && hi != count))
+        return gvqInternalError;
+    size_t y0, nc, t0, nt;
+    is_span(s, lo, hi - lo, &y0, &nc, &t0, &nt);
     if (s->gq == NULL) {
         s->y = local;
         s->ny = count;
-    } else { /* this rank's coefficients, all at once (the fp32 GradiVeQ encode) */
-        GVQCHECK(s->gq_codec.encode_combine(&s->gq_codec, 0, count, local, NULL, s->ybuf));
+    } else { /* this part's coefficients (the fp32 GradiVeQ encode), in y's layout */
+        if (hi > lo)
+            GVQCHECK(s->gq_codec.encode_combine(&s->gq_codec, lo, hi - lo,
+                                                (const float *)local + lo, NULL, s->ybuf + y0));
         s->y = s->ybuf;
     }
-    return is_agree_scales(s, ctx);
+    if (nt == 0) t0 = y0 + nc; /* no tail in the part: [y0, y0 + nc) */
+    return is_agree_scales(s, ctx, nc > 0 ? y0 : t0, t0 + nt);
+}
+
+static gvqResult_t is_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                            size_t count) {
+    return is_begin_part(c, ctx, local, count, 0, count);
 }
 
 /* The scales, multipliers and units of s->nscales blocks (s holds none yet). */
@@ -326,6 +360,7 @@ void gvq_codec_intsum_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_ints
     c->granule = s->gq != NULL ? s->gq->L : 1;
     c->wire_bytes = is_wire_bytes;
     c->begin = is_begin;
+    c->begin_part = is_begin_part;
     c->encode_combine = is_encode_combine;
     c->decode = is_decode;
     c->dev = dev;

@@ -60,6 +60,12 @@ static gvqResult_t watch_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const 
     return w->inner->begin(w->inner, ctx, local, count);
 }
 
+static gvqResult_t watch_begin_part(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                                    size_t count, size_t lo, size_t hi) {
+    const gvq_watch_t *w = c->state;
+    return w->inner->begin_part(w->inner, ctx, local, count, lo, hi);
+}
+
 void gvq_codec_watch_init(gvq_watch_t *w, const gvq_codec_t *inner, float *r) {
     memset(w, 0, sizeof *w);
     w->r = r;
@@ -69,6 +75,7 @@ void gvq_codec_watch_init(gvq_watch_t *w, const gvq_codec_t *inner, float *r) {
     w->codec.encode_combine = watch_encode_combine;
     w->codec.decode = watch_decode;
     w->codec.begin = inner->begin != NULL ? watch_begin : NULL;
+    w->codec.begin_part = inner->begin_part != NULL ? watch_begin_part : NULL;
     w->codec.state = w;
     w->inner = inner;
 }

@@ -188,6 +188,7 @@ static gvqResult_t track_allreduce_many(gvqCompressor_t const *cs, const float *
     unsigned long long sent = 0;
     track_call_t t = {0};
     t.ctx = gvq_comm_ctx(cs[0]->comm, &sent);
+    if (!gvq_comm_hier_compressed(cs[0]->comm)) t.ctx.hier = NULL; /* factor rings flat */
     const float **x = calloc(k, sizeof *x);
     int32_t *bad = calloc(k, sizeof *bad);
     t.it = calloc(k, sizeof *t.it);

@@ -93,6 +93,7 @@ static gvqResult_t powersgd_allreduce_many(gvqCompressor_t const *cs, const floa
     if (k == 0) return gvqSuccess;
     unsigned long long sent = 0, total = 0;
     gvq_coll_ctx_t ctx = gvq_comm_ctx(cs[0]->comm, &sent);
+    if (!gvq_comm_hier_compressed(cs[0]->comm)) ctx.hier = NULL; /* factor rings flat */
     const float **x = calloc(k, sizeof *x);
     int32_t *bad = calloc(k, sizeof *bad);
     double *gnorm = calloc(k, sizeof *gnorm);
