@@ -224,6 +224,8 @@ uint64_t gvq_compressor_identity(gvqCompressor_t c);
 int gvq_group_active(void);
 /* comm is live (WARN naming fn otherwise), and with no_group: not inside a group. */
 gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group);
+/* whether gvqCommSplit can split comm (its transport makes new communicators: mpi, ucx) */
+int gvq_comm_can_split(gvqComm_t comm);
 /* Whether comm's transport runs calls from several threads at once (xport->concurrent), and
  * its idle check (gvq_xport_idle: an abort or a timeout while waiting on something else). */
 int gvq_comm_concurrent(gvqComm_t comm);

@@ -172,7 +172,7 @@ static gvqResult_t split(gvqComm_t comm, int color, int key, gvqComm_t *newcomm,
     GVQCHECK(gvq_config_resolve(config, "gvqCommSplit", &timeout_ms, &chunk));
     const char *kind = comm->xport->ops->name;
     int ucx = strcmp(kind, "ucx") == 0;
-    if (!ucx && strcmp(kind, "mpi") != 0) {
+    if (!gvq_comm_can_split(comm)) {
         GVQ_WARN("gvqCommSplit: the %s transport cannot make new communicators (mpi and ucx can)",
                  kind);
         return gvqInvalidUsage;
@@ -223,6 +223,11 @@ static gvqResult_t split(gvqComm_t comm, int color, int key, gvqComm_t *newcomm,
     free(all);
     free(ranks);
     return res;
+}
+
+int gvq_comm_can_split(gvqComm_t comm) {
+    const char *kind = comm->xport->ops->name;
+    return strcmp(kind, "ucx") == 0 || strcmp(kind, "mpi") == 0;
 }
 
 GVQ_API gvqResult_t gvqCommSplit(gvqComm_t comm, int color, int key, gvqComm_t *newcomm,

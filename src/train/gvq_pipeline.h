@@ -9,6 +9,8 @@
 
 #define PIPE_MAGIC 0x67767050u
 
+enum { PIPE_F_SEND, PIPE_F_RECV, PIPE_B_SEND, PIPE_B_RECV };
+
 struct gvqPipe {
     uint32_t magic;
     gvqComm_t comm;
@@ -33,6 +35,14 @@ struct gvqPipe {
      * events after the group that receives its input or sends its output */
     gvqComm_t fcomm, bcomm;
     gvqStream_t fstream, bstream;
+    /* GVQ_PIPE_LINKS=1 (default): a communicator of its own per link and direction, split
+     * from fcomm and bcomm at create (the pipe's, NULL at the ends), each with a stream, so a
+     * send waits for nothing but its own receiver: PIPE_F_SEND (activations to stage + 1),
+     * PIPE_F_RECV (from stage - 1), PIPE_B_SEND (errors to stage - 1), PIPE_B_RECV (from
+     * stage + 1). fstream and bstream then run only agree_roles. */
+    int links;
+    gvqComm_t lcomm[4];
+    gvqStream_t lstream[4];
     gvqEvent_t *ev; /* 4 x nslots: in, out, dout, din */
     long long steps;
     gvqResult_t failed; /* a step that failed: later steps are refused */

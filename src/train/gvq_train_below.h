@@ -18,6 +18,8 @@
 /* comm live (a WARN naming fn otherwise), and with no_group the caller outside a group */
 gvqResult_t gvq_comm_check(gvqComm_t comm, const char *fn, int no_group);
 int gvq_comm_is_live(gvqComm_t comm);
+/* whether gvqCommSplit can split comm (its transport makes new communicators: mpi, ucx) */
+int gvq_comm_can_split(gvqComm_t comm);
 /* whether comm's transport runs calls from several threads at once; its idle check (an abort or
  * a timeout while the caller waits on something else) */
 int gvq_comm_concurrent(gvqComm_t comm);

@@ -139,6 +139,18 @@ static gvqResult_t move(gvqPipe_t p, int fwd, const struct pipe_task *done,
     float *recv = next != NULL ? task_input(p, next, &rc, &rp) : NULL;
     if (p->fcomm == NULL) return exchange(p->comm, NULL, send, sc, sp, recv, rc, rp);
     if (send == NULL && recv == NULL) return gvqSuccess;
+    if (p->links) { /* each on its link's communicator and stream: peer 1 rightwards, 0 left */
+        int si = fwd ? PIPE_F_SEND : PIPE_B_SEND, ri = fwd ? PIPE_F_RECV : PIPE_B_RECV;
+        if (send != NULL) {
+            GVQCHECK(gvqSend(send, sc, gvqFloat32, fwd, p->lcomm[si], p->lstream[si]));
+            GVQCHECK(gvqEventRecord(event_of(p, fwd ? EV_OUT : EV_DIN, done->g), p->lstream[si]));
+        }
+        if (recv != NULL) {
+            GVQCHECK(gvqRecv(recv, rc, gvqFloat32, !fwd, p->lcomm[ri], p->lstream[ri]));
+            GVQCHECK(gvqEventRecord(event_of(p, fwd ? EV_IN : EV_DOUT, next->g), p->lstream[ri]));
+        }
+        return gvqSuccess;
+    }
     gvqStream_t st = fwd ? p->fstream : p->bstream;
     GVQCHECK(exchange(fwd ? p->fcomm : p->bcomm, st, send, sc, sp, recv, rc, rp));
     if (send != NULL) GVQCHECK(gvqEventRecord(event_of(p, fwd ? EV_OUT : EV_DIN, done->g), st));
@@ -343,6 +355,8 @@ static gvqResult_t run_step(gvqPipe_t p, int flushed) {
     if (overlap && flushed) { /* the step's last sends */
         GVQCHECK(gvqStreamSynchronize(p->fstream));
         GVQCHECK(gvqStreamSynchronize(p->bstream));
+        for (int l = 0; l < 4; l++)
+            if (p->lstream[l] != NULL) GVQCHECK(gvqStreamSynchronize(p->lstream[l]));
     }
     p->base += p->micro;
     p->warm = flushed ? 0 : gvq_pipe_warm_of(p);
@@ -361,6 +375,9 @@ static gvqResult_t pipe_step(const char *fn, gvqPipe_t p, int flushed) {
     gvqResult_t res = run_step(p, flushed);
     if (res != gvqSuccess) {
         unpredict(p); /* the caller's weights are its own again (a checkpoint after the error) */
+        for (int l = 0; l < 4; l++) /* the link communicators are the pipe's: their neighbours
+                                       learn of the failure now, not at their timeout */
+            if (p->lcomm[l] != NULL) (void)gvqCommAbort(p->lcomm[l]);
         p->failed = res;
         return res;
     }

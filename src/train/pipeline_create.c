@@ -124,8 +124,8 @@ static gvqResult_t agree_stages(const int64_t *rows, int S, int me) {
             rows[k * R_N + R_FLUSH] != rows[R_FLUSH] ||
             rows[k * R_N + R_OVERLAP] != rows[R_OVERLAP]) {
             GVQ_WARN("%s: stage 0 has microBatches %lld, schedule %lld, flush %lld, overlapped "
-                     "transfers %lld; stage %d %lld, %lld, %lld, %lld (must be equal on every "
-                     "stage)",
+                     "transfers %lld (2: on link communicators, GVQ_PIPE_LINKS); stage %d %lld, "
+                     "%lld, %lld, %lld (must be equal on every stage)",
                      fn, (long long)rows[R_MICRO], (long long)rows[R_SCHEDULE],
                      (long long)rows[R_FLUSH], (long long)rows[R_OVERLAP], k,
                      (long long)rows[k * R_N + R_MICRO], (long long)rows[k * R_N + R_SCHEDULE],
@@ -173,12 +173,39 @@ static gvqResult_t agree_roles(gvqPipe_t p) {
     return gvqSuccess;
 }
 
+/* A communicator per link and direction (GVQ_PIPE_LINKS): two splits of each of fcomm and
+ * bcomm, the first pairing the stages of links 0, 2, 4 .., the second of links 1, 3 ..; in link
+ * l's communicator stage l is rank 0 and stage l + 1 rank 1. Collective over every stage (after
+ * the agreement, so that all of them call it); each gets a stream. */
+static gvqResult_t make_links(gvqPipe_t p) {
+    int k = p->stage, S = p->nstages;
+    for (int dir = 0; dir < 2; dir++)
+        for (int pass = 0; pass < 2; pass++) {
+            int l = k % 2 == pass ? k : k - 1; /* this pass's link of stage k */
+            int valid = l >= 0 && l + 1 < S;
+            gvqComm_t c = NULL;
+            GVQCHECK(gvqCommSplit(dir ? p->bcomm : p->fcomm, valid ? l : GVQ_SPLIT_NOCOLOR, k, &c,
+                                  NULL));
+            if (!valid) continue;
+            int right = l == k; /* the link to stage k + 1 */
+            int i = dir ? (right ? PIPE_B_RECV : PIPE_B_SEND) : (right ? PIPE_F_SEND : PIPE_F_RECV);
+            p->lcomm[i] = c;
+            GVQCHECK(gvqStreamCreate(&p->lstream[i]));
+        }
+    return gvqSuccess;
+}
+
 /* Returns the first unreported error of the streams' transfers. */
 static gvqResult_t pipe_free(gvqPipe_t p) {
     if (p == NULL) return gvqSuccess;
     p->magic = 0;
     gvqResult_t a = p->fstream != NULL ? gvqStreamDestroy(p->fstream) : gvqSuccess;
     gvqResult_t b = p->bstream != NULL ? gvqStreamDestroy(p->bstream) : gvqSuccess;
+    for (int i = 0; i < 4; i++) {
+        gvqResult_t r = p->lstream[i] != NULL ? gvqStreamDestroy(p->lstream[i]) : gvqSuccess;
+        if (a == gvqSuccess) a = r;
+        if (p->lcomm[i] != NULL) gvqCommDestroy(p->lcomm[i]);
+    }
     for (int i = 0; p->ev != NULL && i < 4 * p->nslots; i++)
         if (p->ev[i] != NULL) gvqEventDestroy(p->ev[i]);
     free(p->ev), free(p->tasks);
@@ -277,6 +304,8 @@ static gvqResult_t alloc_buffers(gvqPipe_t p, const gvqPipeConfig_t *c) {
     if (c->forwardComm == NULL) return gvqSuccess;
     p->fcomm = c->forwardComm;
     p->bcomm = c->backwardComm;
+    p->links = gvq_param(GVQ_PARAM_PIPE_LINKS) != 0 && gvq_comm_can_split(p->fcomm) &&
+               gvq_comm_can_split(p->bcomm); /* not the in-process test transport */
     if ((p->ev = calloc(4 * n, sizeof *p->ev)) == NULL) return gvqSystemError;
     for (size_t i = 0; i < 4 * n; i++)
         GVQCHECK(gvqEventCreate(&p->ev[i]));
@@ -360,7 +389,7 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
                         own == gvqSuccess ? (int64_t)config->inCount : 0,
                         own == gvqSuccess ? (int64_t)config->outCount : 0,
                         p != NULL ? p->flush : 1,
-                        p != NULL && p->fcomm != NULL};
+                        p != NULL && p->fcomm != NULL ? 1 + p->links : 0};
     /* up to 64 stages on the stack: a stage without memory would leave the others waiting */
     int64_t rows_s[64 * R_N];
     int64_t *rows = S <= 64 ? rows_s : malloc(sizeof(int64_t) * R_N * (size_t)S);
@@ -369,6 +398,7 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
     if (res == gvqSuccess) res = agree_stages(rows, S, me);
     if (rows != rows_s) free(rows);
     if (own == gvqSuccess && res == gvqSuccess && p->fcomm != NULL) res = agree_roles(p);
+    if (own == gvqSuccess && res == gvqSuccess && p->fcomm != NULL && p->links) res = make_links(p);
     if (own != gvqSuccess || res != gvqSuccess) {
         if (p != NULL) {
             gvq_handles_remove(&live, p);
@@ -378,7 +408,10 @@ GVQ_API gvqResult_t gvqPipeCreate(gvqComm_t comm, const gvqPipeConfig_t *config,
     }
     GVQ_INFO("%s: stage %d of %d, %d micro-batches, schedule %s%s, in %zu out %zu floats%s", fn, me,
              S, micro, schedule_name(schedule), p->flush ? "" : " without a flush", config->inCount,
-             config->outCount, p->fcomm != NULL ? ", overlapped transfers" : "");
+             config->outCount,
+             p->fcomm == NULL ? ""
+             : p->links       ? ", overlapped transfers on a communicator per link and direction"
+                              : ", overlapped transfers");
     *pipe = p;
     return gvqSuccess;
 }
