@@ -33,6 +33,7 @@ static int write_all(int fd, const void *p, size_t n, uint64_t *h) {
     for (const char *b = p; n > 0;) {
         ssize_t w = write(fd, b, n);
         if (w < 0 && errno == EINTR) continue;
+        if (w == 0) errno = EIO; /* nothing written and no error said: not a stale errno */
         if (w <= 0) return -1;
         b += w;
         n -= (size_t)w;
@@ -66,6 +67,14 @@ int commit_write(const char *dir, const commit_hdr_t *h, const float *params, co
         unlink(tmp);
         return -1;
     }
+    /* the rename itself lasts a crash only once the directory's entry is on disk */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) { /* EINVAL: no directory sync there */
+        snprintf(err, cap, "%s: %s (syncing the directory)", dir, strerror(errno));
+        if (dfd >= 0) close(dfd);
+        return -1;
+    }
+    close(dfd);
     return 0;
 }
 

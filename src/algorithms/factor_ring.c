@@ -54,8 +54,7 @@ static gvqResult_t ws_intsum(gvq_factor_ws_t *ws, gvq_coll_ctx_t *ctx, int bits,
         ws->is_rank == rank)
         return gvqSuccess;
     gvq_intsum_fini(&ws->is);
-    GVQCHECK(
-        gvq_intsum_init_columns(&ws->is, bits, ws->col_len, ncol, ctx->dev, nranks, seed, rank));
+    GVQCHECK(gvq_intsum_init_columns(&ws->is, bits, ws->col_len, ncol, nranks, seed, rank));
     ws->is_nranks = nranks;
     ws->is_seed = seed;
     ws->is_rank = rank;

@@ -179,8 +179,7 @@ gvqResult_t gvq_intsum_init(gvq_intsum_t *s, int bits, int max_levels, size_t bl
 /* Plain values in consecutive columns of col_len[0..ncols) values, one scale per column (the
  * tracked basis's rings). */
 gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col_len, size_t ncols,
-                                    const gvq_device_ops_t *dev, int nranks, uint32_t seed,
-                                    uint32_t rank);
+                                    int nranks, uint32_t seed, uint32_t rank);
 void gvq_intsum_fini(gvq_intsum_t *s);
 void gvq_codec_intsum_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_intsum_t *s);
 /* This rank's max |y| per block into s->scale (before the ranks agree on them), s->y set. */

@@ -51,8 +51,10 @@ static gvqResult_t ctx_get(void) {
          * "Link faults"). A connection that fails now fails the endpoint, as a dead peer's does
          * (ep_failed). The transport's options are read from the environment when a worker opens
          * its interfaces (ucp_config_modify's key is not applied to them in UCX 1.13), so the
-         * default is set there, once, before UCX starts. */
-        if (getenv("UCX_TCP_CONN_NB") == NULL) setenv("UCX_TCP_CONN_NB", "y", 0);
+         * default is set there, once, before UCX starts (overwrite 0: a user's value stays).
+         * setenv is not safe against a getenv running in another thread at that moment: it runs
+         * once a process, under ctx_lock, when the first UCX communicator is made. */
+        setenv("UCX_TCP_CONN_NB", "y", 0);
         ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
         if (st == UCS_OK) {
             ucp_params_t p;

@@ -27,6 +27,16 @@
 
 enum { THREADS = 2, CALLS = 12, TIMEOUT_MS = 5000 };
 
+/* malloc or a clear exit: a test that ran out of memory says so instead of crashing later */
+static void *must_alloc(size_t bytes) {
+    void *p = malloc(bytes);
+    if (p == NULL) {
+        fprintf(stderr, "test_threads: out of memory for %zu bytes\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
 static int nranks;
 static gvqUniqueId ids[THREADS];
 static int leaving; /* set (atomically) once the peer-fault part starts */
@@ -80,8 +90,8 @@ static void *thread_main(void *p) {
     float *x[CALLS], *y[CALLS];
     for (int k = 0; k < CALLS; k++) {
         size_t c = count_of(k);
-        x[k] = malloc(c * sizeof(float));
-        y[k] = malloc(c * sizeof(float));
+        x[k] = must_alloc(c * sizeof(float));
+        y[k] = must_alloc(c * sizeof(float));
         for (size_t i = 0; i < c; i++)
             x[k][i] = in(rank, j->t, k, i);
     }
@@ -109,12 +119,12 @@ static void *thread_main(void *p) {
     gvqCompressor_t cp = NULL, cp2 = NULL;
     if (r == gvqSuccess) r = gvqCompressorCreate(j->comm, cc, &ccfg, &cp);
     if (r == gvqSuccess) r = gvqCompressorCreate(j->comm, cc, &ccfg, &cp2);
-    float *a = malloc(cc * sizeof *a), *b = malloc(cc * sizeof *b);
+    float *a = must_alloc(cc * sizeof *a), *b = must_alloc(cc * sizeof *b);
     for (size_t i = 0; i < cc; i++)
         a[i] = in(rank, j->t, 5, i) / 7.0f;
     if (r == gvqSuccess) r = gvqAllReduceCompressed(a, b, cc, gvqFloat32, gvqSum, cp, j->comm, s);
     if (r == gvqSuccess) r = gvqStreamSynchronize(s);
-    float *c2 = malloc(cc * sizeof *c2);
+    float *c2 = must_alloc(cc * sizeof *c2);
     if (r == gvqSuccess)
         r = gvqAllReduceCompressed(a, c2, cc, gvqFloat32, gvqSum, cp2, j->comm, NULL);
     if (r == gvqSuccess && memcmp(b, c2, cc * sizeof *b) != 0) {
@@ -198,7 +208,7 @@ int main(void) {
         pthread_create(&th[t], NULL, thread_main, &jobs[t]);
     }
     size_t mc = 100000;
-    float *x = malloc(mc * sizeof *x), *y = malloc(mc * sizeof *y);
+    float *x = must_alloc(mc * sizeof *x), *y = must_alloc(mc * sizeof *y);
     for (size_t i = 0; i < mc; i++)
         x[i] = val(rank, i);
     for (int k = 0; k < 8; k++) {

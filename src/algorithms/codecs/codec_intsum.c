@@ -318,9 +318,7 @@ oom:
 }
 
 gvqResult_t gvq_intsum_init_columns(gvq_intsum_t *s, int bits, const size_t *col_len, size_t ncols,
-                                    const gvq_device_ops_t *dev, int nranks, uint32_t seed,
-                                    uint32_t rank) {
-    (void)dev;
+                                    int nranks, uint32_t seed, uint32_t rank) {
     size_t ny = 0;
     for (size_t j = 0; j < ncols; j++)
         ny += col_len[j];
