@@ -42,6 +42,14 @@ typedef struct gvq_hier {
      * collective's own transport. Set by the communicator; not owned. */
     gvq_transport_t *local_xport;
     int *local_pos; /* 0 .. K-1: the members in local_xport's numbering */
+    /* Kept from call to call (the communicator runs one collective at a time): the pieces'
+     * boundaries (K + 1 + H + 1) and the reduce-scatter's and allgather's rearranged blocks,
+     * grown on demand, so that a call allocates nothing once its size has been seen. */
+    struct gvq_hier_scratch {
+        size_t *off;
+        char *blocks;
+        size_t cap;
+    } * scratch;
 } gvq_hier_t;
 
 /* The shape from every rank's host key (n ranks, this one `rank`): *out NULL when the hosts are

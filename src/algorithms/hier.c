@@ -39,6 +39,11 @@ void gvq_hier_free(gvq_hier_t *h) {
     free(h->cross);
     free(h->local_pos);
     free(h->order);
+    if (h->scratch != NULL) {
+        free(h->scratch->off);
+        free(h->scratch->blocks);
+        free(h->scratch);
+    }
     free(h);
 }
 
@@ -66,8 +71,11 @@ gvqResult_t gvq_hier_of_hosts(const uint64_t *keys, int n, int rank, gvq_hier_t 
         h->local = malloc(sizeof(int) * (size_t)K);
         h->local_pos = malloc(sizeof(int) * (size_t)K);
         h->cross = malloc(sizeof(int) * (size_t)H);
+        h->scratch = calloc(1, sizeof *h->scratch);
+        if (h->scratch != NULL) h->scratch->off = malloc(sizeof(size_t) * (size_t)(K + 1 + H + 1));
     }
-    if (h == NULL || h->local == NULL || h->local_pos == NULL || h->cross == NULL) {
+    if (h == NULL || h->local == NULL || h->local_pos == NULL || h->cross == NULL ||
+        h->scratch == NULL || h->scratch->off == NULL) {
         gvq_hier_free(h);
         free(order);
         return gvqSystemError;
@@ -109,9 +117,7 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
     if (h == NULL || (codec->begin != NULL && codec->begin_part == NULL)) return gvqInternalError;
     if (count == 0) return gvqSuccess;
     int H = h->nhosts, K = h->per_host, j = h->local_index;
-    size_t *off = malloc(sizeof(size_t) * (size_t)(K + 1 + H + 1));
-    if (off == NULL) return gvqSystemError;
-    size_t *cross_off = off + K + 1;
+    size_t *off = h->scratch->off, *cross_off = off + K + 1;
     gvq_ring_partition(off, K, count, codec->granule);
     gvq_ring_partition(cross_off, H, off[j + 1] - off[j], codec->granule);
     for (int s = 0; s <= H; s++)
@@ -127,7 +133,6 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
         res = codec->begin_part(codec, ctx, dst, count, off[j], off[j + 1]);
     if (res == gvqSuccess) res = gvq_subring_allreduce(ctx, &cross, codec, dst, dst);
     if (res == gvqSuccess) res = gvq_subring_allgather(&lctx, &local, dst, codec->dtype);
-    free(off);
     if (res == gvqSuccess && op == gvqAvg) res = ctx->dev->divide(dst, count, codec->dtype, H * K);
     return res;
 }
@@ -151,7 +156,7 @@ gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void 
  * local rank j (h->order[g * K + j]), so piece j (the blocks of ring j's members) is contiguous
  * and its H blocks are in ring j's order. */
 typedef struct {
-    char *buf;
+    char *buf;    /* the communicator's (h->scratch), grown on demand */
     size_t bytes; /* of one block */
     size_t *off;  /* K + 1 piece boundaries, then H + 1 block boundaries of piece j (elements) */
 } hier_blocks_t;
@@ -159,15 +164,20 @@ typedef struct {
 static gvqResult_t blocks_init(const gvq_hier_t *h, size_t count, size_t esize, hier_blocks_t *b) {
     int H = h->nhosts, K = h->per_host, j = h->local_index;
     size_t n = (size_t)H * (size_t)K;
+    struct gvq_hier_scratch *sc = h->scratch;
     b->bytes = count * esize;
-    b->buf = malloc(GVQ_MAX(n * b->bytes, (size_t)1));
-    b->off = malloc(sizeof(size_t) * (size_t)(K + 1 + H + 1));
-    if (b->buf == NULL || b->off == NULL) {
-        free(b->buf);
-        free(b->off);
-        GVQ_WARN("hierarchical collective: cannot allocate %zu bytes of blocks", n * b->bytes);
-        return gvqSystemError;
+    if (n * b->bytes > sc->cap) {
+        free(sc->blocks); /* nothing in it to keep */
+        sc->cap = 0;
+        char *p = sc->blocks = malloc(n * b->bytes);
+        if (p == NULL) {
+            GVQ_WARN("hierarchical collective: cannot allocate %zu bytes of blocks", n * b->bytes);
+            return gvqSystemError;
+        }
+        sc->cap = n * b->bytes;
     }
+    b->buf = sc->blocks;
+    b->off = sc->off;
     for (int k = 0; k <= K; k++)
         b->off[k] = (size_t)k * (size_t)H * count;
     for (int g = 0; g <= H; g++)
@@ -210,8 +220,6 @@ gvqResult_t gvq_hier_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *
     if (res == gvqSuccess)
         res = ctx->dev->copy(dst, block_at(&b, h, h->host_index, h->local_index), b.bytes);
     if (res == gvqSuccess && op == gvqAvg) res = ctx->dev->divide(dst, count, dtype, H * K);
-    free(b.buf);
-    free(b.off);
     return res;
 }
 
@@ -230,7 +238,5 @@ gvqResult_t gvq_hier_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, 
     if (res == gvqSuccess) res = gvq_subring_allgather(ctx, &cross, b.buf, dtype);
     if (res == gvqSuccess) res = gvq_subring_allgather(&lctx, &local, b.buf, dtype);
     if (res == gvqSuccess) res = blocks_move(ctx, &b, dst, 0);
-    free(b.buf);
-    free(b.off);
     return res;
 }
