@@ -57,7 +57,10 @@ static gvqResult_t intsum_codec(gvqCompressor_t c, int gradiveq, int summands, g
         gvq_intsum_fini(s);
         *made_for = 0;
         if (gradiveq) c->is_gq_version = 0; /* stays stale if the init below fails */
-        GVQCHECK(gvq_intsum_init(s, cfg->int_bits, gradiveq ? 0 : c->qs.levels,
+        /* QSGD's own s caps each summand's levels; a host sum of K gradients (the hierarchy)
+         * gets K s, the same resolution per gradient, within the wire's headroom */
+        int per = c->comm->nranks / summands;
+        GVQCHECK(gvq_intsum_init(s, cfg->int_bits, gradiveq ? 0 : c->qs.levels * per,
                                  (size_t)cfg->qbucket, gradiveq ? &c->gq : NULL, c->comm->dev,
                                  cfg->count, summands, (uint32_t)cfg->seed,
                                  (uint32_t)c->comm->rank));
