@@ -70,6 +70,8 @@ typedef struct {
     int posted[2];      /* step whose receives sit in rreq[parity], -1 none */
     gvq_tally_t *tally; /* rides along when not NULL */
     const int *order;   /* rank at each ring position (allreduce with ctx->ring_order), or NULL */
+    size_t blk; /* reduce-scatter and allgather in ring order: segment s is the block of rank
+                 * order[s], [order[s] blk, (order[s] + 1) blk) (0: seg_off) */
 } ring_t;
 
 static int ring_mod(int a, int n) {
@@ -104,7 +106,7 @@ static int seg_recv(const ring_t *g, int k) {
     return ring_mod(g->r - k - 1 + g->shift, g->n);
 }
 static size_t seg_len(const ring_t *g, int s) {
-    return g->seg_off[s + 1] - g->seg_off[s];
+    return g->blk ? g->blk : g->seg_off[s + 1] - g->seg_off[s];
 }
 static size_t seg_chunks(const ring_t *g, int s) {
     return GVQ_DIV_UP(seg_len(g, s), g->ce);
@@ -114,7 +116,7 @@ static size_t chunk_len(const ring_t *g, int s, size_t c) {
 }
 /* Element offset of chunk c of segment s in the tensor. */
 static size_t chunk_off(const ring_t *g, int s, size_t c) {
-    return g->seg_off[s] + c * g->ce;
+    return (g->blk ? (size_t)g->order[s] * g->blk : g->seg_off[s]) + c * g->ce;
 }
 
 static size_t chunk_wire_bytes(const ring_t *g, int s, size_t c) {
@@ -272,7 +274,7 @@ void gvq_ring_partition(size_t *seg_off, int n, size_t count, size_t granule) {
 static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const void *src,
                             void *dst, size_t count, int nrs, int nag, int shift, out_mode_t mode,
                             const size_t *given_off, gvq_tally_t *tally, char **kept, char *also,
-                            const gvq_subring_t *sub) {
+                            const gvq_subring_t *sub, size_t blk) {
     ring_t g;
     memset(&g, 0, sizeof g);
     gvqResult_t res = gvqSuccess;
@@ -282,10 +284,12 @@ static gvqResult_t ring_run(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, const
     g.n = sub != NULL ? sub->n : g.t->nranks;
     g.r = g.t->rank;
     const int *order = sub != NULL ? sub->members : NULL;
-    if (sub == NULL && ctx->ring_order != NULL && nrs == g.n - 1 && nag == g.n - 1)
+    if (sub == NULL && ctx->ring_order != NULL && ((nrs == g.n - 1 && nag == g.n - 1) || blk))
         /* an allreduce: its segments are a partition of the vector, so the ring may take any
-         * order (reduce-scatter and allgather keep rank order: segment r is rank r's block) */
+         * order; reduce-scatter and allgather (blk): segment s is then the block of the rank at
+         * position s, so each rank still ends with (or starts from) its own block */
         order = ctx->ring_order;
+    if (order != NULL && sub == NULL && blk) g.blk = blk;
     if (order != NULL) {
         g.order = order;
         g.r = -1;
@@ -394,8 +398,8 @@ gvqResult_t gvq_ring_allreduce_tally(gvq_coll_ctx_t *ctx, const gvq_codec_t *cod
         }
     } else {
         GVQCHECK(ring_run(ctx, codec, src, dst, count, n - 1, n - 1, -1,
-                          codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, tally, NULL, NULL,
-                          NULL));
+                          codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, tally, NULL, NULL, NULL,
+                          0));
         if (tally != NULL && !tally->carried) tally->sum = tally->value(tally->arg);
     }
     if (op == gvqAvg) GVQCHECK(dev->divide(dst, count, codec->dtype, n));
@@ -408,7 +412,7 @@ gvqResult_t gvq_ring_allreduce_given(gvq_coll_ctx_t *ctx, const gvq_codec_t *cod
         return gvq_ring_allreduce_tally(ctx, codec, src, dst, count, gvqSum, NULL);
     if (codec->begin != NULL) GVQCHECK(codec->begin(codec, ctx, src, count));
     return ring_run(ctx, codec, src, dst, count, ctx->xport->nranks - 1, ctx->xport->nranks - 1, -1,
-                    codec->wire_is_values ? OUT_DST : OUT_WIRE, seg_off, NULL, NULL, NULL, NULL);
+                    codec->wire_is_values ? OUT_DST : OUT_WIRE, seg_off, NULL, NULL, NULL, NULL, 0);
 }
 
 /* Segment boundaries that are the users' blocks: block s = [s*block, (s+1)*block). */
@@ -432,9 +436,10 @@ gvqResult_t gvq_ring_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *
     } else {
         size_t *off = block_offsets(n, recvcount);
         if (off == NULL) return gvqSystemError;
-        /* shift -1: after n-1 steps rank r owns segment r, its own block */
+        /* shift -1: after n-1 steps position p owns segment p, its rank's own block (the ring
+         * in host order when the communicator has one: ctx->ring_order) */
         gvqResult_t res = ring_run(ctx, &codec, src, dst, (size_t)n * recvcount, n - 1, 0, -1,
-                                   OUT_PINGPONG, off, NULL, NULL, NULL, NULL);
+                                   OUT_PINGPONG, off, NULL, NULL, NULL, NULL, recvcount);
         free(off);
         GVQCHECK(res);
     }
@@ -454,7 +459,7 @@ gvqResult_t gvq_ring_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, 
     size_t *off = block_offsets(n, count);
     if (off == NULL) return gvqSystemError;
     gvqResult_t res = ring_run(ctx, &codec, NULL, dst, (size_t)n * count, 0, n - 1, 0, OUT_DST, off,
-                               NULL, NULL, NULL, NULL);
+                               NULL, NULL, NULL, NULL, count); /* in host order, as above */
     free(off);
     return res;
 }
@@ -468,7 +473,7 @@ gvqResult_t gvq_ring_reduce_scatter_keep(gvq_coll_ctx_t *ctx, const void *src, v
     *own = NULL;
     /* shift -1: after n-1 steps rank r owns segment r */
     return ring_run(ctx, &codec, src, NULL, count, n - 1, 0, -1, OUT_PINGPONG, seg_off, NULL, own,
-                    dst, NULL);
+                    dst, NULL, 0);
 }
 
 /* ---- rings over some of the ranks (the hierarchical allreduce's stages) ---------------------- */
@@ -487,7 +492,7 @@ gvqResult_t gvq_subring_reduce_scatter(gvq_coll_ctx_t *ctx, const gvq_subring_t 
     }
     char *own = NULL; /* shift -1: after n-1 steps position p owns segment p, copied into dst */
     return ring_run(ctx, &codec, src, NULL, end, sub->n - 1, 0, -1, OUT_PINGPONG, NULL, NULL, &own,
-                    dst, sub);
+                    dst, sub, 0);
 }
 
 gvqResult_t gvq_subring_allreduce(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub,
@@ -508,7 +513,7 @@ gvqResult_t gvq_subring_allreduce(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub,
         return codec->decode(codec, off, len, w, (char *)dst + off * es);
     }
     return ring_run(ctx, codec, src, dst, end, sub->n - 1, sub->n - 1, -1,
-                    codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, NULL, NULL, NULL, sub);
+                    codec->wire_is_values ? OUT_DST : OUT_WIRE, NULL, NULL, NULL, NULL, sub, 0);
 }
 
 gvqResult_t gvq_subring_allgather(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub, void *dst,
@@ -517,5 +522,5 @@ gvqResult_t gvq_subring_allgather(gvq_coll_ctx_t *ctx, const gvq_subring_t *sub,
     gvq_codec_t codec;
     gvq_codec_identity_init(&codec, ctx->dev, dtype, gvqSum);
     return ring_run(ctx, &codec, NULL, dst, sub->seg_off[sub->n], 0, sub->n - 1, 0, OUT_DST, NULL,
-                    NULL, NULL, NULL, sub);
+                    NULL, NULL, NULL, sub, 0);
 }

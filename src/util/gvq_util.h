@@ -148,9 +148,9 @@ void gvq_log_note(const char *file, int line, const char *fmt, ...)
       "worker at creation, idle until gvqCommShrink talks over it (the broken communicator's "    \
       "own worker is never progressed again); 0: none, and gvqCommShrink refuses on UCX")         \
     X(RING_ORDER, "GVQ_RING_ORDER", CHOICE, 0, "host,rank",                                       \
-      "order of the allreduce ring when a communicator spans hosts: host (each host's ranks in "  \
-      "one run, so the ring crosses each host's link once each way) or rank; the same on every "  \
-      "rank")                                                                                     \
+      "order of the allreduce, reduce-scatter and allgather rings when a communicator spans "     \
+      "hosts: host (each host's ranks in one run, so the ring crosses each host's link once "     \
+      "each way) or rank; the same on every rank")                                                \
     X(TRANSPORT, "GVQ_TRANSPORT", CHOICE, 0, "auto,mpi,ucx",                                      \
       "transport of gvqCommInitRank's communicators: mpi (Open MPI), ucx (UCX's ucp, no MPI "     \
       "at all), auto (mpi inside an MPI job or when MPI is initialized, else ucx where built)")   \

@@ -9,7 +9,9 @@
  * checks. The hierarchical reduce-scatter and allgather likewise (every rank's block against
  * the reference; the allgather equal to the inputs and identical on every rank). The shape
  * itself (gvq_hier_of_hosts) is held to shapes written out here, and a compressed middle stage
- * (QSGD) is checked against a flat compressed ring over the same ranks.
+ * (QSGD) is checked against a flat compressed ring over the same ranks. The flat reduce-scatter
+ * and allgather rings, which follow the hosts' order where the hosts are interleaved, take the
+ * same reduce-scatter and allgather sweep.
  */
 #include <math.h>
 #include <string.h>
@@ -138,6 +140,8 @@ static int sweep(void) {
 /* Reduce-scatter (c->op >= 0) or allgather (c->op < 0, op ignored) of c->count values per rank
  * through the hierarchy: every rank's block against the reference, the allgather's output equal
  * to every rank's input block and identical on every rank. */
+static const char *rsag_name = "hier"; /* or "host-ordered ring" */
+
 static void rank_rsag(gvqComm_t comm, int rank, int nranks, void *arg) {
     hcase_t *c = arg;
     pretend(c, comm, rank, nranks);
@@ -156,10 +160,11 @@ static void rank_rsag(gvqComm_t comm, int rank, int nranks, void *arg) {
             double got = get(out, c->t, i);
             if (!close_enough(got, want, c->t) && bad++ < 2)
                 EXPECT(0,
-                       "hier reducescatter H=%d K=%d%s%s count=%zu %s %s rank %d [%zu]: got %g "
+                       "%s reducescatter H=%d K=%d%s%s count=%zu %s %s rank %d [%zu]: got %g "
                        "want %g",
-                       c->H, c->K, c->interleave ? " interleaved" : "", c->uneven ? " uneven" : "",
-                       m, gvq_dtype_name(c->t), gvq_op_name(op), rank, i, got, want);
+                       rsag_name, c->H, c->K, c->interleave ? " interleaved" : "",
+                       c->uneven ? " uneven" : "", m, gvq_dtype_name(c->t), gvq_op_name(op), rank,
+                       i, got, want);
         }
         c->hash[rank] = 0; /* one block each: nothing to compare across ranks */
     } else {               /* input: one block; output: n blocks */
@@ -173,10 +178,10 @@ static void rank_rsag(gvqComm_t comm, int rank, int nranks, void *arg) {
                 double want = input((int)q, i, c->t, gvqSum), got = get(big, c->t, q * m + i);
                 if (got != want && bad++ < 2)
                     EXPECT(0,
-                           "hier allgather H=%d K=%d%s count=%zu %s rank %d block %zu [%zu]: "
+                           "%s allgather H=%d K=%d%s count=%zu %s rank %d block %zu [%zu]: "
                            "got %g want %g",
-                           c->H, c->K, c->interleave ? " interleaved" : "", m, gvq_dtype_name(c->t),
-                           rank, q, i, got, want);
+                           rsag_name, c->H, c->K, c->interleave ? " interleaved" : "", m,
+                           gvq_dtype_name(c->t), rank, q, i, got, want);
             }
         c->hash[rank] = fnv(big, n * m * es);
     }
@@ -524,13 +529,17 @@ int main(void) {
     int cases = sweep();
     gvq_select_override("reducescatter=hier,allgather=hier");
     int rsag = sweep_rsag();
+    /* the flat rings of both, in host order where the hosts are interleaved (ring_order) */
+    gvq_select_override("reducescatter=ring,allgather=ring");
+    rsag_name = "host-ordered ring";
+    int rsag_ring = sweep_rsag();
     gvq_select_override(NULL);
     test_compressed();
     test_compressed_int();
     test_gradiveq();
     test_track();
-    printf("hierarchical allreduce: %d cases, reduce-scatter and allgather: %d, at (H, K) = "
-           "(1..3, 1..3)\n",
-           cases, rsag);
+    printf("hierarchical allreduce: %d cases, reduce-scatter and allgather: %d (and %d through "
+           "the flat rings in host order), at (H, K) = (1..3, 1..3)\n",
+           cases, rsag, rsag_ring);
     return gvq_test_finish("test_hier");
 }
