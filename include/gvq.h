@@ -495,10 +495,11 @@ typedef struct {
                             block that every rank uses (agreed before the ring), and the ring
                             adds b-bit integers: exact, order-independent. Each rank's values
                             are limited to +-floor((2^(b-1) - 1) / N) for N ranks, so the sum of
-                            N never overflows. Not yet with GradiVeQ and sampleCodec
-                            gvqCodecQsgd (refused: an open defect). With gvqBasisTrack, 16 is
-                            the tested choice: 8 costs 0.7 points on perf/RESULTS.md's ResNet
-                            and once diverged (cause not found). [0] */
+                            N never overflows. With GradiVeQ and sampleCodec gvqCodecQsgd
+                            the sampling calls run QSGD's levels over the same integer sums
+                            (at most QSGD's s levels: 8 and 16 bits sample alike). With
+                            gvqBasisTrack, 16 is the tested choice: 8 costs 0.7 points on
+                            perf/RESULTS.md's ResNet and once diverged (cause not found). [0] */
     int powerRank;       /* r of gvqCodecPowersgd, at most min(rows, columns) [1] */
     float efBound;       /* error feedback: the residual carried to the next call is clipped to
                             at most efBound x the norm of this call's gradient (a fixed PCA

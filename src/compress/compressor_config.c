@@ -131,15 +131,6 @@ static gvqResult_t resolve_wire(const gvqCompressorConfig_t *in, gvq_comp_cfg_t 
         GVQ_WARN("%s: integerBits=%d must be 0, 8 or 16", fn, c->int_bits);
         return gvqInvalidArgument;
     }
-    if (c->int_bits != 0 && c->codec == gvqCodecGradiveq && c->sample_codec == gvqCodecQsgd) {
-        /* an open defect: ResNet training with this pair diverges right after the first fit
-         * (loss 1.3 -> NaN within 20 steps, int8 and int16 alike), while each half alone trains
-         * and both pass their tests; refused until it is found (perf/RESULTS.md section 6) */
-        GVQ_WARN("%s: integerBits=%d with GradiVeQ and sampleCodec gvqCodecQsgd is not supported "
-                 "yet (use sampleCodec gvqCodecNone)",
-                 fn, c->int_bits);
-        return gvqInvalidArgument;
-    }
     if (c->int_bits != 0 && c->fp16) {
         GVQ_WARN("%s: integerBits=%d and wireType gvqFloat16 exclude each other", fn, c->int_bits);
         return gvqInvalidArgument;

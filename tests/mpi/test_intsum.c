@@ -22,8 +22,9 @@
  *               compressor fed the same inputs: the same schedule and d, identical outputs, and
  *               per slice ||x_int - x_fp32|| <= sqrt(d) N 2G / lv (G: the largest slice norm of
  *               any rank's input so far, which bounds every coefficient; U is orthonormal); the
- *               int8 wire at least 3x smaller than the fp32 one; GradiVeQ with QSGD sampling and
- *               integer sums refused (an open defect)
+ *               int8 wire at least 3x smaller than the fp32 one; GradiVeQ with QSGD sampling over
+ *               integer sums: identical, finite outputs, each sampling call within N M / lv of the
+ *               exact sum (M: the largest |input|), one fit, the compressed phase within 5%
  */
 #include <inttypes.h>
 #include <math.h>
@@ -199,6 +200,7 @@ static void part_nan(gvqComm_t comm) {
 
 /* ---- GradiVeQ over integer sums ----------------------------------------------------------- */
 
+#define GVQ_TEST_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define GQ_L 32
 #define GQ_R 4
 #define GQ_SLICES 40
@@ -233,15 +235,74 @@ static void part_gradiveq(gvqComm_t comm) {
     float *x = malloc(sizeof(float) * n), *yi = malloc(sizeof(float) * n);
     float *yf = malloc(sizeof(float) * n), *xr = malloc(sizeof(float) * n);
     int bits[2] = {8, 16};
-    { /* the pair that is refused for now (an open defect, see gvq.h) */
+    for (int k = 0; k < 2; k++) { /* QSGD-int sampling, then GradiVeQ over integer sums */
         gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
         cfg.codec = gvqCodecGradiveq;
         cfg.sampleCodec = gvqCodecQsgd;
-        cfg.integerBits = 8;
-        gvqCompressor_t none = NULL;
-        MT_EXPECT_RES(gvqCompressorCreate(comm, n, &cfg, &none), gvqInvalidArgument);
-        MT_CHECK(none == NULL && strstr(gvqGetLastError(NULL), "not supported yet") != NULL,
-                 "gradiveq + qsgd sampling + integerBits: %s", gvqGetLastError(NULL));
+        cfg.sliceSize = GQ_L;
+        cfg.warmupIters = 0;
+        cfg.sampleIters = 6;
+        cfg.compressedIters = 5;
+        cfg.sampleSlices = 0;
+        cfg.voteThreshold = 2.0f;
+        cfg.lossThreshold = 1e-3f;
+        cfg.integerBits = bits[k];
+        gvqCompressor_t pair;
+        MT_OK(gvqCompressorCreate(comm, n, &cfg, &pair));
+        /* QSGD's levels (4 bits: 7) capped by the wire's headroom */
+        int lv = GVQ_TEST_MIN(((1 << (bits[k] - 1)) - 1) / N, 7);
+        double worst[2] = {0, 0};
+        for (int call = 0; call < 11; call++) {
+            double M = 0, e2 = 0, s2 = 0, emax = 0;
+            for (size_t i = 0; i < n; i++)
+                yf[i] = 0; /* the exact sum */
+            for (int r = 0; r < N; r++) {
+                gq_input(r, call, xr);
+                for (size_t i = 0; i < n; i++) {
+                    yf[i] += xr[i];
+                    M = fmax(M, fabs(xr[i]));
+                }
+                if (r == mt.rank) memcpy(x, xr, sizeof(float) * n);
+            }
+            gvqCompressorStats_t st;
+            MT_OK(gvqCompressorGetStats(pair, &st));
+            int compressed = st.phase == gvqPhaseCompressed;
+            MT_CHECK(compressed == (call >= 6), "qsgd-int sampling, int%d, call %d: phase %d",
+                     bits[k], call, st.phase);
+            MT_OK(gvqAllReduceCompressed(x, yi, n, gvqFloat32, gvqSum, pair, comm, NULL));
+            MT_CHECK(mt_identical(yi, sizeof(float) * n),
+                     "qsgd-int sampling, int%d, call %d: outputs differ between ranks", bits[k],
+                     call);
+            for (size_t i = 0; i < n; i++) {
+                double e = fabs((double)yi[i] - yf[i]);
+                MT_CHECK(isfinite(yi[i]), "qsgd-int sampling, int%d, call %d: value %zu is %g",
+                         bits[k], call, i, yi[i]);
+                emax = fmax(emax, e);
+                e2 += e * e;
+                s2 += (double)yf[i] * yf[i];
+            }
+            if (!compressed) /* each rank's rounding below one level of its block's scale */
+                MT_CHECK(emax <= N * M / lv * (1 + 1e-4),
+                         "qsgd-int sampling, int%d, call %d: error %.4g above N M / lv = %.4g",
+                         bits[k], call, emax, N * M / lv);
+            worst[compressed] = fmax(worst[compressed], sqrt(e2 / s2));
+        }
+        gvqCompressorStats_t st;
+        MT_OK(gvqCompressorGetStats(pair, &st));
+        MT_CHECK(st.fits == 1 && st.fitsRefused == 0 && st.nonFiniteCalls == 0,
+                 "qsgd-int sampling, int%d: fits %lld, refused %lld, non-finite calls %lld",
+                 bits[k], st.fits, st.fitsRefused, st.nonFiniteCalls);
+        /* the basis is fitted to QSGD sums, but the input has rank GQ_R per slice and the noise
+         * only adds directions: the compressed phase stays far below the sampling error (measured
+         * 0.003 at int8 on 4 and 5 ranks) */
+        MT_CHECK(worst[1] <= 0.05 && worst[1] < worst[0],
+                 "qsgd-int sampling, int%d: compressed-phase relative error %.4g (sampling %.4g)",
+                 bits[k], worst[1], worst[0]);
+        if (mt.rank == 0)
+            printf("   qsgd-int sampling then gradiveq over int%d: relative error sampling %.4f, "
+                   "compressed %.4f\n",
+                   bits[k], worst[0], worst[1]);
+        MT_OK(gvqCompressorDestroy(pair));
     }
     for (int k = 0; k < 2; k++) {
         gvqCompressor_t c[2];
