@@ -316,10 +316,10 @@ GVQ_API gvqResult_t gvqTrainDestroy(gvqTrainer_t trainer);
  *   same ranks in the same order, used by nothing else while the pipe lives): activations
  *   travel on forwardComm and errors on backwardComm, each from a host stream of the pipe; a
  *   task's output leaves with the receive of the next task's input, while the stage computes,
- *   instead of blocking it. By default (GVQ_PIPE_LINKS=1, MPI and UCX transports) the pipe
- *   splits from them a communicator per link and direction, each with a stream of its own, so
- *   that a send waits only for its receiver, never behind a receive from the other side
- *   (destroyed with the pipe, aborted when a step fails). Without them, transfers block
+ *   instead of blocking it. With GVQ_PIPE_LINKS=1 (MPI and UCX transports) the pipe splits
+ *   from them a communicator per link and direction, each with a stream of its own, so that a
+ *   send waits only for its receiver, never behind a receive from the other side (destroyed
+ *   with the pipe, aborted when a step fails). Without them, transfers block
  *   between the tasks (a send goes with the next task's receive in one group, so neighbours
  *   never wait on each other's send).
  * ------------------------------------------------------------------------------------------ */

@@ -35,7 +35,7 @@ struct gvqPipe {
      * events after the group that receives its input or sends its output */
     gvqComm_t fcomm, bcomm;
     gvqStream_t fstream, bstream;
-    /* GVQ_PIPE_LINKS=1 (default): a communicator of its own per link and direction, split
+    /* GVQ_PIPE_LINKS=1: a communicator of its own per link and direction, split
      * from fcomm and bcomm at create (the pipe's, NULL at the ends), each with a stream, so a
      * send waits for nothing but its own receiver: PIPE_F_SEND (activations to stage + 1),
      * PIPE_F_RECV (from stage - 1), PIPE_B_SEND (errors to stage - 1), PIPE_B_RECV (from

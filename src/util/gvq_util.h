@@ -129,11 +129,11 @@ void gvq_log_note(const char *file, int line, const char *fmt, ...)
     X(PIPE_RMSE, "GVQ_PIPE_RMSE", UINT, 0, NULL,                                                  \
       "1: DualPipe and SpecTrain stages keep their tasks' weights until the target version is "   \
       "reached, for gvqPipeGetStats' RMSE (4S + 4 weight copies, twice with SpecTrain)")          \
-    X(PIPE_LINKS, "GVQ_PIPE_LINKS", UINT, 1, NULL,                                                \
+    X(PIPE_LINKS, "GVQ_PIPE_LINKS", UINT, 0, NULL,                                                \
       "1: a pipeline with overlapped transfers splits a communicator of its own per link and "    \
       "direction from forwardComm and backwardComm, a stream each (sends never queue behind "     \
-      "receives); 0: every transfer of a direction on forwardComm or backwardComm. The same on "  \
-      "every stage")                                                                              \
+      "receives; measured no faster on 4 stages, perf/RESULTS.md section 10); 0: every "          \
+      "transfer of a direction on forwardComm or backwardComm. The same on every stage")          \
     X(PROGRESS_SLEEP_US, "GVQ_PROGRESS_SLEEP_US", UINT, 50, NULL,                                 \
       "a host stream's progress thread waiting on the network sleeps this many microseconds "     \
       "between its rounds of polls, leaving the core to the caller's compute (0: it yields)")     \
