@@ -228,12 +228,11 @@ static double slice_norm(const float *x, size_t s) {
     return sqrt(a);
 }
 
-static void part_gradiveq(gvqComm_t comm) {
-    mt_part("4 gradiveq: int8 and int16 coefficient sums against fp32 coefficients", WATCHDOG_S);
+/* QSGD-int sampling, then GradiVeQ over integer sums (int8 and int16): identical finite
+ * outputs, each sampling call within N M / lv of the exact sum, one fit, the compressed phase
+ * near the sum. x, yi, yf and xr: n floats each (scratch). */
+static void sampling_pair(gvqComm_t comm, size_t n, float *x, float *yi, float *yf, float *xr) {
     int N = mt.nranks;
-    const size_t n = GQ_SLICES * GQ_L + GQ_TAIL;
-    float *x = malloc(sizeof(float) * n), *yi = malloc(sizeof(float) * n);
-    float *yf = malloc(sizeof(float) * n), *xr = malloc(sizeof(float) * n);
     int bits[2] = {8, 16};
     for (int k = 0; k < 2; k++) { /* QSGD-int sampling, then GradiVeQ over integer sums */
         gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
@@ -304,6 +303,16 @@ static void part_gradiveq(gvqComm_t comm) {
                    bits[k], worst[0], worst[1]);
         MT_OK(gvqCompressorDestroy(pair));
     }
+}
+
+static void part_gradiveq(gvqComm_t comm) {
+    mt_part("4 gradiveq: int8 and int16 coefficient sums against fp32 coefficients", WATCHDOG_S);
+    int N = mt.nranks;
+    const size_t n = GQ_SLICES * GQ_L + GQ_TAIL;
+    float *x = malloc(sizeof(float) * n), *yi = malloc(sizeof(float) * n);
+    float *yf = malloc(sizeof(float) * n), *xr = malloc(sizeof(float) * n);
+    int bits[2] = {8, 16};
+    sampling_pair(comm, n, x, yi, yf, xr);
     for (int k = 0; k < 2; k++) {
         gvqCompressor_t c[2];
         for (int v = 0; v < 2; v++) {
