@@ -228,6 +228,23 @@ static double slice_norm(const float *x, size_t s) {
     return sqrt(a);
 }
 
+/* GradiVeQ on GQ_L slices: 6 sampling calls (every slice a sample) through sample_codec, then
+ * compressed calls without the vote, over integer sums of `bits` (0: fp32). */
+static gvqCompressorConfig_t gq_config(int sample_codec, int bits) {
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecGradiveq;
+    cfg.sampleCodec = sample_codec;
+    cfg.sliceSize = GQ_L;
+    cfg.warmupIters = 0;
+    cfg.sampleIters = 6;
+    cfg.compressedIters = 5;
+    cfg.sampleSlices = 0;
+    cfg.voteThreshold = 2.0f;
+    cfg.lossThreshold = 1e-3f;
+    cfg.integerBits = bits;
+    return cfg;
+}
+
 /* QSGD-int sampling, then GradiVeQ over integer sums (int8 and int16): identical finite
  * outputs, each sampling call within N M / lv of the exact sum, one fit, the compressed phase
  * near the sum. x, yi, yf and xr: n floats each (scratch). */
@@ -235,17 +252,7 @@ static void sampling_pair(gvqComm_t comm, size_t n, float *x, float *yi, float *
     int N = mt.nranks;
     int bits[2] = {8, 16};
     for (int k = 0; k < 2; k++) { /* QSGD-int sampling, then GradiVeQ over integer sums */
-        gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-        cfg.codec = gvqCodecGradiveq;
-        cfg.sampleCodec = gvqCodecQsgd;
-        cfg.sliceSize = GQ_L;
-        cfg.warmupIters = 0;
-        cfg.sampleIters = 6;
-        cfg.compressedIters = 5;
-        cfg.sampleSlices = 0;
-        cfg.voteThreshold = 2.0f;
-        cfg.lossThreshold = 1e-3f;
-        cfg.integerBits = bits[k];
+        gvqCompressorConfig_t cfg = gq_config(gvqCodecQsgd, bits[k]);
         gvqCompressor_t pair;
         MT_OK(gvqCompressorCreate(comm, n, &cfg, &pair));
         /* QSGD's levels (4 bits: 7) capped by the wire's headroom */
@@ -316,16 +323,7 @@ static void part_gradiveq(gvqComm_t comm) {
     for (int k = 0; k < 2; k++) {
         gvqCompressor_t c[2];
         for (int v = 0; v < 2; v++) {
-            gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-            cfg.codec = gvqCodecGradiveq;
-            cfg.sliceSize = GQ_L;
-            cfg.warmupIters = 0;
-            cfg.sampleIters = 6;
-            cfg.compressedIters = 5;
-            cfg.sampleSlices = 0;
-            cfg.voteThreshold = 2.0f;
-            cfg.lossThreshold = 1e-3f;
-            cfg.integerBits = v ? bits[k] : 0;
+            gvqCompressorConfig_t cfg = gq_config(gvqCodecNone, v ? bits[k] : 0);
             MT_OK(gvqCompressorCreate(comm, n, &cfg, &c[v]));
         }
         int lv = ((1 << (bits[k] - 1)) - 1) / N;
