@@ -4,8 +4,9 @@
  * allreduce, each checked against values computed here from the definition.
  *
  * The inputs are small integers, so every float sum is exact and the expected result is known
- * without gvq. The compressed result has no closed form: every rank's bytes are gathered and
- * must be identical, and its error against the exact sum within QSGD's bound. Argument:
+ * without gvq. The compressed results (QSGD on the float and the 8-bit integer wire, the tracked
+ * basis on the 16-bit wire) have no closed form: every rank's bytes are gathered and must be
+ * identical, and the error against the exact sum within a bound. Argument:
  * "mixed" (rank 1 on GVQ_TRANSPORT=mpi, the others on UCX): gvqCommInitFromEnv must fail on
  * every rank with gvqInvalidUsage naming GVQ_TRANSPORT. "mpi-free" also checks that the process
  * never loaded an MPI transport (GVQ_TRANSPORT=auto picks UCX outside an MPI job).
@@ -85,38 +86,70 @@ static void test_p2p(gvqComm_t comm, int n) {
     free(y);
 }
 
-static void test_compressed(gvqComm_t comm, int n) {
+/* `calls` calls of one compressor on the same input: every rank's last output gathered must be
+ * identical, and its relative error against the exact sum below `bound`. */
+static void compressed_case(gvqComm_t comm, int n, const gvqCompressorConfig_t *cfg,
+                            float (*in)(int r, size_t i), const char *name, int calls,
+                            double bound) {
     size_t count = 100000;
-    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
-    cfg.codec = gvqCodecQsgd;
-    cfg.qsgdBits = 4;
     gvqCompressor_t cp;
-    GVQ(gvqCompressorCreate(comm, count, &cfg, &cp));
+    GVQ(gvqCompressorCreate(comm, count, cfg, &cp));
     float *x = malloc(count * sizeof *x), *y = malloc(count * sizeof *y);
     float *all = malloc(count * (size_t)n * sizeof *all);
+    CHECK(x != NULL && y != NULL && all != NULL, "%s: out of memory", name);
     for (size_t i = 0; i < count; i++)
-        x[i] = val(rank, i) / 30.0f;
-    GVQ(gvqAllReduceCompressed(x, y, count, gvqFloat32, gvqSum, cp, comm, NULL));
+        x[i] = in(rank, i);
+    for (int c = 0; c < calls; c++)
+        GVQ(gvqAllReduceCompressed(x, y, count, gvqFloat32, gvqSum, cp, comm, NULL));
     GVQ(gvqAllGather(y, all, count, gvqFloat32, comm, NULL));
     size_t differ = 0;
     for (int r = 0; r < n; r++)
         differ += memcmp(all + (size_t)r * count, y, count * sizeof *y) != 0;
-    CHECK(differ == 0, "compressed allreduce: %zu rank(s) got other bits", differ);
+    CHECK(differ == 0, "%s: %zu rank(s) got other bits", name, differ);
     double err = 0, ref = 0;
     for (size_t i = 0; i < count; i++) {
         double want = 0;
         for (int r = 0; r < n; r++)
-            want += val(r, i) / 30.0;
+            want += in(r, i);
         err += (y[i] - want) * (y[i] - want);
         ref += want * want;
     }
     double rel = ref > 0 ? sqrt(err / ref) : 0;
-    CHECK(rel < 0.5, "compressed allreduce: relative error %.3f", rel);
-    if (rank == 0) printf("  QSGD 4-bit over %d ranks: relative error %.4f\n", n, rel);
+    CHECK(rel < bound, "%s: relative error %.3f (bound %.2f)", name, rel, bound);
+    if (rank == 0) printf("  %s over %d ranks: relative error %.4f\n", name, n, rel);
     GVQ(gvqCompressorDestroy(cp));
     free(x);
     free(y);
     free(all);
+}
+
+static float small_ints(int r, size_t i) {
+    return val(r, i) / 30.0f;
+}
+
+/* Slices of 250 values that are all multiples of one pattern (a slice matrix of rank 1). */
+static float rank_one(int r, size_t i) {
+    return (1.0f + 0.25f * (float)r) * sinf(0.1f * (float)(i % 250) + 0.3f) *
+           cosf(0.05f * (float)(i / 250));
+}
+
+/* QSGD 4-bit on the float wire and on the 8-bit integer wire, the tracked basis on the 16-bit
+ * wire (its factor rings; with GVQ_ALGO=hier all three run through the hierarchy, the integer
+ * wires agreeing on their scales across the hosts). The tracked basis (d 4) on slices of rank
+ * 1, the same input each call: after 6 calls only the wire's rounding is left. */
+static void test_compressed(gvqComm_t comm, int n) {
+    gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    cfg.codec = gvqCodecQsgd;
+    cfg.qsgdBits = 4;
+    compressed_case(comm, n, &cfg, small_ints, "QSGD 4-bit", 1, 0.5);
+    cfg.integerBits = 8;
+    compressed_case(comm, n, &cfg, small_ints, "QSGD 4-bit, 8-bit integer wire", 1, 0.5);
+    gvqCompressorConfig_t track = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+    track.codec = gvqCodecGradiveq;
+    track.basisUpdate = gvqBasisTrack;
+    track.sliceSize = 250;
+    track.integerBits = 16;
+    compressed_case(comm, n, &track, rank_one, "tracked basis d 4, 16-bit integer wire", 6, 0.01);
 }
 
 int main(int argc, char **argv) {
