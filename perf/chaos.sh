@@ -166,14 +166,14 @@ inject() { # kind host
             read -r p h <<<"$(target "$h")"
             [ -n "$p" ] || { note "stop: no gvq-train to stop"; return; }
             local hold
-            hold=$(awk -v t="$TIMEOUT" 'BEGIN { printf "%.1f", t / 2000 }')
+            hold=$(awk -v t="$TIMEOUT" 'BEGIN { printf "%.3f", t / 2000 }')
             note "stop: SIGSTOP pid $p on host $h for $hold s"
             kill -STOP "$p"; sleep "$hold"; kill -CONT "$p"
             note "stop: SIGCONT pid $p" ;;
         link2|link30)
             local d # the outage: short enough to ride through, or long enough to cut the rank off
             if [ "$kind" = link2 ]; then
-                d=$(awk -v t="$TIMEOUT" 'BEGIN { d = t < 5000 ? t / 5000 : 2; printf "%.1f", d }')
+                d=$(awk -v t="$TIMEOUT" 'BEGIN { d = t < 5000 ? t / 5000 : 2; printf "%.3f", d }')
             else
                 d=$(awk -v t="$TIMEOUT" 'BEGIN { d = 3 * t / 1000; if (d < 30) d = 30; printf "%.0f", d }')
             fi

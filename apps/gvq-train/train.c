@@ -1019,13 +1019,20 @@ static void take_state(run_t *r, handoff_t *h) {
  * compressors are not in it: a resumed run rebuilds them (the file says so). */
 
 static uint64_t model_sig(const net_t *net) {
-    size_t sizes[2 * 64];
+    /* every layer's sizes (a model of up to 64 layers hashes as it always did) */
+    size_t stack[2 * 64] = {0}, *sizes = stack;
+    if (net->nlayers > 64 && (sizes = malloc(sizeof(size_t) * 2 * (size_t)net->nlayers)) == NULL) {
+        fprintf(stderr, "gvq-train: out of memory for the model's signature\n");
+        exit(1);
+    }
     int n = 0;
-    for (int i = 0; i < net->nlayers && n + 2 <= (int)(sizeof sizes / sizeof sizes[0]); i++) {
+    for (int i = 0; i < net->nlayers; i++) {
         sizes[n++] = net->layers[i].nw;
         sizes[n++] = net->layers[i].nb;
     }
-    return commit_model_sig(net->nparams, n, sizes);
+    uint64_t sig = commit_model_sig(net->nparams, n, sizes);
+    if (sizes != stack) free(sizes);
+    return sig;
 }
 
 static void commit_to_disk(run_t *r, int k) {
