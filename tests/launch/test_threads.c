@@ -17,6 +17,7 @@
  * Passes when every check passes on every rank (the leaving rank exits 0).
  */
 #define _DEFAULT_SOURCE
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -131,6 +132,20 @@ static void *thread_main(void *p) {
         fprintf(stderr, "rank %d thread %d: QSGD on a stream differs from the same call blocking\n",
                 rank, j->t);
         j->bad++;
+    }
+    if (r == gvqSuccess) { /* and near the exact sum: 4-bit QSGD's error is about 0.2 here */
+        double e2 = 0, s2 = 0;
+        for (size_t i = 0; i < cc; i++) {
+            double want = 0;
+            for (int q = 0; q < nranks; q++)
+                want += in(q, j->t, 5, i) / 7.0f;
+            e2 += (b[i] - want) * (b[i] - want), s2 += want * want;
+        }
+        if (!(e2 <= 0.25 * s2)) { /* relative error above 0.5, or NaN */
+            fprintf(stderr, "rank %d thread %d: QSGD's relative error %.3f (at most 0.5)\n", rank,
+                    j->t, s2 > 0 ? sqrt(e2 / s2) : -1.0);
+            j->bad++;
+        }
     }
     if (r != gvqSuccess) {
         fprintf(stderr, "rank %d thread %d: the compressed part failed: %s\n", rank, j->t,
