@@ -71,7 +71,9 @@ run3() { # ARGS... on 3 ranks (a batch of 96) -> $dir/out, the job's status
 mkdir "$dir/c3"
 run3 --elastic 20 --commit-dir "$dir/c3" --stop-step 70 || fail "the 3-rank stopped run exited with $?"
 run3 --elastic 50 --resume "$dir/c3" --die 1:75 || fail "the resumed 3-rank run exited with $?"
-grep -q '# fault at step 76: 3 -> 2 ranks.*back to step 60 ' "$dir/out" ||
+# rank 1 leaves at the start of step 75: the others see it in step 75's calls or, when its
+# part of them was already sent, in step 76's; either way the roll-back is to step 60
+grep -Eq '# fault at step 7[56]: 3 -> 2 ranks.*back to step 60 ' "$dir/out" ||
     fail "a fault before the resumed run's first commit step did not roll back to step 60"
 grep -q '# done: 60 steps (resumed at step 60)' "$dir/out" || fail "no done line after the fault"
 echo "resume.sh: resumed at 60 with --elastic 50, a rank lost at 75: rolled back to 60 and finished"
