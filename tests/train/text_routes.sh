@@ -20,9 +20,9 @@ declare -A line
 for r in ps allgatherv dense auto; do
     out=$(run $r)
     echo "$out" | tail -2
-    echo "$out" | grep -q "identical on every rank at every check: yes" || { echo "FAIL: $r: weights differ"; exit 1; }
+    grep -q "identical on every rank at every check: yes" <<<"$out" || { echo "FAIL: $r: weights differ"; exit 1; }
     line[$r]=$(echo "$out" | grep '^step' | tail -1 | sed 's/  embedding.*//')
-    [ "$r" != auto ] || echo "$out" | grep -q "route $( [ "$np" -gt 2 ] && echo ps || echo allgatherv)," \
+    [ "$r" != auto ] || grep -q "route $( [ "$np" -gt 2 ] && echo ps || echo allgatherv)," <<<"$out" \
         || { echo "FAIL: Parallax's rule did not pick the expected route at $np ranks"; exit 1; }
 done
 for r in allgatherv dense auto; do
