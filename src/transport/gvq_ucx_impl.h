@@ -33,6 +33,12 @@ struct gvq_ucx {
     int32_t revoke_in[2], revoke_out[2];
     int revoked_by, revoke_sent;
     gvqResult_t revoke_cause; /* the notice's error, once revoked_by >= 0 */
+    /* Requests cancelled while UCX still had them (a receive matched to a rendezvous, a send
+     * under way): UCX cannot call them back, so any later progress of the worker may still
+     * write into (or read) a buffer its caller has freed since. Once there is one, the
+     * endpoints are closed by force, unflushed, so the close does not progress the worker.
+     * Atomic. */
+    int orphans;
 };
 
 /* The transport on u with an endpoint to each of the n addresses (packed, lens[p] bytes each).

@@ -55,6 +55,15 @@ static gvqResult_t ctx_get(void) {
          * setenv is not safe against a getenv running in another thread at that moment: it runs
          * once a process, under ctx_lock, when the first UCX communicator is made. */
         setenv("UCX_TCP_CONN_NB", "y", 0);
+        /* One socket event per poll of a TCP interface (UCX's default takes up to 16 from one
+         * epoll_wait and handles them in turn). UCX 1.13 can close an endpoint while handling
+         * one event of such a batch and then meet that endpoint's own event, stale, later in
+         * the same batch: it aborts the process (tcp_iface.c, "Assertion `ep->conn_state !=
+         * UCT_TCP_EP_CONN_STATE_CLOSED' failed"). It struck a rank that resumed after SIGSTOP
+         * and connected to three peers' closed spare workers at once (mpi_shrink_stall_ucx_np4:
+         * 3 aborts in 40 runs with the default, 0 in 80 with 1; perf/RESULTS.md section 13 has
+         * the TCP cost: within the runs' noise at 2 ranks). */
+        setenv("UCX_TCP_MAX_POLL", "1", 0);
         ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
         if (st == UCS_OK) {
             ucp_params_t p;
@@ -226,6 +235,36 @@ static gvqResult_t post_failed(gvq_transport_t *t, const char *what, int peer, u
     return gvqRemoteError;
 }
 
+/* Cancel request r (a receive: recv) and give it back to UCX, which frees it once it
+ * completes. A receive not yet matched completes at once (cancelled); one matched to a
+ * rendezvous, or a send under way, goes on inside UCX and may still touch its buffer at the
+ * worker's next progress: then the communicator is broken (no later call runs on it) and its
+ * endpoints are closed by force, without the flush that progresses the worker (CI saw the stalled
+ * rank of mpi_peer_faults_sigstop crash in ucp_rndv_data_handler when gvqCommDestroy flushed its
+ * endpoints after the failed call had returned and the caller had freed its output). */
+static void cancel_request(gvq_transport_t *t, void *r, int recv, int peer) {
+    gvq_ucx_t *u = impl(t);
+    if (recv) ucp_request_cancel(u->worker, r);
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) {
+        if (__atomic_fetch_add(&u->orphans, 1, __ATOMIC_ACQ_REL) == 0)
+            GVQ_INFO("UCX transport: a cancelled %s with rank %d is still under way inside UCX; "
+                     "its endpoints will be closed unflushed",
+                     recv ? "receive" : "send", peer);
+        gvq_broken_set(t->broken, gvqRemoteError);
+    }
+    ucp_request_free(r);
+}
+
+/* The endpoints close unflushed (close_eps: the worker is not progressed again): the
+ * communicator broke, was aborted, or UCX holds a request it could not call back. A shrink's
+ * transport goes on after such cancels (its buffers are kept, elastic.c), so its transfers
+ * still progress; only its close is forced. */
+static int quarantined(gvq_transport_t *t) {
+    return gvq_broken_get(t->broken) != gvqSuccess ||
+           (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE)) ||
+           __atomic_load_n(&impl(t)->orphans, __ATOMIC_ACQUIRE) != 0;
+}
+
 static gvqResult_t ucx_isend(gvq_transport_t *t, int peer, int tag, const void *buf, size_t bytes,
                              gvq_req_t *req) {
     gvq_ucx_t *u = impl(t);
@@ -289,8 +328,7 @@ static gvqResult_t ucx_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
         ucs_status_t failed =           /* does not fail with its peer unless told so here */
             __atomic_load_n(&u->peers[slot(u, req->peer)].failed, __ATOMIC_ACQUIRE);
         if (failed == UCS_OK) return gvqSuccess;
-        ucp_request_cancel(u->worker, r);
-        ucp_request_free(r); /* UCX releases it when the cancel completes */
+        cancel_request(t, r, 1, req->peer);
         req->handle[0] = 0;
         req->active = 0;
         *done = 1;
@@ -343,12 +381,8 @@ static void ucx_block(gvq_transport_t *t, uint64_t max_ns) {
 }
 
 static void ucx_cancel(gvq_transport_t *t, gvq_req_t *req) {
-    gvq_ucx_t *u = impl(t);
     void *r = (void *)(uintptr_t)req->handle[0];
-    if (r != NULL) {
-        if (req->handle[1] & K_RECV) ucp_request_cancel(u->worker, r);
-        ucp_request_free(r); /* UCX releases it when it completes */
-    }
+    if (r != NULL) cancel_request(t, r, (req->handle[1] & K_RECV) != 0, req->peer);
     req->handle[0] = 0;
     req->active = 0;
 }
@@ -360,9 +394,7 @@ static void ucx_destroy(gvq_transport_t *t) {
         ucp_request_free(u->revoke_req);
         u->revoke_req = NULL;
     }
-    int broken = gvq_broken_get(t->broken) != gvqSuccess ||
-                 (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE));
-    close_eps(u, u->neps, broken, t->timeout_ns);
+    close_eps(u, u->neps, quarantined(t), t->timeout_ns);
     u->neps = 0;
     gvq_ucx_close(u);
     free(t);
