@@ -113,10 +113,12 @@ typedef struct {
     uint32_t call; /* set per allreduce, part of the random counter */
     float *tmp;    /* one bucket, for decode-add-encode at a hop */
     /* Several tensors in one ring (the fused QSGD call): for bucket j of the ring's vector, the
-     * index its first value has in its own tensor, and that tensor's call, so that every value
-     * draws the random bits it draws when its tensor runs alone. NULL: one tensor. */
+     * index its first value has in its own tensor, that tensor's call and its seed (the
+     * first word of the Philox key), so that every value draws the random bits it draws when
+     * its tensor runs alone. NULL: one tensor. */
     const uint64_t *map_first;
     const uint32_t *map_call;
+    const uint32_t *map_seed;
 } gvq_qsgd_t;
 gvqResult_t gvq_qsgd_init(gvq_qsgd_t *q, int bits, size_t bucket, int norm, uint32_t seed,
                           uint32_t rank);

@@ -201,11 +201,12 @@ static uint64_t plan_hash(const zc_entry_t *e, const gvq_layout_t *lay) {
 }
 
 static gvqResult_t make_compressors(gvqComm_t comm, zc_entry_t *e, const gvq_layout_t *lay) {
-    for (int i = 0; i < e->nparts; i++) {
+    for (int i = 0, k = 0; i < e->nparts; i++) {
         zc_part_t *p = &e->parts[i];
         if (p->codec == gvqCodecNone) continue;
         gvqCompressorConfig_t cfg;
         part_config(p, p->layer >= 0 ? &lay->layers[p->layer] : NULL, &cfg);
+        cfg.seed = k++; /* QSGD's bits: the k-th compressed part's own stream */
         GVQCHECK(gvqCompressorCreate(comm, p->count, &cfg, &p->comp));
     }
     return gvqSuccess;

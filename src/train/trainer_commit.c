@@ -53,7 +53,15 @@ static const gvqCompressorConfig_t *codec_of(gvqTrainer_t t, tvar_t *x) {
                                      : x->info.kind == gvqVarFc && t->has_fc_cfg     ? &t->fc_cfg
                                                                                      : NULL;
     if (c == NULL || c->codec == gvqCodecNone) return NULL;
+    int own = x->has_ccfg, index = (int)(x - t->vars);
     x->ccfg = *c;
+    /* Each variable draws QSGD's random bits from a stream of its own: a shared config's seed
+     * (0 when unset) plus the variable's registration index; a variable's own config keeps the
+     * seed it set (its index when unset). With one seed for all, every tensor rounded its
+     * element e with the same uniform draw at a step, the layers' errors moving together. */
+    if (!own || x->ccfg.seed == GVQ_CONFIG_UNDEF_INT)
+        x->ccfg.seed = (int)((uint32_t)(x->ccfg.seed == GVQ_CONFIG_UNDEF_INT ? 0 : x->ccfg.seed) +
+                             (uint32_t)index);
     if (x->info.kind == gvqVarConv) {
         x->ccfg.filters = x->shape[0];
         x->ccfg.depth = x->shape[1];

@@ -543,6 +543,7 @@ static void part_qsgd(gvqComm_t comm) {
             gvqCompressorConfig_t cfg = comp_cfg(gvqCodecQsgd, &shapes[j]);
             cfg.qsgdBits = bits;
             cfg.qsgdBucket = bucket;
+            cfg.seed += (int)j; /* a stream per tensor: the fused group keeps each bucket's */
             for (int m = 0; m < 3; m++) {
                 MT_OK(gvqCompressorCreate(comm, n, &cfg, &c[m][j]));
                 y[m][j] = malloc(4 * n);
@@ -858,6 +859,7 @@ static void part_layer(gvqComm_t comm, int wait_free) {
                      info.codec);
             gvqCompressorConfig_t c = qc;
             c.filters = vs[v].K, c.depth = vs[v].D, c.height = vs[v].H, c.width = vs[v].W;
+            c.seed = qc.seed + v; /* the layer's rule: the shared seed plus the index */
             MT_OK(gvqCompressorCreate(comm, cnt[v], &c, &direct[v]));
         }
     }
@@ -961,6 +963,7 @@ static void part_zerocode(gvqComm_t comm) {
     for (int l = 0; l < 3; l++) {
         gvqCompressorConfig_t c = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
         c.codec = gvqCodecQsgd;
+        c.seed = l; /* zero-code's rule: the l-th compressed layer's stream */
         MT_OK(gvqCompressorCreate(comm, shape_count(&ls[l]), &c, &direct[l]));
     }
     float *buf = malloc(4 * total), *d = malloc(4 * total), *xs = malloc(4 * total * (size_t)N);

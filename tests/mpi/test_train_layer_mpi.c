@@ -169,7 +169,9 @@ static void run_tracked(gvqComm_t comm) {
         memcpy(var.shape, track_shape[v], sizeof var.shape);
         if (v < 2) {
             var.compressor = &cc[v];
-            MT_OK(gvqCompressorCreate(comm, track_count(v), &cc[v], &hand[v]));
+            gvqCompressorConfig_t hc = cc[v]; /* the layer's rule for a variable's own config */
+            hc.seed = v;                      /* without a seed: its registration index */
+            MT_OK(gvqCompressorCreate(comm, track_count(v), &hc, &hand[v]));
         }
         MT_OK(gvqTrainAddVariable(t, &var, &ids[v]));
     }

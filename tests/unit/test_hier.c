@@ -523,6 +523,122 @@ static void test_track(void) {
     }
 }
 
+/* A group through the hierarchy: two tracked-basis tensors (fused into one call of three factor
+ * rings), two PowerSGD ones (rank 2, fused: two factor rings) and a QSGD one, blocking and on a
+ * host stream, fp32 and with the tracked basis on the 16-bit wire, on 2 x 2 ranks round-robin.
+ * Every rank gets the same bits; the stream's group the blocking group's; the grouped fp32 calls
+ * stay within 1e-4 of the same calls made one by one, QSGD gives its lone call's bits; and the
+ * hierarchy's bits differ from the flat rings' (the factor rings did go through it). */
+enum { HG = 5, HG_CALLS = 3 };
+static const size_t hg_count[HG] = {16 * 4 * 9, 1000, 16 * 4 * 9, 640, 777};
+typedef struct {
+    qcase_t q;
+    int bits;
+    uint64_t hash[16][HG]; /* per rank and tensor: the blocking group's last outputs */
+} gcase_t;
+
+static void hg_make(gvqComm_t comm, int bits, gvqCompressor_t *c) {
+    for (int i = 0; i < HG; i++) {
+        gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
+        cfg.codec = i < 2 ? gvqCodecGradiveq : i < 4 ? gvqCodecPowersgd : gvqCodecQsgd;
+        cfg.powerRank = 2;
+        if (i < 2) {
+            cfg.basisUpdate = gvqBasisTrack;
+            cfg.maxDims = 2;
+            cfg.integerBits = bits;
+        }
+        if (i == 0 || i == 2) cfg.filters = 16, cfg.depth = 4, cfg.height = cfg.width = 3;
+        EXPECT_RES(gvqCompressorCreate(comm, hg_count[i], &cfg, &c[i]), gvqSuccess);
+    }
+}
+
+static float hg_grad(int rank, int call, int i, size_t j) {
+    return sinf((float)(j % 37) * 0.3f + (float)(call * 5 + i)) * cosf((float)(j / 37) * 0.11f) +
+           0.05f * sinf((float)(j * 7919 + (size_t)rank * 131 + (size_t)call * 17));
+}
+
+/* HG_CALLS calls of the HG tensors, grouped (on stream s, or blocking) or one by one. */
+static void hg_calls(gvqComm_t comm, int rank, gvqCompressor_t *c, gvqStream_t s, int grouped,
+                     float **out) {
+    for (int t = 0; t < HG_CALLS; t++) {
+        for (int i = 0; i < HG; i++)
+            for (size_t j = 0; j < hg_count[i]; j++)
+                out[i][j] = hg_grad(rank, t, i, j);
+        if (grouped) EXPECT_RES(gvqGroupStart(), gvqSuccess);
+        for (int i = 0; i < HG; i++)
+            EXPECT_RES(gvqAllReduceCompressed(out[i], out[i], hg_count[i], gvqFloat32, gvqAvg, c[i],
+                                              comm, s),
+                       gvqSuccess);
+        if (grouped) EXPECT_RES(gvqGroupEnd(), gvqSuccess);
+        if (s != NULL) EXPECT_RES(gvqStreamSynchronize(s), gvqSuccess);
+    }
+}
+
+static void rank_group(gvqComm_t comm, int rank, int nranks, void *arg) {
+    gcase_t *g = arg;
+    pretend_rr(&g->q, comm, nranks);
+    gvqCompressor_t a[HG], b[HG], one[HG];
+    hg_make(comm, g->bits, a);
+    hg_make(comm, g->bits, b);
+    hg_make(comm, g->bits, one);
+    float *ya[HG], *yb[HG], *y1[HG];
+    for (int i = 0; i < HG; i++) {
+        ya[i] = malloc(hg_count[i] * 4);
+        yb[i] = malloc(hg_count[i] * 4);
+        y1[i] = malloc(hg_count[i] * 4);
+    }
+    gvqStream_t s = NULL;
+    EXPECT_RES(gvqStreamCreate(&s), gvqSuccess);
+    hg_calls(comm, rank, a, NULL, 1, ya);
+    hg_calls(comm, rank, b, s, 1, yb);
+    hg_calls(comm, rank, one, NULL, 0, y1);
+    for (int i = 0; i < HG; i++) {
+        EXPECT(memcmp(ya[i], yb[i], hg_count[i] * 4) == 0,
+               "group int%d tensor %d: the stream's group differs from the blocking group", g->bits,
+               i);
+        double e2 = 0, n2 = 0;
+        for (size_t j = 0; j < hg_count[i]; j++)
+            e2 += (ya[i][j] - y1[i][j]) * (ya[i][j] - y1[i][j]), n2 += y1[i][j] * y1[i][j];
+        if (i == 4)
+            EXPECT(memcmp(ya[i], y1[i], hg_count[i] * 4) == 0,
+                   "group: fused QSGD differs from its lone call through the hierarchy");
+        else if (g->bits == 0 || i >= 2)
+            EXPECT(sqrt(e2 / n2) < 1e-4,
+                   "group int%d tensor %d: grouped and one-by-one calls differ by %g (relative)",
+                   g->bits, i, sqrt(e2 / n2));
+        g->hash[rank][i] = fnv(ya[i], hg_count[i] * 4);
+    }
+    EXPECT_RES(gvqStreamDestroy(s), gvqSuccess);
+    for (int i = 0; i < HG; i++) {
+        gvqCompressorDestroy(a[i]), gvqCompressorDestroy(b[i]), gvqCompressorDestroy(one[i]);
+        free(ya[i]), free(yb[i]), free(y1[i]);
+    }
+}
+
+static void test_group(void) {
+    for (int bits = 0; bits <= 16; bits += 16) {
+        gcase_t flat, hier;
+        memset(&flat, 0, sizeof flat);
+        flat.q.H = 2, flat.q.K = 2, flat.bits = bits;
+        hier = flat;
+        gvq_select_override("ring");
+        gvq_test_run(4, NULL, rank_group, &flat);
+        gvq_select_override("allreduce=hier");
+        gvq_test_run(4, NULL, rank_group, &hier);
+        gvq_select_override(NULL);
+        for (int i = 0; i < HG; i++) {
+            for (int r = 1; r < 4; r++)
+                EXPECT(hier.hash[r][i] == hier.hash[0][i] && flat.hash[r][i] == flat.hash[0][i],
+                       "group int%d tensor %d: rank %d's output differs from rank 0's", bits, i, r);
+            EXPECT(hier.hash[0][i] != flat.hash[0][i],
+                   "group int%d tensor %d: the hierarchy gave the flat rings' bits", bits, i);
+        }
+        printf("group through the hierarchy (int%d): tracked basis x2, PowerSGD x2, QSGD; "
+               "blocking, on a stream and one by one\n",
+               bits);
+    }
+}
+
 int main(void) {
     test_shape();
     gvq_select_override("allreduce=hier");
@@ -538,6 +654,7 @@ int main(void) {
     test_compressed_int();
     test_gradiveq();
     test_track();
+    test_group();
     printf("hierarchical allreduce: %d cases, reduce-scatter and allgather: %d (and %d through "
            "the flat rings in host order), at (H, K) = (1..3, 1..3)\n",
            cases, rsag, rsag_ring);

@@ -86,8 +86,11 @@ class BucketCompressor:
 
     def __init__(self, comm: Communicator, codec: str, shapes: List[Tuple[int, ...]],
                  names: List[str], config: Dict[str, Any], rest: str, min_conv_elems: int,
-                 conv: Callable[[str, Tuple[int, ...]], Compressor]) -> None:
+                 conv: Callable[[str, Tuple[int, ...]], Compressor], stream: int = 0) -> None:
         self.comm, self.codec = comm, codec
+        # QSGD's random bits: each bucket from a stream of its own (the config's seed plus the
+        # bucket's index), else every bucket rounds its element e with the same draw
+        config = _with(config, seed=int(config.get("seed", 0)) + stream)
         sizes = [_numel(s) for s in shapes]
         self.count = sum(sizes)
         self.parts: List[Tuple[str, int, int, Compressor]] = []  # (name, offset, count, comp)
@@ -226,7 +229,7 @@ class GvqHookState:
             for old in [k for k in self.buckets if k[0] == key[0]]:
                 self.buckets.pop(old).destroy()
             b = BucketCompressor(self.comm, self.codec, list(key[1]), names, self.config,
-                                 self.rest, self.min_conv_elems, self._conv)
+                                 self.rest, self.min_conv_elems, self._conv, stream=key[0])
             saved = self._saved.pop(_key_str(key), None)
             if saved:
                 for name, comp in b.compressors().items():

@@ -17,8 +17,8 @@
  * call): 16 bits per element (codec_kernels.h), so a run is reproducible and no two ranks, calls
  * or elements share bits. The loops themselves are codec_kernels.c's, one path per instruction
  * set, the same bits on every path. Several
- * tensors fused into one ring keep their own element indices and calls (map_first, map_call),
- * so a fused call draws the bits of the calls one by one.
+ * tensors fused into one ring keep their own element indices, calls and seeds (map_first,
+ * map_call, map_seed), so a fused call draws the bits of the calls one by one.
  * A bucket holding NaN or Inf travels with a NaN scale and decodes to NaN, as a plain
  * allreduce would propagate it; nothing stops mid-ring.
  */
@@ -64,6 +64,7 @@ static void qsgd_quantize(const gvq_kernels_t *k, const gvq_qsgd_t *q, const gvq
     }
     gvq_kparams_t own = *p; /* a bucket of one of several tensors (gvq_qsgd_t) */
     own.call = q->map_call[first / q->bucket];
+    own.key[0] = q->map_seed[first / q->bucket];
     k->qsgd_quantize(&own, (size_t)q->map_first[first / q->bucket], v, len, wire);
 }
 

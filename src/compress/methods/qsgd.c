@@ -20,17 +20,20 @@
  *
  * each piece padded with zeros to whole buckets (no bucket, and no bucket's norm, spans two
  * tensors; zeros quantize to zero), the ring's segment s is the s-th group (given offsets), and
- * the codec maps each bucket to its tensor's element index and call (gvq_qsgd_t.map_first).
+ * the codec maps each bucket to its tensor's element index, call and seed (gvq_qsgd_t.map_first).
  * Then per tensor what one call does: a non-finite result sent again uncompressed (the ring's
  * output is the same on every rank, so every rank decides alike), gvqAvg's divide, the inverse
  * collocation, the bytes shared out by values. For compressors of the same QSGD settings,
- * without error feedback or an integer wire (qsgd_fusable). */
+ * without error feedback or an integer wire, outside the hierarchy (qsgd_fusable). */
 
 static int qsgd_fusable(gvqCompressor_t c, gvqCompressor_t c0) {
     const gvq_comp_cfg_t *a = &c->cfg, *b = &c0->cfg;
+    /* the hierarchy (GVQ_ALGO=hier) quantizes between the hosts only, on pieces of its own: a
+     * fused flat ring would not give a tensor its lone call's bits there, so each runs alone */
+    if (gvq_comm_hier_compressed(c->comm)) return 0;
     return a->codec == gvqCodecQsgd && !a->error_feedback && a->int_bits == 0 &&
            b->codec == gvqCodecQsgd && a->qbits == b->qbits && a->qbucket == b->qbucket &&
-           a->qmaxnorm == b->qmaxnorm && a->seed == b->seed;
+           a->qmaxnorm == b->qmaxnorm; /* seeds may differ: each bucket keeps its own */
 }
 
 /* The segment-major layout of k tensors over n ranks: seg[i * (n + 1) + s] the tensor's own
@@ -63,15 +66,16 @@ static gvqResult_t qsgd_allreduce_many(gvqCompressor_t const *cs, const float *c
     size_t *seg = malloc(sizeof(size_t) * (k * nb + k * (size_t)n + nb));
     float *lay = malloc(sizeof(float) * GVQ_MAX(maxcount, 1)), *in = NULL;
     uint64_t *map_first = NULL;
-    uint32_t *map_call = NULL;
+    uint32_t *map_call = NULL, *map_seed = NULL;
     gvqResult_t res = gvqSystemError;
     if (seg == NULL || lay == NULL) goto out;
     size_t *at = seg + k * nb, *off = at + k * (size_t)n;
     size_t total = qsgd_layout(cs, k, n, bucket, seg, at, off);
     in = calloc(2 * total, sizeof(float));
     map_first = malloc(sizeof(uint64_t) * (total / bucket + 1));
-    map_call = malloc(sizeof(uint32_t) * (total / bucket + 1));
+    map_call = malloc(sizeof(uint32_t) * 2 * (total / bucket + 1));
     if (in == NULL || map_first == NULL || map_call == NULL) goto out;
+    map_seed = map_call + total / bucket + 1;
     float *out = in + total;
     for (size_t i = 0; i < k; i++) { /* each tensor as its lone call lays it out */
         const gvq_comp_cfg_t *cfg = &cs[i]->cfg;
@@ -87,6 +91,7 @@ static gvqResult_t qsgd_allreduce_many(gvqCompressor_t const *cs, const float *c
             for (size_t b = 0; b < GVQ_DIV_UP(len, bucket); b++) {
                 map_first[a / bucket + b] = g[s] + b * bucket;
                 map_call[a / bucket + b] = (uint32_t)cs[i]->st.iter;
+                map_seed[a / bucket + b] = cs[i]->qs.seed;
             }
         }
     }
@@ -95,11 +100,13 @@ static gvqResult_t qsgd_allreduce_many(gvqCompressor_t const *cs, const float *c
     gvq_qsgd_t *q = &cs[0]->qs;
     q->map_first = map_first;
     q->map_call = map_call;
+    q->map_seed = map_seed;
     if (res == gvqSuccess)
         res = n > 1 ? gvq_ring_allreduce_given(&p.ring, &p.codec, in, out, total, off)
                     : gvq_ring_allreduce_tally(&p.ring, &p.codec, in, out, total, gvqSum, NULL);
     q->map_first = NULL;
     q->map_call = NULL;
+    q->map_seed = NULL;
     unsigned long long sent = p.sent;
     for (size_t i = 0; i < k && res == gvqSuccess; i++) {
         gvqCompressor_t c = cs[i];
