@@ -412,14 +412,16 @@ gvqResult_t gvq_agree_fields(gvq_coll_ctx_t *ctx, const char *fn, const int64_t 
 gvqResult_t gvq_agree_extremes(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
                                int *lo_rank, int64_t *hi, int *hi_rank);
 
-/* ---- the signed exchange (recursive.c): the call agreement with a small allreduce riding along
+/* ---- the signed exchange (recursive.c): the call agreement with a small collective riding along
  * On transports with irecv_upto, gvq_agree_extremes runs it with no payload; a plain allreduce
- * of at most GVQ_SIGNED_MAX_BYTES that would run recursive doubling runs it with its vector, so
- * that the agreement costs no round of its own. Every message of it, with or without a payload,
- * follows the same pattern and tag, so ranks whose calls differ still read each other. */
+ * of at most GVQ_SIGNED_MAX_BYTES that would run recursive doubling runs it with its vector, and
+ * the other collectives whose exchanged vector is that small across hosts (collectives.c,
+ * rides_along) with theirs, so that the agreement costs no round of its own. Every message of it,
+ * with or without a payload, follows the same pattern and tag, so ranks whose calls differ still
+ * read each other. */
 enum { GVQ_SIGNED_MAX_BYTES = 64 * 1024 }; /* on the tag GVQ_TAG_SIGNED */
-/* What rides along: recursive doubling carries allreduces only, shared memory every kind (the
- * order of the core's collectives: gvq_group.h). */
+/* What rides along: every kind, on shared memory and by recursive doubling (the order of the
+ * core's collectives: gvq_group.h). */
 typedef enum {
     GVQ_PAY_ALLREDUCE,
     GVQ_PAY_BROADCAST,
@@ -437,12 +439,16 @@ typedef struct {
     gvq_pay_kind_t kind; /* GVQ_PAY_ALLREDUCE (0) unless set */
     int root;            /* broadcast and reduce */
 } gvq_signed_payload_t;
-/* gvq_agree_extremes's result for the rows mine[0..n) and, when pay is not NULL (count * size
- * <= GVQ_SIGNED_MAX_BYTES), the recursive-doubling allreduce of pay->src into pay->dst,
- * bitwise identical to gvq_rd_allreduce's. The rows must define the payload's length (count
- * and datatype among them). */
+/* gvq_agree_extremes's result for the rows mine[0..n) and, when pay is not NULL (its vector,
+ * gvq_rd_signed_bytes, <= GVQ_SIGNED_MAX_BYTES), the collective: an allreduce bitwise identical
+ * to gvq_rd_allreduce's; a reduce and a reducescatter as that allreduce of their inputs (the
+ * root's result, each rank's block); an allgather and a broadcast exact. The rows must define the
+ * payload's length (count and datatype among them). */
 gvqResult_t gvq_rd_signed(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
                           int *lo_rank, int64_t *hi, int *hi_rank, const gvq_signed_payload_t *pay);
+/* The bytes of the vector that gvq_rd_signed exchanges for pay on nranks ranks: a reducescatter's
+ * whole input and an allgather's whole output (its block among zeros); the count's otherwise. */
+size_t gvq_rd_signed_bytes(const gvq_signed_payload_t *pay, int nranks);
 /* Extremes as gvq_agree_extremes keeps them: [lo rank, lo row (n), hi rank, hi row (n)].
  * Merge another rank's `in` into `have` (min and max are idempotent: rows seen twice do no
  * harm). */

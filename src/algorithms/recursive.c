@@ -356,18 +356,61 @@ static int signed_agreed(const signed_t *s) {
     return memcmp(lo, hi, (size_t)s->n * sizeof(int64_t)) == 0;
 }
 
+/* The other collectives ride along as an allreduce of one vector (gvq_rd_signed_bytes): a
+ * reducescatter's whole input (each rank then keeps its block), a reduce's (the root keeps it);
+ * an allgather's blocks and a broadcast's root vector as bytes summed with zeros, which is exact
+ * whatever the bits (uint8: x + 0 = x), so every rank ends with every block and the root's
+ * vector bit for bit. */
+static int pay_bytewise(const gvq_signed_payload_t *pay) {
+    return pay->kind == GVQ_PAY_ALLGATHER || pay->kind == GVQ_PAY_BROADCAST;
+}
+
+size_t gvq_rd_signed_bytes(const gvq_signed_payload_t *pay, int nranks) {
+    size_t b = pay->count * gvq_dtype_size(pay->dtype);
+    int whole = pay->kind == GVQ_PAY_ALLGATHER || pay->kind == GVQ_PAY_REDUCE_SCATTER;
+    return whole ? b * (size_t)nranks : b;
+}
+
+/* This rank's contribution into the vector v (pbytes): its input, its block among zeros, or
+ * zeros (a broadcast's non-root). */
+static gvqResult_t signed_fill(const signed_t *s, const gvq_signed_payload_t *pay, char *v) {
+    size_t block = pay->count * gvq_dtype_size(pay->dtype);
+    if (pay->kind == GVQ_PAY_ALLGATHER) {
+        memset(v, 0, s->pbytes);
+        return s->g.dev->copy(v + (size_t)s->g.r * block, pay->src, block);
+    }
+    if (pay->kind == GVQ_PAY_BROADCAST && s->g.r != pay->root) {
+        memset(v, 0, s->pbytes);
+        return gvqSuccess;
+    }
+    return s->g.dev->copy(v, pay->src, s->pbytes);
+}
+
+/* The call's output from the exchanged vector v: all of it, this rank's block of it
+ * (reducescatter) or nothing (a reduce's non-root); gvqAvg divided. */
+static gvqResult_t signed_output(const signed_t *s, const gvq_signed_payload_t *pay,
+                                 const char *v) {
+    size_t block = pay->count * gvq_dtype_size(pay->dtype), bytes = s->pbytes;
+    if (pay->kind == GVQ_PAY_REDUCE && s->g.r != pay->root) return gvqSuccess;
+    if (pay->kind == GVQ_PAY_REDUCE_SCATTER) v += (size_t)s->g.r * block, bytes = block;
+    GVQCHECK(s->g.dev->copy(pay->dst, v, bytes));
+    if (pay_bytewise(pay) || pay->op != gvqAvg) return gvqSuccess;
+    return s->g.dev->divide(pay->dst, pay->count, pay->dtype, s->g.n);
+}
+
 gvqResult_t gvq_rd_signed(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64_t *lo,
                           int *lo_rank, int64_t *hi, int *hi_rank,
                           const gvq_signed_payload_t *pay) {
     signed_t s;
     memset(&s, 0, sizeof s);
-    rec_init(&s.g, ctx, pay != NULL ? pay->dtype : gvqInt8, pay != NULL ? pay->op : gvqSum);
+    int bytewise = pay != NULL && pay_bytewise(pay);
+    rec_init(&s.g, ctx, pay != NULL && !bytewise ? pay->dtype : gvqUint8,
+             pay != NULL && !bytewise ? pay->op : gvqSum);
     s.n = n;
     s.hbytes = signed_header_bytes(n);
-    s.count = pay != NULL ? pay->count : 0;
-    s.pbytes = s.count * s.g.esize;
-    if (n < 1 || s.pbytes > GVQ_SIGNED_MAX_BYTES || ctx->xport->ops->irecv_upto == NULL ||
-        (pay != NULL && pay->kind != GVQ_PAY_ALLREDUCE))
+    s.pbytes = pay != NULL ? gvq_rd_signed_bytes(pay, ctx->xport->nranks) : 0;
+    s.count = s.pbytes / s.g.esize;
+    if (n < 1 || s.pbytes > GVQ_SIGNED_MAX_BYTES || ctx->xport->ops->irecv_upto == NULL)
         return gvqInternalError;
     size_t room = 2 * s.hbytes + s.pbytes + GVQ_SIGNED_MAX_BYTES + 8;
     /* with a payload the communicator's scratch (sent without a staging copy); the signature
@@ -386,7 +429,7 @@ gvqResult_t gvq_rd_signed(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64
     memcpy(s.out + 4 + n, mine, (size_t)n * sizeof(int64_t));
     gvqResult_t res = gvqSuccess;
     int kept = 0; /* a transfer failed: the transport may still touch mem */
-    if (s.pbytes > 0) res = s.g.dev->copy(signed_vector(s.out, &s), pay->src, s.pbytes);
+    if (s.pbytes > 0) res = signed_fill(&s, pay, signed_vector(s.out, &s));
     if (res == gvqSuccess && s.g.n > 1) kept = (res = signed_rounds(&s)) != gvqSuccess;
     if (res == gvqSuccess) {
         *lo_rank = (int)s.out[2];
@@ -400,9 +443,7 @@ gvqResult_t gvq_rd_signed(gvq_coll_ctx_t *ctx, const int64_t *mine, int n, int64
                      "differs in length between ranks; nothing was written");
             res = gvqInternalError;
         } else if (s.pbytes > 0) {
-            res = s.g.dev->copy(pay->dst, signed_vector(s.out, &s), s.pbytes);
-            if (res == gvqSuccess && pay->op == gvqAvg)
-                res = s.g.dev->divide(pay->dst, s.count, pay->dtype, s.g.n);
+            res = signed_output(&s, pay, signed_vector(s.out, &s));
         }
     }
     if (s.pbytes == 0 && !(kept && ctx->xport->cancel_keeps_buffers)) free(mem);

@@ -266,12 +266,13 @@ static gvqResult_t p2p_post(const gvq_op_t *o, gvq_req_t *reqs) {
  * while vector and signature (176 bytes) fit in one eager message. Across hosts (TCP: 64 KiB
  * eager) every size that recursive doubling runs rides along. On shared memory every size and
  * every plain collective rides along. */
-enum { SIGNED_ONE_HOST_BYTES = 3840 };
+enum { SIGNED_ONE_HOST_BYTES = 3840, SIGNED_WHOLE_BYTES = 2048 };
 
 /* Whether o, a collective with signature sig, is one whose data can ride along with its
- * signature (gvq_call_agree_allreduce): the shm algorithm, or a small allreduce by recursive
- * doubling over a transport that reads messages of any length; host buffers, no zero-code
- * compression. Decided from what sig
+ * signature (gvq_call_agree_allreduce): the shm algorithm, a small allreduce by recursive
+ * doubling, or another collective whose exchanged vector is small (reducescatter, allgather,
+ * broadcast, reduce: one recursive-doubling allreduce of it, recursive.c), over a transport that
+ * reads messages of any length; host buffers, no zero-code compression. Decided from what sig
  * holds and the transport (the same on every rank), so that ranks with equal signatures choose
  * alike; ranks that choose differently have different signatures and still read each other. */
 static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_payload_t *pay) {
@@ -279,13 +280,25 @@ static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_
     size_t max = sig->algo == GVQ_ALGO_SHM  ? SIZE_MAX /* a slot's worth at a time */
                  : o->comm->xport->one_host ? SIGNED_ONE_HOST_BYTES
                                             : GVQ_SIGNED_MAX_BYTES;
-    int rd = sig->algo == GVQ_ALGO_RD && o->kind == GVQ_OP_ALLREDUCE &&
-             o->comm->xport->ops->irecv_upto != NULL;
-    if ((!rd && sig->algo != GVQ_ALGO_SHM) || sig->identity != 0 || o->comm->nranks < 2 ||
-        o->count == 0 || bytes > max || sig->device)
-        return 0;
+    int upto = o->comm->xport->ops->irecv_upto != NULL;
+    int rd = sig->algo == GVQ_ALGO_RD && o->kind == GVQ_OP_ALLREDUCE && upto;
+    if (sig->identity != 0 || o->comm->nranks < 2 || o->count == 0 || sig->device) return 0;
     *pay = op_payload(o);
-    return 1;
+    if (sig->algo == GVQ_ALGO_SHM) return bytes <= max;
+    if (rd) return bytes <= max;
+    /* the others ride along as one recursive-doubling allreduce of their whole vector (log2 N
+     * rounds of it). A broadcast's and a reduce's vector is what they move anyway: up to the
+     * signed exchange's limit. A reducescatter's and an allgather's is N blocks where their own
+     * algorithms send each block once: only while those extra bytes cost less than the round
+     * the agreement saves (2 hosts at 1 Gbit/s: ahead at 1 KiB, behind from 4 KiB; perf/
+     * RESULTS.md section 13) */
+    if (!upto || o->kind == GVQ_OP_ALLREDUCE) return 0;
+    int rounds = 0;
+    while ((1 << rounds) < o->comm->nranks)
+        rounds++;
+    size_t x = gvq_rd_signed_bytes(pay, o->comm->nranks) * (size_t)rounds;
+    int whole = o->kind == GVQ_OP_REDUCE_SCATTER || o->kind == GVQ_OP_ALLGATHER;
+    return x <= max && x <= (whole ? (size_t)SIGNED_WHOLE_BYTES : (size_t)GVQ_SIGNED_MAX_BYTES);
 }
 
 /* ---- point-to-point on CUDA buffers: staged through pinned host memory ----------------------

@@ -383,6 +383,91 @@ static void test_signed(void) {
             }
 }
 
+/* The other collectives riding along (recursive.c's gvq_rd_signed_bytes): a reducescatter's
+ * block and a reduce's root result bitwise those of gvq_rd_allreduce on the whole input, a
+ * reduce's non-roots untouched; an allgather's blocks and a broadcast's root vector bit for bit,
+ * -0.0 and a NaN's payload included (they travel as bytes summed with zeros). */
+typedef struct {
+    size_t count;
+    gvq_pay_kind_t kind;
+    gvqRedOp_t op;
+    int root;
+    int ok[8];
+} kind_case_t;
+
+static float kind_value(int rank, size_t i, gvqRedOp_t op) {
+    uint32_t nan = 0x7fc12345u + (uint32_t)rank;
+    float v;
+    if (i == 1) return -0.0f;
+    if (i == 2) return memcpy(&v, &nan, 4), v;
+    return order_value(rank, i, op);
+}
+
+static void rank_kinds(gvqComm_t comm, int rank, int nranks, void *arg) {
+    kind_case_t *c = arg;
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
+    size_t N = (size_t)nranks, in_n = c->kind == GVQ_PAY_REDUCE_SCATTER ? N * c->count : c->count;
+    size_t out_n = c->kind == GVQ_PAY_ALLGATHER ? N * c->count : c->count;
+    float *s = malloc(in_n * 4), *got = malloc(out_n * 4), *want = malloc(N * c->count * 4 + 4);
+    for (size_t i = 0; i < in_n; i++)
+        s[i] = kind_value(rank, i, c->op);
+    for (size_t i = 0; i < out_n; i++)
+        got[i] = -7.0f;
+    int64_t row[3] = {42, (int64_t)c->count, (int64_t)c->kind}, lo[3], hi[3];
+    int lo_rank = -1, hi_rank = -1;
+    gvq_signed_payload_t pay = {s, got, c->count, gvqFloat32, c->op, c->kind, c->root};
+    EXPECT_RES(gvq_rd_signed(&ctx, row, 3, lo, &lo_rank, hi, &hi_rank, &pay), gvqSuccess);
+    int ok = 1, reduces = c->kind == GVQ_PAY_REDUCE_SCATTER || c->kind == GVQ_PAY_REDUCE;
+    if (reduces) /* the whole input reduced as the riding allreduce does it (every rank) */
+        EXPECT_RES(gvq_rd_allreduce(&ctx, s, want, in_n, gvqFloat32, c->op), gvqSuccess);
+    if (c->kind == GVQ_PAY_ALLGATHER) {
+        for (int q = 0; q < nranks; q++)
+            for (size_t i = 0; i < c->count; i++) {
+                float v = kind_value(q, i, c->op);
+                ok &= memcmp(&got[(size_t)q * c->count + i], &v, 4) == 0;
+            }
+    } else if (c->kind == GVQ_PAY_BROADCAST) {
+        for (size_t i = 0; i < c->count; i++) {
+            float v = kind_value(c->root, i, c->op);
+            ok &= memcmp(&got[i], &v, 4) == 0;
+        }
+    } else if (c->kind == GVQ_PAY_REDUCE && rank != c->root) {
+        for (size_t i = 0; i < out_n; i++)
+            ok &= got[i] == -7.0f;
+    } else {
+        size_t at = c->kind == GVQ_PAY_REDUCE_SCATTER ? (size_t)rank * c->count : 0;
+        ok = memcmp(got, want + at, c->count * 4) == 0;
+    }
+    c->ok[rank] = ok;
+    free(s), free(got), free(want);
+}
+
+static void test_signed_kinds(void) {
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    const size_t counts[] = {1, 7, 300};
+    const gvq_pay_kind_t kinds[] = {GVQ_PAY_REDUCE_SCATTER, GVQ_PAY_ALLGATHER, GVQ_PAY_BROADCAST,
+                                    GVQ_PAY_REDUCE};
+    const char *names[] = {"", "broadcast", "reduce", "reducescatter", "allgather"};
+    int cases = 0;
+    for (int n = 1; n <= 6; n++)
+        for (size_t ci = 0; ci < 3; ci++)
+            for (size_t k = 0; k < 4; k++) {
+                kind_case_t c = {counts[ci],
+                                 kinds[k],
+                                 ci == 1 ? gvqAvg : gvqSum,
+                                 (int)((ci + k) % (size_t)n),
+                                 {0}};
+                gvq_test_run(n, &cfg, rank_kinds, &c);
+                for (int r = 0; r < n; r++)
+                    EXPECT(c.ok[r],
+                           "signed %s n=%d count=%zu %s root %d: rank %d's output is wrong",
+                           names[c.kind], n, c.count, gvq_op_name(c.op), c.root, r);
+                cases++;
+            }
+    printf("signed exchange: reducescatter, allgather, broadcast, reduce riding along: %d cases\n",
+           cases);
+}
+
 /* Malformed or unsupported GVQ_ALGO items are ignored (WARN), the rest applies. */
 static void test_spec(void) {
     gvq_select_override("allreduce=tree,bogus,allgather=rd");
@@ -474,6 +559,7 @@ int main(void) {
     test_identical();
     test_direct_is_ring();
     test_signed();
+    test_signed_kinds();
     test_shm_large();
     test_shm_pieces();
     test_forced();
