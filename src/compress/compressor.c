@@ -94,6 +94,7 @@ static void compressor_free(gvqCompressor_t c) {
     free(c->U);
     free(c->Z);
     free(c->work);
+    free(c->fuse_buf);
     free(c->ef_input);
     free(c->residual);
     free(c->ef_coef);

@@ -63,9 +63,13 @@ struct gvqCompressor {
     gvq_comp_state_t st;
     size_t nfull, ngroups;
     int collocate;
-    float *samples;  /* ngroups x T x sample_slices x L */
-    float *U, *Z;    /* ngroups x L x d, ngroups x L */
-    float *work;     /* collocated vector (count) */
+    float *samples; /* ngroups x T x sample_slices x L */
+    float *U, *Z;   /* ngroups x L x d, ngroups x L */
+    float *work;    /* collocated vector (count) */
+    /* the fused QSGD call's buffers when this compressor leads the group (methods/qsgd.c):
+     * kept from call to call, fuse_cap bytes */
+    void *fuse_buf;
+    size_t fuse_cap;
     float *ef_input; /* gradient + residual (count) */
     float *residual;
     float *ef_coef; /* GradiVeQ's coefficients of one slice's residual (L >= d), made once */

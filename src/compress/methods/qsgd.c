@@ -56,6 +56,17 @@ static size_t qsgd_layout(gvqCompressor_t const *cs, size_t k, int n, size_t buc
     return total;
 }
 
+/* The group lead's kept buffer grown to `bytes` (its contents kept): no allocation per call
+ * once the group's shapes repeat. */
+static void *fuse_room(gvqCompressor_t c, size_t bytes) {
+    if (bytes <= c->fuse_cap) return c->fuse_buf;
+    void *p = realloc(c->fuse_buf, bytes);
+    if (p == NULL) return NULL;
+    c->fuse_buf = p;
+    c->fuse_cap = bytes;
+    return p;
+}
+
 static gvqResult_t qsgd_allreduce_many(gvqCompressor_t const *cs, const float *const *send,
                                        float *const *recv, size_t k, gvqRedOp_t op) {
     if (k == 0) return gvqSuccess;
@@ -63,20 +74,28 @@ static gvqResult_t qsgd_allreduce_many(gvqCompressor_t const *cs, const float *c
     size_t bucket = (size_t)cs[0]->cfg.qbucket, maxcount = 0, nb = (size_t)n + 1;
     for (size_t i = 0; i < k; i++)
         maxcount = GVQ_MAX(maxcount, (size_t)cs[i]->cfg.count);
-    size_t *seg = malloc(sizeof(size_t) * (k * nb + k * (size_t)n + nb));
-    float *lay = malloc(sizeof(float) * GVQ_MAX(maxcount, 1)), *in = NULL;
-    uint64_t *map_first = NULL;
-    uint32_t *map_call = NULL, *map_seed = NULL;
-    gvqResult_t res = gvqSystemError;
-    if (seg == NULL || lay == NULL) goto out;
+    /* one kept block: [seg, at, off | lay | in, out | map_first | map_call, map_seed] */
+    size_t seg_bytes = GVQ_DIV_UP(sizeof(size_t) * (k * nb + k * (size_t)n + nb), 64) * 64;
+    size_t *seg = fuse_room(cs[0], seg_bytes), total = 0;
+    if (seg == NULL) {
+        GVQ_WARN("gvqAllReduceCompressed: out of memory for a QSGD call of %zu tensors", k);
+        return gvqSystemError;
+    }
+    total = qsgd_layout(cs, k, n, bucket, seg, seg + k * nb, seg + k * nb + k * (size_t)n);
+    size_t nbk = total / bucket + 1, lay_bytes = GVQ_DIV_UP(sizeof(float) * maxcount, 64) * 64;
+    size_t in_bytes = GVQ_DIV_UP(sizeof(float) * 2 * total, 64) * 64;
+    char *room = fuse_room(cs[0], seg_bytes + lay_bytes + in_bytes + nbk * (8 + 2 * 4));
+    if (room == NULL) {
+        GVQ_WARN("gvqAllReduceCompressed: out of memory for a QSGD call of %zu tensors", k);
+        return gvqSystemError;
+    }
+    seg = (size_t *)room;
     size_t *at = seg + k * nb, *off = at + k * (size_t)n;
-    size_t total = qsgd_layout(cs, k, n, bucket, seg, at, off);
-    in = calloc(2 * total, sizeof(float));
-    map_first = malloc(sizeof(uint64_t) * (total / bucket + 1));
-    map_call = malloc(sizeof(uint32_t) * 2 * (total / bucket + 1));
-    if (in == NULL || map_first == NULL || map_call == NULL) goto out;
-    map_seed = map_call + total / bucket + 1;
+    float *lay = (float *)(room + seg_bytes), *in = (float *)(room + seg_bytes + lay_bytes);
+    uint64_t *map_first = (uint64_t *)(room + seg_bytes + lay_bytes + in_bytes);
+    uint32_t *map_call = (uint32_t *)(map_first + nbk), *map_seed = map_call + nbk;
     float *out = in + total;
+    gvqResult_t res = gvqSuccess;
     for (size_t i = 0; i < k; i++) { /* each tensor as its lone call lays it out */
         const gvq_comp_cfg_t *cfg = &cs[i]->cfg;
         const float *x = send[i];
@@ -87,7 +106,9 @@ static gvqResult_t qsgd_allreduce_many(gvqCompressor_t const *cs, const float *c
         for (int s = 0; s < n; s++) {
             const size_t *g = seg + i * nb;
             size_t a = at[i * (size_t)n + (size_t)s], len = g[s + 1] - g[s];
+            size_t padded = GVQ_DIV_UP(len, bucket) * bucket;
             memcpy(in + a, x + g[s], sizeof(float) * len);
+            memset(in + a + len, 0, sizeof(float) * (padded - len)); /* zeros quantize to zero */
             for (size_t b = 0; b < GVQ_DIV_UP(len, bucket); b++) {
                 map_first[a / bucket + b] = g[s] + b * bucket;
                 map_call[a / bucket + b] = (uint32_t)cs[i]->st.iter;
@@ -133,15 +154,6 @@ static gvqResult_t qsgd_allreduce_many(gvqCompressor_t const *cs, const float *c
             res = gvq_compressor_advance(c, &p.comm, &gvq_host_device, recv[i],
                                          sent * padded / total, 0, 0);
     }
-out:
-    if (res == gvqSystemError &&
-        (seg == NULL || lay == NULL || in == NULL || map_first == NULL || map_call == NULL))
-        GVQ_WARN("gvqAllReduceCompressed: out of memory for a QSGD call of %zu tensors", k);
-    free(seg);
-    free(lay);
-    free(in);
-    free(map_first);
-    free(map_call);
     return res;
 }
 
