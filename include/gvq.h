@@ -480,9 +480,10 @@ typedef struct {
     int wireType;      /* GradiVeQ coefficients on the wire: gvqFloat32 or gvqFloat16 [Float32] */
     int errorFeedback; /* 1: add what compression dropped to the next call's gradient [0] */
     int maxDims;       /* cap on d [L]; with basisUpdate gvqBasisTrack, d itself [4] */
-    int seed;          /* QSGD random seed [0]; compressors of one seed draw the same bits
-                          for an element and call: give each tensor its own (gvqTrain*
-                          adds the variable's index to a shared config's seed) */
+    int seed;          /* random seed [0]: QSGD's draws, the integer wire's rounding, the
+                          first Q of PowerSGD and the tracked basis; compressors of one seed
+                          draw the same bits for an element and call: give each tensor its
+                          own (gvqTrain* adds the variable's index to a shared config's seed) */
     float voteThreshold; /* early exit: a rank votes to leave the compressed phase when its local
                             loss ||x_n - x_hat_n|| / ||x_n|| exceeds this [lossThreshold, the
                             paper's rule]; >= 1 never exits early. Small-batch local gradients

@@ -271,8 +271,9 @@ enum { SIGNED_ONE_HOST_BYTES = 3840, SIGNED_WHOLE_BYTES = 2048 };
 /* Whether o, a collective with signature sig, is one whose data can ride along with its
  * signature (gvq_call_agree_allreduce): the shm algorithm, a small allreduce by recursive
  * doubling, or another collective whose exchanged vector is small (reducescatter, allgather,
- * broadcast, reduce: one recursive-doubling allreduce of it, recursive.c), over a transport that
- * reads messages of any length; host buffers, no zero-code compression. Decided from what sig
+ * broadcast, reduce: one recursive-doubling allreduce of it, recursive.c; not through shared
+ * memory, nor when GVQ_ALGO names an algorithm), over a transport that reads messages of any
+ * length; host buffers, no zero-code compression. Decided from what sig
  * holds and the transport (the same on every rank), so that ranks with equal signatures choose
  * alike; ranks that choose differently have different signatures and still read each other. */
 static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_payload_t *pay) {
@@ -286,13 +287,16 @@ static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_
     *pay = op_payload(o);
     if (sig->algo == GVQ_ALGO_SHM) return bytes <= max;
     if (rd) return bytes <= max;
-    /* the others ride along as one recursive-doubling allreduce of their whole vector (log2 N
-     * rounds of it). A broadcast's and a reduce's vector is what they move anyway: up to the
-     * signed exchange's limit. A reducescatter's and an allgather's is N blocks where their own
-     * algorithms send each block once: only while those extra bytes cost less than the round
-     * the agreement saves (2 hosts at 1 Gbit/s: ahead at 1 KiB, behind from 4 KiB; perf/
+    /* the others ride along as one recursive-doubling allreduce of their whole vector: log2 N
+     * rounds of it, whose bytes together stay within a limit. A broadcast's and a reduce's
+     * vector is what they move anyway: the signed exchange's 64 KiB (2 ranks; 21 KiB at 8). A
+     * reducescatter's and an allgather's is N blocks where their own algorithms send each block
+     * once: 2 KiB (1 KiB at 4 ranks), while those extra bytes cost less than the round the
+     * agreement saves (2 hosts at 1 Gbit/s: ahead at 1 KiB, behind from 4 KiB; perf/
      * RESULTS.md section 13) */
-    if (!upto || o->kind == GVQ_OP_ALLREDUCE) return 0;
+    if (!upto || o->kind == GVQ_OP_ALLREDUCE || o->comm->shm_state == 1 ||
+        gvq_select_forced(o->kind) != GVQ_ALGO_AUTO) /* GVQ_ALGO: the algorithm it names */
+        return 0;
     int rounds = 0;
     while ((1 << rounds) < o->comm->nranks)
         rounds++;

@@ -210,10 +210,10 @@ typedef struct {
  * moved); gvqInvalidUsage when the ranks are out of step (different call numbers: one rank
  * skipped a call), which also breaks the communicator. */
 gvqResult_t gvq_call_agree(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig);
-/* gvq_call_agree with a small allreduce riding along (gvq_rd_signed: sig describes a plain
- * allreduce that runs recursive doubling on host buffers, at most GVQ_SIGNED_MAX_BYTES, on more
- * than one rank, over a transport with irecv_upto): on gvqSuccess pay->dst holds the result;
- * on any other result it was not written. pay NULL: gvq_call_agree. */
+/* gvq_call_agree with a small collective riding along (gvq_rd_signed or shared memory's
+ * gvq_shm_signed: collectives.c's rides_along decides, on host buffers, on more than one rank,
+ * over a transport with irecv_upto): on gvqSuccess pay->dst holds the result; on any other
+ * result it was not written. pay NULL: gvq_call_agree. */
 gvqResult_t gvq_call_agree_allreduce(gvqComm_t comm, const char *fn, const gvq_call_sig_t *sig,
                                      const gvq_signed_payload_t *pay);
 /* A compressor's identity for its call signature: a hash of its config and creation order

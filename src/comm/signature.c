@@ -15,9 +15,10 @@
  * rank with host buffers would take another path: NCCL or staging, and the small allreduce's
  * data rides along on host buffers only). gvq_agree_extremes gives every rank the smallest
  * and the largest row of all ranks in about log2 N small messages; equal means every rank made
- * the same call. A small allreduce that runs recursive doubling sends its vector in the same
- * messages (gvq_call_agree_allreduce, recursive.c's signed exchange): one exchange instead of
- * an agreement and then the data, and the result is written only once the rows agree. Otherwise
+ * the same call. A small allreduce that runs recursive doubling, and across hosts a small
+ * reducescatter, allgather, broadcast or reduce, sends its vector in the same messages
+ * (gvq_call_agree_allreduce, recursive.c's signed exchange): one exchange instead of an
+ * agreement and then the data, and the result is written only once the rows agree. Otherwise
  * both extremes are named in the WARN, which reads the same on every rank:
  *
  *   gvqAllReduce: rank 0 called gvqAllReduce(count 256, float, sum) but rank 1 called

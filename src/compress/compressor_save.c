@@ -143,9 +143,13 @@ static gvqResult_t check_frame(const void *buf, size_t size, save_hdr_t *h) {
     return gvq_blob_verify("gvqCompressorLoad", buf, size, CHECKSUM_AT);
 }
 
-/* The saved config is the compressor's, field for field (the lengths all derive from it). */
+/* The saved config is the compressor's, field for field (the lengths all derive from it), but
+ * for the seed: it draws the random bits of calls still to come and is nothing the state holds
+ * (states saved before the training layer gave each variable its own seed load as before). */
 static gvqResult_t check_config(gvqCompressor_t c, const save_hdr_t *h) {
-    if (memcmp(&h->cfg, &c->cfg, sizeof h->cfg) != 0)
+    gvq_comp_cfg_t saved = h->cfg;
+    saved.seed = c->cfg.seed;
+    if (memcmp(&saved, &c->cfg, sizeof saved) != 0)
         REFUSE("the state was saved from a compressor of another config (count %llu, codec %d, "
                "L %d; this one: count %llu, codec %d, L %d)",
                (unsigned long long)h->cfg.count, h->cfg.codec, h->cfg.L,

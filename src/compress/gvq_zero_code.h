@@ -85,6 +85,7 @@ typedef struct {
     int have_layout; /* 1: `layout` replaces GVQ_LAYOUT on this communicator */
     gvq_layout_t layout;
     long long calls;
+    int seeds; /* compressors made so far: the next one's seed (QSGD's random stream) */
 } zc_state_t;
 
 /* zero_code_plan.c: the layout in force on the communicator (its own, else GVQ_LAYOUT; NULL:

@@ -200,13 +200,14 @@ static uint64_t plan_hash(const zc_entry_t *e, const gvq_layout_t *lay) {
     return h;
 }
 
-static gvqResult_t make_compressors(gvqComm_t comm, zc_entry_t *e, const gvq_layout_t *lay) {
-    for (int i = 0, k = 0; i < e->nparts; i++) {
+static gvqResult_t make_compressors(gvqComm_t comm, zc_entry_t *e, const gvq_layout_t *lay,
+                                    int *seeds) {
+    for (int i = 0; i < e->nparts; i++) {
         zc_part_t *p = &e->parts[i];
         if (p->codec == gvqCodecNone) continue;
         gvqCompressorConfig_t cfg;
         part_config(p, p->layer >= 0 ? &lay->layers[p->layer] : NULL, &cfg);
-        cfg.seed = k++; /* QSGD's bits: the k-th compressed part's own stream */
+        cfg.seed = (*seeds)++; /* its own random stream: the communicator's k-th compressor */
         GVQCHECK(gvqCompressorCreate(comm, p->count, &cfg, &p->comp));
     }
     return gvqSuccess;
@@ -289,7 +290,7 @@ gvqResult_t gvq_zc_new_entry(gvqComm_t comm, zc_state_t *st, int master, const v
         lay = NULL;
     }
     if (res == gvqSuccess) res = plan_parts(e, master, lay);
-    if (res == gvqSuccess) res = make_compressors(comm, e, lay);
+    if (res == gvqSuccess) res = make_compressors(comm, e, lay, &st->seeds);
     res = agree_plan(comm, res, e, lay);
     if (res != gvqSuccess) {
         gvq_zc_entry_free(e);

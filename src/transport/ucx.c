@@ -28,6 +28,7 @@
 
 #ifdef GVQ_WITH_UCX
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 /* one ucp context per process, shared by the communicators' workers */
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -38,6 +39,29 @@ static int ctx_wakeup; /* the context has UCP_FEATURE_WAKEUP: workers have event
 #include "gvq_ucx_impl.h"
 
 enum { K_SEND = 1, K_RECV = 2, K_UPTO = 4 };
+
+/* Whether this host's UCX has only TCP for the network (besides shared memory and loopback):
+ * no component but these has a memory domain here (an InfiniBand/RoCE device gives "ib" one,
+ * a GPU "cuda_cpy"). */
+static int tcp_only(void) {
+    static const char *const plain[] = {"self", "tcp", "sysv", "posix", "cma", "knem", "xpmem"};
+    uct_component_h *comps = NULL;
+    unsigned n = 0;
+    if (uct_query_components(&comps, &n) != UCS_OK) return 0;
+    int only = 1;
+    for (unsigned i = 0; i < n && only; i++) {
+        uct_component_attr_t a;
+        memset(&a, 0, sizeof a);
+        a.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+        if (uct_component_query(comps[i], &a) != UCS_OK || a.md_resource_count == 0) continue;
+        int known = 0;
+        for (size_t k = 0; k < sizeof plain / sizeof plain[0]; k++)
+            known |= strcmp(a.name, plain[k]) == 0;
+        only = known;
+    }
+    uct_release_component_list(comps);
+    return only;
+}
 
 static gvqResult_t ctx_get(void) {
     pthread_mutex_lock(&ctx_lock);
@@ -65,6 +89,15 @@ static gvqResult_t ctx_get(void) {
          * the TCP cost: within the runs' noise at 2 ranks). */
         setenv("UCX_TCP_MAX_POLL", "1", 0);
         ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+        /* Over TCP a large message goes eagerly (no rendezvous), unless the user chose: a
+         * rendezvous's handshake crosses the link behind the data already queued on it, once
+         * per ring chunk, and on 2 hosts at 1 Gbit/s gvq's 64 MiB allreduce ran at 0.64 of the
+         * link (0.96 eagerly; perf/RESULTS.md section 13). With RDMA or GPU memory domains the
+         * rendezvous (zero copy) stays. gvq posts its receives before the matching sends, so
+         * eager data lands in them; only this context is changed (not Open MPI's). */
+        if (st == UCS_OK && getenv("UCX_RNDV_THRESH") == NULL && tcp_only() &&
+            ucp_config_modify(cfg, "RNDV_THRESH", "inf") == UCS_OK)
+            GVQ_INFO("UCX transport: TCP only here: large messages eager (UCX_RNDV_THRESH=inf)");
         if (st == UCS_OK) {
             ucp_params_t p;
             memset(&p, 0, sizeof p);
@@ -245,7 +278,9 @@ static gvqResult_t post_failed(gvq_transport_t *t, const char *what, int peer, u
 static void cancel_request(gvq_transport_t *t, void *r, int recv, int peer) {
     gvq_ucx_t *u = impl(t);
     if (recv) ucp_request_cancel(u->worker, r);
-    if (ucp_request_check_status(r) == UCS_INPROGRESS) {
+    /* a shrink's transport (no communicator yet: broken NULL) keeps its buffers (elastic.c)
+     * and goes on to serve the shrunk communicator, whose close may then flush */
+    if (t->broken != NULL && ucp_request_check_status(r) == UCS_INPROGRESS) {
         if (__atomic_fetch_add(&u->orphans, 1, __ATOMIC_ACQ_REL) == 0)
             GVQ_INFO("UCX transport: a cancelled %s with rank %d is still under way inside UCX; "
                      "its endpoints will be closed unflushed",
@@ -256,9 +291,7 @@ static void cancel_request(gvq_transport_t *t, void *r, int recv, int peer) {
 }
 
 /* The endpoints close unflushed (close_eps: the worker is not progressed again): the
- * communicator broke, was aborted, or UCX holds a request it could not call back. A shrink's
- * transport goes on after such cancels (its buffers are kept, elastic.c), so its transfers
- * still progress; only its close is forced. */
+ * communicator broke, was aborted, or UCX holds a request it could not call back. */
 static int quarantined(gvq_transport_t *t) {
     return gvq_broken_get(t->broken) != gvqSuccess ||
            (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE)) ||

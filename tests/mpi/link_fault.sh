@@ -22,7 +22,7 @@ export GVQ_EMU_MPIRUN_ARGS="-x GVQ_TRANSPORT=$transport"
 fail=0
 
 out=$(bash "$here/../../perf/link-fault.sh" -a 2 -d 2 -t 10000 -- "$perf" -b 4M -e 4M -C none \
-    -n 40 -w 2 2>&1)
+    -n 120 -w 2 2>&1)
 rc=$?
 printf '%s\n' "$out" | grep -E "link-fault|^ +4194304|WARN"
 row=$(printf '%s\n' "$out" | grep -E '^ +4194304 ')
@@ -47,7 +47,7 @@ if ! command -v nft >/dev/null; then
     echo "link_fault.sh: the 5% packet loss case skipped: no nft (Debian's nftables)"
 else
 out=$(bash "$here/../../perf/link-fault.sh" -l 5 -a 1 -d 4 -t 10000 -- "$perf" -b 4M -e 4M -C none \
-    -n 40 -w 2 2>&1)
+    -n 120 -w 2 2>&1)
 rc=$?
 printf '%s\n' "$out" | grep -E "link-fault|^ +4194304"
 row=$(printf '%s\n' "$out" | grep -E '^ +4194304 ')

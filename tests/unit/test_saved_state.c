@@ -186,6 +186,26 @@ static void try_comp_header(subject_t *s, const comp_hdr_t *h) {
         char what[64];
         int32_t v;
         memcpy(&v, (const char *)cfg + 4 * w, 4);
+        if (w == offsetof(gvq_comp_cfg_t, seed) / 4) { /* the seed: a state loads whatever it */
+            char *b = malloc(s->n);                    /* was (it draws the calls to come) */
+            memcpy(b, s->orig, s->n);
+            int32_t other = v ^ 1;
+            memcpy(b + H(cfg) + 4 * w, &other, 4);
+            gvq_blob_seal(b, s->n, s->ck_at);
+            s->cases++;
+            gvqResult_t r = load(s, b, s->n);
+            EXPECT(r == gvqSuccess, "%s: a state saved with another seed was refused: %s", s->name,
+                   gvqGetLastError(NULL));
+            size_t m;
+            char *now = save(s, &m);
+            EXPECT(m == s->n && memcmp(now, s->orig, m) == 0,
+                   "%s: loading a state of another seed changed the compressor's own seed",
+                   s->name);
+            free(now);
+            free(b);
+            load(s, s->orig, s->n);
+            continue;
+        }
         snprintf(what, sizeof what, "config word %zu xor 1", w);
         try_field(s, what, H(cfg) + 4 * w, 4, v ^ 1, "config");
         snprintf(what, sizeof what, "config word %zu = INT32_MIN", w);

@@ -32,6 +32,7 @@ state_dict()/load_state_dict() carry both through a checkpoint.
 import os
 import queue
 import threading
+import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -90,7 +91,7 @@ class BucketCompressor:
         self.comm, self.codec = comm, codec
         # QSGD's random bits: each bucket from a stream of its own (the config's seed plus the
         # bucket's index), else every bucket rounds its element e with the same draw
-        config = _with(config, seed=int(config.get("seed", 0)) + stream)
+        config = _with(config, seed=(int(config.get("seed", 0)) + stream) & 0x7fffffff)
         sizes = [_numel(s) for s in shapes]
         self.count = sum(sizes)
         self.parts: List[Tuple[str, int, int, Compressor]] = []  # (name, offset, count, comp)
@@ -215,8 +216,11 @@ class GvqHookState:
     def _conv(self, name: str, shape: Tuple[int, ...]) -> Compressor:
         c = self.convs.get(name)
         if c is None:
+            # its own random stream (QSGD sampling, integer-wire rounding, the tracked basis's
+            # first Q): the config's seed plus a checksum of the name, the same on every rank
+            seed = (int(self.config.get("seed", 0)) + zlib.crc32(name.encode())) & 0x7fffffff
             c = Compressor(self.comm, _numel(shape), shape=shape,
-                           **_with(self.config, codec=Codec.GRADIVEQ))
+                           **_with(self.config, codec=Codec.GRADIVEQ, seed=seed))
             if name in self._saved_convs:
                 c.load(self._saved_convs.pop(name))
             self.convs[name] = c
