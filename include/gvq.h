@@ -721,7 +721,10 @@ GVQ_API gvqResult_t gvqCommGetCompressionStats(gvqComm_t comm, int layer,
  *     themselves (shard s on rank s mod N); a push sends each row's gradient to its shard only,
  *     a pull fetches current rows by index: about 4 alpha w (N-1)/N bytes per rank.
  * Row indices are int64_t in [0, rows). Every call here is collective over the communicator:
- * every rank calls it, in the same order, also a rank that has nothing to contribute (n = 0).
+ * every rank calls it, in the same order, also a rank that has nothing to contribute (n = 0);
+ * except a parameter server made with `serve` (gvqPsConfig_t), whose push, apply and pull are
+ * this rank's alone: a thread of the handle answers the other ranks' requests whenever they come,
+ * gvqPsApply ends this rank's step, and a pull waits only for the steps it must see (staleness).
  * Input that a rank refuses (an index outside [0, rows), NULL with n > 0) makes that rank return
  * gvqInvalidArgument with a WARN; the ranks still exchange their headers, so the others learn
  * of it and return gvqRemoteError instead of waiting, and nothing of the call is applied.
@@ -837,14 +840,21 @@ typedef struct {
                                  gvqPsPull are queued on it and return at once; the rows are read
                                  and written when they run. The state calls (stats, save, load)
                                  need the stream synchronized first [NULL: blocking] */
+    int serve;     /* 1: each rank's shards are answered by a thread of the handle's own, at any
+                      time: push, apply and pull are no longer collective, and a pull needs
+                      nothing from the owning ranks' calls (below) [0: synchronous] */
+    int staleness; /* with serve: a pull after this rank's c-th gvqPsApply sees at least the first
+                      c - staleness steps of every rank (stale synchronous parallel); 0 gives
+                      exactly the synchronous server's rows and bits [0] */
 } gvqPsConfig_t;
 /* clang-format on */
 
-#define GVQ_PS_CONFIG_INITIALIZER                                                                 \
-    {                                                                                             \
-        sizeof(gvqPsConfig_t), GVQ_PS_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,            \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, -1.0, -1.0, -1.0,                   \
-            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, 0, NULL, NULL \
+#define GVQ_PS_CONFIG_INITIALIZER                                                                  \
+    {                                                                                              \
+        sizeof(gvqPsConfig_t), GVQ_PS_CONFIG_MAGIC, GVQ_VERSION, GVQ_CONFIG_UNDEF_INT,             \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, -1.0, -1.0, -1.0,                    \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT, -1.0, 0, NULL, NULL, \
+            GVQ_CONFIG_UNDEF_INT, GVQ_CONFIG_UNDEF_INT                                             \
     }
 
 /* What a parameter server has done, on this rank. */
@@ -868,7 +878,9 @@ typedef struct {
 GVQ_API gvqResult_t gvqPsCreate(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t datatype,
                                 const gvqPsConfig_t *config, gvqPs_t *ps);
 
-/* Frees a parameter server (its shards are lost: save them first). Local.
+/* Frees a parameter server (its shards are lost: save them first). Local; with `serve`, its
+ * thread answers the other ranks until every rank has destroyed the handle (or the timeout
+ * passed: a WARN), so that no request is left without its answer.
  * Errors: gvqInvalidArgument (NULL or destroyed). */
 GVQ_API gvqResult_t gvqPsDestroy(gvqPs_t ps);
 
@@ -887,7 +899,10 @@ GVQ_API gvqResult_t gvqPsPush(gvqPs_t ps, const int64_t *indices, const void *gr
  * averaged) gradient, and clears the sums. Local to this rank's shards, but every rank must
  * call it between the same pushes and pulls: calls are collective in order, so a pull that
  * follows an apply on every rank sees the updated rows everywhere (the synchronous step
- * barrier). Errors: gvqInvalidArgument (bad handle). */
+ * barrier). With `serve`: ends this rank's step and returns; a shard runs the rule on a step
+ * once every rank has ended it, summing its pushes in the synchronous server's order.
+ * Errors: gvqInvalidArgument (bad handle); with `serve` also gvqRemoteError or gvqTimeout when
+ * the handle's server failed earlier. */
 GVQ_API gvqResult_t gvqPsApply(gvqPs_t ps);
 
 /* Pulls current rows: values + i*dim elements receives row indices[i] (duplicates allowed).

@@ -35,6 +35,7 @@ struct gvqComm {
     gvqComm_t host_comm; /* this rank's host's ranks (gvq_comm_hier_local), whose shared-memory
                           * channels carry the hierarchy's stages inside the host; or NULL */
     uint32_t shrinks;    /* gvqCommShrink calls so far on this rank (shrink.c): tags each one's */
+    int ps_serial;       /* served parameter servers made on it (ps_serve.c): their tags */
     uint64_t calls;  /* collective calls agreed on so far (signature.c): the next call's number */
     uint64_t serial; /* unique among the communicators of this process (handles outlive comms) */
     /* Host streams (stream.c), atomic: tickets handed to queued calls so far, calls of those

@@ -7,6 +7,8 @@
  *   ps_pull.c   pull
  *   ps_save.c   save / load of a rank's shards
  *   ps_tune.c   the partition tuner's driver
+ *   ps_serve.c  the served mode (config `serve`): a thread per handle answers at any time
+ *   ps_shard.c  what every path does to this rank's shards: check indices, sum, run the rule
  *
  * The shards are colocated with the workers: shard s lives on rank s mod N, and each rank keeps
  * its shards' rows in one array of slots (gvq_part_t maps row -> rank, slot). A slot with a
@@ -17,6 +19,8 @@
  * collective. With a host stream in the config they run on the stream's progress thread
  * (queued in issue order, like every call on the stream), so a trainer can overlap them with
  * its own work; a shard is still only served inside a push or pull of its own rank.
+ * With `serve`, a thread of the handle answers the other ranks at any time (ps_serve.c), and
+ * push, apply and pull are this rank's alone.
  */
 #ifndef GVQ_PS_H_
 #define GVQ_PS_H_
@@ -34,7 +38,10 @@ typedef struct {
     unsigned long long seed;
     const void *init_values; /* gvqPsInitValues: rows x dim elements, read in gvqPsCreate */
     gvqStream_t stream;      /* a host stream: push, apply and pull are queued on it; or NULL */
+    int serve, staleness;    /* the served mode (ps_serve.c) and its SSP bound */
 } gvq_ps_cfg_t;
+
+typedef struct gvq_ps_srv gvq_ps_srv_t;
 
 struct gvqPs {
     uint32_t magic;
@@ -54,6 +61,7 @@ struct gvqPs {
     int hosts, leader;  /* distinct hosts; the lowest rank of this rank's host */
     uint8_t *same_host; /* per rank: on this rank's host */
     gvqPsStats_t stats;
+    gvq_ps_srv_t *srv; /* the served mode's state and thread (ps_serve.c); NULL: synchronous */
 };
 
 /* Row `slot` of one of the handle's row arrays. */
@@ -76,5 +84,24 @@ int gvq_ps_refuse_rows(gvqPs_t ps, const char *fn, const int64_t *idx, const voi
 /* A block of indices received by a shard: in range, strictly ascending and (with owner_check)
  * held by this rank. Returns the first bad position, or n. */
 size_t gvq_ps_check_block(gvqPs_t ps, const int64_t *idx, size_t n, int owner_check);
+
+/* Add n rows (indices held here, `vals` n rows) to the pending sums of their slots: the first
+ * sum of a slot is a copy, later ones add (ps_shard.c, as are gvq_ps_check_block and the next). */
+gvqResult_t gvq_ps_add_pending(gvqPs_t ps, const int64_t *idx, const char *vals, size_t n);
+/* The rule on every pending slot, gradients scaled by gscale; the sums are then cleared. */
+void gvq_ps_apply_pending(gvqPs_t ps, double gscale);
+
+/* ---- the served mode (ps_serve.c) ------------------------------------------------------------
+ * start: at the end of gvqPsCreate (collective: it splits off the handle's own communicator).
+ * stop: at destroy (waits, bounded by the timeout, for every rank's destroy) or when the
+ * communicator goes first (orphaned: at once). The calls run on the caller's thread or its
+ * stream; lock/unlock guard the shards against the thread (save, load, stats). */
+gvqResult_t gvq_ps_serve_start(gvqPs_t ps, const char *fn);
+void gvq_ps_serve_stop(gvqPs_t ps, int orphaned);
+gvqResult_t gvq_ps_serve_push(gvqPs_t ps, const int64_t *idx, const void *grads, size_t n);
+gvqResult_t gvq_ps_serve_apply(gvqPs_t ps);
+gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size_t n);
+void gvq_ps_serve_lock(gvqPs_t ps);
+void gvq_ps_serve_unlock(gvqPs_t ps);
 
 #endif /* GVQ_PS_H_ */

@@ -41,6 +41,7 @@ int gvq_ps_live(gvqPs_t ps) {
 
 static void orphan(void *state) {
     gvqPs_t ps = state;
+    gvq_ps_serve_stop(ps, 1); /* its thread may use the communicator's transport */
     gvq_handles_lock(&live_servers);
     ps->comm = NULL;
     gvq_handles_unlock(&live_servers);
@@ -67,6 +68,11 @@ static gvq_ps_cfg_t cfg_with_defaults(const gvqPsConfig_t *in, int nranks) {
         .init_values = in->initValues,
         .stream =
             in->size >= offsetof(gvqPsConfig_t, stream) + sizeof in->stream ? in->stream : NULL,
+        .serve =
+            in->size >= offsetof(gvqPsConfig_t, serve) + sizeof in->serve ? PS_INT(serve, 0) : 0,
+        .staleness = in->size >= offsetof(gvqPsConfig_t, staleness) + sizeof in->staleness
+                         ? PS_INT(staleness, 0)
+                         : 0,
     };
 #undef PS_INT
 #undef PS_DBL
@@ -106,6 +112,12 @@ static int cfg_problem(const gvq_ps_cfg_t *o, char *why, size_t n) {
         snprintf(why, n, "initValues is NULL with init gvqPsInitValues");
     else if (o->init == gvqPsInitUniform && !nonneg_finite(o->init_scale))
         snprintf(why, n, "initScale %g is not >= 0", o->init_scale);
+    else if (!is_01(o->serve))
+        snprintf(why, n, "serve %d is not 0 or 1", o->serve);
+    else if (o->staleness < 0 || (o->staleness > 0 && !o->serve))
+        snprintf(why, n, "staleness %d: a bound >= 0, and above 0 only with serve 1", o->staleness);
+    else if (o->serve && o->local_aggregation)
+        snprintf(why, n, "localAggregation needs the synchronous server (serve 0)");
     else
         return 0;
     return 1;
@@ -177,6 +189,7 @@ static void init_slots(gvqPs_t ps) {
 
 static void ps_free(gvqPs_t ps) {
     if (ps == NULL) return;
+    gvq_ps_serve_stop(ps, ps->comm == NULL);
     gvq_part_fini(&ps->map);
     free(ps->values);
     free(ps->rule_state);
@@ -245,14 +258,15 @@ static gvqResult_t alloc_slots(const char *fn, gvqPs_t ps) {
 /* The collective part of creation: the ranks' hosts, and every rank must create the server with
  * the same shape and partitioning (compared on every rank, so that every rank refuses alike). */
 static gvqResult_t join_ranks(const char *fn, gvqPs_t ps) {
-    static const char *const names[6] = {"rows",       "dim",          "datatype",
-                                         "partitions", "partitioning", "rule"};
-    int64_t shape[6] = {(int64_t)ps->rows,  (int64_t)ps->dim,     (int64_t)ps->dtype,
-                        ps->cfg.partitions, ps->cfg.partitioning, ps->cfg.rule};
+    static const char *const names[8] = {"rows",         "dim",  "datatype", "partitions",
+                                         "partitioning", "rule", "serve",    "staleness"};
+    int64_t shape[8] = {(int64_t)ps->rows,  (int64_t)ps->dim,     (int64_t)ps->dtype,
+                        ps->cfg.partitions, ps->cfg.partitioning, ps->cfg.rule,
+                        ps->cfg.serve,      ps->cfg.staleness};
     GVQCHECK(gvq_comm_enter(ps->comm, fn));
     gvq_coll_ctx_t ctx = gvq_comm_ctx(ps->comm, NULL);
     gvqResult_t res = gvq_comm_hosts(ps->comm, &ps->hosts, &ps->leader, ps->same_host);
-    if (res == gvqSuccess) res = gvq_agree_fields(&ctx, fn, shape, names, 6, NULL);
+    if (res == gvqSuccess) res = gvq_agree_fields(&ctx, fn, shape, names, 8, NULL);
     gvq_comm_leave(ps->comm);
     return res;
 }
@@ -285,6 +299,7 @@ GVQ_API gvqResult_t gvqPsCreate(gvqComm_t comm, size_t rows, size_t dim, gvqData
     init_slots(ps);
     GVQCHECKGOTO(join_ranks(fn, ps), res, err_free_ps);
     init_stats(ps);
+    if (cfg.serve) GVQCHECKGOTO(gvq_ps_serve_start(ps, fn), res, err_free_ps);
     ps->magic = GVQ_PS_MAGIC;
     GVQCHECKGOTO(gvq_comm_attach(comm, ps, ps, orphan), res, err_free_ps);
     if ((res = gvq_handles_add(&live_servers, ps)) != gvqSuccess) {
@@ -292,10 +307,10 @@ GVQ_API gvqResult_t gvqPsCreate(gvqComm_t comm, size_t rows, size_t dim, gvqData
         goto err_free_ps;
     }
     *out = ps;
-    GVQ_INFO("%s: %zu x %zu %s, %d partitions (%s), rule %d; %zu rows here, %d host(s)", fn, rows,
+    GVQ_INFO("%s: %zu x %zu %s, %d partitions (%s), rule %d; %zu rows here, %d host(s)%s", fn, rows,
              dim, gvq_dtype_name(datatype), cfg.partitions,
              cfg.partitioning == gvqPsContiguous ? "contiguous" : "hashed", cfg.rule, ps->nlocal,
-             ps->hosts);
+             ps->hosts, cfg.serve ? "; served at any time" : "");
     return gvqSuccess;
 err_free_ps:
     ps_free(ps);
@@ -323,8 +338,10 @@ GVQ_API gvqResult_t gvqPsGetStats(gvqPs_t ps, gvqPsStats_t *stats) {
         return gvqInvalidArgument;
     }
     gvq_stream_comm_settle(ps->comm);
+    gvq_ps_serve_lock(ps);
     *stats = ps->stats;
     stats->pendingRows = ps->npending;
+    gvq_ps_serve_unlock(ps);
     return gvqSuccess;
 }
 
@@ -362,17 +379,4 @@ int gvq_ps_refuse_rows(gvqPs_t ps, const char *fn, const int64_t *idx, const voi
         return 1;
     }
     return 0;
-}
-
-size_t gvq_ps_check_block(gvqPs_t ps, const int64_t *idx, size_t n, int owner_check) {
-    size_t bad =
-        GVQ_MIN(gvq_sparse_find_out_of_range(idx, n, ps->rows), gvq_sparse_find_unsorted(idx, n));
-    if (owner_check)
-        for (size_t i = 0; i < bad; i++) {
-            int rank;
-            uint64_t slot;
-            gvq_part_locate(&ps->map, (uint64_t)idx[i], &rank, &slot);
-            if (rank != ps->comm->rank) return i;
-        }
-    return bad;
 }

@@ -44,27 +44,6 @@ static void rowset_free(rowset_t *s) {
     *s = (rowset_t){NULL, NULL, 0};
 }
 
-/* ---- pending sums ------------------------------------------------------------------------ */
-
-/* Add n rows (indices held here) to the pending sums of their slots. */
-static gvqResult_t add_to_pending(gvqPs_t ps, const int64_t *idx, const char *vals, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        int rank;
-        uint64_t slot;
-        gvq_part_locate(&ps->map, (uint64_t)idx[i], &rank, &slot);
-        char *sum = gvq_ps_row(ps, ps->grad_sum, slot);
-        const char *row = vals + i * ps->row_bytes;
-        if (!ps->is_pending[slot]) {
-            ps->is_pending[slot] = 1;
-            ps->pending_slots[ps->npending++] = slot;
-            memcpy(sum, row, ps->row_bytes);
-        } else {
-            GVQCHECK(ps->comm->dev->reduce(sum, sum, row, ps->dim, ps->dtype, gvqSum));
-        }
-    }
-    return gvqSuccess;
-}
-
 /* ---- local aggregation ------------------------------------------------------------------- */
 
 /* The exchange between a host's members and its leader. */
@@ -323,13 +302,13 @@ static gvqResult_t add_in_rank_order(push_t *x) {
         if (p == x->rank) {
             for (size_t i = 0; i < x->mine.n; i++)
                 if (x->owner[i] == x->rank)
-                    GVQCHECK(
-                        add_to_pending(ps, &x->mine.idx[i], x->mine.val + i * ps->row_bytes, 1));
+                    GVQCHECK(gvq_ps_add_pending(ps, &x->mine.idx[i],
+                                                x->mine.val + i * ps->row_bytes, 1));
         } else if (x->recv[p].nrows > 0) {
             size_t k = x->recv[p].nrows;
             void *block = x->recv[p].buf;
-            GVQCHECK(add_to_pending(ps, gvq_wire_block_indices(block),
-                                    gvq_wire_block_values(block, k), k));
+            GVQCHECK(gvq_ps_add_pending(ps, gvq_wire_block_indices(block),
+                                        gvq_wire_block_values(block, k), k));
         }
     }
     return gvqSuccess;
@@ -371,6 +350,8 @@ static gvqResult_t push_run(void *arg) {
     const push_args_t *a = arg;
     const char *fn = "gvqPsPush";
     int refused = gvq_ps_refuse_rows(a->ps, fn, a->indices, a->grads, "grads", a->n);
+    if (a->ps->srv != NULL) /* this rank's alone: a refusal concerns nobody else */
+        return refused ? gvqInvalidArgument : gvq_ps_serve_push(a->ps, a->indices, a->grads, a->n);
     GVQCHECK(gvq_comm_enter(a->ps->comm, fn));
     gvqResult_t res = push_entered(a->ps, a->indices, a->grads, a->n, refused);
     gvq_comm_leave(a->ps->comm);
@@ -395,16 +376,8 @@ GVQ_API gvqResult_t gvqPsPush(gvqPs_t ps, const int64_t *indices, const void *gr
 
 static gvqResult_t apply_run(void *arg) {
     gvqPs_t ps = arg;
-    gvq_rule_t rule = {ps->cfg.rule, ps->cfg.lr, ps->cfg.momentum, ps->cfg.eps,
-                       ps->cfg.average ? 1.0 / ps->comm->nranks : 1.0};
-    for (size_t i = 0; i < ps->npending; i++) {
-        uint64_t slot = ps->pending_slots[i];
-        char *state = ps->rule_state != NULL ? gvq_ps_row(ps, ps->rule_state, slot) : NULL;
-        gvq_rule_apply(&rule, ps->dtype, ps->dim, gvq_ps_row(ps, ps->values, slot), state,
-                       gvq_ps_row(ps, ps->grad_sum, slot));
-        ps->is_pending[slot] = 0;
-    }
-    ps->npending = 0;
+    if (ps->srv != NULL) return gvq_ps_serve_apply(ps);
+    gvq_ps_apply_pending(ps, ps->cfg.average ? 1.0 / ps->comm->nranks : 1.0);
     ps->stats.applies++;
     return gvqSuccess;
 }

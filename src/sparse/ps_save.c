@@ -64,12 +64,7 @@ static void put(char **p, const void *src, size_t n) {
     *p += n;
 }
 
-GVQ_API gvqResult_t gvqPsSave(gvqPs_t ps, void *buf, size_t *size) {
-    if (!gvq_ps_live(ps) || size == NULL) {
-        GVQ_WARN("gvqPsSave: %s", size == NULL ? "size is NULL" : "not a live parameter server");
-        return gvqInvalidArgument;
-    }
-    gvq_stream_comm_settle(ps->comm); /* pushes and applies queued on the config's stream */
+static gvqResult_t save_locked(gvqPs_t ps, void *buf, size_t *size) {
     size_t need = save_size(ps, ps->npending);
     if (buf == NULL) {
         *size = need;
@@ -94,6 +89,18 @@ GVQ_API gvqResult_t gvqPsSave(gvqPs_t ps, void *buf, size_t *size) {
     gvq_blob_seal(buf, need, CHECKSUM_AT);
     *size = need;
     return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqPsSave(gvqPs_t ps, void *buf, size_t *size) {
+    if (!gvq_ps_live(ps) || size == NULL) {
+        GVQ_WARN("gvqPsSave: %s", size == NULL ? "size is NULL" : "not a live parameter server");
+        return gvqInvalidArgument;
+    }
+    gvq_stream_comm_settle(ps->comm); /* pushes and applies queued on the config's stream */
+    gvq_ps_serve_lock(ps);            /* the served mode's thread applies steps */
+    gvqResult_t res = save_locked(ps, buf, size);
+    gvq_ps_serve_unlock(ps);
+    return res;
 }
 
 /* The saved header against this server: a saved state, of this size and checksum, shape,
@@ -216,7 +223,9 @@ GVQ_API gvqResult_t gvqPsLoad(gvqPs_t ps, const void *buf, size_t size) {
     if (ps->rule_state != NULL)
         GVQCHECK(check_rule_state(fn, ps, rows + ps->nlocal * ps->row_bytes));
     GVQCHECK(check_pending(fn, ps, rows + rows_bytes(ps), (size_t)h.npending));
+    gvq_ps_serve_lock(ps);
     restore(ps, rows, (size_t)h.npending);
+    gvq_ps_serve_unlock(ps);
     return gvqSuccess;
 }
 

@@ -114,10 +114,12 @@ static gvqResult_t post_recv(gvq_transport_t *t, int peer, int tag, void *buf, s
     r->bytes = bytes;
     r->peer = peer;
     r->tag = tag;
+    pthread_mutex_lock(&me->world->lock); /* threads may share a rank (a served parameter server) */
     inproc_recv_t **pp = &me->posted;
     while (*pp != NULL)
         pp = &(*pp)->next;
     *pp = r;
+    pthread_mutex_unlock(&me->world->lock);
     memcpy(req->handle, &r, sizeof r);
     req->peer = peer;
     req->bytes = bytes;
@@ -178,14 +180,20 @@ static void inproc_unlink(inproc_rank_t *me, inproc_recv_t *r) {
 }
 
 static gvqResult_t inproc_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
+    inproc_rank_t *me = t->impl;
     inproc_recv_t *r;
     memcpy(&r, req->handle, sizeof r);
     *done = 0;
-    if (!r->done) inproc_progress(t);
-    if (!r->done) return gvqSuccess;
+    inproc_progress(t);
+    pthread_mutex_lock(&me->world->lock);
+    if (!r->done) {
+        pthread_mutex_unlock(&me->world->lock);
+        return gvqSuccess;
+    }
     gvqResult_t res = r->res;
     if (res == gvqSuccess) req->bytes = r->got;
-    inproc_unlink(t->impl, r);
+    inproc_unlink(me, r);
+    pthread_mutex_unlock(&me->world->lock);
     req->active = 0;
     *done = 1;
     return res;
@@ -194,7 +202,10 @@ static gvqResult_t inproc_test(gvq_transport_t *t, gvq_req_t *req, int *done) {
 static void inproc_cancel(gvq_transport_t *t, gvq_req_t *req) {
     inproc_recv_t *r;
     memcpy(&r, req->handle, sizeof r);
-    inproc_unlink(t->impl, r);
+    inproc_rank_t *me = t->impl;
+    pthread_mutex_lock(&me->world->lock);
+    inproc_unlink(me, r);
+    pthread_mutex_unlock(&me->world->lock);
     req->active = 0;
 }
 
@@ -231,7 +242,7 @@ gvqResult_t gvq_inproc_transport_create(void *world, int rank, gvq_transport_t *
     t->ops = &inproc_ops;
     t->rank = rank;
     t->nranks = w->nranks;
-    t->concurrent = 1; /* the world's queues are under its lock */
+    t->concurrent = 1; /* the world's queues and each rank's posted receives are under its lock */
     t->one_host = 1;
     t->impl = me;
     *out = t;

@@ -231,8 +231,11 @@ static double init_value(size_t r, size_t j) {
     return 0.25 * (double)((r * 7 + j * 3) % 9) - 1.0;
 }
 
+static int serve; /* the second pass: every server served at any time (ps_serve.c) */
+
 static gvqPs_t make_ps(const ps_case_t *c, const void *initv) {
     gvqPsConfig_t cfg = GVQ_PS_CONFIG_INITIALIZER;
+    cfg.serve = serve;
     cfg.partitions = c->P;
     cfg.partitioning = c->partitioning;
     cfg.rule = c->rule;
@@ -360,7 +363,8 @@ static void test_ps(void) {
             }
     ps_case_t avg = {N + 1, gvqPsHashed, gvqPsMomentum, 1, 0, gvqPsInitValues, 57, 3, gvqFloat32};
     test_ps_case(&avg, 5);
-    ps_case_t agg = {2 * N, gvqPsHashed, gvqPsAdagrad, 0, 1, gvqPsInitUniform, 41, 5, gvqFloat64};
+    ps_case_t agg = {2 * N, gvqPsHashed, gvqPsAdagrad, 0, !serve, gvqPsInitUniform,
+                     41,    5,           gvqFloat64};
     test_ps_case(&agg, 5);
     ps_case_t big = {3, gvqPsHashed, gvqPsSgd, 0, 0, gvqPsInitValues, 5000, 32, gvqFloat32};
     test_ps_case(&big, 3);
@@ -661,6 +665,46 @@ static void test_tuner(void) {
         gvqInvalidArgument);
 }
 
+/* Rank 0 ends step 0 and then waits in MPI (no gvq call) until every other rank has pulled its
+ * rows twice: its shards are answered by the handle's thread. A server that needed rank 0's
+ * calls would leave the others' pulls to time out. */
+static void test_served_busy(void) {
+    enum { ROWS = 64, DIM = 8 };
+    gvqPsConfig_t cfg = GVQ_PS_CONFIG_INITIALIZER;
+    cfg.partitioning = gvqPsContiguous;
+    cfg.learningRate = 1.0;
+    cfg.serve = 1;
+    gvqPs_t ps = NULL;
+    MT_OK(gvqPsCreate(comm, ROWS, DIM, gvqFloat32, &cfg, &ps));
+    if (ps == NULL) return;
+    int64_t idx[ROWS];
+    float g[ROWS * DIM], w[ROWS * DIM];
+    for (int r = 0; r < ROWS; r++)
+        idx[r] = r;
+    for (int k = 0; k < ROWS * DIM; k++)
+        g[k] = 1.0f;
+    MT_OK(gvqPsPush(ps, idx, g, ROWS));
+    MT_OK(gvqPsApply(ps));
+    int token = 0;
+    if (mt.rank == 0) {
+        for (int p = 1; p < mt.nranks; p++)
+            MPI_Recv(&token, 1, MPI_INT, p, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else {
+        for (int rep = 0; rep < 2; rep++) {
+            MT_OK(gvqPsPull(ps, idx, w, ROWS));
+            for (int k = 0; k < ROWS * DIM; k++)
+                MT_CHECK(w[k] == -(float)mt.nranks, "busy owner: element %d = %g, want %d", k, w[k],
+                         -mt.nranks);
+        }
+        MPI_Send(&token, 1, MPI_INT, 0, 77, MPI_COMM_WORLD);
+    }
+    gvqPsStats_t st;
+    MT_OK(gvqPsGetStats(ps, &st));
+    MT_CHECK(st.pulls == (mt.rank == 0 ? 0 : 2) && st.applies == 1,
+             "stats: pulls %lld applies %lld", st.pulls, st.applies);
+    MT_OK(gvqPsDestroy(ps));
+}
+
 int main(int argc, char **argv) {
     mt_init(&argc, &argv);
     gvqUniqueId id;
@@ -675,6 +719,11 @@ int main(int argc, char **argv) {
     test_save_load();
     test_bad_input();
     test_tuner();
+    /* served at any time: the same cases against the same dense reference (staleness 0), and
+     * an owner that makes no call while the others pull */
+    serve = 1;
+    test_ps();
+    test_served_busy();
     gvqCommDestroy(comm);
     return mt_finish("test_sparse");
 }

@@ -1,0 +1,820 @@
+/*
+ * ps_serve.c -- a parameter server that answers at any time (gvqPsConfig_t.serve; docs/ALGORITHMS.md
+ * section 4): a thread of the handle serves this rank's shards, so another rank's push or pull
+ * needs nothing from this rank's own calls, and a pull may see rows up to `staleness` steps old
+ * (stale synchronous parallel, as Petuum's and Poseidon's key-value stores offer it).
+ *
+ *   caller (any rank)                                   server thread (the owning rank)
+ *   push:  merge, one block per owner --{PUSH t, k}+block->  kept as (step t, call k, source)
+ *   apply: step t ends, c = t + 1 -------{CLOCK t}-------->  once every rank ended step t: the
+ *                                                            step's pushes summed in (call,
+ *                                                            rank) order, the rule run once,
+ *                                                            version = t + 1
+ *   pull:  need = max(c - s, 0) --------{PULL need}+idx--->  answered once version >= need:
+ *          <-------------- {status, version} + rows ------
+ *   destroy: ----------------------------{BYE}----------->  the thread ends once every peer's
+ *                                                            BYE came (or the timeout passed)
+ *
+ * The order of the sums is the synchronous server's (ps_push.c sums each collective push in
+ * rank order, the pushes of a step in call order), so with staleness 0 a pull returns the bits
+ * the synchronous server would: the version it waits for is exactly the caller's own step
+ * count, and no step past it can be applied before the caller ends it. With s > 0 a pull sees
+ * between c - s and c steps; which ones depends on timing.
+ *
+ * Rows held here are pushed and pulled by the caller's thread directly (no message). Messages
+ * travel on the handle's own communicator (a gvqCommSplit duplicate: MPI and UCX match them
+ * apart from the caller's collectives), or on the in-process test transport's, under tags of
+ * the handle's own. Every transport call and all the state below are under one mutex; the
+ * thread polls, and sleeps GVQ_PS_IDLE_NS between polls that found nothing.
+ *
+ * Everything received is checked before use (an unknown op, a count past what this rank holds,
+ * an index not held here, a clock out of sequence): the sender is then no longer listened to,
+ * the server fails with a WARN, and every later call on this rank and every pull answered by
+ * it reports gvqRemoteError.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "gvq_ps.h"
+#include "gvq_ps_wire.h"
+
+enum { OP_PUSH = 1, OP_CLOCK = 2, OP_PULL = 3, OP_BYE = 4 };
+enum { HDR_WORDS = 4, REPLY_HDR_BYTES = 2 * sizeof(int64_t) };
+#define GVQ_PS_IDLE_NS 50000L
+#define GVQ_PS_TAG_BASE 64 /* in-process: the handle's tags above the transport's own */
+
+typedef struct { /* a push kept until its step is applied */
+    uint64_t step, call;
+    int src;
+    size_t n;
+    void *block; /* n rows, a wire block */
+} kept_push_t;
+
+typedef struct { /* a pull waiting for its version */
+    int src;
+    uint64_t need;
+    size_t n;
+    void *block; /* n indices */
+} kept_pull_t;
+
+typedef struct { /* a send in flight; buf freed once done */
+    gvq_req_t req;
+    void *buf;
+} outgoing_t;
+
+typedef struct { /* what comes from one peer: a header, then its body */
+    int64_t hdr[HDR_WORDS];
+    gvq_req_t req;
+    int in_body; /* hdr came; req is its body */
+    void *body;
+    size_t body_bytes;
+    int bye, deaf; /* said goodbye; no longer listened to (failed or malformed) */
+} inbox_t;
+
+struct gvq_ps_srv {
+    gvqPs_t ps;
+    gvqComm_t dup;      /* the handle's own communicator; NULL in-process */
+    gvq_transport_t *t; /* dup's transport, or the in-process parent's */
+    int tag_req, tag_body, tag_rep;
+    int nranks, rank;
+    uint64_t timeout_ns;
+    pthread_mutex_t lock;
+    pthread_t thread;
+    int started, stop; /* stop: atomic */
+    gvqResult_t failed;
+    inbox_t *in;
+    int byes;
+    uint64_t version;   /* steps applied here */
+    uint64_t *clocked;  /* per rank: steps it ended (this rank's: the caller's) */
+    uint64_t calls;     /* the caller's pushes in its current step */
+    kept_push_t *pushes;
+    size_t npushes, cap_pushes;
+    kept_pull_t *pulls;
+    size_t npulls, cap_pulls;
+    outgoing_t *out;
+    size_t nout, cap_out;
+    void **lost; /* buffers of cancelled transfers, freed once the transport is gone */
+    size_t nlost, cap_lost;
+};
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 1;
+    size_t n = GVQ_MAX(need, *cap * 2 + 8);
+    void *p = realloc(*arr, n * elem);
+    if (p == NULL) return 0;
+    *arr = p;
+    *cap = n;
+    return 1;
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void nap(void) {
+    struct timespec ts = {0, GVQ_PS_IDLE_NS};
+    nanosleep(&ts, NULL);
+}
+
+/* The first failure wins; a WARN says what it was. */
+static void fail(gvq_ps_srv_t *s, gvqResult_t res) {
+    if (s->failed == gvqSuccess) s->failed = res;
+}
+
+static void lose(gvq_ps_srv_t *s, void *buf) {
+    if (buf == NULL) return;
+    if (grow((void **)&s->lost, &s->cap_lost, s->nlost + 1, sizeof *s->lost))
+        s->lost[s->nlost++] = buf;
+    /* else: leaked rather than freed under a transfer that may still touch it */
+}
+
+/* Send bytes of buf (ours: freed once sent) to peer. */
+static gvqResult_t send_owned(gvq_ps_srv_t *s, int peer, int tag, void *buf, size_t bytes) {
+    if (!grow((void **)&s->out, &s->cap_out, s->nout + 1, sizeof *s->out)) {
+        free(buf);
+        return gvqSystemError;
+    }
+    outgoing_t *o = &s->out[s->nout];
+    gvqResult_t res = s->t->ops->isend(s->t, peer, tag, buf, bytes, &o->req);
+    if (res != gvqSuccess) {
+        free(buf);
+        return res;
+    }
+    o->buf = buf;
+    s->nout++;
+    s->ps->stats.bytesSent += bytes;
+    return gvqSuccess;
+}
+
+static gvqResult_t send_header(gvq_ps_srv_t *s, int peer, int64_t op, int64_t a, int64_t b,
+                               int64_t c) {
+    int64_t *h = malloc(HDR_WORDS * sizeof *h);
+    if (h == NULL) return gvqSystemError;
+    h[0] = op, h[1] = a, h[2] = b, h[3] = c;
+    return send_owned(s, peer, s->tag_req, h, HDR_WORDS * sizeof *h);
+}
+
+/* ---- the server's state: pushes kept per step, steps applied, pulls answered ----------------- */
+
+static gvqResult_t keep_push(gvq_ps_srv_t *s, int src, uint64_t step, uint64_t call, size_t n,
+                             void *block) {
+    if (!grow((void **)&s->pushes, &s->cap_pushes, s->npushes + 1, sizeof *s->pushes)) {
+        free(block);
+        return gvqSystemError;
+    }
+    s->pushes[s->npushes++] = (kept_push_t){step, call, src, n, block};
+    return gvqSuccess;
+}
+
+static int push_order(const void *a, const void *b) {
+    const kept_push_t *x = a, *y = b;
+    if (x->step != y->step) return x->step < y->step ? -1 : 1;
+    if (x->call != y->call) return x->call < y->call ? -1 : 1;
+    return (x->src > y->src) - (x->src < y->src);
+}
+
+/* Apply every step that all ranks have ended: its pushes summed in (call, rank) order, then the
+ * rule once (as the synchronous server's pushes and apply). */
+static gvqResult_t advance(gvq_ps_srv_t *s) {
+    gvqPs_t ps = s->ps;
+    for (;;) {
+        uint64_t lowest = UINT64_MAX;
+        for (int r = 0; r < s->nranks; r++)
+            lowest = GVQ_MIN(lowest, s->clocked[r]);
+        if (lowest <= s->version) return gvqSuccess;
+        qsort(s->pushes, s->npushes, sizeof *s->pushes, push_order);
+        size_t done = 0;
+        for (; done < s->npushes && s->pushes[done].step == s->version; done++) {
+            kept_push_t *k = &s->pushes[done];
+            GVQCHECK(gvq_ps_add_pending(ps, gvq_wire_block_indices(k->block),
+                                        gvq_wire_block_values(k->block, k->n), k->n));
+            free(k->block);
+            k->block = NULL;
+        }
+        memmove(s->pushes, s->pushes + done, (s->npushes - done) * sizeof *s->pushes);
+        s->npushes -= done;
+        gvq_ps_apply_pending(ps, ps->cfg.average ? 1.0 / s->nranks : 1.0);
+        s->version++;
+    }
+}
+
+/* The reply to a pull of n indices (held here, checked): {status, version} + rows. */
+static gvqResult_t reply_pull(gvq_ps_srv_t *s, int src, int64_t status, const int64_t *idx,
+                              size_t n) {
+    gvqPs_t ps = s->ps;
+    size_t bytes = REPLY_HDR_BYTES + n * ps->row_bytes; /* the size the asker expects */
+    char *r = calloc(1, bytes);
+    if (r == NULL) return gvqSystemError;
+    int64_t head[2] = {status, (int64_t)s->version};
+    memcpy(r, head, sizeof head);
+    for (size_t i = 0; i < n && !status; i++) {
+        int rank;
+        uint64_t slot;
+        gvq_part_locate(&ps->map, (uint64_t)idx[i], &rank, &slot);
+        memcpy(r + REPLY_HDR_BYTES + i * ps->row_bytes, gvq_ps_row(ps, ps->values, slot),
+               ps->row_bytes);
+    }
+    return send_owned(s, src, s->tag_rep, r, bytes);
+}
+
+/* Answer the kept pulls whose version has come. */
+static gvqResult_t answer_pulls(gvq_ps_srv_t *s) {
+    size_t kept = 0;
+    gvqResult_t res = gvqSuccess;
+    for (size_t i = 0; i < s->npulls; i++) {
+        kept_pull_t *p = &s->pulls[i];
+        if (p->need > s->version || res != gvqSuccess) {
+            s->pulls[kept++] = *p;
+            continue;
+        }
+        res = reply_pull(s, p->src, s->failed != gvqSuccess, p->block, p->n);
+        free(p->block);
+    }
+    s->npulls = kept;
+    return res;
+}
+
+/* ---- what comes from the peers ------------------------------------------------------------- */
+
+static void deafen(gvq_ps_srv_t *s, int p, gvqResult_t res, const char *why) {
+    GVQ_WARN("parameter server (served): rank %d: %s; it is no longer answered, and this rank's "
+             "calls on the handle fail",
+             p, why);
+    s->in[p].deaf = 1;
+    fail(s, res);
+}
+
+static void post_header(gvq_ps_srv_t *s, int p) {
+    inbox_t *b = &s->in[p];
+    if (b->bye || b->deaf) return;
+    b->in_body = 0;
+    gvqResult_t res = s->t->ops->irecv(s->t, p, s->tag_req, b->hdr, sizeof b->hdr, &b->req);
+    if (res != gvqSuccess) deafen(s, p, res, "cannot post a receive");
+}
+
+/* A header came from p: the rows a body may carry are bounded by what this rank holds. */
+static void take_header(gvq_ps_srv_t *s, int p) {
+    inbox_t *b = &s->in[p];
+    int64_t op = b->hdr[0], a = b->hdr[1], n = b->hdr[2];
+    size_t row_bytes = op == OP_PUSH ? s->ps->row_bytes : 0;
+    s->ps->stats.bytesReceived += sizeof b->hdr;
+    if (op == OP_CLOCK) {
+        if (a < 0 || (uint64_t)a != s->clocked[p]) return deafen(s, p, gvqRemoteError,
+                                                                 "a step ended out of sequence");
+        s->clocked[p]++;
+    } else if (op == OP_BYE) {
+        b->bye = 1;
+        s->byes++;
+        return;
+    } else if (op == OP_PUSH || op == OP_PULL) {
+        if (n < 1 || (uint64_t)n > s->ps->nlocal || a < 0 || b->hdr[3] < 0 ||
+            (op == OP_PUSH && (uint64_t)a != s->clocked[p]))
+            return deafen(s, p, gvqRemoteError, "a request of a malformed size or step");
+        b->body_bytes = gvq_wire_block_bytes((size_t)n, row_bytes);
+        b->body = malloc(b->body_bytes);
+        gvqResult_t res = b->body == NULL ? gvqSystemError
+                                          : s->t->ops->irecv(s->t, p, s->tag_body, b->body,
+                                                             b->body_bytes, &b->req);
+        if (res != gvqSuccess) {
+            free(b->body);
+            b->body = NULL;
+            return deafen(s, p, res, "cannot receive a request's rows");
+        }
+        b->in_body = 1;
+        return;
+    } else {
+        return deafen(s, p, gvqRemoteError, "an unknown request");
+    }
+    post_header(s, p);
+}
+
+/* The body of p's push or pull came. */
+static void take_body(gvq_ps_srv_t *s, int p) {
+    inbox_t *b = &s->in[p];
+    size_t n = (size_t)b->hdr[2];
+    void *body = b->body;
+    b->body = NULL;
+    s->ps->stats.bytesReceived += b->body_bytes;
+    size_t bad = gvq_ps_check_block(s->ps, gvq_wire_block_indices(body), n, 1);
+    if (bad < n) {
+        free(body);
+        return deafen(s, p, gvqRemoteError,
+                      "a request with an index out of range, not ascending or not held here");
+    }
+    gvqResult_t res;
+    if (b->hdr[0] == OP_PUSH) {
+        res = keep_push(s, p, (uint64_t)b->hdr[1], (uint64_t)b->hdr[3], n, body);
+    } else if (grow((void **)&s->pulls, &s->cap_pulls, s->npulls + 1, sizeof *s->pulls)) {
+        s->pulls[s->npulls++] = (kept_pull_t){p, (uint64_t)b->hdr[1], n, body};
+        res = gvqSuccess;
+    } else {
+        free(body);
+        res = gvqSystemError;
+    }
+    if (res != gvqSuccess) return deafen(s, p, res, "out of memory keeping a request");
+    post_header(s, p);
+}
+
+/* One poll of everything in flight; returns how many transfers finished. Under the lock. */
+static int progress_locked(gvq_ps_srv_t *s) {
+    int events = 0;
+    for (int p = 0; p < s->nranks; p++) {
+        inbox_t *b = &s->in[p];
+        if (p == s->rank || b->deaf || !b->req.active) continue;
+        int done = 0;
+        gvqResult_t res = s->t->ops->test(s->t, &b->req, &done);
+        if (res != gvqSuccess) {
+            deafen(s, p, res, "a receive failed");
+            continue;
+        }
+        if (!done) continue;
+        events++;
+        if (b->in_body)
+            take_body(s, p);
+        else
+            take_header(s, p);
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < s->nout; i++) {
+        int done = !s->out[i].req.active; /* a buffered send completes when posted */
+        gvqResult_t res = done ? gvqSuccess : s->t->ops->test(s->t, &s->out[i].req, &done);
+        if (res != gvqSuccess) {
+            GVQ_WARN("parameter server (served): a send to rank %d failed (%s)",
+                     s->out[i].req.peer, gvqGetErrorString(res));
+            fail(s, res);
+            done = 1;
+        }
+        if (done) {
+            free(s->out[i].buf);
+            events++;
+        } else {
+            s->out[kept++] = s->out[i];
+        }
+    }
+    s->nout = kept;
+    uint64_t version = s->version;
+    gvqResult_t res = advance(s); /* also the caller's own steps, which need no message */
+    if (res == gvqSuccess) res = answer_pulls(s);
+    if (res != gvqSuccess) {
+        GVQ_WARN("parameter server (served): %s applying a step or answering a pull",
+                 gvqGetErrorString(res));
+        fail(s, res);
+    }
+    return events + (s->version != version);
+}
+
+static void *serve_main(void *arg) {
+    gvq_ps_srv_t *s = arg;
+    gvq_log_set_rank(s->rank);
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&s->lock);
+        int events = progress_locked(s);
+        pthread_mutex_unlock(&s->lock);
+        if (!events) nap();
+    }
+    return NULL;
+}
+
+/* ---- the caller's side ----------------------------------------------------------------------- */
+
+/* Wait (the caller's thread, helping the server along) until done(s, arg) holds, bounded by the
+ * timeout without progress and by the communicator's abort. Under the lock on return. */
+static gvqResult_t wait_locked(gvq_ps_srv_t *s, const char *fn, int (*done)(gvq_ps_srv_t *, void *),
+                               void *arg, const char *what) {
+    uint64_t since = now_ns();
+    for (;;) {
+        if (progress_locked(s)) since = now_ns();
+        if (done(s, arg)) return gvqSuccess;
+        gvqComm_t comm = s->ps->comm;
+        if (comm != NULL && __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
+            GVQ_WARN("%s: the communicator was aborted while waiting for %s", fn, what);
+            return gvqInvalidUsage;
+        }
+        if (s->timeout_ns > 0 && now_ns() - since > s->timeout_ns) {
+            GVQ_WARN("%s: no progress for %.1f s waiting for %s", fn, s->timeout_ns / 1e9, what);
+            return gvqTimeout;
+        }
+        pthread_mutex_unlock(&s->lock);
+        nap();
+        pthread_mutex_lock(&s->lock);
+    }
+}
+
+static gvqResult_t refuse_failed(gvq_ps_srv_t *s, const char *fn) {
+    if (s->failed == gvqSuccess) return gvqSuccess;
+    GVQ_WARN("%s: this rank's parameter server failed earlier (%s); destroy it", fn,
+             gvqGetErrorString(s->failed));
+    return s->failed;
+}
+
+gvqResult_t gvq_ps_serve_push(gvqPs_t ps, const int64_t *idx, const void *grads, size_t n) {
+    const char *fn = "gvqPsPush";
+    gvq_ps_srv_t *s = ps->srv;
+    int N = s->nranks;
+    size_t rb = ps->row_bytes;
+    int64_t *midx = malloc(GVQ_MAX(n, (size_t)1) * sizeof *midx);
+    char *mval = malloc(GVQ_MAX(n, (size_t)1) * rb);
+    int *owner = malloc(GVQ_MAX(n, (size_t)1) * sizeof *owner);
+    size_t *count = calloc((size_t)N, sizeof *count), *at = calloc((size_t)N, sizeof *at);
+    void **block = calloc((size_t)N, sizeof *block);
+    size_t m = 0;
+    gvqResult_t res = midx && mval && owner && count && at && block ? gvqSuccess : gvqSystemError;
+    if (res == gvqSuccess && n > 0)
+        res = gvq_sparse_merge(ps->comm->dev, ps->dtype, ps->dim, idx, grads, n, midx, mval, &m);
+    for (size_t i = 0; i < m && res == gvqSuccess; i++) {
+        uint64_t slot;
+        gvq_part_locate(&ps->map, (uint64_t)midx[i], &owner[i], &slot);
+        count[owner[i]]++;
+    }
+    for (int p = 0; p < N && res == gvqSuccess; p++)
+        if (count[p] > 0 && (block[p] = malloc(gvq_wire_block_bytes(count[p], rb))) == NULL)
+            res = gvqSystemError;
+    for (size_t i = 0; i < m && res == gvqSuccess; i++) {
+        int p = owner[i];
+        gvq_wire_block_put(block[p], count[p], at[p]++, midx[i], mval + i * rb, rb);
+    }
+    if (res == gvqSuccess) res = gvq_comm_enter(ps->comm, fn);
+    if (res == gvqSuccess) {
+        pthread_mutex_lock(&s->lock);
+        res = refuse_failed(s, fn);
+        uint64_t step = s->clocked[s->rank], call = s->calls;
+        for (int p = 0; p < N && res == gvqSuccess; p++) {
+            if (count[p] == 0) continue;
+            void *b = block[p];
+            block[p] = NULL; /* handed over */
+            if (p == s->rank) {
+                res = keep_push(s, p, step, call, count[p], b);
+            } else if ((res = send_header(s, p, OP_PUSH, (int64_t)step, (int64_t)count[p],
+                                          (int64_t)call)) == gvqSuccess) {
+                res = send_owned(s, p, s->tag_body, b, gvq_wire_block_bytes(count[p], rb));
+            } else {
+                free(b);
+            }
+        }
+        if (res != gvqSuccess && res != s->failed) {
+            GVQ_WARN("%s: %s sending the rows; the handle is failed", fn, gvqGetErrorString(res));
+            fail(s, res); /* some shards may have the rows, others not */
+        }
+        s->calls++;
+        ps->stats.pushes += res == gvqSuccess;
+        progress_locked(s);
+        pthread_mutex_unlock(&s->lock);
+        gvq_comm_leave(ps->comm);
+    }
+    for (int p = 0; p < N && block != NULL; p++)
+        free(block[p]);
+    free(midx), free(mval), free(owner), free(count), free(at), free(block);
+    return res;
+}
+
+gvqResult_t gvq_ps_serve_apply(gvqPs_t ps) {
+    const char *fn = "gvqPsApply";
+    gvq_ps_srv_t *s = ps->srv;
+    GVQCHECK(gvq_comm_enter(ps->comm, fn));
+    pthread_mutex_lock(&s->lock);
+    gvqResult_t res = refuse_failed(s, fn);
+    uint64_t step = s->clocked[s->rank];
+    for (int p = 0; p < s->nranks && res == gvqSuccess; p++)
+        if (p != s->rank) res = send_header(s, p, OP_CLOCK, (int64_t)step, 0, 0);
+    if (res == gvqSuccess) {
+        s->clocked[s->rank]++;
+        s->calls = 0;
+        ps->stats.applies++;
+        progress_locked(s);
+    } else if (res != s->failed) {
+        GVQ_WARN("%s: %s telling the shards; the handle is failed", fn, gvqGetErrorString(res));
+        fail(s, res);
+    }
+    pthread_mutex_unlock(&s->lock);
+    gvq_comm_leave(ps->comm);
+    return res;
+}
+
+typedef struct {
+    uint64_t need;
+    gvq_req_t *reqs;
+    int n;
+} pull_wait_t;
+
+static int version_reached(gvq_ps_srv_t *s, void *arg) {
+    return s->version >= ((pull_wait_t *)arg)->need;
+}
+
+static int replies_in(gvq_ps_srv_t *s, void *arg) {
+    pull_wait_t *w = arg;
+    for (int p = 0; p < w->n; p++) {
+        if (!w->reqs[p].active) continue;
+        int done = 0;
+        gvqResult_t res = s->t->ops->test(s->t, &w->reqs[p], &done);
+        if (res != gvqSuccess) {
+            GVQ_WARN("gvqPsPull: the reply of rank %d failed (%s)", p, gvqGetErrorString(res));
+            fail(s, res);
+            return 1;
+        }
+        if (!done) return 0;
+        s->ps->stats.bytesReceived += w->reqs[p].bytes;
+    }
+    return 1;
+}
+
+static int i64_cmp(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static size_t find_sorted(const int64_t *v, size_t n, int64_t x) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (v[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+typedef struct {
+    size_t m;       /* unique indices */
+    int64_t *uniq;  /* ascending */
+    int *owner;     /* per unique index */
+    size_t *pos;    /* its place in its owner's request (or its slot, held here) */
+    size_t *count;  /* per rank */
+    void **request; /* per rank: its indices */
+    char **reply;   /* per rank: {status, version} + rows */
+    gvq_req_t *reqs;
+    char *own;      /* the rows held here, by pos */
+} pull_plan_t;
+
+static void plan_free(pull_plan_t *x, int N) {
+    for (int p = 0; p < N && x->request != NULL; p++)
+        free(x->request[p]);
+    for (int p = 0; p < N && x->reply != NULL; p++)
+        free(x->reply[p]);
+    free(x->uniq), free(x->owner), free(x->pos), free(x->count), free(x->request);
+    free(x->reply), free(x->reqs), free(x->own);
+}
+
+static gvqResult_t plan_pull(gvqPs_t ps, const int64_t *idx, size_t n, pull_plan_t *x) {
+    int N = ps->srv->nranks;
+    size_t k = GVQ_MAX(n, (size_t)1);
+    x->uniq = malloc(k * sizeof *x->uniq);
+    x->owner = malloc(k * sizeof *x->owner);
+    x->pos = malloc(k * sizeof *x->pos);
+    x->count = calloc((size_t)N, sizeof *x->count);
+    x->request = calloc((size_t)N, sizeof *x->request);
+    x->reply = calloc((size_t)N, sizeof *x->reply);
+    x->reqs = calloc((size_t)N, sizeof *x->reqs);
+    if (!x->uniq || !x->owner || !x->pos || !x->count || !x->request || !x->reply || !x->reqs)
+        return gvqSystemError;
+    if (n > 0) memcpy(x->uniq, idx, n * sizeof *idx);
+    qsort(x->uniq, n, sizeof *x->uniq, i64_cmp);
+    for (size_t i = 0; i < n; i++)
+        if (x->m == 0 || x->uniq[x->m - 1] != x->uniq[i]) x->uniq[x->m++] = x->uniq[i];
+    for (size_t i = 0; i < x->m; i++) {
+        uint64_t slot;
+        gvq_part_locate(&ps->map, (uint64_t)x->uniq[i], &x->owner[i], &slot);
+        x->pos[i] = x->count[x->owner[i]]++;
+    }
+    for (int p = 0; p < N; p++) {
+        if (x->count[p] == 0) continue;
+        x->request[p] = malloc(x->count[p] * sizeof(int64_t));
+        x->reply[p] = malloc(REPLY_HDR_BYTES + x->count[p] * ps->row_bytes);
+        if (x->request[p] == NULL || x->reply[p] == NULL) return gvqSystemError;
+    }
+    for (size_t i = 0; i < x->m; i++)
+        ((int64_t *)x->request[x->owner[i]])[x->pos[i]] = x->uniq[i];
+    return gvqSuccess;
+}
+
+/* Post the replies' receives and send the requests. Under the lock. */
+static gvqResult_t ask_owners(gvq_ps_srv_t *s, pull_plan_t *x, uint64_t need) {
+    size_t rb = s->ps->row_bytes;
+    for (int p = 0; p < s->nranks; p++) {
+        if (p == s->rank || x->count[p] == 0) continue;
+        GVQCHECK(s->t->ops->irecv(s->t, p, s->tag_rep, x->reply[p],
+                                  REPLY_HDR_BYTES + x->count[p] * rb, &x->reqs[p]));
+        GVQCHECK(send_header(s, p, OP_PULL, (int64_t)need, (int64_t)x->count[p], 0));
+        void *b = x->request[p];
+        x->request[p] = NULL; /* handed over */
+        GVQCHECK(send_owned(s, p, s->tag_body, b, x->count[p] * sizeof(int64_t)));
+    }
+    return gvqSuccess;
+}
+
+/* The rows held here (once the version came), by their place in the plan. Under the lock. */
+static gvqResult_t read_own(gvq_ps_srv_t *s, pull_plan_t *x) {
+    gvqPs_t ps = s->ps;
+    size_t k = x->count[s->rank];
+    if (k == 0) return gvqSuccess;
+    x->own = malloc(k * ps->row_bytes);
+    if (x->own == NULL) return gvqSystemError;
+    for (size_t i = 0; i < x->m; i++) {
+        if (x->owner[i] != s->rank) continue;
+        int rank;
+        uint64_t slot;
+        gvq_part_locate(&ps->map, (uint64_t)x->uniq[i], &rank, &slot);
+        memcpy(x->own + x->pos[i] * ps->row_bytes, gvq_ps_row(ps, ps->values, slot),
+               ps->row_bytes);
+    }
+    return gvqSuccess;
+}
+
+/* Give up on the replies still under way (their buffers wait for the transport's end). */
+static void abandon_replies(gvq_ps_srv_t *s, pull_plan_t *x) {
+    for (int p = 0; p < s->nranks; p++) {
+        if (!x->reqs[p].active) continue;
+        s->t->ops->cancel(s->t, &x->reqs[p]);
+        lose(s, x->reply[p]);
+        x->reply[p] = NULL;
+    }
+}
+
+static gvqResult_t check_replies(gvq_ps_srv_t *s, const pull_plan_t *x, uint64_t need) {
+    for (int p = 0; p < s->nranks; p++) {
+        if (p == s->rank || x->count[p] == 0) continue;
+        int64_t head[2];
+        memcpy(head, x->reply[p], sizeof head);
+        if (head[0] != 0) {
+            GVQ_WARN("gvqPsPull: rank %d's server failed (see its log); values not written", p);
+            return gvqRemoteError;
+        }
+        if (head[1] < 0 || (uint64_t)head[1] < need) {
+            GVQ_WARN("gvqPsPull: rank %d answered with version %lld, %llu asked; values not "
+                     "written",
+                     p, (long long)head[1], (unsigned long long)need);
+            return gvqRemoteError;
+        }
+    }
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size_t n) {
+    const char *fn = "gvqPsPull";
+    gvq_ps_srv_t *s = ps->srv;
+    pull_plan_t x = {0};
+    gvqResult_t res = plan_pull(ps, idx, n, &x);
+    if (res == gvqSuccess) res = gvq_comm_enter(ps->comm, fn);
+    if (res != gvqSuccess) {
+        plan_free(&x, s->nranks);
+        return res;
+    }
+    pthread_mutex_lock(&s->lock);
+    uint64_t c = s->clocked[s->rank], st = (uint64_t)ps->cfg.staleness;
+    uint64_t need = c > st ? c - st : 0;
+    res = refuse_failed(s, fn);
+    if (res == gvqSuccess) res = ask_owners(s, &x, need);
+    pull_wait_t w = {need, x.reqs, s->nranks};
+    if (res == gvqSuccess && x.count[s->rank] > 0)
+        res = wait_locked(s, fn, version_reached, &w, "this rank's own shards' step");
+    if (res == gvqSuccess) res = read_own(s, &x);
+    if (res == gvqSuccess) res = wait_locked(s, fn, replies_in, &w, "the owners' replies");
+    if (res == gvqSuccess) res = refuse_failed(s, fn);
+    if (res == gvqSuccess) res = check_replies(s, &x, need);
+    if (res != gvqSuccess) {
+        abandon_replies(s, &x);
+        fail(s, res == gvqInvalidArgument ? gvqRemoteError : res);
+    } else {
+        ps->stats.pulls++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    gvq_comm_leave(ps->comm);
+    for (size_t i = 0; i < n && res == gvqSuccess; i++) {
+        size_t j = find_sorted(x.uniq, x.m, idx[i]);
+        int p = x.owner[j];
+        const char *src = p == s->rank ? x.own + x.pos[j] * ps->row_bytes
+                                       : x.reply[p] + REPLY_HDR_BYTES + x.pos[j] * ps->row_bytes;
+        memcpy((char *)values + i * ps->row_bytes, src, ps->row_bytes);
+    }
+    plan_free(&x, s->nranks);
+    return res;
+}
+
+/* ---- start / stop -------------------------------------------------------------------------- */
+
+static void srv_free(gvq_ps_srv_t *s) {
+    for (size_t i = 0; i < s->npushes; i++)
+        free(s->pushes[i].block);
+    for (size_t i = 0; i < s->npulls; i++)
+        free(s->pulls[i].block);
+    for (size_t i = 0; i < s->nlost; i++)
+        free(s->lost[i]);
+    free(s->pushes), free(s->pulls), free(s->out), free(s->lost), free(s->in), free(s->clocked);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+/* The handle's own transport: a duplicate of the communicator (MPI, UCX), or, in-process,
+ * the communicator's own with tags of the handle's. */
+static gvqResult_t own_transport(gvq_ps_srv_t *s, gvqComm_t comm, const char *fn) {
+    if (strcmp(comm->xport->ops->name, "inproc") == 0) {
+        int base = GVQ_PS_TAG_BASE + 3 * comm->ps_serial;
+        s->t = comm->xport, s->tag_req = base, s->tag_body = base + 1, s->tag_rep = base + 2;
+        return gvqSuccess;
+    }
+    gvqConfig_t cfg = GVQ_CONFIG_INITIALIZER;
+    uint64_t ms = comm->xport->timeout_ns / 1000000u;
+    cfg.timeoutMs = ms > INT32_MAX ? INT32_MAX : (int)ms;
+    gvqResult_t res = gvqCommSplit(comm, 0, comm->rank, &s->dup, &cfg);
+    if (res != gvqSuccess) {
+        GVQ_WARN("%s: serve: cannot make the handle's own communicator (%s)", fn,
+                 gvqGetErrorString(res));
+        return res;
+    }
+    s->t = s->dup->xport, s->tag_req = 1, s->tag_body = 2, s->tag_rep = 3;
+    if (!s->t->concurrent) {
+        GVQ_WARN("%s: serve needs a transport that threads may share (MPI_THREAD_MULTIPLE; "
+                 "transport %s does not offer it)",
+                 fn, s->t->ops->name);
+        return gvqInvalidUsage;
+    }
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_ps_serve_start(gvqPs_t ps, const char *fn) {
+    gvqComm_t comm = ps->comm;
+    gvq_ps_srv_t *s = calloc(1, sizeof *s);
+    if (s == NULL) return gvqSystemError;
+    pthread_mutex_init(&s->lock, NULL);
+    s->ps = ps;
+    s->nranks = comm->nranks;
+    s->rank = comm->rank;
+    s->timeout_ns = comm->xport->timeout_ns;
+    s->in = calloc((size_t)s->nranks, sizeof *s->in);
+    s->clocked = calloc((size_t)s->nranks, sizeof *s->clocked);
+    ps->srv = s; /* stop frees it from here on */
+    if (s->in == NULL || s->clocked == NULL) return gvqSystemError;
+    GVQCHECK(own_transport(s, comm, fn));
+    comm->ps_serial++; /* every rank alike: creation is collective */
+    for (int p = 0; p < s->nranks; p++)
+        if (p != s->rank) post_header(s, p);
+    if (s->failed != gvqSuccess) return s->failed;
+    if (pthread_create(&s->thread, NULL, serve_main, s) != 0) {
+        GVQ_WARN("%s: cannot start the server thread", fn);
+        return gvqSystemError;
+    }
+    s->started = 1;
+    return gvqSuccess;
+}
+
+static int all_said_bye(gvq_ps_srv_t *s, void *arg) {
+    (void)arg;
+    int deaf = 0;
+    for (int p = 0; p < s->nranks; p++)
+        deaf += p != s->rank && s->in[p].deaf && !s->in[p].bye;
+    return s->byes + deaf == s->nranks - 1 && s->nout == 0;
+}
+
+void gvq_ps_serve_stop(gvqPs_t ps, int orphaned) {
+    gvq_ps_srv_t *s = ps->srv;
+    if (s == NULL) return;
+    ps->srv = NULL;
+    int clean = 0; /* every rank said goodbye: the duplicate may close as usual */
+    if (s->started) {
+        pthread_mutex_lock(&s->lock);
+        int healthy = !orphaned && s->failed == gvqSuccess &&
+                      !__atomic_load_n(&ps->comm->abort_flag, __ATOMIC_ACQUIRE);
+        gvqResult_t res = healthy ? gvqSuccess : gvqInvalidUsage;
+        for (int p = 0; p < s->nranks && healthy && res == gvqSuccess; p++)
+            if (p != s->rank) res = send_header(s, p, OP_BYE, 0, 0, 0);
+        if (healthy && res == gvqSuccess)
+            res = wait_locked(s, "gvqPsDestroy", all_said_bye, NULL, "every rank's destroy");
+        clean = res == gvqSuccess;
+        if (healthy && !clean)
+            GVQ_WARN("gvqPsDestroy: served handle closed before every rank's goodbye (%s)",
+                     gvqGetErrorString(res));
+        pthread_mutex_unlock(&s->lock);
+        __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
+        pthread_join(s->thread, NULL);
+    }
+    for (int p = 0; p < s->nranks && s->in != NULL && s->t != NULL; p++) {
+        inbox_t *b = &s->in[p];
+        if (b->req.active) s->t->ops->cancel(s->t, &b->req);
+        lose(s, b->body);
+    }
+    for (size_t i = 0; i < s->nout && s->t != NULL; i++) {
+        if (s->out[i].req.active) s->t->ops->cancel(s->t, &s->out[i].req);
+        if (s->t->cancel_keeps_buffers)
+            s->out[i].buf = NULL; /* MPI may still read it: left to the process's end */
+        lose(s, s->out[i].buf);
+    }
+    s->nout = 0;
+    if (s->dup != NULL) {
+        if (!clean) gvqCommAbort(s->dup); /* peers may still send: never freed under them */
+        gvqCommDestroy(s->dup);
+    }
+    srv_free(s);
+}
+
+void gvq_ps_serve_lock(gvqPs_t ps) {
+    if (ps->srv != NULL) pthread_mutex_lock(&ps->srv->lock);
+}
+
+void gvq_ps_serve_unlock(gvqPs_t ps) {
+    if (ps->srv != NULL) pthread_mutex_unlock(&ps->srv->lock);
+}
