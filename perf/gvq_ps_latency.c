@@ -39,13 +39,13 @@ static int cmp_d(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-#define OK(call)                                                                                  \
-    do {                                                                                          \
-        gvqResult_t r_ = (call);                                                                  \
-        if (r_ != gvqSuccess) {                                                                   \
-            fprintf(stderr, "%s failed: %s\n", #call, gvqGetErrorString(r_));                     \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                         \
-        }                                                                                         \
+#define OK(call)                                                              \
+    do {                                                                      \
+        gvqResult_t r_ = (call);                                              \
+        if (r_ != gvqSuccess) {                                               \
+            fprintf(stderr, "%s failed: %s\n", #call, gvqGetErrorString(r_)); \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                     \
+        }                                                                     \
     } while (0)
 
 int main(int argc, char **argv) {
@@ -53,11 +53,16 @@ int main(int argc, char **argv) {
     int iters = 40;
     char computes[256] = "0,1,10,50";
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--rows")) rows = strtoul(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--dim")) dim = strtoul(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--k")) k = strtoul(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--compute-ms")) snprintf(computes, sizeof computes, "%s", argv[i + 1]);
+        if (!strcmp(argv[i], "--rows"))
+            rows = strtoul(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--dim"))
+            dim = strtoul(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--k"))
+            k = strtoul(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--iters"))
+            iters = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--compute-ms"))
+            snprintf(computes, sizeof computes, "%s", argv[i + 1]);
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -85,7 +90,8 @@ int main(int argc, char **argv) {
     }
     int64_t *idx = malloc(k * sizeof *idx);
     float *vals = malloc(k * dim * sizeof *vals);
-    double *lat = malloc((size_t)iters * sizeof *lat), *all = malloc((size_t)iters * N * sizeof *all);
+    double *lat = malloc((size_t)iters * sizeof *lat),
+           *all = malloc((size_t)iters * N * sizeof *all);
     if (rank == 0)
         printf("# gvq-ps-latency: %d ranks, %zu x %zu float rows on rank 0, pulls of %zu rows "
                "(%zu B), %d rounds per point; latency of ranks 1..%d's pulls in us\n"

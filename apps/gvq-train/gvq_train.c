@@ -77,7 +77,10 @@ static void usage(FILE *f) {
         "                        apps/gvq-train/apt-text.sh); its embedding is a sparse variable,\n"
         "                        --sparse-route ps|allgatherv|dense|auto (default auto:\n"
         "                        Parallax's rule), --vocab V (65536), --embed-dim D (32);\n"
-        "                        --batch is per rank here (default 64)\n"
+        "                        --batch is per rank here (default 64); --ps-staleness S: the\n"
+        "                        parameter server answers at any time (its own thread), a\n"
+        "                        lookup seeing the rows at most S steps old (default: the\n"
+        "                        synchronous server)\n"
         "  --sfb MODE            fc weights as sufficient factors (Poseidon): on (always SFB),\n"
         "                        full (the factors, but always the full matrix), auto (SACP)\n"
         "  --bucket-bytes N      fuse plain tensors below N bytes (default: the library's)\n"
@@ -239,6 +242,7 @@ enum {
     OPT_SFB,
     OPT_TEXT_DATA,
     OPT_SPARSE_ROUTE,
+    OPT_PS_STALENESS,
     OPT_VOCAB,
     OPT_EMBED_DIM,
     OPT_BUCKET_BYTES,
@@ -321,6 +325,7 @@ static const struct option long_opts[] = {
     {"sfb", required_argument, NULL, OPT_SFB},
     {"text-data", required_argument, NULL, OPT_TEXT_DATA},
     {"sparse-route", required_argument, NULL, OPT_SPARSE_ROUTE},
+    {"ps-staleness", required_argument, NULL, OPT_PS_STALENESS},
     {"vocab", required_argument, NULL, OPT_VOCAB},
     {"embed-dim", required_argument, NULL, OPT_EMBED_DIM},
     {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
@@ -506,6 +511,9 @@ static int parse_aggregation_opt(int c, const char *arg, train_opts_t *o, const 
                           : !strcmp(arg, "auto")       ? GVQ_CONFIG_UNDEF_INT
                                                        : -1;
         if (o->sparse_route == -1) *what = "--sparse-route (ps, allgatherv, dense or auto)";
+        break;
+    case OPT_PS_STALENESS:
+        if (parse_int(arg, 0, 1000, &o->ps_staleness)) *what = "--ps-staleness (0..1000)";
         break;
     case OPT_SFB:
         o->sfb = !strcmp(arg, "full") ? 0 : !strcmp(arg, "on") ? 1 : !strcmp(arg, "auto") ? 2 : -2;
@@ -783,6 +791,11 @@ static int check_args(train_opts_t *o, int batch_given) {
         fprintf(stderr, "gvq-train: --join needs --join-rank R and --join-size N > R\n");
         return -1;
     }
+    if (o->ps_staleness >= 0 && !o->text) {
+        fprintf(stderr, "gvq-train: --ps-staleness applies to --model text (its embedding's "
+                        "parameter server)\n");
+        return -1;
+    }
     if (o->stop_step > 0 && (o->stages > 0 || o->text)) {
         fprintf(stderr, "gvq-train: --stop-step applies to data-parallel image models (not "
                         "--stages or --model text)\n");
@@ -899,7 +912,8 @@ int main(int argc, char **argv) {
                          o.lr,
                          o.seed,
                          o.sparse_route,
-                         o.print_every};
+                         o.print_every,
+                         o.ps_staleness};
         int trc = text_run(&t);
         MPI_Finalize();
         return trc == 0 ? 0 : 1;

@@ -285,6 +285,8 @@ int text_run(const text_opts_t *o) {
     pc.init = gvqPsInitUniform;
     pc.initScale = 0.1;
     pc.seed = o->seed;
+    pc.serve = o->staleness >= 0;
+    pc.staleness = o->staleness >= 0 ? o->staleness : 0;
     gvqVariable_t ve = GVQ_VARIABLE_INITIALIZER, vw = ve, vb = ve;
     ve.name = "embedding";
     ve.kind = gvqVarSparse;
@@ -319,14 +321,17 @@ int text_run(const text_opts_t *o) {
     const int global = B * nranks;
     const long steps_per_epoch = c.ntrain / global;
     const long iters = o->iters > 0 ? o->iters : (long)o->epochs * steps_per_epoch;
+    char server[48] = "synchronous";
+    if (o->staleness >= 0) snprintf(server, sizeof server, "served, staleness %d", o->staleness);
     if (rank == 0)
         printf("# gvq-train text: %d train / %d test packages, %d classes, vocabulary %d x %d, "
-               "%d ranks x %d docs, %ld steps, lr %g, sparse route %s\n",
+               "%d ranks x %d docs, %ld steps, lr %g, sparse route %s, parameter server %s\n",
                c.ntrain, c.ntest, CLASSES, V, D, nranks, B, iters, o->lr,
                o->route == GVQ_CONFIG_UNDEF_INT ? "Parallax's rule"
                : o->route == gvqRoutePs         ? "ps"
                : o->route == gvqRouteAllGatherv ? "allgatherv"
-                                                : "dense");
+                                                : "dense",
+               server);
     long pos = c.ntrain, epoch = 0, correct = 0, seen = 0, mismatches = 0;
     double loss = 0, t0 = now_s(), acc = 0;
     for (long step = 0; step < iters; step++) {

@@ -163,6 +163,7 @@ void train_opts_default(train_opts_t *o) {
     o->comm_order = o->chunk_bytes = TRAIN_UNSET;
     o->sfb = TRAIN_UNSET;
     o->sparse_route = GVQ_CONFIG_UNDEF_INT;
+    o->ps_staleness = -1;
     o->vocab = 65536;
     o->embed_dim = 32;
     o->timeline_step = 100;

@@ -56,6 +56,8 @@ typedef struct {
     int text;
     const char *text_data;
     int sparse_route; /* the layer's sparseRoute (GVQ_CONFIG_UNDEF_INT: the rule) */
+    int ps_staleness; /* the parameter server served at any time with this SSP bound; -1: the
+                         synchronous server */
     int vocab, embed_dim;
     int sfb; /* fc weights as sufficient factors: TRAIN_UNSET no (their gradient), 0 factors
                 but always the full matrix, 1 always SFB, 2 SACP's choice per step */

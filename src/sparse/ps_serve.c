@@ -1,8 +1,9 @@
 /*
- * ps_serve.c -- a parameter server that answers at any time (gvqPsConfig_t.serve; docs/ALGORITHMS.md
- * section 4): a thread of the handle serves this rank's shards, so another rank's push or pull
- * needs nothing from this rank's own calls, and a pull may see rows up to `staleness` steps old
- * (stale synchronous parallel, as Petuum's and Poseidon's key-value stores offer it).
+ * ps_serve.c -- a parameter server that answers at any time (gvqPsConfig_t.serve;
+ * docs/ALGORITHMS.md section 4): a thread of the handle serves this rank's shards, so another
+ * rank's push or pull needs nothing from this rank's own calls, and a pull may see rows up to
+ * `staleness` steps old (stale synchronous parallel, as Petuum's and Poseidon's key-value stores
+ * offer it).
  *
  *   caller (any rank)                                   server thread (the owning rank)
  *   push:  merge, one block per owner --{PUSH t, k}+block->  kept as (step t, call k, source)
@@ -85,9 +86,9 @@ struct gvq_ps_srv {
     gvqResult_t failed;
     inbox_t *in;
     int byes;
-    uint64_t version;   /* steps applied here */
-    uint64_t *clocked;  /* per rank: steps it ended (this rank's: the caller's) */
-    uint64_t calls;     /* the caller's pushes in its current step */
+    uint64_t version;  /* steps applied here */
+    uint64_t *clocked; /* per rank: steps it ended (this rank's: the caller's) */
+    uint64_t calls;    /* the caller's pushes in its current step */
     kept_push_t *pushes;
     size_t npushes, cap_pushes;
     kept_pull_t *pulls;
@@ -264,8 +265,8 @@ static void take_header(gvq_ps_srv_t *s, int p) {
     size_t row_bytes = op == OP_PUSH ? s->ps->row_bytes : 0;
     s->ps->stats.bytesReceived += sizeof b->hdr;
     if (op == OP_CLOCK) {
-        if (a < 0 || (uint64_t)a != s->clocked[p]) return deafen(s, p, gvqRemoteError,
-                                                                 "a step ended out of sequence");
+        if (a < 0 || (uint64_t)a != s->clocked[p])
+            return deafen(s, p, gvqRemoteError, "a step ended out of sequence");
         s->clocked[p]++;
     } else if (op == OP_BYE) {
         b->bye = 1;
@@ -344,8 +345,8 @@ static int progress_locked(gvq_ps_srv_t *s) {
         int done = !s->out[i].req.active; /* a buffered send completes when posted */
         gvqResult_t res = done ? gvqSuccess : s->t->ops->test(s->t, &s->out[i].req, &done);
         if (res != gvqSuccess) {
-            GVQ_WARN("parameter server (served): a send to rank %d failed (%s)",
-                     s->out[i].req.peer, gvqGetErrorString(res));
+            GVQ_WARN("parameter server (served): a send to rank %d failed (%s)", s->out[i].req.peer,
+                     gvqGetErrorString(res));
             fail(s, res);
             done = 1;
         }
@@ -548,7 +549,7 @@ typedef struct {
     void **request; /* per rank: its indices */
     char **reply;   /* per rank: {status, version} + rows */
     gvq_req_t *reqs;
-    char *own;      /* the rows held here, by pos */
+    char *own; /* the rows held here, by pos */
 } pull_plan_t;
 
 static void plan_free(pull_plan_t *x, int N) {
@@ -619,8 +620,7 @@ static gvqResult_t read_own(gvq_ps_srv_t *s, pull_plan_t *x) {
         int rank;
         uint64_t slot;
         gvq_part_locate(&ps->map, (uint64_t)x->uniq[i], &rank, &slot);
-        memcpy(x->own + x->pos[i] * ps->row_bytes, gvq_ps_row(ps, ps->values, slot),
-               ps->row_bytes);
+        memcpy(x->own + x->pos[i] * ps->row_bytes, gvq_ps_row(ps, ps->values, slot), ps->row_bytes);
     }
     return gvqSuccess;
 }
@@ -683,7 +683,6 @@ gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size
         ps->stats.pulls++;
     }
     pthread_mutex_unlock(&s->lock);
-    gvq_comm_leave(ps->comm);
     for (size_t i = 0; i < n && res == gvqSuccess; i++) {
         size_t j = find_sorted(x.uniq, x.m, idx[i]);
         int p = x.owner[j];
@@ -692,6 +691,7 @@ gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size
         memcpy((char *)values + i * ps->row_bytes, src, ps->row_bytes);
     }
     plan_free(&x, s->nranks);
+    gvq_comm_leave(ps->comm); /* last: an abort may free the handle's state once it is left */
     return res;
 }
 
@@ -777,8 +777,9 @@ void gvq_ps_serve_stop(gvqPs_t ps, int orphaned) {
     int clean = 0; /* every rank said goodbye: the duplicate may close as usual */
     if (s->started) {
         pthread_mutex_lock(&s->lock);
-        int healthy = !orphaned && s->failed == gvqSuccess &&
-                      !__atomic_load_n(&ps->comm->abort_flag, __ATOMIC_ACQUIRE);
+        /* a failed server still says goodbye, and answers (with refusals) until the others
+         * did: their pulls end with gvqRemoteError rather than at the timeout */
+        int healthy = !orphaned && !__atomic_load_n(&ps->comm->abort_flag, __ATOMIC_ACQUIRE);
         gvqResult_t res = healthy ? gvqSuccess : gvqInvalidUsage;
         for (int p = 0; p < s->nranks && healthy && res == gvqSuccess; p++)
             if (p != s->rank) res = send_header(s, p, OP_BYE, 0, 0, 0);

@@ -7,6 +7,7 @@
  *   - staleness s: a pull after c steps sees between c - s and c steps, and waits for c - s;
  *   - concurrent pushes and pulls from every rank at once, checked against exact sums;
  *   - abort while a pull waits, a pull past the timeout, refused input and configs;
+ *   - a peer sending malformed requests: no shard changes, every call then fails;
  *   - save and load at a step boundary.
  */
 #include <math.h>
@@ -16,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gvq_comm.h"
 #include "gvq_test.h"
 
 static void msleep(int ms) {
@@ -41,8 +43,7 @@ typedef struct {
 } ref_case_t;
 
 /* A pure function of (rank, step, k): rows with duplicates; sometimes none. */
-static size_t case_rows(const ref_case_t *c, int rank, int step, int k, int64_t *idx,
-                        double *g) {
+static size_t case_rows(const ref_case_t *c, int rank, int step, int k, int64_t *idx, double *g) {
     uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(rank * 131 + step * 7 + k * 1031 + 1);
     size_t n = (rank + step + k) % 4 == 3 ? 0 : (size_t)((x >> 7) % 12);
     for (size_t i = 0; i < n; i++) {
@@ -201,8 +202,7 @@ static void busy_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
         for (int r = 0; r < ROWS; r++) {
             int v = (int)lroundf(-w[r] / (float)nranks);
             EXPECT(w[r] == -(float)(v * nranks) && v >= 2 - b->staleness && v <= 2,
-                   "s %d rank %d row %d at clock 2: %g (%d steps)", b->staleness, rank, r, w[r],
-                   v);
+                   "s %d rank %d row %d at clock 2: %g (%d steps)", b->staleness, rank, r, w[r], v);
             if (b->staleness == 0)
                 EXPECT(v == 2 && zero_applied, "s 0: the pull returned before rank 0's step 1");
         }
@@ -412,6 +412,78 @@ static void test_refusals(void) {
         gvq_test_run(N, NULL, refuse_rank, NULL);
 }
 
+/* ---- a malicious peer ------------------------------------------------------------------------
+ * Rank 1 sends rank 0's server messages of its own making (below the public API, on the tags of
+ * the communicator's first served handle): an unknown op, a push of more rows than rank 0 holds,
+ * a push of a row rank 0 does not hold, a step ended out of sequence. Rank 0's shards must stay
+ * as they were, its own calls then fail with gvqRemoteError, and rank 2's pull of rank 0's rows
+ * is answered with a refusal (gvqRemoteError), not with rows. */
+typedef struct {
+    int mode;
+    int failed_seen; /* atomic: rank 0's handle reported the failure */
+} rogue_t;
+
+static void rogue_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
+    rogue_t *e = arg;
+    (void)nranks;
+    const size_t rows = 30, dim = 2;
+    gvqPsConfig_t cfg = GVQ_PS_CONFIG_INITIALIZER;
+    cfg.partitioning = gvqPsContiguous; /* rank 0 holds rows 0..9 */
+    cfg.init = gvqPsInitUniform;
+    cfg.serve = 1;
+    gvqPs_t ps = NULL;
+    EXPECT_RES(gvqPsCreate(comm, rows, dim, gvqFloat32, &cfg, &ps), gvqSuccess);
+    if (ps == NULL) return;
+    int64_t own[2] = {3, 4};
+    float vals[4];
+    if (rank == 0) {
+        size_t n0 = 0, n1 = 0;
+        gvqPsSave(ps, NULL, &n0);
+        char *before = malloc(n0), *after = malloc(n0 + 64);
+        gvqPsSave(ps, before, &n0);
+        gvqResult_t res = gvqSuccess;
+        for (int t = 0; t < 10000 && res == gvqSuccess; t++) { /* its own rows: no message */
+            res = gvqPsPull(ps, own, vals, 2);
+            if (res == gvqSuccess) msleep(1);
+        }
+        EXPECT_RES(res, gvqRemoteError);
+        EXPECT_RES(gvqPsApply(ps), gvqRemoteError);
+        __atomic_store_n(&e->failed_seen, 1, __ATOMIC_RELEASE);
+        n1 = n0 + 64;
+        gvqPsSave(ps, after, &n1);
+        EXPECT(n1 == n0 && memcmp(before, after, n0) == 0,
+               "mode %d: rank 0's shard changed after a malformed message", e->mode);
+        free(before), free(after);
+    } else if (rank == 1) {
+        gvq_transport_t *t = comm->xport;
+        int64_t hdr[4] = {1 /* PUSH */, 0, 1, 0};
+        int64_t blk[2] = {3, 0}; /* one row: index, then dim floats */
+        if (e->mode == 0) hdr[0] = 99;
+        if (e->mode == 1) hdr[2] = 11;            /* rank 0 holds 10 rows */
+        if (e->mode == 2) blk[0] = 12;            /* held by rank 1 */
+        if (e->mode == 3) hdr[0] = 2, hdr[1] = 5; /* CLOCK of step 5 first */
+        gvq_req_t req[2];
+        memset(req, 0, sizeof req);
+        t->ops->isend(t, 0, 64, hdr, sizeof hdr, &req[0]); /* the first handle's request tag */
+        if (e->mode == 2) t->ops->isend(t, 0, 65, blk, sizeof blk, &req[1]);
+        gvq_xport_waitall(t, req, 2, "rogue");
+    } else {
+        EXPECT(wait_for(&e->failed_seen, 1, 20000), "mode %d: rank 0 never failed", e->mode);
+        memset(vals, 0x7f, sizeof vals);
+        EXPECT_RES(gvqPsPull(ps, own, vals, 2), gvqRemoteError);
+    }
+    gvqPsDestroy(ps); /* a failed server still answers until the others' goodbyes */
+}
+
+static void test_rogue(void) {
+    gvqConfig_t cc = GVQ_CONFIG_INITIALIZER;
+    cc.timeoutMs = 500;
+    for (int mode = 0; mode <= 3; mode++) {
+        rogue_t e = {mode, 0};
+        gvq_test_run(3, &cc, rogue_rank, &e);
+    }
+}
+
 /* ---- save and load at a step boundary ------------------------------------------------------- */
 
 static void save_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
@@ -463,6 +535,7 @@ int main(void) {
     test_storm();
     test_failures();
     test_refusals();
+    test_rogue();
     test_save_load();
     return gvq_test_finish("test_ps_serve");
 }
