@@ -188,7 +188,7 @@ static gvqResult_t advance(gvq_ps_srv_t *s) {
         for (int r = 0; r < s->nranks; r++)
             lowest = GVQ_MIN(lowest, s->clocked[r]);
         if (lowest <= s->version) return gvqSuccess;
-        qsort(s->pushes, s->npushes, sizeof *s->pushes, push_order);
+        if (s->npushes > 1) qsort(s->pushes, s->npushes, sizeof *s->pushes, push_order);
         size_t done = 0;
         for (; done < s->npushes && s->pushes[done].step == s->version; done++) {
             kept_push_t *k = &s->pushes[done];
@@ -197,8 +197,10 @@ static gvqResult_t advance(gvq_ps_srv_t *s) {
             free(k->block);
             k->block = NULL;
         }
-        memmove(s->pushes, s->pushes + done, (s->npushes - done) * sizeof *s->pushes);
-        s->npushes -= done;
+        if (done > 0) {
+            memmove(s->pushes, s->pushes + done, (s->npushes - done) * sizeof *s->pushes);
+            s->npushes -= done;
+        }
         gvq_ps_apply_pending(ps, ps->cfg.average ? 1.0 / s->nranks : 1.0);
         s->version++;
     }

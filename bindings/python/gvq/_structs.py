@@ -82,7 +82,8 @@ class PsConfig(C.Structure):
                 ("learningRate", C.c_double), ("momentum", C.c_double),
                 ("adagradInit", C.c_double), ("epsilon", C.c_double), ("average", C.c_int),
                 ("localAggregation", C.c_int), ("init", C.c_int), ("initScale", C.c_double),
-                ("seed", C.c_ulonglong), ("initValues", C.c_void_p), ("stream", C.c_void_p)]
+                ("seed", C.c_ulonglong), ("initValues", C.c_void_p), ("stream", C.c_void_p),
+                ("serve", C.c_int), ("staleness", C.c_int)]
 
 
 class PsStats(C.Structure):

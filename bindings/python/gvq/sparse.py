@@ -129,13 +129,16 @@ class ParameterServer:
     gvqPsConfig_t fields: partitions, partitioning (0 hashed, 1 contiguous), rule (Rule),
     learning_rate, momentum, adagrad_init, epsilon, average, local_aggregation, init (0 zero,
     1 uniform, 2 values), init_scale, seed, init_values (a rows x dim array read during
-    creation)."""
+    creation), serve (1: a thread answers at any time; push, apply and pull are then this
+    rank's alone) and staleness (with serve: a pull sees at least the steps up to this many
+    before the caller's own)."""
 
     _KEYS = {"partitions": "partitions", "partitioning": "partitioning", "rule": "rule",
              "learning_rate": "learningRate", "momentum": "momentum",
              "adagrad_init": "adagradInit", "epsilon": "epsilon", "average": "average",
              "local_aggregation": "localAggregation", "init": "init",
-             "init_scale": "initScale", "seed": "seed"}
+             "init_scale": "initScale", "seed": "seed", "serve": "serve",
+             "staleness": "staleness"}
 
     def __init__(self, comm: Communicator, rows: int, dim: int, dtype: Any = np.float32,
                  init_values: Any = None, **config: Any) -> None:

@@ -289,12 +289,14 @@ def test_sparse_allgatherv(comm):
         gvq.sparse_allgatherv(idx.astype(np.int32), val, rows, comm)
 
 
-def test_parameter_server(comm):
+@pytest.mark.parametrize("serve", [0, 1])
+def test_parameter_server(comm, serve):
+    """serve 1: a thread answers at any time; staleness 0 gives the same rows."""
     n, r = comm.size, comm.rank
     rows, dim, lr = 20, 4, 0.5
     init = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim) / 10
     with gvq.ParameterServer(comm, rows, dim, np.float32, init_values=init,
-                             learning_rate=lr) as ps:
+                             learning_rate=lr, serve=serve) as ps:
         idx = np.array([r % rows, 3], np.int64)
         g = np.ones((2, dim), np.float32) * (r + 1)
         ps.push(idx, g)
