@@ -80,7 +80,7 @@ static void usage(FILE *f) {
         "                        --batch is per rank here (default 64); --ps-staleness S: the\n"
         "                        parameter server answers at any time (its own thread), a\n"
         "                        lookup seeing the rows at most S steps old (default: the\n"
-        "                        synchronous server)\n"
+        "                        synchronous server); --ps-partitions P: P shards, not tuned\n"
         "  --sfb MODE            fc weights as sufficient factors (Poseidon): on (always SFB),\n"
         "                        full (the factors, but always the full matrix), auto (SACP)\n"
         "  --bucket-bytes N      fuse plain tensors below N bytes (default: the library's)\n"
@@ -243,6 +243,7 @@ enum {
     OPT_TEXT_DATA,
     OPT_SPARSE_ROUTE,
     OPT_PS_STALENESS,
+    OPT_PS_PARTITIONS,
     OPT_VOCAB,
     OPT_EMBED_DIM,
     OPT_BUCKET_BYTES,
@@ -326,6 +327,7 @@ static const struct option long_opts[] = {
     {"text-data", required_argument, NULL, OPT_TEXT_DATA},
     {"sparse-route", required_argument, NULL, OPT_SPARSE_ROUTE},
     {"ps-staleness", required_argument, NULL, OPT_PS_STALENESS},
+    {"ps-partitions", required_argument, NULL, OPT_PS_PARTITIONS},
     {"vocab", required_argument, NULL, OPT_VOCAB},
     {"embed-dim", required_argument, NULL, OPT_EMBED_DIM},
     {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
@@ -514,6 +516,9 @@ static int parse_aggregation_opt(int c, const char *arg, train_opts_t *o, const 
         break;
     case OPT_PS_STALENESS:
         if (parse_int(arg, 0, 1000, &o->ps_staleness)) *what = "--ps-staleness (0..1000)";
+        break;
+    case OPT_PS_PARTITIONS:
+        if (parse_int(arg, 1, 1 << 20, &o->ps_partitions)) *what = "--ps-partitions (1..2^20)";
         break;
     case OPT_SFB:
         o->sfb = !strcmp(arg, "full") ? 0 : !strcmp(arg, "on") ? 1 : !strcmp(arg, "auto") ? 2 : -2;
@@ -791,9 +796,9 @@ static int check_args(train_opts_t *o, int batch_given) {
         fprintf(stderr, "gvq-train: --join needs --join-rank R and --join-size N > R\n");
         return -1;
     }
-    if (o->ps_staleness >= 0 && !o->text) {
-        fprintf(stderr, "gvq-train: --ps-staleness applies to --model text (its embedding's "
-                        "parameter server)\n");
+    if ((o->ps_staleness >= 0 || o->ps_partitions > 0) && !o->text) {
+        fprintf(stderr, "gvq-train: --ps-staleness and --ps-partitions apply to --model text "
+                        "(its embedding's parameter server)\n");
         return -1;
     }
     if (o->stop_step > 0 && (o->stages > 0 || o->text)) {
@@ -913,7 +918,8 @@ int main(int argc, char **argv) {
                          o.seed,
                          o.sparse_route,
                          o.print_every,
-                         o.ps_staleness};
+                         o.ps_staleness,
+                         o.ps_partitions};
         int trc = text_run(&t);
         MPI_Finalize();
         return trc == 0 ? 0 : 1;

@@ -277,6 +277,7 @@ int text_run(const text_opts_t *o) {
     TEXT_GVQ(gvqCommInitMPI(&comm, MPI_COMM_WORLD, NULL));
     gvqTrainConfig_t cfg = GVQ_TRAIN_CONFIG_INITIALIZER;
     cfg.sparseRoute = o->route;
+    if (o->partitions > 0) cfg.tunePartitions = 0;
     gvqTrainer_t t;
     TEXT_GVQ(gvqTrainCreate(comm, &cfg, &t));
     gvqPsConfig_t pc = GVQ_PS_CONFIG_INITIALIZER;
@@ -285,6 +286,7 @@ int text_run(const text_opts_t *o) {
     pc.init = gvqPsInitUniform;
     pc.initScale = 0.1;
     pc.seed = o->seed;
+    if (o->partitions > 0) pc.partitions = o->partitions;
     pc.serve = o->staleness >= 0;
     pc.staleness = o->staleness >= 0 ? o->staleness : 0;
     gvqVariable_t ve = GVQ_VARIABLE_INITIALIZER, vw = ve, vb = ve;

@@ -18,6 +18,7 @@ typedef struct {
     int route;       /* the layer's sparseRoute (GVQ_CONFIG_UNDEF_INT: Parallax's rule) */
     int print_every; /* a line (with test accuracy) every N steps */
     int staleness;   /* >= 0: the parameter server served at any time, this SSP bound; -1: not */
+    int partitions;  /* > 0: the parameter server's partitions, untuned; 0: the layer's tuner */
 } text_opts_t;
 
 /* Trains on every rank of MPI_COMM_WORLD; 0 when it ran and the ranks agreed. */

@@ -55,9 +55,10 @@ typedef struct {
     /* --model text (text.c): its corpus, sparse route, vocabulary and embedding width */
     int text;
     const char *text_data;
-    int sparse_route; /* the layer's sparseRoute (GVQ_CONFIG_UNDEF_INT: the rule) */
-    int ps_staleness; /* the parameter server served at any time with this SSP bound; -1: the
-                         synchronous server */
+    int sparse_route;  /* the layer's sparseRoute (GVQ_CONFIG_UNDEF_INT: the rule) */
+    int ps_staleness;  /* the parameter server served at any time with this SSP bound; -1: the
+                          synchronous server */
+    int ps_partitions; /* the parameter server's partitions, untuned; 0: the layer's tuner */
     int vocab, embed_dim;
     int sfb; /* fc weights as sufficient factors: TRAIN_UNSET no (their gradient), 0 factors
                 but always the full matrix, 1 always SFB, 2 SACP's choice per step */

@@ -111,12 +111,9 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
     return 1;
 }
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
+/* Leave the core between polls that found nothing. (Naps of 10 us, and of 200 us after 1 ms
+ * without requests, made gvq-train's text model slower at 2 and 4 ranks: perf/RESULTS.md
+ * section 14d.) */
 static void nap(void) {
     struct timespec ts = {0, GVQ_PS_IDLE_NS};
     nanosleep(&ts, NULL);
@@ -386,25 +383,27 @@ static void *serve_main(void *arg) {
 /* ---- the caller's side ----------------------------------------------------------------------- */
 
 /* Wait (the caller's thread, helping the server along) until done(s, arg) holds, bounded by the
- * timeout without progress and by the communicator's abort. Under the lock on return. */
+ * timeout without progress and by the communicator's abort; the core is left between polls as
+ * every wait of the transport's leaves it (GVQ_WAIT; gvq_xport_idle). Under the lock on
+ * return. */
 static gvqResult_t wait_locked(gvq_ps_srv_t *s, const char *fn, int (*done)(gvq_ps_srv_t *, void *),
                                void *arg, const char *what) {
-    uint64_t since = now_ns();
+    uint64_t start = 0;
     for (;;) {
-        if (progress_locked(s)) since = now_ns();
+        if (progress_locked(s)) start = 0;
         if (done(s, arg)) return gvqSuccess;
         gvqComm_t comm = s->ps->comm;
         if (comm != NULL && __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
             GVQ_WARN("%s: the communicator was aborted while waiting for %s", fn, what);
             return gvqInvalidUsage;
         }
-        if (s->timeout_ns > 0 && now_ns() - since > s->timeout_ns) {
-            GVQ_WARN("%s: no progress for %.1f s waiting for %s", fn, s->timeout_ns / 1e9, what);
-            return gvqTimeout;
-        }
         pthread_mutex_unlock(&s->lock);
-        nap();
+        int slept = 0;
+        gvqResult_t res = gvq_xport_idle_slept(s->t, &start, &slept);
         pthread_mutex_lock(&s->lock);
+        if (res == gvqTimeout)
+            GVQ_WARN("%s: no progress for %.1f s waiting for %s", fn, s->timeout_ns / 1e9, what);
+        if (res != gvqSuccess) return res;
     }
 }
 
