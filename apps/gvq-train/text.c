@@ -256,6 +256,20 @@ static uint64_t hash_floats(const float *x, size_t n) {
     return fnv((const char *)x, n * sizeof *x);
 }
 
+/* The embedding's parameter server: SGD at the run's rate, averaged, a small uniform start. */
+static gvqPsConfig_t ps_config(const text_opts_t *o) {
+    gvqPsConfig_t pc = GVQ_PS_CONFIG_INITIALIZER;
+    pc.learningRate = o->lr;
+    pc.average = 1; /* the same average as the dense variables */
+    pc.init = gvqPsInitUniform;
+    pc.initScale = 0.1;
+    pc.seed = o->seed;
+    if (o->partitions > 0) pc.partitions = o->partitions;
+    pc.serve = o->staleness >= 0;
+    pc.staleness = o->staleness >= 0 ? o->staleness : 0;
+    return pc;
+}
+
 int text_run(const text_opts_t *o) {
     int rank, nranks;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -280,15 +294,7 @@ int text_run(const text_opts_t *o) {
     if (o->partitions > 0) cfg.tunePartitions = 0;
     gvqTrainer_t t;
     TEXT_GVQ(gvqTrainCreate(comm, &cfg, &t));
-    gvqPsConfig_t pc = GVQ_PS_CONFIG_INITIALIZER;
-    pc.learningRate = o->lr;
-    pc.average = 1; /* the same average as the dense variables */
-    pc.init = gvqPsInitUniform;
-    pc.initScale = 0.1;
-    pc.seed = o->seed;
-    if (o->partitions > 0) pc.partitions = o->partitions;
-    pc.serve = o->staleness >= 0;
-    pc.staleness = o->staleness >= 0 ? o->staleness : 0;
+    gvqPsConfig_t pc = ps_config(o);
     gvqVariable_t ve = GVQ_VARIABLE_INITIALIZER, vw = ve, vb = ve;
     ve.name = "embedding";
     ve.kind = gvqVarSparse;

@@ -32,74 +32,18 @@
  * an index not held here, a clock out of sequence): the sender is then no longer listened to,
  * the server fails with a WARN, and every later call on this rank and every pull answered by
  * it reports gvqRemoteError.
+ *
+ * This file is the thread's side, start and stop; a rank's own calls are ps_serve_call.c, the
+ * shared state gvq_ps_serve.h.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "gvq_ps.h"
+#include "gvq_ps_serve.h"
 #include "gvq_ps_wire.h"
 
-enum { OP_PUSH = 1, OP_CLOCK = 2, OP_PULL = 3, OP_BYE = 4 };
-enum { HDR_WORDS = 4, REPLY_HDR_BYTES = 2 * sizeof(int64_t) };
 #define GVQ_PS_IDLE_NS 50000L
 #define GVQ_PS_TAG_BASE 64 /* in-process: the handle's tags above the transport's own */
-
-typedef struct { /* a push kept until its step is applied */
-    uint64_t step, call;
-    int src;
-    size_t n;
-    void *block; /* n rows, a wire block */
-} kept_push_t;
-
-typedef struct { /* a pull waiting for its version */
-    int src;
-    uint64_t need;
-    size_t n;
-    void *block; /* n indices */
-} kept_pull_t;
-
-typedef struct { /* a send in flight; buf freed once done */
-    gvq_req_t req;
-    void *buf;
-} outgoing_t;
-
-typedef struct { /* what comes from one peer: a header, then its body */
-    int64_t hdr[HDR_WORDS];
-    gvq_req_t req;
-    int in_body; /* hdr came; req is its body */
-    void *body;
-    size_t body_bytes;
-    int bye, deaf; /* said goodbye; no longer listened to (failed or malformed) */
-} inbox_t;
-
-struct gvq_ps_srv {
-    gvqPs_t ps;
-    gvqComm_t dup;      /* the handle's own communicator; NULL in-process */
-    gvq_transport_t *t; /* dup's transport, or the in-process parent's */
-    int tag_req, tag_body, tag_rep;
-    int nranks, rank;
-    uint64_t timeout_ns;
-    pthread_mutex_t lock;
-    pthread_t thread;
-    int started, stop; /* stop: atomic */
-    gvqResult_t failed;
-    inbox_t *in;
-    int byes;
-    uint64_t version;  /* steps applied here */
-    uint64_t *clocked; /* per rank: steps it ended (this rank's: the caller's) */
-    uint64_t calls;    /* the caller's pushes in its current step */
-    kept_push_t *pushes;
-    size_t npushes, cap_pushes;
-    kept_pull_t *pulls;
-    size_t npulls, cap_pulls;
-    outgoing_t *out;
-    size_t nout, cap_out;
-    void **lost; /* buffers of cancelled transfers, freed once the transport is gone */
-    size_t nlost, cap_lost;
-};
-
-/* ---- small helpers --------------------------------------------------------------------------- */
 
 static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return 1;
@@ -120,11 +64,11 @@ static void nap(void) {
 }
 
 /* The first failure wins; a WARN says what it was. */
-static void fail(gvq_ps_srv_t *s, gvqResult_t res) {
+void gvq_ps_srv_fail(gvq_ps_srv_t *s, gvqResult_t res) {
     if (s->failed == gvqSuccess) s->failed = res;
 }
 
-static void lose(gvq_ps_srv_t *s, void *buf) {
+void gvq_ps_srv_lose(gvq_ps_srv_t *s, void *buf) {
     if (buf == NULL) return;
     if (grow((void **)&s->lost, &s->cap_lost, s->nlost + 1, sizeof *s->lost))
         s->lost[s->nlost++] = buf;
@@ -132,7 +76,7 @@ static void lose(gvq_ps_srv_t *s, void *buf) {
 }
 
 /* Send bytes of buf (ours: freed once sent) to peer. */
-static gvqResult_t send_owned(gvq_ps_srv_t *s, int peer, int tag, void *buf, size_t bytes) {
+gvqResult_t gvq_ps_srv_send_owned(gvq_ps_srv_t *s, int peer, int tag, void *buf, size_t bytes) {
     if (!grow((void **)&s->out, &s->cap_out, s->nout + 1, sizeof *s->out)) {
         free(buf);
         return gvqSystemError;
@@ -149,18 +93,18 @@ static gvqResult_t send_owned(gvq_ps_srv_t *s, int peer, int tag, void *buf, siz
     return gvqSuccess;
 }
 
-static gvqResult_t send_header(gvq_ps_srv_t *s, int peer, int64_t op, int64_t a, int64_t b,
-                               int64_t c) {
+gvqResult_t gvq_ps_srv_send_header(gvq_ps_srv_t *s, int peer, int64_t op, int64_t a, int64_t b,
+                                   int64_t c) {
     int64_t *h = malloc(HDR_WORDS * sizeof *h);
     if (h == NULL) return gvqSystemError;
     h[0] = op, h[1] = a, h[2] = b, h[3] = c;
-    return send_owned(s, peer, s->tag_req, h, HDR_WORDS * sizeof *h);
+    return gvq_ps_srv_send_owned(s, peer, s->tag_req, h, HDR_WORDS * sizeof *h);
 }
 
 /* ---- the server's state: pushes kept per step, steps applied, pulls answered ----------------- */
 
-static gvqResult_t keep_push(gvq_ps_srv_t *s, int src, uint64_t step, uint64_t call, size_t n,
-                             void *block) {
+gvqResult_t gvq_ps_srv_keep_push(gvq_ps_srv_t *s, int src, uint64_t step, uint64_t call, size_t n,
+                                 void *block) {
     if (!grow((void **)&s->pushes, &s->cap_pushes, s->npushes + 1, sizeof *s->pushes)) {
         free(block);
         return gvqSystemError;
@@ -219,7 +163,7 @@ static gvqResult_t reply_pull(gvq_ps_srv_t *s, int src, int64_t status, const in
         memcpy(r + REPLY_HDR_BYTES + i * ps->row_bytes, gvq_ps_row(ps, ps->values, slot),
                ps->row_bytes);
     }
-    return send_owned(s, src, s->tag_rep, r, bytes);
+    return gvq_ps_srv_send_owned(s, src, s->tag_rep, r, bytes);
 }
 
 /* Answer the kept pulls whose version has come. */
@@ -246,7 +190,7 @@ static void deafen(gvq_ps_srv_t *s, int p, gvqResult_t res, const char *why) {
              "calls on the handle fail",
              p, why);
     s->in[p].deaf = 1;
-    fail(s, res);
+    gvq_ps_srv_fail(s, res);
 }
 
 static void post_header(gvq_ps_srv_t *s, int p) {
@@ -308,7 +252,7 @@ static void take_body(gvq_ps_srv_t *s, int p) {
     }
     gvqResult_t res;
     if (b->hdr[0] == OP_PUSH) {
-        res = keep_push(s, p, (uint64_t)b->hdr[1], (uint64_t)b->hdr[3], n, body);
+        res = gvq_ps_srv_keep_push(s, p, (uint64_t)b->hdr[1], (uint64_t)b->hdr[3], n, body);
     } else if (grow((void **)&s->pulls, &s->cap_pulls, s->npulls + 1, sizeof *s->pulls)) {
         s->pulls[s->npulls++] = (kept_pull_t){p, (uint64_t)b->hdr[1], n, body};
         res = gvqSuccess;
@@ -321,7 +265,7 @@ static void take_body(gvq_ps_srv_t *s, int p) {
 }
 
 /* One poll of everything in flight; returns how many transfers finished. Under the lock. */
-static int progress_locked(gvq_ps_srv_t *s) {
+int gvq_ps_srv_progress(gvq_ps_srv_t *s) {
     int events = 0;
     for (int p = 0; p < s->nranks; p++) {
         inbox_t *b = &s->in[p];
@@ -346,7 +290,7 @@ static int progress_locked(gvq_ps_srv_t *s) {
         if (res != gvqSuccess) {
             GVQ_WARN("parameter server (served): a send to rank %d failed (%s)", s->out[i].req.peer,
                      gvqGetErrorString(res));
-            fail(s, res);
+            gvq_ps_srv_fail(s, res);
             done = 1;
         }
         if (done) {
@@ -363,7 +307,7 @@ static int progress_locked(gvq_ps_srv_t *s) {
     if (res != gvqSuccess) {
         GVQ_WARN("parameter server (served): %s applying a step or answering a pull",
                  gvqGetErrorString(res));
-        fail(s, res);
+        gvq_ps_srv_fail(s, res);
     }
     return events + (s->version != version);
 }
@@ -373,7 +317,7 @@ static void *serve_main(void *arg) {
     gvq_log_set_rank(s->rank);
     while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&s->lock);
-        int events = progress_locked(s);
+        int events = gvq_ps_srv_progress(s);
         pthread_mutex_unlock(&s->lock);
         if (!events) nap();
     }
@@ -386,11 +330,11 @@ static void *serve_main(void *arg) {
  * timeout without progress and by the communicator's abort; the core is left between polls as
  * every wait of the transport's leaves it (GVQ_WAIT; gvq_xport_idle). Under the lock on
  * return. */
-static gvqResult_t wait_locked(gvq_ps_srv_t *s, const char *fn, int (*done)(gvq_ps_srv_t *, void *),
-                               void *arg, const char *what) {
+gvqResult_t gvq_ps_srv_wait(gvq_ps_srv_t *s, const char *fn, int (*done)(gvq_ps_srv_t *, void *),
+                            void *arg, const char *what) {
     uint64_t start = 0;
     for (;;) {
-        if (progress_locked(s)) start = 0;
+        if (gvq_ps_srv_progress(s)) start = 0;
         if (done(s, arg)) return gvqSuccess;
         gvqComm_t comm = s->ps->comm;
         if (comm != NULL && __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
@@ -407,296 +351,12 @@ static gvqResult_t wait_locked(gvq_ps_srv_t *s, const char *fn, int (*done)(gvq_
     }
 }
 
-static gvqResult_t refuse_failed(gvq_ps_srv_t *s, const char *fn) {
+gvqResult_t gvq_ps_srv_refuse_failed(gvq_ps_srv_t *s, const char *fn) {
     if (s->failed == gvqSuccess) return gvqSuccess;
     GVQ_WARN("%s: this rank's parameter server failed earlier (%s); destroy it", fn,
              gvqGetErrorString(s->failed));
     return s->failed;
 }
-
-gvqResult_t gvq_ps_serve_push(gvqPs_t ps, const int64_t *idx, const void *grads, size_t n) {
-    const char *fn = "gvqPsPush";
-    gvq_ps_srv_t *s = ps->srv;
-    int N = s->nranks;
-    size_t rb = ps->row_bytes;
-    int64_t *midx = malloc(GVQ_MAX(n, (size_t)1) * sizeof *midx);
-    char *mval = malloc(GVQ_MAX(n, (size_t)1) * rb);
-    int *owner = malloc(GVQ_MAX(n, (size_t)1) * sizeof *owner);
-    size_t *count = calloc((size_t)N, sizeof *count), *at = calloc((size_t)N, sizeof *at);
-    void **block = calloc((size_t)N, sizeof *block);
-    size_t m = 0;
-    gvqResult_t res = midx && mval && owner && count && at && block ? gvqSuccess : gvqSystemError;
-    if (res == gvqSuccess && n > 0)
-        res = gvq_sparse_merge(ps->comm->dev, ps->dtype, ps->dim, idx, grads, n, midx, mval, &m);
-    for (size_t i = 0; i < m && res == gvqSuccess; i++) {
-        uint64_t slot;
-        gvq_part_locate(&ps->map, (uint64_t)midx[i], &owner[i], &slot);
-        count[owner[i]]++;
-    }
-    for (int p = 0; p < N && res == gvqSuccess; p++)
-        if (count[p] > 0 && (block[p] = malloc(gvq_wire_block_bytes(count[p], rb))) == NULL)
-            res = gvqSystemError;
-    for (size_t i = 0; i < m && res == gvqSuccess; i++) {
-        int p = owner[i];
-        gvq_wire_block_put(block[p], count[p], at[p]++, midx[i], mval + i * rb, rb);
-    }
-    if (res == gvqSuccess) res = gvq_comm_enter(ps->comm, fn);
-    if (res == gvqSuccess) {
-        pthread_mutex_lock(&s->lock);
-        res = refuse_failed(s, fn);
-        uint64_t step = s->clocked[s->rank], call = s->calls;
-        for (int p = 0; p < N && res == gvqSuccess; p++) {
-            if (count[p] == 0) continue;
-            void *b = block[p];
-            block[p] = NULL; /* handed over */
-            if (p == s->rank) {
-                res = keep_push(s, p, step, call, count[p], b);
-            } else if ((res = send_header(s, p, OP_PUSH, (int64_t)step, (int64_t)count[p],
-                                          (int64_t)call)) == gvqSuccess) {
-                res = send_owned(s, p, s->tag_body, b, gvq_wire_block_bytes(count[p], rb));
-            } else {
-                free(b);
-            }
-        }
-        if (res != gvqSuccess && res != s->failed) {
-            GVQ_WARN("%s: %s sending the rows; the handle is failed", fn, gvqGetErrorString(res));
-            fail(s, res); /* some shards may have the rows, others not */
-        }
-        s->calls++;
-        ps->stats.pushes += res == gvqSuccess;
-        progress_locked(s);
-        pthread_mutex_unlock(&s->lock);
-        gvq_comm_leave(ps->comm);
-    }
-    for (int p = 0; p < N && block != NULL; p++)
-        free(block[p]);
-    free(midx), free(mval), free(owner), free(count), free(at), free(block);
-    return res;
-}
-
-gvqResult_t gvq_ps_serve_apply(gvqPs_t ps) {
-    const char *fn = "gvqPsApply";
-    gvq_ps_srv_t *s = ps->srv;
-    GVQCHECK(gvq_comm_enter(ps->comm, fn));
-    pthread_mutex_lock(&s->lock);
-    gvqResult_t res = refuse_failed(s, fn);
-    uint64_t step = s->clocked[s->rank];
-    for (int p = 0; p < s->nranks && res == gvqSuccess; p++)
-        if (p != s->rank) res = send_header(s, p, OP_CLOCK, (int64_t)step, 0, 0);
-    if (res == gvqSuccess) {
-        s->clocked[s->rank]++;
-        s->calls = 0;
-        ps->stats.applies++;
-        progress_locked(s);
-    } else if (res != s->failed) {
-        GVQ_WARN("%s: %s telling the shards; the handle is failed", fn, gvqGetErrorString(res));
-        fail(s, res);
-    }
-    pthread_mutex_unlock(&s->lock);
-    gvq_comm_leave(ps->comm);
-    return res;
-}
-
-typedef struct {
-    uint64_t need;
-    gvq_req_t *reqs;
-    int n;
-} pull_wait_t;
-
-static int version_reached(gvq_ps_srv_t *s, void *arg) {
-    return s->version >= ((pull_wait_t *)arg)->need;
-}
-
-static int replies_in(gvq_ps_srv_t *s, void *arg) {
-    pull_wait_t *w = arg;
-    for (int p = 0; p < w->n; p++) {
-        if (!w->reqs[p].active) continue;
-        int done = 0;
-        gvqResult_t res = s->t->ops->test(s->t, &w->reqs[p], &done);
-        if (res != gvqSuccess) {
-            GVQ_WARN("gvqPsPull: the reply of rank %d failed (%s)", p, gvqGetErrorString(res));
-            fail(s, res);
-            return 1;
-        }
-        if (!done) return 0;
-        s->ps->stats.bytesReceived += w->reqs[p].bytes;
-    }
-    return 1;
-}
-
-static int i64_cmp(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static size_t find_sorted(const int64_t *v, size_t n, int64_t x) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (v[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-typedef struct {
-    size_t m;       /* unique indices */
-    int64_t *uniq;  /* ascending */
-    int *owner;     /* per unique index */
-    size_t *pos;    /* its place in its owner's request (or its slot, held here) */
-    size_t *count;  /* per rank */
-    void **request; /* per rank: its indices */
-    char **reply;   /* per rank: {status, version} + rows */
-    gvq_req_t *reqs;
-    char *own; /* the rows held here, by pos */
-} pull_plan_t;
-
-static void plan_free(pull_plan_t *x, int N) {
-    for (int p = 0; p < N && x->request != NULL; p++)
-        free(x->request[p]);
-    for (int p = 0; p < N && x->reply != NULL; p++)
-        free(x->reply[p]);
-    free(x->uniq), free(x->owner), free(x->pos), free(x->count), free(x->request);
-    free(x->reply), free(x->reqs), free(x->own);
-}
-
-static gvqResult_t plan_pull(gvqPs_t ps, const int64_t *idx, size_t n, pull_plan_t *x) {
-    int N = ps->srv->nranks;
-    size_t k = GVQ_MAX(n, (size_t)1);
-    x->uniq = malloc(k * sizeof *x->uniq);
-    x->owner = malloc(k * sizeof *x->owner);
-    x->pos = malloc(k * sizeof *x->pos);
-    x->count = calloc((size_t)N, sizeof *x->count);
-    x->request = calloc((size_t)N, sizeof *x->request);
-    x->reply = calloc((size_t)N, sizeof *x->reply);
-    x->reqs = calloc((size_t)N, sizeof *x->reqs);
-    if (!x->uniq || !x->owner || !x->pos || !x->count || !x->request || !x->reply || !x->reqs)
-        return gvqSystemError;
-    if (n > 0) memcpy(x->uniq, idx, n * sizeof *idx);
-    qsort(x->uniq, n, sizeof *x->uniq, i64_cmp);
-    for (size_t i = 0; i < n; i++)
-        if (x->m == 0 || x->uniq[x->m - 1] != x->uniq[i]) x->uniq[x->m++] = x->uniq[i];
-    for (size_t i = 0; i < x->m; i++) {
-        uint64_t slot;
-        gvq_part_locate(&ps->map, (uint64_t)x->uniq[i], &x->owner[i], &slot);
-        x->pos[i] = x->count[x->owner[i]]++;
-    }
-    for (int p = 0; p < N; p++) {
-        if (x->count[p] == 0) continue;
-        x->request[p] = malloc(x->count[p] * sizeof(int64_t));
-        x->reply[p] = malloc(REPLY_HDR_BYTES + x->count[p] * ps->row_bytes);
-        if (x->request[p] == NULL || x->reply[p] == NULL) return gvqSystemError;
-    }
-    for (size_t i = 0; i < x->m; i++)
-        ((int64_t *)x->request[x->owner[i]])[x->pos[i]] = x->uniq[i];
-    return gvqSuccess;
-}
-
-/* Post the replies' receives and send the requests. Under the lock. */
-static gvqResult_t ask_owners(gvq_ps_srv_t *s, pull_plan_t *x, uint64_t need) {
-    size_t rb = s->ps->row_bytes;
-    for (int p = 0; p < s->nranks; p++) {
-        if (p == s->rank || x->count[p] == 0) continue;
-        GVQCHECK(s->t->ops->irecv(s->t, p, s->tag_rep, x->reply[p],
-                                  REPLY_HDR_BYTES + x->count[p] * rb, &x->reqs[p]));
-        GVQCHECK(send_header(s, p, OP_PULL, (int64_t)need, (int64_t)x->count[p], 0));
-        void *b = x->request[p];
-        x->request[p] = NULL; /* handed over */
-        GVQCHECK(send_owned(s, p, s->tag_body, b, x->count[p] * sizeof(int64_t)));
-    }
-    return gvqSuccess;
-}
-
-/* The rows held here (once the version came), by their place in the plan. Under the lock. */
-static gvqResult_t read_own(gvq_ps_srv_t *s, pull_plan_t *x) {
-    gvqPs_t ps = s->ps;
-    size_t k = x->count[s->rank];
-    if (k == 0) return gvqSuccess;
-    x->own = malloc(k * ps->row_bytes);
-    if (x->own == NULL) return gvqSystemError;
-    for (size_t i = 0; i < x->m; i++) {
-        if (x->owner[i] != s->rank) continue;
-        int rank;
-        uint64_t slot;
-        gvq_part_locate(&ps->map, (uint64_t)x->uniq[i], &rank, &slot);
-        memcpy(x->own + x->pos[i] * ps->row_bytes, gvq_ps_row(ps, ps->values, slot), ps->row_bytes);
-    }
-    return gvqSuccess;
-}
-
-/* Give up on the replies still under way (their buffers wait for the transport's end). */
-static void abandon_replies(gvq_ps_srv_t *s, pull_plan_t *x) {
-    for (int p = 0; p < s->nranks; p++) {
-        if (!x->reqs[p].active) continue;
-        s->t->ops->cancel(s->t, &x->reqs[p]);
-        lose(s, x->reply[p]);
-        x->reply[p] = NULL;
-    }
-}
-
-static gvqResult_t check_replies(gvq_ps_srv_t *s, const pull_plan_t *x, uint64_t need) {
-    for (int p = 0; p < s->nranks; p++) {
-        if (p == s->rank || x->count[p] == 0) continue;
-        int64_t head[2];
-        memcpy(head, x->reply[p], sizeof head);
-        if (head[0] != 0) {
-            GVQ_WARN("gvqPsPull: rank %d's server failed (see its log); values not written", p);
-            return gvqRemoteError;
-        }
-        if (head[1] < 0 || (uint64_t)head[1] < need) {
-            GVQ_WARN("gvqPsPull: rank %d answered with version %lld, %llu asked; values not "
-                     "written",
-                     p, (long long)head[1], (unsigned long long)need);
-            return gvqRemoteError;
-        }
-    }
-    return gvqSuccess;
-}
-
-gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size_t n) {
-    const char *fn = "gvqPsPull";
-    gvq_ps_srv_t *s = ps->srv;
-    pull_plan_t x = {0};
-    gvqResult_t res = plan_pull(ps, idx, n, &x);
-    if (res == gvqSuccess) res = gvq_comm_enter(ps->comm, fn);
-    if (res != gvqSuccess) {
-        plan_free(&x, s->nranks);
-        return res;
-    }
-    pthread_mutex_lock(&s->lock);
-    uint64_t c = s->clocked[s->rank], st = (uint64_t)ps->cfg.staleness;
-    uint64_t need = c > st ? c - st : 0;
-    res = refuse_failed(s, fn);
-    if (res == gvqSuccess) res = ask_owners(s, &x, need);
-    pull_wait_t w = {need, x.reqs, s->nranks};
-    if (res == gvqSuccess && x.count[s->rank] > 0)
-        res = wait_locked(s, fn, version_reached, &w, "this rank's own shards' step");
-    if (res == gvqSuccess) res = read_own(s, &x);
-    if (res == gvqSuccess) res = wait_locked(s, fn, replies_in, &w, "the owners' replies");
-    if (res == gvqSuccess) res = refuse_failed(s, fn);
-    if (res == gvqSuccess) res = check_replies(s, &x, need);
-    if (res != gvqSuccess) {
-        abandon_replies(s, &x);
-        fail(s, res == gvqInvalidArgument ? gvqRemoteError : res);
-    } else {
-        ps->stats.pulls++;
-    }
-    pthread_mutex_unlock(&s->lock);
-    for (size_t i = 0; i < n && res == gvqSuccess; i++) {
-        size_t j = find_sorted(x.uniq, x.m, idx[i]);
-        int p = x.owner[j];
-        const char *src = p == s->rank ? x.own + x.pos[j] * ps->row_bytes
-                                       : x.reply[p] + REPLY_HDR_BYTES + x.pos[j] * ps->row_bytes;
-        memcpy((char *)values + i * ps->row_bytes, src, ps->row_bytes);
-    }
-    plan_free(&x, s->nranks);
-    gvq_comm_leave(ps->comm); /* last: an abort may free the handle's state once it is left */
-    return res;
-}
-
-/* ---- start / stop -------------------------------------------------------------------------- */
 
 static void srv_free(gvq_ps_srv_t *s) {
     for (size_t i = 0; i < s->npushes; i++)
@@ -783,9 +443,9 @@ void gvq_ps_serve_stop(gvqPs_t ps, int orphaned) {
         int healthy = !orphaned && !__atomic_load_n(&ps->comm->abort_flag, __ATOMIC_ACQUIRE);
         gvqResult_t res = healthy ? gvqSuccess : gvqInvalidUsage;
         for (int p = 0; p < s->nranks && healthy && res == gvqSuccess; p++)
-            if (p != s->rank) res = send_header(s, p, OP_BYE, 0, 0, 0);
+            if (p != s->rank) res = gvq_ps_srv_send_header(s, p, OP_BYE, 0, 0, 0);
         if (healthy && res == gvqSuccess)
-            res = wait_locked(s, "gvqPsDestroy", all_said_bye, NULL, "every rank's destroy");
+            res = gvq_ps_srv_wait(s, "gvqPsDestroy", all_said_bye, NULL, "every rank's destroy");
         clean = res == gvqSuccess;
         if (healthy && !clean)
             GVQ_WARN("gvqPsDestroy: served handle closed before every rank's goodbye (%s)",
@@ -797,13 +457,13 @@ void gvq_ps_serve_stop(gvqPs_t ps, int orphaned) {
     for (int p = 0; p < s->nranks && s->in != NULL && s->t != NULL; p++) {
         inbox_t *b = &s->in[p];
         if (b->req.active) s->t->ops->cancel(s->t, &b->req);
-        lose(s, b->body);
+        gvq_ps_srv_lose(s, b->body);
     }
     for (size_t i = 0; i < s->nout && s->t != NULL; i++) {
         if (s->out[i].req.active) s->t->ops->cancel(s->t, &s->out[i].req);
         if (s->t->cancel_keeps_buffers)
             s->out[i].buf = NULL; /* MPI may still read it: left to the process's end */
-        lose(s, s->out[i].buf);
+        gvq_ps_srv_lose(s, s->out[i].buf);
     }
     s->nout = 0;
     if (s->dup != NULL) {
