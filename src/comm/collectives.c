@@ -285,8 +285,7 @@ static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_
     int rd = sig->algo == GVQ_ALGO_RD && o->kind == GVQ_OP_ALLREDUCE && upto;
     if (sig->identity != 0 || o->comm->nranks < 2 || o->count == 0 || sig->device) return 0;
     *pay = op_payload(o);
-    if (sig->algo == GVQ_ALGO_SHM) return bytes <= max;
-    if (rd) return bytes <= max;
+    if (sig->algo == GVQ_ALGO_SHM || rd) return bytes <= max;
     /* the others ride along as one recursive-doubling allreduce of their whole vector: log2 N
      * rounds of it, whose bytes together stay within a limit. A broadcast's and a reduce's
      * vector is what they move anyway: the signed exchange's 64 KiB (2 ranks; 21 KiB at 8). A

@@ -9,7 +9,6 @@
 #include "gvq_ps_serve.h"
 #include "gvq_ps_wire.h"
 
-
 gvqResult_t gvq_ps_serve_push(gvqPs_t ps, const int64_t *idx, const void *grads, size_t n) {
     const char *fn = "gvqPsPush";
     gvq_ps_srv_t *s = ps->srv;
@@ -47,9 +46,11 @@ gvqResult_t gvq_ps_serve_push(gvqPs_t ps, const int64_t *idx, const void *grads,
             block[p] = NULL; /* handed over */
             if (p == s->rank) {
                 res = gvq_ps_srv_keep_push(s, p, step, call, count[p], b);
-            } else if ((res = gvq_ps_srv_send_header(s, p, OP_PUSH, (int64_t)step, (int64_t)count[p],
-                                          (int64_t)call)) == gvqSuccess) {
-                res = gvq_ps_srv_send_owned(s, p, s->tag_body, b, gvq_wire_block_bytes(count[p], rb));
+            } else if ((res = gvq_ps_srv_send_header(s, p, OP_PUSH, (int64_t)step,
+                                                     (int64_t)count[p], (int64_t)call)) ==
+                       gvqSuccess) {
+                res =
+                    gvq_ps_srv_send_owned(s, p, s->tag_body, b, gvq_wire_block_bytes(count[p], rb));
             } else {
                 free(b);
             }
@@ -293,4 +294,3 @@ gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size
 }
 
 /* ---- start / stop -------------------------------------------------------------------------- */
-

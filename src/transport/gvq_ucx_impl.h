@@ -35,9 +35,9 @@ struct gvq_ucx {
     gvqResult_t revoke_cause; /* the notice's error, once revoked_by >= 0 */
     /* Requests cancelled while UCX still had them (a receive matched to a rendezvous, a send
      * under way): UCX cannot call them back, so any later progress of the worker may still
-     * write into (or read) a buffer its caller has freed since. Once there is one, the
-     * endpoints are closed by force, unflushed, so the close does not progress the worker.
-     * Atomic. */
+     * write into (or read) a buffer its caller has freed since. The first breaks the
+     * communicator (so its endpoints close unflushed and the close does not progress the
+     * worker) and is reported once at INFO; this counts them. Atomic. */
     int orphans;
 };
 

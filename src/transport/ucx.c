@@ -92,7 +92,7 @@ static gvqResult_t ctx_get(void) {
         /* Over TCP a large message goes eagerly (no rendezvous), unless the user chose: a
          * rendezvous's handshake crosses the link behind the data already queued on it, once
          * per ring chunk, and on 2 hosts at 1 Gbit/s gvq's 64 MiB allreduce ran at 0.64 of the
-         * link (0.96 eagerly; perf/RESULTS.md section 13). With RDMA or GPU memory domains the
+         * link (0.95 eagerly; perf/RESULTS.md section 13). With RDMA or GPU memory domains the
          * rendezvous (zero copy) stays. gvq posts its receives before the matching sends, so
          * eager data lands in them; only this context is changed (not Open MPI's). */
         if (st == UCS_OK && getenv("UCX_RNDV_THRESH") == NULL && tcp_only() &&
@@ -291,11 +291,11 @@ static void cancel_request(gvq_transport_t *t, void *r, int recv, int peer) {
 }
 
 /* The endpoints close unflushed (close_eps: the worker is not progressed again): the
- * communicator broke, was aborted, or UCX holds a request it could not call back. */
+ * communicator broke (also when UCX holds a request it could not call back: cancel_request
+ * breaks it) or was aborted. */
 static int quarantined(gvq_transport_t *t) {
     return gvq_broken_get(t->broken) != gvqSuccess ||
-           (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE)) ||
-           __atomic_load_n(&impl(t)->orphans, __ATOMIC_ACQUIRE) != 0;
+           (t->abort_flag != NULL && __atomic_load_n(t->abort_flag, __ATOMIC_ACQUIRE));
 }
 
 static gvqResult_t ucx_isend(gvq_transport_t *t, int peer, int tag, const void *buf, size_t bytes,
