@@ -194,3 +194,24 @@ def test_gradiveq_state_through_checkpoint(pg, mpi, comm):
             s3.close()
     sa.close()
     sb.close()
+
+
+def test_buckets_and_convs_draw_their_own_streams(comm):
+    """Each bucket's QSGD compressor and each GradiVeQ conv gets a random stream of its own
+    (the config's seed plus the bucket's index, or a checksum of the conv's name): with one seed
+    for all, every bucket would round its element e with the same draw (stop 52's find)."""
+    state = gvq.ddp.GvqHookState("gradiveq", comm=comm, rest="qsgd", seed=7)
+    try:
+        b0 = gvq.ddp.BucketCompressor(comm, "qsgd", [(300,)], ["w"], {"seed": 7}, "plain", 1024,
+                                      state._conv, stream=0)
+        b1 = gvq.ddp.BucketCompressor(comm, "qsgd", [(300,)], ["w"], {"seed": 7}, "plain", 1024,
+                                      state._conv, stream=1)
+        s0, s1 = (b.parts[0][3].config.seed for b in (b0, b1))
+        assert s0 != s1 and s0 == 7, (s0, s1)
+        c1, c2 = state._conv("conv1.weight", (8, 1, 3, 3)), state._conv("conv2.weight", (8, 8, 3, 3))
+        assert c1.config.seed != c2.config.seed
+        assert state._conv("conv1.weight", (8, 1, 3, 3)) is c1  # one compressor per name
+        b0.destroy()
+        b1.destroy()
+    finally:
+        state.close()
