@@ -134,6 +134,16 @@ static const layer_t *var_layer(const agg_t *a, const agg_var_t *v) {
     return v->conv >= 0 ? a->net->conv[v->conv] : &a->net->layers[v->layer];
 }
 
+/* The variable's stream number: its network layer's index and its place among that layer's
+ * variables (at most 5), so that a pipeline stage's variables get the numbers they have in the
+ * whole network. */
+static uint32_t var_stream(const agg_t *a, const agg_var_t *v) {
+    uint32_t k = 0;
+    for (const agg_var_t *u = a->vars; u < v; u++)
+        k += u->layer == v->layer;
+    return (uint32_t)v->layer * 8u + k;
+}
+
 static gvqResult_t register_var(agg_t *a, const train_opts_t *o, agg_var_t *v) {
     const layer_t *l = var_layer(a, v);
     gvqVariable_t var = GVQ_VARIABLE_INITIALIZER;
@@ -156,6 +166,10 @@ static gvqResult_t register_var(agg_t *a, const train_opts_t *o, agg_var_t *v) {
     }
     if (codec != TRAIN_CODEC_NONE) {
         agg_compressor_config(o, codec, l, &cc);
+        /* a random stream per tensor (QSGD's rounding, the integer wire's, the first Q), from
+         * --seed and the variable's place, the same on every rank: with --seed alone every
+         * layer rounded its element e with the same draw (until 2026-11-29) */
+        cc.seed = (int)(((uint32_t)o->seed * 1000003u + var_stream(a, v)) & 0x7fffffff);
         var.compressor = &cc;
     }
     return gvqTrainAddVariable(a->trainer, &var, &v->id);
