@@ -91,6 +91,11 @@ gvqResult_t gvq_ps_add_pending(gvqPs_t ps, const int64_t *idx, const char *vals,
 /* The rule on every pending slot, gradients scaled by gscale; the sums are then cleared. */
 void gvq_ps_apply_pending(gvqPs_t ps, double gscale);
 
+/* qsort's order of int64 indices, and the position of v in the ascending sorted[0..n) (or where
+ * it would go) (ps_shard.c). */
+int gvq_ps_i64_cmp(const void *a, const void *b);
+size_t gvq_ps_find_sorted(const int64_t *sorted, size_t n, int64_t v);
+
 /* ---- the served mode (ps_serve.c) ------------------------------------------------------------
  * start: at the end of gvqPsCreate (collective: it splits off the handle's own communicator).
  * stop: at destroy (waits, bounded by the timeout, for every rank's destroy) or when the

@@ -64,24 +64,6 @@ static void pull_free(pull_t *x) {
     free(x->unique), free(x->owner), free(x->pos);
 }
 
-static int i64_cmp(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Position of v in the ascending sorted[0..n) (or where it would go). */
-static size_t find_sorted(const int64_t *sorted, size_t n, int64_t v) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (sorted[mid] < v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* The unique indices, ascending, each with its owner and its place there. */
 static gvqResult_t unique_by_owner(pull_t *x, const int64_t *idx, size_t n) {
     x->unique = malloc(n * sizeof *x->unique);
@@ -89,7 +71,7 @@ static gvqResult_t unique_by_owner(pull_t *x, const int64_t *idx, size_t n) {
     x->pos = malloc(n * sizeof *x->pos);
     if (!x->unique || !x->owner || !x->pos) return gvqSystemError;
     memcpy(x->unique, idx, n * sizeof *x->unique);
-    qsort(x->unique, n, sizeof *x->unique, i64_cmp);
+    qsort(x->unique, n, sizeof *x->unique, gvq_ps_i64_cmp);
     for (size_t i = 0; i < n; i++)
         if (x->nunique == 0 || x->unique[x->nunique - 1] != x->unique[i])
             x->unique[x->nunique++] = x->unique[i];
@@ -183,7 +165,7 @@ static void scatter_rows(const pull_t *x, const int64_t *idx, void *values, size
     gvqPs_t ps = x->ps;
     size_t row_bytes = ps->row_bytes;
     for (size_t i = 0; i < n; i++) {
-        size_t j = find_sorted(x->unique, x->nunique, idx[i]);
+        size_t j = gvq_ps_find_sorted(x->unique, x->nunique, idx[i]);
         const char *src = x->owner[j] == x->rank
                               ? gvq_ps_row(ps, ps->values, x->pos[j])
                               : gvq_wire_reply_row(x->reply_in[x->owner[j]], x->pos[j], row_bytes);

@@ -121,23 +121,6 @@ static int replies_in(gvq_ps_srv_t *s, void *arg) {
     return 1;
 }
 
-static int i64_cmp(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static size_t find_sorted(const int64_t *v, size_t n, int64_t x) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (v[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 typedef struct {
     size_t m;       /* unique indices */
     int64_t *uniq;  /* ascending */
@@ -172,7 +155,7 @@ static gvqResult_t plan_pull(gvqPs_t ps, const int64_t *idx, size_t n, pull_plan
     if (!x->uniq || !x->owner || !x->pos || !x->count || !x->request || !x->reply || !x->reqs)
         return gvqSystemError;
     if (n > 0) memcpy(x->uniq, idx, n * sizeof *idx);
-    qsort(x->uniq, n, sizeof *x->uniq, i64_cmp);
+    qsort(x->uniq, n, sizeof *x->uniq, gvq_ps_i64_cmp);
     for (size_t i = 0; i < n; i++)
         if (x->m == 0 || x->uniq[x->m - 1] != x->uniq[i]) x->uniq[x->m++] = x->uniq[i];
     for (size_t i = 0; i < x->m; i++) {
@@ -282,7 +265,7 @@ gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size
     }
     pthread_mutex_unlock(&s->lock);
     for (size_t i = 0; i < n && res == gvqSuccess; i++) {
-        size_t j = find_sorted(x.uniq, x.m, idx[i]);
+        size_t j = gvq_ps_find_sorted(x.uniq, x.m, idx[i]);
         int p = x.owner[j];
         const char *src = p == s->rank ? x.own + x.pos[j] * ps->row_bytes
                                        : x.reply[p] + REPLY_HDR_BYTES + x.pos[j] * ps->row_bytes;

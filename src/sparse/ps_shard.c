@@ -1,6 +1,7 @@
 /*
  * ps_shard.c -- what every parameter-server path does to this rank's shards (gvq_ps.h): check a
- * received block of indices, add rows to the pending sums, run the rule on the pending slots.
+ * received block of indices, add rows to the pending sums, run the rule on the pending slots;
+ * and the sorted-index helpers of the pulls.
  * The synchronous calls (ps_push.c, ps_pull.c) and the served mode's thread (ps_serve.c) share
  * them, so both sum and update alike.
  */
@@ -47,4 +48,21 @@ void gvq_ps_apply_pending(gvqPs_t ps, double gscale) {
         ps->is_pending[slot] = 0;
     }
     ps->npending = 0;
+}
+
+int gvq_ps_i64_cmp(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+size_t gvq_ps_find_sorted(const int64_t *sorted, size_t n, int64_t v) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (sorted[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
