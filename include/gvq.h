@@ -923,8 +923,10 @@ GVQ_API gvqResult_t gvqPsSave(gvqPs_t ps, void *buf, size_t *size);
 
 /* Restores what gvqPsSave wrote on the same rank of a parameter server created with the same
  * rows, dim, datatype, partitions, partitioning, rule and rank count, so a restarted job
- * continues exactly. Local; all or nothing. Errors: gvqInvalidArgument (not a saved state, a
- * truncated one, or one of another shape, rank or config: the shards stay as they were). */
+ * continues exactly (with `serve`: saved at a step every rank has ended and pulled, since the
+ * pushes of steps not yet applied and the step counts are not saved). Local; all or nothing.
+ * Errors: gvqInvalidArgument (not a saved state, a truncated one, or one of another shape, rank or
+ * config: the shards stay as they were). */
 GVQ_API gvqResult_t gvqPsLoad(gvqPs_t ps, const void *buf, size_t size);
 
 /* The same, to and from a file (one per rank). Errors: gvqSystemError (I/O), as above. */

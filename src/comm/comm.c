@@ -138,6 +138,14 @@ gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn) {
     return res;
 }
 
+int gvq_comm_hold(gvqComm_t comm) {
+    gvq_handles_lock(&live);
+    int found = gvq_handles_find_locked(&live, comm) >= 0;
+    if (found) __atomic_add_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL);
+    gvq_handles_unlock(&live);
+    return found;
+}
+
 void gvq_comm_leave(gvqComm_t comm) {
     __atomic_sub_fetch(&comm->inflight, 1, __ATOMIC_ACQ_REL);
 }

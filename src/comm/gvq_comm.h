@@ -176,6 +176,10 @@ void gvq_comm_detach(gvqComm_t comm, const void *key);
  * is freed only when no call is inside. */
 gvqResult_t gvq_comm_enter(gvqComm_t comm, const char *fn);
 void gvq_comm_leave(gvqComm_t comm);
+/* Hold comm as a call does (a destroy or abort from another thread waits until
+ * gvq_comm_leave), whether it is broken or not: 1 when it is live, else 0 (nothing held). For
+ * state of a layer above that the communicator's destroy would otherwise free under it. */
+int gvq_comm_hold(gvqComm_t comm);
 
 /* ---- call signatures (signature.c) ---------------------------------------------------------
  * Every collective call agrees on its signature with the other ranks before any data moves

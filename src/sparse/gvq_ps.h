@@ -98,15 +98,21 @@ size_t gvq_ps_find_sorted(const int64_t *sorted, size_t n, int64_t v);
 
 /* ---- the served mode (ps_serve.c) ------------------------------------------------------------
  * start: at the end of gvqPsCreate (collective: it splits off the handle's own communicator).
- * stop: at destroy (waits, bounded by the timeout, for every rank's destroy) or when the
- * communicator goes first (orphaned: at once). The calls run on the caller's thread or its
- * stream; lock/unlock guard the shards against the thread (save, load, stats). */
+ * stop: at destroy (waits, bounded by the timeout, for every rank's destroy; the caller holds the
+ * communicator meanwhile) or when the communicator goes first (orphaned: at once); once. The
+ * calls run inside the communicator (gvq_comm_enter), on the caller's thread or its stream. */
 gvqResult_t gvq_ps_serve_start(gvqPs_t ps, const char *fn);
 void gvq_ps_serve_stop(gvqPs_t ps, int orphaned);
 gvqResult_t gvq_ps_serve_push(gvqPs_t ps, const int64_t *idx, const void *grads, size_t n);
 gvqResult_t gvq_ps_serve_apply(gvqPs_t ps);
 gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size_t n);
-void gvq_ps_serve_lock(gvqPs_t ps);
-void gvq_ps_serve_unlock(gvqPs_t ps);
+/* The state calls (save, load, stats): hold the handle's communicator (so that its destroy or
+ * abort, which stops the thread, waits) and lock the served state against the thread. */
+typedef struct {
+    gvqComm_t comm;
+    gvq_ps_srv_t *srv;
+} gvq_ps_pin_t;
+gvqResult_t gvq_ps_pin(gvqPs_t ps, const char *fn, gvq_ps_pin_t *pin);
+void gvq_ps_unpin(gvq_ps_pin_t *pin);
 
 #endif /* GVQ_PS_H_ */

@@ -54,6 +54,7 @@ struct gvq_ps_srv {
     gvqResult_t failed;
     inbox_t *in;
     int byes;
+    uint64_t progress; /* things that happened so far (gvq_ps_srv_progress), for the waits */
     uint64_t version;  /* steps applied here */
     uint64_t *clocked; /* per rank: steps it ended (this rank's: the caller's) */
     uint64_t calls;    /* the caller's pushes in its current step */

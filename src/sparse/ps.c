@@ -326,6 +326,11 @@ GVQ_API gvqResult_t gvqPsDestroy(gvqPs_t ps) {
         GVQ_WARN("gvqPsDestroy: ps is %s", ps == NULL ? "NULL" : "not a live parameter server");
         return gvqInvalidArgument;
     }
+    if (ps->srv != NULL) { /* served: the goodbyes, holding the communicator (its destroy or */
+        int held = comm != NULL && gvq_comm_hold(comm); /* abort waits; if it went first: */
+        gvq_ps_serve_stop(ps, !held);                   /* at once) */
+        if (held) gvq_comm_leave(comm);
+    }
     if (ps->comm != NULL) gvq_comm_detach(ps->comm, ps); /* NULL: the communicator went first */
     ps_free(ps);
     return gvqSuccess;
@@ -338,10 +343,11 @@ GVQ_API gvqResult_t gvqPsGetStats(gvqPs_t ps, gvqPsStats_t *stats) {
         return gvqInvalidArgument;
     }
     gvq_stream_comm_settle(ps->comm);
-    gvq_ps_serve_lock(ps);
+    gvq_ps_pin_t pin;
+    GVQCHECK(gvq_ps_pin(ps, "gvqPsGetStats", &pin));
     *stats = ps->stats;
     stats->pendingRows = ps->npending;
-    gvq_ps_serve_unlock(ps);
+    gvq_ps_unpin(&pin);
     return gvqSuccess;
 }
 

@@ -210,11 +210,12 @@ static gvqResult_t pull_run(void *arg) {
     const pull_args_t *a = arg;
     const char *fn = "gvqPsPull";
     int refused = gvq_ps_refuse_rows(a->ps, fn, a->indices, a->values, "values", a->n);
-    if (a->ps->srv != NULL)
-        return refused ? gvqInvalidArgument : gvq_ps_serve_pull(a->ps, a->indices, a->values, a->n);
-    GVQCHECK(gvq_comm_enter(a->ps->comm, fn));
-    gvqResult_t res = pull_entered(a->ps, a->indices, a->values, a->n, refused);
-    gvq_comm_leave(a->ps->comm);
+    gvqComm_t comm = a->ps->comm;
+    GVQCHECK(gvq_comm_enter(comm, fn));
+    gvqResult_t res = !a->ps->cfg.serve ? pull_entered(a->ps, a->indices, a->values, a->n, refused)
+                      : refused         ? gvqInvalidArgument
+                                        : gvq_ps_serve_pull(a->ps, a->indices, a->values, a->n);
+    gvq_comm_leave(comm); /* last: an abort may free the served state once it is left */
     return res;
 }
 

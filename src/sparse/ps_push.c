@@ -350,11 +350,12 @@ static gvqResult_t push_run(void *arg) {
     const push_args_t *a = arg;
     const char *fn = "gvqPsPush";
     int refused = gvq_ps_refuse_rows(a->ps, fn, a->indices, a->grads, "grads", a->n);
-    if (a->ps->srv != NULL) /* this rank's alone: a refusal concerns nobody else */
-        return refused ? gvqInvalidArgument : gvq_ps_serve_push(a->ps, a->indices, a->grads, a->n);
-    GVQCHECK(gvq_comm_enter(a->ps->comm, fn));
-    gvqResult_t res = push_entered(a->ps, a->indices, a->grads, a->n, refused);
-    gvq_comm_leave(a->ps->comm);
+    gvqComm_t comm = a->ps->comm;
+    GVQCHECK(gvq_comm_enter(comm, fn));
+    gvqResult_t res = !a->ps->cfg.serve ? push_entered(a->ps, a->indices, a->grads, a->n, refused)
+                      : refused         ? gvqInvalidArgument /* served: this rank's alone */
+                                        : gvq_ps_serve_push(a->ps, a->indices, a->grads, a->n);
+    gvq_comm_leave(comm);
     return res;
 }
 
@@ -376,7 +377,13 @@ GVQ_API gvqResult_t gvqPsPush(gvqPs_t ps, const int64_t *indices, const void *gr
 
 static gvqResult_t apply_run(void *arg) {
     gvqPs_t ps = arg;
-    if (ps->srv != NULL) return gvq_ps_serve_apply(ps);
+    if (ps->cfg.serve) {
+        gvqComm_t comm = ps->comm;
+        GVQCHECK(gvq_comm_enter(comm, "gvqPsApply"));
+        gvqResult_t res = gvq_ps_serve_apply(ps);
+        gvq_comm_leave(comm);
+        return res;
+    }
     gvq_ps_apply_pending(ps, ps->cfg.average ? 1.0 / ps->comm->nranks : 1.0);
     ps->stats.applies++;
     return gvqSuccess;

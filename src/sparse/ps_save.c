@@ -97,9 +97,10 @@ GVQ_API gvqResult_t gvqPsSave(gvqPs_t ps, void *buf, size_t *size) {
         return gvqInvalidArgument;
     }
     gvq_stream_comm_settle(ps->comm); /* pushes and applies queued on the config's stream */
-    gvq_ps_serve_lock(ps);            /* the served mode's thread applies steps */
+    gvq_ps_pin_t pin;                 /* the served mode's thread applies steps */
+    GVQCHECK(gvq_ps_pin(ps, "gvqPsSave", &pin));
     gvqResult_t res = save_locked(ps, buf, size);
-    gvq_ps_serve_unlock(ps);
+    gvq_ps_unpin(&pin);
     return res;
 }
 
@@ -223,9 +224,10 @@ GVQ_API gvqResult_t gvqPsLoad(gvqPs_t ps, const void *buf, size_t size) {
     if (ps->rule_state != NULL)
         GVQCHECK(check_rule_state(fn, ps, rows + ps->nlocal * ps->row_bytes));
     GVQCHECK(check_pending(fn, ps, rows + rows_bytes(ps), (size_t)h.npending));
-    gvq_ps_serve_lock(ps);
+    gvq_ps_pin_t pin;
+    GVQCHECK(gvq_ps_pin(ps, fn, &pin));
     restore(ps, rows, (size_t)h.npending);
-    gvq_ps_serve_unlock(ps);
+    gvq_ps_unpin(&pin);
     return gvqSuccess;
 }
 

@@ -124,27 +124,29 @@ static int push_order(const void *a, const void *b) {
  * rule once (as the synchronous server's pushes and apply). */
 static gvqResult_t advance(gvq_ps_srv_t *s) {
     gvqPs_t ps = s->ps;
-    for (;;) {
+    while (s->failed == gvqSuccess) { /* a failed server applies nothing more */
         uint64_t lowest = UINT64_MAX;
         for (int r = 0; r < s->nranks; r++)
             lowest = GVQ_MIN(lowest, s->clocked[r]);
         if (lowest <= s->version) return gvqSuccess;
         if (s->npushes > 1) qsort(s->pushes, s->npushes, sizeof *s->pushes, push_order);
         size_t done = 0;
-        for (; done < s->npushes && s->pushes[done].step == s->version; done++) {
-            kept_push_t *k = &s->pushes[done];
-            GVQCHECK(gvq_ps_add_pending(ps, gvq_wire_block_indices(k->block),
-                                        gvq_wire_block_values(k->block, k->n), k->n));
+        gvqResult_t res = gvqSuccess;
+        while (done < s->npushes && s->pushes[done].step == s->version && res == gvqSuccess) {
+            kept_push_t *k = &s->pushes[done++];
+            res = gvq_ps_add_pending(ps, gvq_wire_block_indices(k->block),
+                                     gvq_wire_block_values(k->block, k->n), k->n);
             free(k->block);
-            k->block = NULL;
         }
         if (done > 0) {
             memmove(s->pushes, s->pushes + done, (s->npushes - done) * sizeof *s->pushes);
             s->npushes -= done;
         }
+        if (res != gvqSuccess) return res; /* the caller fails the server */
         gvq_ps_apply_pending(ps, ps->cfg.average ? 1.0 / s->nranks : 1.0);
         s->version++;
     }
+    return gvqSuccess;
 }
 
 /* The reply to a pull of n indices (held here, checked): {status, version} + rows. */
@@ -166,13 +168,13 @@ static gvqResult_t reply_pull(gvq_ps_srv_t *s, int src, int64_t status, const in
     return gvq_ps_srv_send_owned(s, src, s->tag_rep, r, bytes);
 }
 
-/* Answer the kept pulls whose version has come. */
+/* Answer the kept pulls whose version has come; a failed server refuses every one at once. */
 static gvqResult_t answer_pulls(gvq_ps_srv_t *s) {
     size_t kept = 0;
     gvqResult_t res = gvqSuccess;
     for (size_t i = 0; i < s->npulls; i++) {
         kept_pull_t *p = &s->pulls[i];
-        if (p->need > s->version || res != gvqSuccess) {
+        if ((p->need > s->version && s->failed == gvqSuccess) || res != gvqSuccess) {
             s->pulls[kept++] = *p;
             continue;
         }
@@ -216,8 +218,11 @@ static void take_header(gvq_ps_srv_t *s, int p) {
         s->byes++;
         return;
     } else if (op == OP_PUSH || op == OP_PULL) {
+        /* a push belongs to its sender's current step; a pull asks for no step its sender has
+         * not ended (its step ends came before it, on the same tag) */
         if (n < 1 || (uint64_t)n > s->ps->nlocal || a < 0 || b->hdr[3] < 0 ||
-            (op == OP_PUSH && (uint64_t)a != s->clocked[p]))
+            (op == OP_PUSH && (uint64_t)a != s->clocked[p]) ||
+            (op == OP_PULL && (uint64_t)a > s->clocked[p]))
             return deafen(s, p, gvqRemoteError, "a request of a malformed size or step");
         b->body_bytes = gvq_wire_block_bytes((size_t)n, row_bytes);
         b->body = malloc(b->body_bytes);
@@ -309,7 +314,9 @@ int gvq_ps_srv_progress(gvq_ps_srv_t *s) {
                  gvqGetErrorString(res));
         gvq_ps_srv_fail(s, res);
     }
-    return events + (s->version != version);
+    events += s->version != version;
+    s->progress += (uint64_t)events; /* the waits' "no progress" clock restarts on it */
+    return events;
 }
 
 static void *serve_main(void *arg) {
@@ -332,9 +339,13 @@ static void *serve_main(void *arg) {
  * return. */
 gvqResult_t gvq_ps_srv_wait(gvq_ps_srv_t *s, const char *fn, int (*done)(gvq_ps_srv_t *, void *),
                             void *arg, const char *what) {
-    uint64_t start = 0;
+    uint64_t start = 0, seen = s->progress;
     for (;;) {
-        if (gvq_ps_srv_progress(s)) start = 0;
+        gvq_ps_srv_progress(s);
+        if (s->progress != seen) { /* this poll's or the thread's: either restarts the clock */
+            seen = s->progress;
+            start = 0;
+        }
         if (done(s, arg)) return gvqSuccess;
         gvqComm_t comm = s->ps->comm;
         if (comm != NULL && __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
@@ -432,9 +443,8 @@ static int all_said_bye(gvq_ps_srv_t *s, void *arg) {
 }
 
 void gvq_ps_serve_stop(gvqPs_t ps, int orphaned) {
-    gvq_ps_srv_t *s = ps->srv;
+    gvq_ps_srv_t *s = __atomic_exchange_n(&ps->srv, NULL, __ATOMIC_ACQ_REL); /* stops once */
     if (s == NULL) return;
-    ps->srv = NULL;
     int clean = 0; /* every rank said goodbye: the duplicate may close as usual */
     if (s->started) {
         pthread_mutex_lock(&s->lock);
@@ -454,10 +464,18 @@ void gvq_ps_serve_stop(gvqPs_t ps, int orphaned) {
         __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
         pthread_join(s->thread, NULL);
     }
+    /* after every goodbye no peer sends again: the receives still posted wait for nothing. Else
+     * a transport that may still finish a matched receive after its cancel (MPI) keeps its
+     * buffers: left to the process's end, never freed under it. */
+    int keep_recv = !clean && s->t != NULL && s->t->cancel_keeps_buffers;
     for (int p = 0; p < s->nranks && s->in != NULL && s->t != NULL; p++) {
         inbox_t *b = &s->in[p];
         if (b->req.active) s->t->ops->cancel(s->t, &b->req);
-        gvq_ps_srv_lose(s, b->body);
+        if (!keep_recv) gvq_ps_srv_lose(s, b->body);
+    }
+    if (keep_recv) {
+        s->in = NULL; /* the headers' buffers */
+        s->nlost = 0; /* the abandoned replies' */
     }
     for (size_t i = 0; i < s->nout && s->t != NULL; i++) {
         if (s->out[i].req.active) s->t->ops->cancel(s->t, &s->out[i].req);
@@ -467,16 +485,27 @@ void gvq_ps_serve_stop(gvqPs_t ps, int orphaned) {
     }
     s->nout = 0;
     if (s->dup != NULL) {
-        if (!clean) gvqCommAbort(s->dup); /* peers may still send: never freed under them */
-        gvqCommDestroy(s->dup);
+        if (!clean)
+            gvqCommAbort(s->dup); /* peers may still send: never freed under them (it frees) */
+        else
+            gvqCommDestroy(s->dup);
     }
     srv_free(s);
 }
 
-void gvq_ps_serve_lock(gvqPs_t ps) {
-    if (ps->srv != NULL) pthread_mutex_lock(&ps->srv->lock);
+gvqResult_t gvq_ps_pin(gvqPs_t ps, const char *fn, gvq_ps_pin_t *pin) {
+    gvqComm_t comm = ps->comm;
+    if (comm == NULL || !gvq_comm_hold(comm)) {
+        GVQ_WARN("%s: the parameter server's communicator was destroyed or aborted", fn);
+        return gvqInvalidArgument;
+    }
+    pin->comm = comm;
+    pin->srv = ps->srv; /* fixed while the communicator is held: only its destroy stops it */
+    if (pin->srv != NULL) pthread_mutex_lock(&pin->srv->lock);
+    return gvqSuccess;
 }
 
-void gvq_ps_serve_unlock(gvqPs_t ps) {
-    if (ps->srv != NULL) pthread_mutex_unlock(&ps->srv->lock);
+void gvq_ps_unpin(gvq_ps_pin_t *pin) {
+    if (pin->srv != NULL) pthread_mutex_unlock(&pin->srv->lock);
+    gvq_comm_leave(pin->comm);
 }

@@ -2,7 +2,9 @@
  * ps_serve_call.c -- a rank's own calls on a served parameter server (gvq_ps_serve.h; the protocol
  * is in ps_serve.c): push (merge, a block to each owner, its own rows kept at once), apply (this
  * rank's step ends: a clock to every rank) and pull (the indices to their owners, its own rows
- * read once its own shards reached the step asked for, the replies checked).
+ * read once its own shards reached the step asked for, the replies checked). Each runs inside
+ * the communicator (ps_push.c and ps_pull.c enter it), so that its destroy or abort, which stops
+ * the thread and frees this state, waits until the call is out.
  */
 #include <stdlib.h>
 
@@ -35,7 +37,6 @@ gvqResult_t gvq_ps_serve_push(gvqPs_t ps, const int64_t *idx, const void *grads,
         int p = owner[i];
         gvq_wire_block_put(block[p], count[p], at[p]++, midx[i], mval + i * rb, rb);
     }
-    if (res == gvqSuccess) res = gvq_comm_enter(ps->comm, fn);
     if (res == gvqSuccess) {
         pthread_mutex_lock(&s->lock);
         res = gvq_ps_srv_refuse_failed(s, fn);
@@ -63,7 +64,6 @@ gvqResult_t gvq_ps_serve_push(gvqPs_t ps, const int64_t *idx, const void *grads,
         ps->stats.pushes += res == gvqSuccess;
         gvq_ps_srv_progress(s);
         pthread_mutex_unlock(&s->lock);
-        gvq_comm_leave(ps->comm);
     }
     for (int p = 0; p < N && block != NULL; p++)
         free(block[p]);
@@ -74,7 +74,6 @@ gvqResult_t gvq_ps_serve_push(gvqPs_t ps, const int64_t *idx, const void *grads,
 gvqResult_t gvq_ps_serve_apply(gvqPs_t ps) {
     const char *fn = "gvqPsApply";
     gvq_ps_srv_t *s = ps->srv;
-    GVQCHECK(gvq_comm_enter(ps->comm, fn));
     pthread_mutex_lock(&s->lock);
     gvqResult_t res = gvq_ps_srv_refuse_failed(s, fn);
     uint64_t step = s->clocked[s->rank];
@@ -90,7 +89,6 @@ gvqResult_t gvq_ps_serve_apply(gvqPs_t ps) {
         gvq_ps_srv_fail(s, res);
     }
     pthread_mutex_unlock(&s->lock);
-    gvq_comm_leave(ps->comm);
     return res;
 }
 
@@ -100,12 +98,14 @@ typedef struct {
     int n;
 } pull_wait_t;
 
+/* Both waits end when the handle failed meanwhile (the pull then reports it). */
 static int version_reached(gvq_ps_srv_t *s, void *arg) {
-    return s->version >= ((pull_wait_t *)arg)->need;
+    return s->version >= ((pull_wait_t *)arg)->need || s->failed != gvqSuccess;
 }
 
 static int replies_in(gvq_ps_srv_t *s, void *arg) {
     pull_wait_t *w = arg;
+    if (s->failed != gvqSuccess) return 1;
     for (int p = 0; p < w->n; p++) {
         if (!w->reqs[p].active) continue;
         int done = 0;
@@ -206,14 +206,18 @@ static gvqResult_t read_own(gvq_ps_srv_t *s, pull_plan_t *x) {
     return gvqSuccess;
 }
 
-/* Give up on the replies still under way (their buffers wait for the transport's end). */
-static void abandon_replies(gvq_ps_srv_t *s, pull_plan_t *x) {
+/* Give up on the replies still under way (their buffers wait for the transport's end); returns
+ * how many. */
+static int abandon_replies(gvq_ps_srv_t *s, pull_plan_t *x) {
+    int n = 0;
     for (int p = 0; p < s->nranks; p++) {
         if (!x->reqs[p].active) continue;
         s->t->ops->cancel(s->t, &x->reqs[p]);
         gvq_ps_srv_lose(s, x->reply[p]);
         x->reply[p] = NULL;
+        n++;
     }
+    return n;
 }
 
 static gvqResult_t check_replies(gvq_ps_srv_t *s, const pull_plan_t *x, uint64_t need) {
@@ -240,7 +244,6 @@ gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size
     gvq_ps_srv_t *s = ps->srv;
     pull_plan_t x = {0};
     gvqResult_t res = plan_pull(ps, idx, n, &x);
-    if (res == gvqSuccess) res = gvq_comm_enter(ps->comm, fn);
     if (res != gvqSuccess) {
         plan_free(&x, s->nranks);
         return res;
@@ -257,12 +260,11 @@ gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size
     if (res == gvqSuccess) res = gvq_ps_srv_wait(s, fn, replies_in, &w, "the owners' replies");
     if (res == gvqSuccess) res = gvq_ps_srv_refuse_failed(s, fn);
     if (res == gvqSuccess) res = check_replies(s, &x, need);
-    if (res != gvqSuccess) {
-        abandon_replies(s, &x);
+    /* a refusal (every reply in) fails the call; replies given up on, a timeout or an abort
+     * fail the handle */
+    if (res != gvqSuccess && (abandon_replies(s, &x) > 0 || res != gvqRemoteError))
         gvq_ps_srv_fail(s, res == gvqInvalidArgument ? gvqRemoteError : res);
-    } else {
-        ps->stats.pulls++;
-    }
+    if (res == gvqSuccess) ps->stats.pulls++;
     pthread_mutex_unlock(&s->lock);
     for (size_t i = 0; i < n && res == gvqSuccess; i++) {
         size_t j = gvq_ps_find_sorted(x.uniq, x.m, idx[i]);
@@ -272,7 +274,6 @@ gvqResult_t gvq_ps_serve_pull(gvqPs_t ps, const int64_t *idx, void *values, size
         memcpy((char *)values + i * ps->row_bytes, src, ps->row_bytes);
     }
     plan_free(&x, s->nranks);
-    gvq_comm_leave(ps->comm); /* last: an abort may free the handle's state once it is left */
     return res;
 }
 
