@@ -301,7 +301,9 @@ static int rides_along(const gvq_op_t *o, const gvq_call_sig_t *sig, gvq_signed_
         rounds++;
     size_t x = gvq_rd_signed_bytes(pay, o->comm->nranks) * (size_t)rounds;
     int whole = o->kind == GVQ_OP_REDUCE_SCATTER || o->kind == GVQ_OP_ALLGATHER;
-    return x <= max && x <= (whole ? (size_t)SIGNED_WHOLE_BYTES : (size_t)GVQ_SIGNED_MAX_BYTES);
+    int ride = x <= max && x <= (whole ? (size_t)SIGNED_WHOLE_BYTES : (size_t)GVQ_SIGNED_MAX_BYTES);
+    if (ride) gvq_select_report_ride(o->kind, bytes, o->comm->nranks);
+    return ride;
 }
 
 /* ---- point-to-point on CUDA buffers: staged through pinned host memory ----------------------

@@ -33,6 +33,9 @@ typedef enum {
 gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqDataType_t dtype,
                            int fifo, int staged, int one_host, int hier);
 const char *gvq_algo_name(gvq_algo_t a);
+/* Reports at INFO, the first time for each collective, that a call of `kind` rode along with
+ * the call agreement (collectives.c rides_along; reducescatter, allgather, broadcast, reduce). */
+void gvq_select_report_ride(gvq_op_kind_t kind, size_t bytes, int nranks);
 /* What GVQ_ALGO names for a collective of `kind` (GVQ_ALGO_AUTO: nothing). */
 gvq_algo_t gvq_select_forced(gvq_op_kind_t kind);
 /* Replace GVQ_ALGO's setting with spec (same syntax; NULL: the environment's again). For tests;

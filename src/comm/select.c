@@ -139,6 +139,7 @@ static const select_row_t table[] = {
 
 static gvq_algo_t forced[NCOLL]; /* GVQ_ALGO; GVQ_ALGO_AUTO: the table */
 static int reported[NCOLL][GVQ_ALGO_COUNT];
+static int rode[NCOLL]; /* gvq_select_report_ride */
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
 const char *gvq_algo_name(gvq_algo_t a) {
@@ -245,4 +246,13 @@ gvq_algo_t gvq_select_algo(gvq_op_kind_t kind, int nranks, size_t bytes, gvqData
                           : "the size table",
                  bytes, nranks);
     return a;
+}
+
+void gvq_select_report_ride(gvq_op_kind_t kind, size_t bytes, int nranks) {
+    if ((int)kind < 0 || (int)kind >= NCOLL) return;
+    if (!__atomic_load_n(&rode[kind], __ATOMIC_RELAXED) &&
+        __atomic_exchange_n(&rode[kind], 1, __ATOMIC_RELAXED) == 0)
+        GVQ_INFO("%s: rides along with the call agreement (its vector in one recursive-doubling "
+                 "exchange; first at %zu bytes on %d ranks)",
+                 coll_names[kind], bytes, nranks);
 }

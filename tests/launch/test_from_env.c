@@ -1,7 +1,9 @@
 /*
  * test_from_env.c -- a job started without mpirun (scripts/gvq-launch.sh sets what torchrun or
  * srun sets): gvqCommInitFromEnv, then the plain collectives, gvqSend/gvqRecv and a compressed
- * allreduce, each checked against values computed here from the definition.
+ * allreduce, each checked against values computed here from the definition; small calls of
+ * every collective in several datatypes and ops (across hosts they ride along with the call
+ * agreement).
  *
  * The inputs are small integers, so every float sum is exact and the expected result is known
  * without gvq. The compressed results (QSGD on the float and the 8-bit integer wire, the tracked
@@ -66,6 +68,90 @@ static void test_plain(gvqComm_t comm, int n) {
     CHECK(bad == 0, "reduce-scatter: %zu wrong", bad);
     free(x);
     free(y);
+}
+
+/* ---- small calls of every collective: across hosts (no shared memory) reduce-scatter,
+ * allgather, broadcast and reduce of a few KiB ride along with the call agreement (one
+ * recursive-doubling exchange of their vector, src/comm/collectives.c); larger ones do not.
+ * Integer, double and float elements, every op whose results the small integers keep exact. */
+static void put(gvqDataType_t dt, void *buf, size_t i, double v) {
+    if (dt == gvqInt32)
+        ((int32_t *)buf)[i] = (int32_t)v;
+    else if (dt == gvqFloat64)
+        ((double *)buf)[i] = v;
+    else
+        ((float *)buf)[i] = (float)v;
+}
+
+static double get(gvqDataType_t dt, const void *buf, size_t i) {
+    return dt == gvqInt32     ? ((const int32_t *)buf)[i]
+           : dt == gvqFloat64 ? ((const double *)buf)[i]
+                              : ((const float *)buf)[i];
+}
+
+/* element i of the op over every rank's val(r, i) */
+static double reduced(gvqRedOp_t op, int n, size_t i) {
+    double a = val(0, i);
+    for (int r = 1; r < n; r++) {
+        double b = val(r, i);
+        a = op == gvqSum    ? a + b
+            : op == gvqProd ? a * b
+            : op == gvqMax  ? (a > b ? a : b)
+                            : (a < b ? a : b);
+    }
+    return a;
+}
+
+static void small_case(gvqComm_t comm, int n, gvqDataType_t dt, gvqRedOp_t op, size_t per) {
+    size_t es = dt == gvqFloat64 ? 8 : 4, all = per * (size_t)n;
+    char *x = malloc(all * es), *y = malloc(all * es);
+    CHECK(x != NULL && y != NULL, "out of memory");
+    size_t bad = 0;
+    /* reduce-scatter: block `rank` of the op over every rank's whole vector */
+    for (size_t i = 0; i < all; i++)
+        put(dt, x, i, val(rank, i));
+    GVQ(gvqReduceScatter(x, y, per, dt, op, comm, NULL));
+    for (size_t i = 0; i < per; i++)
+        bad += get(dt, y, i) != reduced(op, n, (size_t)rank * per + i);
+    CHECK(bad == 0, "reducescatter dtype %d op %d of %zu: %zu wrong", dt, op, per, bad);
+    /* allgather: every rank's block in rank order */
+    GVQ(gvqAllGather(x, y, per, dt, comm, NULL));
+    bad = 0;
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < per; i++)
+            bad += get(dt, y, (size_t)r * per + i) != val(r, i);
+    CHECK(bad == 0, "allgather dtype %d of %zu: %zu wrong", dt, per, bad);
+    /* reduce to the middle rank, broadcast from rank 0 (the whole vector of per * n) */
+    int root = (n - 1) / 2;
+    for (size_t i = 0; i < all; i++)
+        put(dt, y, i, -99);
+    GVQ(gvqReduce(x, rank == root ? y : NULL, all, dt, op, root, comm, NULL));
+    bad = 0;
+    for (size_t i = 0; rank == root && i < all; i++)
+        bad += get(dt, y, i) != reduced(op, n, i);
+    CHECK(bad == 0, "reduce dtype %d op %d of %zu to %d: %zu wrong", dt, op, all, root, bad);
+    for (size_t i = 0; i < all; i++)
+        put(dt, y, i, rank == 0 ? val(0, i) : -99);
+    GVQ(gvqBroadcast(y, y, all, dt, 0, comm, NULL));
+    bad = 0;
+    for (size_t i = 0; i < all; i++)
+        bad += get(dt, y, i) != val(0, i);
+    CHECK(bad == 0, "broadcast dtype %d of %zu: %zu wrong", dt, all, bad);
+    free(x);
+    free(y);
+}
+
+static void test_small(gvqComm_t comm, int n) {
+    static const struct {
+        gvqDataType_t dt;
+        gvqRedOp_t op;
+    } cases[] = {{gvqInt32, gvqSum},   {gvqInt32, gvqProd},  {gvqInt32, gvqMax},
+                 {gvqInt32, gvqMin},   {gvqFloat64, gvqSum}, {gvqFloat64, gvqMax},
+                 {gvqFloat32, gvqMin}, {gvqFloat32, gvqProd}};
+    static const size_t pers[] = {1, 3, 37, 300}; /* 300 float64s per rank: too large to ride */
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (size_t k = 0; k < sizeof pers / sizeof pers[0]; k++)
+            small_case(comm, n, cases[c].dt, cases[c].op, pers[k]);
 }
 
 static void test_p2p(gvqComm_t comm, int n) {
@@ -173,6 +259,7 @@ int main(int argc, char **argv) {
     GVQ(gvqCommUserRank(comm, &rank));
     GVQ(gvqCommCount(comm, &n));
     test_plain(comm, n);
+    test_small(comm, n);
     test_p2p(comm, n);
     test_compressed(comm, n);
     GVQ(gvqCommDestroy(comm));
