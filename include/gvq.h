@@ -933,6 +933,34 @@ GVQ_API gvqResult_t gvqPsLoad(gvqPs_t ps, const void *buf, size_t size);
 GVQ_API gvqResult_t gvqPsSaveFile(gvqPs_t ps, const char *path);
 GVQ_API gvqResult_t gvqPsLoadFile(gvqPs_t ps, const char *path);
 
+/* Keeps a commit of this rank's shards (values, momentum or Adagrad accumulators) in memory,
+ * on this rank and on the next one (rank + 1 mod N), replacing the previous commit once every
+ * copy arrived: the rows of any one lost rank survive in its neighbour's memory, at the cost of
+ * twice the shards' memory per rank and one transfer of each rank's shards. Collective; between
+ * a gvqPsApply and the next push (rows pushed and not applied are refused on every rank alike);
+ * with `serve`, after the same number of gvqPsApply calls on every rank, and it waits for the
+ * shards here to apply them. Blocking (a config's host stream is drained first).
+ * Errors: gvqInvalidArgument (bad handle; ranks with different commit or step counts),
+ * gvqInvalidUsage (rows pushed since the last apply, inside a group), gvqTimeout,
+ * gvqRemoteError, gvqSystemError. */
+GVQ_API gvqResult_t gvqPsCommit(gvqPs_t ps);
+
+/* Creates a parameter server on comm, as gvqPsCreate(comm, rows, dim, datatype, config, out),
+ * holding the rows of `from`'s last commit: a server of the ranks' former communicator (from
+ * may have lost it: destroyed, aborted or broken), or NULL on a process that had none (a
+ * newcomer of gvqCommGrow). comm is any communicator of surviving and new processes
+ * (gvqCommShrink, gvqCommGrow, gvqCommInitRank); its size, partitions and partitioning may
+ * differ from the old server's. A former rank q's rows come from q itself or, when q is not in
+ * comm, from the copy its next rank kept. The new server keeps the recovered rows as its
+ * commit. Collective over comm; every rank returns the same result, and none returns before
+ * every rank holds its rows. `from` stays as it was: destroy it.
+ * Errors: gvqRemoteError (a former rank and the next one both missing: their rows are lost; a
+ * rank whose rows did not arrive whole), gvqInvalidUsage (no rank with a commit, commits of
+ * different serials or sizes, two ranks claiming one former rank, a `from` of another shape or
+ * without a commit), gvqPsCreate's errors, gvqTimeout, gvqSystemError. */
+GVQ_API gvqResult_t gvqPsRecover(gvqPs_t from, gvqComm_t comm, size_t rows, size_t dim,
+                                 gvqDataType_t datatype, const gvqPsConfig_t *config, gvqPs_t *out);
+
 /* ---- partition tuning ------------------------------------------------------------------------ */
 
 #define GVQ_PS_TUNE_CONFIG_MAGIC 0x67767174u /* 'gvqt' */

@@ -80,7 +80,7 @@ void gvq_rule_apply_params(int rule, double lr, double mu, double eps, double gs
  * communicator (the pair's message order is lost) and returns gvqRemoteError. Rows inside a
  * block are not checked here: the caller validates them before using them. */
 #define GVQ_SX_MAGIC 0x5350415253453147ll /* "SPARSE1G"; a header carries it xor the kind */
-enum { GVQ_SX_PUSH_LOCAL = 1, GVQ_SX_PUSH = 2, GVQ_SX_PULL = 3 }; /* kinds of exchange */
+enum { GVQ_SX_PUSH_LOCAL = 1, GVQ_SX_PUSH = 2, GVQ_SX_PULL = 3, GVQ_SX_MOVE = 4 }; /* kinds */
 
 typedef struct {
     int64_t status; /* 0 ok; 1 the sender refused its own input (nrows is then 0) */

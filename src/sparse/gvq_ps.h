@@ -9,6 +9,8 @@
  *   ps_tune.c   the partition tuner's driver
  *   ps_serve.c  the served mode (config `serve`): a thread per handle answers at any time
  *   ps_shard.c  what every path does to this rank's shards: check indices, sum, run the rule
+ *   ps_commit.c commits (each rank's rows also kept by the next rank) and the recovery from
+ *               them onto a shrunk or grown communicator
  *
  * The shards are colocated with the workers: shard s lives on rank s mod N, and each rank keeps
  * its shards' rows in one array of slots (gvq_part_t maps row -> rank, slot). A slot with a
@@ -43,6 +45,18 @@ typedef struct {
 
 typedef struct gvq_ps_srv gvq_ps_srv_t;
 
+/* gvqPsCommit's copies (ps_commit.c): this rank's rows and those of the rank before it, as
+ * records (a row's values, then its rule state), in slot order. */
+typedef struct {
+    uint64_t serial; /* commits taken, the same on every rank; 0: none */
+    int nranks;      /* the communicator's size at the commit */
+    int own_rank;    /* this rank's rank in it */
+    char *own;       /* the rows of own_rank */
+    char *buddy;     /* the rows of rank buddy_of = (own_rank - 1) mod nranks */
+    int buddy_of;    /* -1: none (one rank) */
+} gvq_ps_commit_t;
+void gvq_ps_commit_free(gvq_ps_commit_t *c); /* (ps.c) frees the copies; no commit after */
+
 struct gvqPs {
     uint32_t magic;
     gvqComm_t comm;
@@ -61,7 +75,8 @@ struct gvqPs {
     int hosts, leader;  /* distinct hosts; the lowest rank of this rank's host */
     uint8_t *same_host; /* per rank: on this rank's host */
     gvqPsStats_t stats;
-    gvq_ps_srv_t *srv; /* the served mode's state and thread (ps_serve.c); NULL: synchronous */
+    gvq_ps_srv_t *srv;      /* the served mode's state and thread (ps_serve.c); NULL: synchronous */
+    gvq_ps_commit_t commit; /* the last gvqPsCommit (ps_commit.c) */
 };
 
 /* Row `slot` of one of the handle's row arrays. */
@@ -71,6 +86,9 @@ static inline char *gvq_ps_row(const struct gvqPs *ps, char *rows, uint64_t slot
 
 /* Whether ps is a live parameter server (never dereferences a destroyed one). */
 int gvq_ps_live(gvqPs_t ps);
+/* Whether ps is a parameter server not yet destroyed, live or orphaned (its communicator gone:
+ * gvqPsRecover still reads its commit). */
+int gvq_ps_known(gvqPs_t ps);
 
 /* The checks of push and pull that do not depend on the rows: a live handle (gvqInvalidArgument)
  * outside a group (gvqInvalidUsage), with a WARN naming fn. */

@@ -27,6 +27,13 @@ static gvq_handles_t live_servers = GVQ_HANDLES_INITIALIZER;
 
 /* A server whose communicator was destroyed or aborted is orphaned (comm = NULL, by the
  * attachment below): every call but gvqPsDestroy refuses it. */
+int gvq_ps_known(gvqPs_t ps) {
+    gvq_handles_lock(&live_servers);
+    int found = gvq_handles_find_locked(&live_servers, ps) >= 0;
+    gvq_handles_unlock(&live_servers);
+    return found;
+}
+
 int gvq_ps_live(gvqPs_t ps) {
     gvq_handles_lock(&live_servers);
     int found = gvq_handles_find_locked(&live_servers, ps) >= 0,
@@ -187,6 +194,12 @@ static void init_slots(gvqPs_t ps) {
 
 /* ---- create / destroy ------------------------------------------------------------------------ */
 
+void gvq_ps_commit_free(gvq_ps_commit_t *c) {
+    free(c->own);
+    free(c->buddy);
+    *c = (gvq_ps_commit_t){.buddy_of = -1};
+}
+
 static void ps_free(gvqPs_t ps) {
     if (ps == NULL) return;
     gvq_ps_serve_stop(ps, ps->comm == NULL);
@@ -197,6 +210,7 @@ static void ps_free(gvqPs_t ps) {
     free(ps->is_pending);
     free(ps->pending_slots);
     free(ps->same_host);
+    gvq_ps_commit_free(&ps->commit);
     ps->magic = 0;
     free(ps);
 }

@@ -15,6 +15,10 @@
  *            gvqRemoteError, then shrinks again with GVQ_SHRINK_NO_QUORUM. The stopped rank is
  *            resumed afterwards and its own shrink must fail: it must not go on alone.
  *
+ * A parameter server commits before the shrink (exclude, stall-ps); the survivors recover it on
+ * their communicator (gvqPsRecover) and, in exclude, the grown one with the newcomers: the rows
+ * pulled whole afterwards must be the commit's, bit for bit.
+ *
  * Expected values come from the definition (which parent ranks remain), never from gvq.
  */
 #include <pthread.h>
@@ -75,6 +79,64 @@ static void check_members(gvqComm_t c, int parent_rank, const int *members, int 
     free(y);
 }
 
+/* ---- a parameter server's rows through the shrink and the grow (gvqPsCommit, gvqPsRecover):
+ * committed after three steps of gradients that are multiples of 1/8 and pulled whole by every
+ * rank; the server recovered on the new communicator must hold that table bit for bit, whichever
+ * ranks are gone (a lost rank's rows come from the copy its next rank kept). */
+#define PS_ROWS 1024
+#define PS_DIM 8
+
+static gvqPsConfig_t ps_config(void) {
+    gvqPsConfig_t cfg = GVQ_PS_CONFIG_INITIALIZER;
+    cfg.rule = gvqPsMomentum;
+    cfg.learningRate = 0.125;
+    cfg.init = gvqPsInitUniform;
+    cfg.seed = 3;
+    return cfg;
+}
+
+static void ps_pull_all(gvqPs_t ps, float *table) {
+    int64_t *all = malloc(PS_ROWS * sizeof *all);
+    for (int64_t i = 0; i < PS_ROWS; i++)
+        all[i] = i;
+    MT_OK(gvqPsPull(ps, all, table, PS_ROWS));
+    free(all);
+}
+
+static gvqPs_t ps_committed(gvqComm_t comm, float *table) {
+    gvqPsConfig_t cfg = ps_config();
+    gvqPs_t ps = NULL;
+    MT_OK(gvqPsCreate(comm, PS_ROWS, PS_DIM, gvqFloat32, &cfg, &ps));
+    if (ps == NULL) return NULL;
+    int64_t idx[32];
+    float g[32 * PS_DIM];
+    for (int s = 0; s < 3; s++) {
+        for (int i = 0; i < 32; i++) {
+            idx[i] = (i * 37 + mt.rank * 11 + s) % PS_ROWS;
+            for (int j = 0; j < PS_DIM; j++)
+                g[i * PS_DIM + j] = (float)((i + j + mt.rank + s) % 17 - 8) / 8.0f;
+        }
+        MT_OK(gvqPsPush(ps, idx, g, 32));
+        MT_OK(gvqPsApply(ps));
+    }
+    MT_OK(gvqPsCommit(ps));
+    ps_pull_all(ps, table);
+    return ps;
+}
+
+static gvqPs_t ps_recovered(gvqPs_t from, gvqComm_t nc, const float *table, const char *what) {
+    gvqPsConfig_t cfg = ps_config();
+    gvqPs_t ps = NULL;
+    MT_OK(gvqPsRecover(from, nc, PS_ROWS, PS_DIM, gvqFloat32, &cfg, &ps));
+    if (ps == NULL) return NULL;
+    float *t = malloc(PS_ROWS * PS_DIM * sizeof *t);
+    ps_pull_all(ps, t);
+    MT_CHECK(memcmp(t, table, PS_ROWS * PS_DIM * sizeof *t) == 0,
+             "%s: the recovered parameter server's rows differ from the commit's", what);
+    free(t);
+    return ps;
+}
+
 static void bad_arguments(gvqComm_t comm) {
     gvqComm_t nc = (gvqComm_t)0x1;
     int self = mt.rank, out = mt.nranks;
@@ -101,12 +163,17 @@ static void scenario_exclude(void) {
         if (!out) members[m++] = p;
         if (out && p == mt.rank) in = 0;
     }
+    mt_part("exclude: a parameter server commits", 60);
+    float *table = malloc(PS_ROWS * PS_DIM * sizeof *table);
+    gvqPs_t ps0 = ps_committed(comm, table), psn = NULL, psg = NULL;
     mt_part("exclude: the survivors shrink", 60);
     gvqComm_t nc = NULL;
+    if (!in && ps0 != NULL) MT_OK(gvqPsDestroy(ps0)); /* the left-out lose their rows */
     if (in) {
         MT_OK(gvqCommShrink(comm, excl, ne, &nc, NULL, GVQ_SHRINK_DEFAULT));
         MT_CHECK(nc != NULL, "no communicator from the shrink");
         if (nc != NULL) {
+            psn = ps_recovered(ps0, nc, table, "exclude");
             check_members(nc, mt.rank, members, m, 1, "exclude");
             check_members(nc, mt.rank, members, m, 100003, "exclude");
             if (m >= 2) { /* again, less the new rank 0: the shrunk communicator's own spare */
@@ -151,8 +218,13 @@ static void scenario_exclude(void) {
     }
     if (grown != NULL) {
         check_members(grown, mt.rank, order, n, 100003, "grown");
+        psg = ps_recovered(psn, grown, table, "grown"); /* newcomers: NULL, rows sent to them */
+        if (psg != NULL) MT_OK(gvqPsDestroy(psg));
         MT_OK(gvqCommDestroy(grown));
     }
+    if (psn != NULL) MT_OK(gvqPsDestroy(psn));
+    if (in && ps0 != NULL) MT_OK(gvqPsDestroy(ps0));
+    free(table);
     if (nc != NULL) MT_OK(gvqCommDestroy(nc));
     mt_part("exclude: destroy", 60);
     MT_OK(gvqCommDestroy(comm));
@@ -203,10 +275,10 @@ static void scenario_stall(int kind) {
     cl->kind = kind;
     for (int i = 0; i < 64; i++)
         cl->idx[i] = (i * 37 + mt.rank) % 1024;
-    if (kind == 1) {
-        gvqPsConfig_t pcfg = GVQ_PS_CONFIG_INITIALIZER;
-        MT_OK(gvqPsCreate(comm, 1024, 8, gvqFloat32, &pcfg, &cl->ps));
-    } else if (kind == 2) {
+    float *table = malloc(PS_ROWS * PS_DIM * sizeof *table);
+    if (kind == 1) /* committed first: the survivors recover its rows after the shrink */
+        cl->ps = ps_committed(comm, table);
+    else if (kind == 2) {
         gvqCompressorConfig_t ccfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
         ccfg.codec = gvqCodecQsgd;
         ccfg.qsgdBits = 4;
@@ -237,6 +309,10 @@ static void scenario_stall(int kind) {
         if (nc != NULL) {
             check_members(nc, mt.rank, members, m, 1, "stall");
             check_members(nc, mt.rank, members, m, BIG + 3, "stall");
+            if (kind == 1) { /* the stopped rank's rows from the copy its next rank kept */
+                gvqPs_t r = ps_recovered(cl->ps, nc, table, "stall-ps");
+                if (r != NULL) MT_OK(gvqPsDestroy(r));
+            }
             MT_OK(gvqCommDestroy(nc));
         }
         MT_OK(gvqCommDestroy(comm));
@@ -266,6 +342,7 @@ static void scenario_stall(int kind) {
     free(a);
     free(b);
     free(pids);
+    free(table);
 }
 
 int main(int argc, char **argv) {

@@ -189,6 +189,9 @@ def declare(structs) -> None:
     _proto("gvqPsLoad", c_void_p, c_void_p, c_size_t)
     _proto("gvqPsSaveFile", c_void_p, c_char_p)
     _proto("gvqPsLoadFile", c_void_p, c_char_p)
+    _proto("gvqPsCommit", c_void_p)
+    _proto("gvqPsRecover", c_void_p, c_void_p, c_size_t, c_size_t, c_int, P(s.PsConfig),
+           P(c_void_p))
 
 
 # ---- errors ----------------------------------------------------------------------------------

@@ -123,6 +123,9 @@ class Rule(enum.IntEnum):
     ADAGRAD = 2
 
 
+_CREATE = object()  # ParameterServer's recover_from when creating anew
+
+
 class ParameterServer:
     """A sparse variable of rows x dim float32/float64 values sharded over the ranks
     (gvqPsCreate). Collective: every rank creates it with the same arguments. Keywords set
@@ -141,7 +144,8 @@ class ParameterServer:
              "staleness": "staleness"}
 
     def __init__(self, comm: Communicator, rows: int, dim: int, dtype: Any = np.float32,
-                 init_values: Any = None, **config: Any) -> None:
+                 init_values: Any = None, *, recover_from: Any = _CREATE,
+                 **config: Any) -> None:
         f = "gvq.ParameterServer"
         dt = {np.dtype(np.float32): FLOAT32, np.dtype(np.float64): FLOAT64}.get(np.dtype(dtype))
         if dt is None:
@@ -168,8 +172,15 @@ class ParameterServer:
         self.comm, self.rows, self.dim, self._dt = comm, int(rows), int(dim), dt
         self.config = c
         h = ctypes.c_void_p()
-        call("gvqPsCreate", _comm(comm, f), self.rows, self.dim, dt, ctypes.byref(c),
-             ctypes.byref(h))
+        if recover_from is _CREATE:
+            call("gvqPsCreate", _comm(comm, f), self.rows, self.dim, dt, ctypes.byref(c),
+                 ctypes.byref(h))
+        else:
+            if recover_from is not None and not isinstance(recover_from, ParameterServer):
+                raise TypeError("%s: recover_from must be a ParameterServer or None" % f)
+            old = recover_from.handle if recover_from is not None else None
+            call("gvqPsRecover", old, _comm(comm, f), self.rows, self.dim, dt, ctypes.byref(c),
+                 ctypes.byref(h))
         self._h: Optional[int] = h.value
         c.initValues = None
 
@@ -207,6 +218,20 @@ class ParameterServer:
         ib, vb = self._rows(indices, values, "values", "gvq.ParameterServer.pull", True)
         call("gvqPsPull", self.handle, ib.ptr, vb.ptr, ib.count)
         return values
+
+    def commit(self) -> None:
+        """gvqPsCommit: keeps this rank's shards in memory here and on the next rank, so that
+        the rows of any one lost rank survive. Collective, between an apply and the next
+        push."""
+        call("gvqPsCommit", self.handle)
+
+    @classmethod
+    def recover(cls, old: Optional["ParameterServer"], comm: Communicator, rows: int, dim: int,
+                dtype: Any = np.float32, **config: Any) -> "ParameterServer":
+        """gvqPsRecover: a server on comm (a shrunk or grown communicator) holding the rows of
+        old's last commit; old is None on a process that had none (a newcomer). Collective over
+        comm; old stays as it was (destroy it)."""
+        return cls(comm, rows, dim, dtype, recover_from=old, **config)
 
     def stats(self) -> Dict[str, Any]:
         """gvqPsGetStats as a dict."""
