@@ -40,6 +40,8 @@ typedef struct {
     int nranks;
     int mode;
     uint64_t mul, add;   /* hashed: perm(row) = (mul * row + add) mod rows */
+    uint64_t inv;        /* hashed: mul's inverse mod rows (row = inv (perm - add) mod rows) */
+    int narrow;          /* rows < 2^32 and rows * P < 2^64: 64-bit arithmetic suffices */
     uint64_t *slot_base; /* P entries: first slot of shard s on its rank */
     uint64_t *rank_rows; /* nranks entries: slots (rows) each rank holds */
 } gvq_part_t;

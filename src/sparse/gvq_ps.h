@@ -46,15 +46,41 @@ typedef struct {
 typedef struct gvq_ps_srv gvq_ps_srv_t;
 
 /* gvqPsCommit's copies (ps_commit.c): this rank's rows and those of the rank before it, as
- * records (a row's values, then its rule state), in slot order. */
+ * records (a row's values, then its rule state), in slot order; the last two commits, so that a
+ * failure in the middle of a commit (done on some ranks, not on others) leaves the one before
+ * whole everywhere. A commit writes into the older generation's buffers. */
 typedef struct {
-    uint64_t serial; /* commits taken, the same on every rank; 0: none */
-    int nranks;      /* the communicator's size at the commit */
-    int own_rank;    /* this rank's rank in it */
-    char *own;       /* the rows of own_rank */
-    char *buddy;     /* the rows of rank buddy_of = (own_rank - 1) mod nranks */
-    int buddy_of;    /* -1: none (one rank) */
+    uint64_t serial;           /* which commit; 0: none, or being written */
+    char *own, *buddy;         /* the rows of own_rank and of buddy_of */
+    size_t own_cap, buddy_cap; /* bytes allocated */
+} gvq_ps_gen_t;
+typedef struct {
+    gvq_ps_gen_t gen[2]; /* gen[0] the newest */
+    int nranks;          /* the communicator's size */
+    int own_rank;        /* this rank's rank in it */
+    int buddy_of;        /* (own_rank - 1) mod nranks; -1: none (one rank) */
 } gvq_ps_commit_t;
+/* The recovery's decision (ps_commit.c), from the fields every rank of the new communicator
+ * tells (N x GVQ_PSR_FIELDS; a newcomer: old rank -1): the commit recovered -- the newest that
+ * every former rank present holds -- and where each former rank's rows come from (itself, or the
+ * next rank's copy). The same on every rank. gvqInvalidUsage or gvqRemoteError (rows lost) with
+ * a WARN naming fn; source and from_buddy are malloc'ed (the caller frees them, also on error). */
+enum {
+    GVQ_PSR_OLD_RANK,
+    GVQ_PSR_OLD_SIZE,
+    GVQ_PSR_SERIAL0, /* the newest commit held */
+    GVQ_PSR_SERIAL1, /* the one before (0: none) */
+    GVQ_PSR_BUDDY_OF,
+    GVQ_PSR_BAD, /* 1: this rank cannot take part (no commit, another shape) */
+    GVQ_PSR_FIELDS
+};
+typedef struct {
+    int old_n;       /* the former communicator's size */
+    uint64_t serial; /* the commit recovered */
+    int *source;     /* per former rank: the new rank that sends its rows */
+    int *from_buddy; /* per former rank: 1 when from the next rank's copy */
+} gvq_ps_plan_t;
+gvqResult_t gvq_ps_plan_recovery(const char *fn, const int64_t *all, int N, gvq_ps_plan_t *plan);
 void gvq_ps_commit_free(gvq_ps_commit_t *c); /* (ps.c) frees the copies; no commit after */
 
 struct gvqPs {
@@ -83,6 +109,11 @@ struct gvqPs {
 static inline char *gvq_ps_row(const struct gvqPs *ps, char *rows, uint64_t slot) {
     return rows + slot * ps->row_bytes;
 }
+
+/* gvqPsCreate; with blank the rows are left unset (zero, untouched) for the caller to write
+ * before any other call (gvqPsRecover), and WARNs name gvqPsRecover. */
+gvqResult_t gvq_ps_create(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t datatype,
+                          const gvqPsConfig_t *config, int blank, gvqPs_t *out);
 
 /* Whether ps is a live parameter server (never dereferences a destroyed one). */
 int gvq_ps_live(gvqPs_t ps);

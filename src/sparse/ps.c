@@ -195,8 +195,8 @@ static void init_slots(gvqPs_t ps) {
 /* ---- create / destroy ------------------------------------------------------------------------ */
 
 void gvq_ps_commit_free(gvq_ps_commit_t *c) {
-    free(c->own);
-    free(c->buddy);
+    for (int g = 0; g < 2; g++)
+        free(c->gen[g].own), free(c->gen[g].buddy);
     *c = (gvq_ps_commit_t){.buddy_of = -1};
 }
 
@@ -295,7 +295,12 @@ static void init_stats(gvqPs_t ps) {
 
 GVQ_API gvqResult_t gvqPsCreate(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t datatype,
                                 const gvqPsConfig_t *config, gvqPs_t *out) {
-    const char *fn = "gvqPsCreate";
+    return gvq_ps_create(comm, rows, dim, datatype, config, 0, out);
+}
+
+gvqResult_t gvq_ps_create(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t datatype,
+                          const gvqPsConfig_t *config, int blank, gvqPs_t *out) {
+    const char *fn = blank ? "gvqPsRecover" : "gvqPsCreate";
     GVQCHECK(check_create_args(fn, comm, rows, dim, datatype, out));
     gvq_ps_cfg_t cfg;
     GVQCHECK(resolve_cfg(fn, config, comm->nranks, &cfg));
@@ -310,7 +315,7 @@ GVQ_API gvqResult_t gvqPsCreate(gvqComm_t comm, size_t rows, size_t dim, gvqData
     ps->row_bytes = dim * ps->esize;
     ps->cfg = cfg;
     GVQCHECKGOTO(alloc_slots(fn, ps), res, err_free_ps);
-    init_slots(ps);
+    if (!blank) init_slots(ps); /* blank: every row is written before any call (gvqPsRecover) */
     GVQCHECKGOTO(join_ranks(fn, ps), res, err_free_ps);
     init_stats(ps);
     if (cfg.serve) GVQCHECKGOTO(gvq_ps_serve_start(ps, fn), res, err_free_ps);

@@ -56,40 +56,59 @@ static gvqResult_t snapshot(gvqPs_t ps, uint64_t steps, char *own) {
     return res;
 }
 
-/* Copies this rank's rows and exchanges them with the neighbours; the handle's commit is
- * replaced only when everything arrived. Inside the communicator. */
+/* The statistics, which the served mode's thread updates under its lock. */
+static void count_bytes(gvqPs_t ps, const gvq_sx_bytes_t *bytes) {
+    gvq_ps_pin_t pin;
+    if (gvq_ps_pin(ps, "gvqPsCommit", &pin) != gvqSuccess) return;
+    ps->stats.bytesSent += bytes->sent;
+    ps->stats.bytesReceived += bytes->received;
+    gvq_ps_unpin(&pin);
+}
+
+static int reserve(char **buf, size_t *cap, size_t bytes) {
+    if (bytes <= *cap && *buf != NULL) return 1;
+    char *p = realloc(*buf, GVQ_MAX(bytes, (size_t)1));
+    if (p == NULL) return 0;
+    *buf = p, *cap = GVQ_MAX(bytes, (size_t)1);
+    return 1;
+}
+
+/* Copies this rank's rows and exchanges them with the neighbours into the older generation,
+ * which becomes the newest once everything arrived (until then it holds no commit: serial 0).
+ * Inside the communicator. */
 static gvqResult_t commit_locked(gvqPs_t ps, uint64_t serial, uint64_t steps) {
     gvqComm_t c = ps->comm;
     int N = c->nranks, r = c->rank, prev = (r + N - 1) % N, next = (r + 1) % N;
     size_t rb = rec_bytes(ps), nprev = N > 1 ? ps->map.rank_rows[prev] : 0;
-    gvq_ps_commit_t k = {.serial = serial, .nranks = N, .own_rank = r, .buddy_of = N > 1 ? prev : -1};
-    k.own = malloc(GVQ_MAX(ps->nlocal * rb, (size_t)1));
-    k.buddy = malloc(GVQ_MAX(nprev * rb, (size_t)1));
-    void **sbuf = calloc((size_t)N, sizeof *sbuf), **rbuf = calloc((size_t)N, sizeof *rbuf);
-    size_t *sbytes = calloc((size_t)N, sizeof *sbytes), *rbytes = calloc((size_t)N, sizeof *rbytes);
-    gvqResult_t res = gvqSuccess;
-    if (k.own == NULL || k.buddy == NULL || sbuf == NULL || rbuf == NULL || sbytes == NULL ||
-        rbytes == NULL) {
+    gvq_ps_commit_t *k = &ps->commit;
+    gvq_ps_gen_t *g = &k->gen[1];
+    g->serial = 0;
+    k->nranks = N, k->own_rank = r, k->buddy_of = N > 1 ? prev : -1;
+    if (!reserve(&g->own, &g->own_cap, ps->nlocal * rb) ||
+        !reserve(&g->buddy, &g->buddy_cap, nprev * rb)) {
         GVQ_WARN("gvqPsCommit: cannot allocate the copies of %zu and %zu rows", ps->nlocal, nprev);
-        res = gvqSystemError;
+        return gvqSystemError;
     }
-    if (res == gvqSuccess) res = snapshot(ps, steps, k.own);
-    if (res == gvqSuccess && N > 1) { /* both sides know the sizes */
-        sbuf[next] = k.own, sbytes[next] = ps->nlocal * rb;
-        rbuf[prev] = k.buddy, rbytes[prev] = nprev * rb;
-        gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
-        gvq_sx_bytes_t bytes = {0, 0};
-        res = gvq_sx_exchange(&ctx, sbuf, sbytes, rbuf, rbytes, &bytes);
-        ps->stats.bytesSent += bytes.sent;
-        ps->stats.bytesReceived += bytes.received;
+    GVQCHECK(snapshot(ps, steps, g->own));
+    if (N > 1) { /* both sides know the sizes: the next rank gets ours, the previous sends its */
+        void **sb = calloc((size_t)N, sizeof *sb), **rbp = calloc((size_t)N, sizeof *rbp);
+        size_t *sn = calloc((size_t)N, sizeof *sn), *rn = calloc((size_t)N, sizeof *rn);
+        gvqResult_t res = gvqSystemError;
+        if (sb != NULL && rbp != NULL && sn != NULL && rn != NULL) {
+            sb[next] = g->own, sn[next] = ps->nlocal * rb;
+            rbp[prev] = g->buddy, rn[prev] = nprev * rb;
+            gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
+            gvq_sx_bytes_t bytes = {0, 0};
+            res = gvq_sx_exchange(&ctx, sb, sn, rbp, rn, &bytes);
+            count_bytes(ps, &bytes);
+        }
+        free(sb), free(rbp), free(sn), free(rn);
+        GVQCHECK(res);
     }
-    free(sbuf), free(rbuf), free(sbytes), free(rbytes);
-    if (res != gvqSuccess) {
-        gvq_ps_commit_free(&k);
-        return res;
-    }
-    gvq_ps_commit_free(&ps->commit);
-    ps->commit = k;
+    g->serial = serial;
+    gvq_ps_gen_t newest = *g;
+    k->gen[1] = k->gen[0];
+    k->gen[0] = newest;
     return gvqSuccess;
 }
 
@@ -105,7 +124,7 @@ GVQ_API gvqResult_t gvqPsCommit(gvqPs_t ps) {
     GVQCHECK(gvq_comm_enter(ps->comm, fn));
     static const char *const names[3] = {"commits taken", "rows pushed since the last apply",
                                          "steps ended (gvqPsApply calls)"};
-    int64_t mine[3] = {(int64_t)ps->commit.serial, pushed, (int64_t)steps};
+    int64_t mine[3] = {(int64_t)ps->commit.gen[0].serial, pushed, (int64_t)steps};
     gvq_coll_ctx_t ctx = gvq_comm_ctx(ps->comm, NULL);
     gvqResult_t res = gvq_agree_fields(&ctx, fn, mine, names, 3, NULL);
     if (res == gvqSuccess && pushed) { /* the same on every rank (agreed) */
@@ -114,22 +133,29 @@ GVQ_API gvqResult_t gvqPsCommit(gvqPs_t ps) {
                  fn);
         res = gvqInvalidUsage;
     }
-    if (res == gvqSuccess) res = commit_locked(ps, ps->commit.serial + 1, steps);
+    if (res == gvqSuccess) res = commit_locked(ps, ps->commit.gen[0].serial + 1, steps);
     gvq_comm_leave(ps->comm);
     return res;
 }
 
 /* ---- recovery ------------------------------------------------------------------------------ */
 
-enum { F_OLD_RANK, F_OLD_SIZE, F_SERIAL, F_BUDDY_OF, F_BAD, NF };
+enum {
+    F_OLD_RANK = GVQ_PSR_OLD_RANK,
+    F_OLD_SIZE = GVQ_PSR_OLD_SIZE,
+    F_SERIAL0 = GVQ_PSR_SERIAL0,
+    F_SERIAL1 = GVQ_PSR_SERIAL1,
+    F_BUDDY_OF = GVQ_PSR_BUDDY_OF,
+    F_BAD = GVQ_PSR_BAD,
+    NF = GVQ_PSR_FIELDS
+};
 
 typedef struct {
     gvqPs_t from, ps; /* the old handle (NULL on a newcomer) and the new one */
-    int N, me, old_n;
-    int64_t serial;   /* the commit recovered from */
-    int64_t *all;     /* N x NF: every rank's fields */
-    int *source;      /* per old rank: the new rank that sends its rows */
-    int *from_buddy;  /* per old rank: 1 when they come from the next rank's copy */
+    int N, me;
+    gvq_ps_plan_t plan;
+    const gvq_ps_gen_t *gen; /* from's generation holding the commit recovered (a source's) */
+    int64_t *all;            /* N x NF: every rank's fields */
     gvq_sx_block_t *send, *recv;
     size_t *cap;
     uint8_t *filled; /* per slot of the new handle */
@@ -139,70 +165,86 @@ typedef struct {
 /* What this rank brings: checked locally, told to every rank with the rest. */
 static void my_fields(const char *fn, const recover_t *x, int64_t *f) {
     gvqPs_t o = x->from;
-    f[F_OLD_RANK] = -1, f[F_OLD_SIZE] = 0, f[F_SERIAL] = 0, f[F_BUDDY_OF] = -1, f[F_BAD] = 0;
+    f[F_OLD_RANK] = -1, f[F_OLD_SIZE] = 0, f[F_SERIAL0] = 0, f[F_SERIAL1] = 0;
+    f[F_BUDDY_OF] = -1, f[F_BAD] = 0;
     if (o == NULL) return; /* a newcomer */
+    const gvq_ps_commit_t *k = &o->commit;
     if (o->rows != x->ps->rows || o->dim != x->ps->dim || o->dtype != x->ps->dtype ||
-        o->commit.serial == 0) {
+        k->gen[0].serial == 0) {
         GVQ_WARN("%s: the old parameter server %s", fn,
-                 o->commit.serial == 0 ? "has no commit (gvqPsCommit)"
+                 k->gen[0].serial == 0 ? "has no commit (gvqPsCommit)"
                                        : "has another shape (rows, dim or datatype)");
         f[F_BAD] = 1;
         return;
     }
-    f[F_OLD_RANK] = o->commit.own_rank, f[F_OLD_SIZE] = o->commit.nranks;
-    f[F_SERIAL] = (int64_t)o->commit.serial, f[F_BUDDY_OF] = o->commit.buddy_of;
+    f[F_OLD_RANK] = k->own_rank, f[F_OLD_SIZE] = k->nranks, f[F_BUDDY_OF] = k->buddy_of;
+    f[F_SERIAL0] = (int64_t)k->gen[0].serial, f[F_SERIAL1] = (int64_t)k->gen[1].serial;
 }
 
-/* Where each old rank's rows come from; the same decision on every rank (from the same
- * gathered fields). */
-static gvqResult_t plan_sources(const char *fn, recover_t *x) {
-    int64_t serial = 0;
-    x->old_n = 0;
-    x->serial = 0;
-    for (int p = 0; p < x->N; p++) {
-        const int64_t *f = x->all + (size_t)p * NF;
+/* The members' commits: one size, and the newest commit every member holds (a failure in the
+ * middle of a commit leaves some ranks one commit ahead: they still hold the one before). */
+static gvqResult_t pick_commit(const char *fn, const int64_t *all, int N, gvq_ps_plan_t *pl) {
+    for (int p = 0; p < N; p++) {
+        const int64_t *f = all + (size_t)p * NF;
         if (f[F_BAD]) {
             GVQ_WARN("%s: rank %d cannot recover from its old parameter server", fn, p);
             return gvqInvalidUsage;
         }
         if (f[F_OLD_RANK] < 0) continue;
-        if ((x->old_n != 0 && f[F_OLD_SIZE] != x->old_n) || (serial != 0 && f[F_SERIAL] != serial) ||
-            f[F_OLD_RANK] >= f[F_OLD_SIZE]) {
-            GVQ_WARN("%s: rank %d's commit (%lld of %lld ranks, commit %lld) is not the others' "
-                     "(%d ranks, commit %lld)",
-                     fn, p, (long long)f[F_OLD_RANK], (long long)f[F_OLD_SIZE],
-                     (long long)f[F_SERIAL], x->old_n, (long long)serial);
+        if ((pl->old_n != 0 && f[F_OLD_SIZE] != pl->old_n) || f[F_OLD_RANK] >= f[F_OLD_SIZE] ||
+            f[F_SERIAL0] <= 0) {
+            GVQ_WARN("%s: rank %d's commit (rank %lld of %lld) is not of the others' server (%d "
+                     "ranks)",
+                     fn, p, (long long)f[F_OLD_RANK], (long long)f[F_OLD_SIZE], pl->old_n);
             return gvqInvalidUsage;
         }
-        x->old_n = (int)f[F_OLD_SIZE], serial = f[F_SERIAL];
+        pl->old_n = (int)f[F_OLD_SIZE];
+        if (pl->serial == 0 || (uint64_t)f[F_SERIAL0] < pl->serial)
+            pl->serial = (uint64_t)f[F_SERIAL0];
     }
-    x->serial = serial;
-    if (x->old_n == 0) {
+    if (pl->old_n == 0) {
         GVQ_WARN("%s: no rank holds a commit of the old parameter server", fn);
         return gvqInvalidUsage;
     }
-    x->source = malloc((size_t)x->old_n * sizeof *x->source);
-    x->from_buddy = calloc((size_t)x->old_n, sizeof *x->from_buddy);
-    if (x->source == NULL || x->from_buddy == NULL) return gvqSystemError;
-    for (int q = 0; q < x->old_n; q++)
-        x->source[q] = -1;
-    for (int p = 0; p < x->N; p++) {
-        const int64_t *f = x->all + (size_t)p * NF;
-        if (f[F_OLD_RANK] < 0) continue;
-        if (x->source[f[F_OLD_RANK]] >= 0 && !x->from_buddy[f[F_OLD_RANK]]) {
-            GVQ_WARN("%s: ranks %d and %d were both rank %lld of the old parameter server", fn,
-                     x->source[f[F_OLD_RANK]], p, (long long)f[F_OLD_RANK]);
+    for (int p = 0; p < N; p++) {
+        const int64_t *f = all + (size_t)p * NF;
+        if (f[F_OLD_RANK] >= 0 && (uint64_t)f[F_SERIAL0] != pl->serial &&
+            (uint64_t)f[F_SERIAL1] != pl->serial) {
+            GVQ_WARN("%s: rank %d holds commits %lld and %lld, not %llu as every rank must", fn, p,
+                     (long long)f[F_SERIAL0], (long long)f[F_SERIAL1],
+                     (unsigned long long)pl->serial);
             return gvqInvalidUsage;
         }
-        x->source[f[F_OLD_RANK]] = p, x->from_buddy[f[F_OLD_RANK]] = 0;
-        int64_t b = f[F_BUDDY_OF];
-        if (b >= 0 && b < x->old_n && x->source[b] < 0) x->source[b] = p, x->from_buddy[b] = 1;
     }
-    for (int q = 0; q < x->old_n; q++)
-        if (x->source[q] < 0) {
+    return gvqSuccess;
+}
+
+gvqResult_t gvq_ps_plan_recovery(const char *fn, const int64_t *all, int N, gvq_ps_plan_t *pl) {
+    *pl = (gvq_ps_plan_t){0, 0, NULL, NULL};
+    GVQCHECK(pick_commit(fn, all, N, pl));
+    pl->source = malloc((size_t)pl->old_n * sizeof *pl->source);
+    pl->from_buddy = calloc((size_t)pl->old_n, sizeof *pl->from_buddy);
+    if (pl->source == NULL || pl->from_buddy == NULL) return gvqSystemError;
+    for (int q = 0; q < pl->old_n; q++)
+        pl->source[q] = -1;
+    for (int p = 0; p < N; p++) {
+        const int64_t *f = all + (size_t)p * NF;
+        int q = (int)f[F_OLD_RANK];
+        if (q < 0) continue;
+        if (pl->source[q] >= 0 && !pl->from_buddy[q]) {
+            GVQ_WARN("%s: ranks %d and %d were both rank %d of the old parameter server", fn,
+                     pl->source[q], p, q);
+            return gvqInvalidUsage;
+        }
+        pl->source[q] = p, pl->from_buddy[q] = 0;
+        int64_t b = f[F_BUDDY_OF];
+        if (b >= 0 && b < pl->old_n && pl->source[b] < 0) pl->source[b] = p, pl->from_buddy[b] = 1;
+    }
+    for (int q = 0; q < pl->old_n; q++)
+        if (pl->source[q] < 0) {
             GVQ_WARN("%s: the rows of old rank %d are lost: neither it nor old rank %d (which "
                      "kept their copy) is in the new communicator",
-                     fn, q, (q + 1) % x->old_n);
+                     fn, q, (q + 1) % pl->old_n);
             return gvqRemoteError;
         }
     return gvqSuccess;
@@ -210,8 +252,7 @@ static gvqResult_t plan_sources(const char *fn, recover_t *x) {
 
 /* Record i of old rank q's rows as this source keeps them. */
 static const char *source_record(const recover_t *x, int q, size_t i) {
-    const gvq_ps_commit_t *k = &x->from->commit;
-    return (x->from_buddy[q] ? k->buddy : k->own) + i * rec_bytes(x->from);
+    return (x->plan.from_buddy[q] ? x->gen->buddy : x->gen->own) + i * rec_bytes(x->from);
 }
 
 /* Write one record into slot s of the new handle, once. */
@@ -231,8 +272,8 @@ static gvqResult_t cut_records(recover_t *x) {
     size_t rb = rec_bytes(ps), *count = calloc((size_t)x->N, sizeof *count);
     if (count == NULL) return gvqSystemError;
     for (int pass = 0; pass < 2; pass++) { /* count, then fill */
-        for (int q = 0; q < x->old_n; q++) {
-            if (x->source[q] != x->me) continue;
+        for (int q = 0; q < x->plan.old_n; q++) {
+            if (x->plan.source[q] != x->me) continue;
             for (uint64_t i = 0; i < x->from->map.rank_rows[q]; i++) {
                 uint64_t row = gvq_part_row_of(&x->from->map, q, i), slot;
                 int to;
@@ -252,7 +293,8 @@ static gvqResult_t cut_records(recover_t *x) {
             }
         }
         for (int p = 0; pass == 0 && p < x->N; p++)
-            if (x->send[p].nrows > 0 && (x->send[p].buf = malloc(x->send[p].nrows * (8 + rb))) == NULL) {
+            if (x->send[p].nrows > 0 &&
+                (x->send[p].buf = malloc(x->send[p].nrows * (8 + rb))) == NULL) {
                 free(count);
                 return gvqSystemError;
             }
@@ -279,7 +321,8 @@ static int place_received(recover_t *x) {
             int64_t row = ((const int64_t *)b->buf)[k];
             int to = -1;
             uint64_t slot = UINT64_MAX;
-            if (row >= 0 && (uint64_t)row < ps->rows) gvq_part_locate(&ps->map, (uint64_t)row, &to, &slot);
+            if (row >= 0 && (uint64_t)row < ps->rows)
+                gvq_part_locate(&ps->map, (uint64_t)row, &to, &slot);
             if (to != x->me || !place(x, slot, (const char *)b->buf + b->nrows * 8 + k * rb)) {
                 GVQ_WARN("gvqPsRecover: rank %d sent row %lld, which is not this rank's or came "
                          "twice",
@@ -303,7 +346,11 @@ static gvqResult_t recover_locked(const char *fn, recover_t *x) {
     int64_t mine[NF];
     my_fields(fn, x, mine);
     GVQCHECK(gvq_agree_fields(&ctx, fn, mine, names, NF, x->all));
-    GVQCHECK(plan_sources(fn, x));
+    GVQCHECK(gvq_ps_plan_recovery(fn, x->all, x->N, &x->plan));
+    if (x->from != NULL) { /* the generation that holds the commit picked */
+        const gvq_ps_commit_t *k = &x->from->commit;
+        x->gen = k->gen[0].serial == x->plan.serial ? &k->gen[0] : &k->gen[1];
+    }
     x->send = calloc((size_t)x->N, sizeof *x->send);
     x->recv = calloc((size_t)x->N, sizeof *x->recv);
     x->cap = malloc((size_t)x->N * sizeof *x->cap);
@@ -321,12 +368,12 @@ static gvqResult_t recover_locked(const char *fn, recover_t *x) {
         x->send[p] = (gvq_sx_block_t){1, 0, NULL};
     }
     gvq_sx_bytes_t bytes = {0, 0};
-    res = gvq_sx_alltoallv(&ctx, GVQ_SX_MOVE, rec_bytes(ps), x->send, NULL, x->cap, NULL,
-                               x->recv, &bytes);
+    res = gvq_sx_alltoallv(&ctx, GVQ_SX_MOVE, rec_bytes(ps), x->send, NULL, x->cap, NULL, x->recv,
+                           &bytes);
     if (res == gvqSuccess && !bad) bad = !place_received(x);
-    gvq_ps_unpin(&pin);
     ps->stats.bytesSent += bytes.sent;
     ps->stats.bytesReceived += bytes.received;
+    gvq_ps_unpin(&pin);
     if (res != gvqSuccess) return res; /* the communicator is broken */
     /* every rank learns whether every rank has its rows before any returns */
     GVQCHECK(gvq_agree_i32(&ctx, &bad, 1, gvqMax));
@@ -334,7 +381,7 @@ static gvqResult_t recover_locked(const char *fn, recover_t *x) {
         GVQ_WARN("%s: a rank did not get its rows whole; no rank keeps the new server", fn);
         return gvqRemoteError;
     }
-    return commit_locked(ps, (uint64_t)x->serial, 0);
+    return commit_locked(ps, x->plan.serial, 0);
 }
 
 GVQ_API gvqResult_t gvqPsRecover(gvqPs_t from, gvqComm_t comm, size_t rows, size_t dim,
@@ -350,7 +397,7 @@ GVQ_API gvqResult_t gvqPsRecover(gvqPs_t from, gvqComm_t comm, size_t rows, size
         return gvqInvalidUsage;
     }
     gvqPs_t ps;
-    GVQCHECK(gvqPsCreate(comm, rows, dim, datatype, config, &ps));
+    GVQCHECK(gvq_ps_create(comm, rows, dim, datatype, config, 1, &ps));
     recover_t x = {.from = from, .ps = ps, .N = comm->nranks, .me = comm->rank};
     x.all = malloc((size_t)x.N * NF * sizeof *x.all);
     gvqResult_t res = x.all == NULL ? gvqSystemError : gvq_comm_enter(comm, fn);
@@ -362,7 +409,8 @@ GVQ_API gvqResult_t gvqPsRecover(gvqPs_t from, gvqComm_t comm, size_t rows, size
         free(x.send[p].buf);
     for (int p = 0; x.recv != NULL && p < x.N; p++)
         free(x.recv[p].buf);
-    free(x.all), free(x.source), free(x.from_buddy), free(x.send), free(x.recv), free(x.cap);
+    free(x.all), free(x.plan.source), free(x.plan.from_buddy), free(x.send), free(x.recv),
+        free(x.cap);
     free(x.filled);
     if (res != gvqSuccess) {
         gvqPsDestroy(ps);
@@ -370,6 +418,6 @@ GVQ_API gvqResult_t gvqPsRecover(gvqPs_t from, gvqComm_t comm, size_t rows, size
     }
     *out = ps;
     GVQ_INFO("%s: %zu rows here from the commit %llu of %d ranks, on %d ranks", fn, ps->nlocal,
-             (unsigned long long)ps->commit.serial, x.old_n, x.N);
+             (unsigned long long)ps->commit.gen[0].serial, x.plan.old_n, x.N);
     return gvqSuccess;
 }

@@ -16,21 +16,25 @@
  * partitionings on the new server, the old communicator destroyed before the recovery, the
  * served mode (staleness 0). Refused: two neighbours lost (gvqRemoteError on every rank), a
  * commit with rows pushed and not applied, nobody with a commit, a handle of another shape.
+ * The decision itself on given fields: a rank one commit ahead of another (a failure in the
+ * middle of a commit) recovers the commit both hold; two apart, sizes that differ, one former
+ * rank claimed twice, a former rank outside the old size are refused.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gvq_comm.h"
+#include "gvq_ps.h"
 #include "gvq_test.h"
 
 #define MAXR 8
 
 typedef struct {
     const char *name;
-    int old_n;            /* ranks of the old communicator */
-    int new_of[MAXR];     /* per old rank: its rank in the new communicator, -1: lost */
-    int newcomers;        /* processes of the new communicator that had no handle */
+    int old_n;        /* ranks of the old communicator */
+    int new_of[MAXR]; /* per old rank: its rank in the new communicator, -1: lost */
+    int newcomers;    /* processes of the new communicator that had no handle */
     int rule, dtype, partitioning;
     int old_p, new_p;     /* partitions (0: the default, the rank count) */
     int serve;            /* both servers served */
@@ -115,8 +119,9 @@ static gvqPs_t old_part(case_t *c, int r) {
         if (s == 0 && c->want == gvqInvalidUsage) /* refused: pushed and not applied */
             EXPECT_RES(gvqPsCommit(ps), gvqInvalidUsage);
         EXPECT_RES(gvqPsApply(ps), gvqSuccess);
+        EXPECT_RES(gvqPsCommit(ps), gvqSuccess); /* three commits: the third reuses the first's
+                                                  * buffers; the last one is recovered */
     }
-    EXPECT_RES(gvqPsCommit(ps), gvqSuccess);
     pull_all(c, ps, t);
     if (r == 0) memcpy(c->table_c, t, bytes);
     push_step(c, ps, r, STEP_X);
@@ -133,15 +138,17 @@ static void new_part(case_t *c, int nr, gvqPs_t from) {
     gvqPs_t ps = NULL;
     gvqResult_t res = gvqPsRecover(from, c->new_comms[nr], c->rows, c->dim, c->dtype, &cfg, &ps);
     gvqResult_t want = c->want == gvqInvalidUsage ? gvqSuccess : c->want;
-    EXPECT(res == want, "%s: new rank %d: gvqPsRecover returned %s, expected %s (%s)", c->name,
-           nr, gvqGetErrorString(res), gvqGetErrorString(want), gvqGetLastError(NULL));
+    EXPECT(res == want, "%s: new rank %d: gvqPsRecover returned %s, expected %s (%s)", c->name, nr,
+           gvqGetErrorString(res), gvqGetErrorString(want), gvqGetLastError(NULL));
     if (res != gvqSuccess || ps == NULL) return;
     size_t bytes = c->rows * c->dim * esize(c);
     char *t = malloc(bytes);
     memset(t, 0x5a, bytes);
     pull_all(c, ps, t);
-    EXPECT(memcmp(t, c->table_c, bytes) == 0, "%s: new rank %d: the recovered rows differ from "
-           "the commit's", c->name, nr);
+    EXPECT(memcmp(t, c->table_c, bytes) == 0,
+           "%s: new rank %d: the recovered rows differ from "
+           "the commit's",
+           c->name, nr);
     /* step X's rows, split among the new ranks; pushes are collective: the same count on every
      * rank, empty where a rank has no old rank's rows left */
     for (int k = 0; k * c->new_n < c->old_n; k++) {
@@ -154,8 +161,10 @@ static void new_part(case_t *c, int nr, gvqPs_t from) {
     EXPECT_RES(gvqPsApply(ps), gvqSuccess);
     memset(t, 0x5a, bytes);
     pull_all(c, ps, t);
-    EXPECT(memcmp(t, c->table_x, bytes) == 0, "%s: new rank %d: step X after the recovery "
-           "differs from step X after the commit (values or rule state lost)", c->name, nr);
+    EXPECT(memcmp(t, c->table_x, bytes) == 0,
+           "%s: new rank %d: step X after the recovery "
+           "differs from step X after the commit (values or rule state lost)",
+           c->name, nr);
     EXPECT_RES(gvqPsCommit(ps), gvqSuccess);
     gvqPsStats_t st;
     EXPECT_RES(gvqPsGetStats(ps, &st), gvqSuccess);
@@ -248,28 +257,129 @@ static void refusals_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
     gvqPsDestroy(other);
 }
 
+/* ---- the recovery's decision on given fields (gvq_ps_plan_recovery) ------------------------- */
+
+typedef struct {
+    int64_t old_rank, old_size, serial0, serial1;
+} member_t;
+
+/* Fields of n new ranks; buddy of old rank q is q - 1 mod old_size; old_rank -1: a newcomer. */
+static gvqResult_t plan(const member_t *m, int n, gvq_ps_plan_t *pl) {
+    int64_t all[8 * GVQ_PSR_FIELDS];
+    for (int p = 0; p < n; p++) {
+        int64_t *f = all + p * GVQ_PSR_FIELDS;
+        f[GVQ_PSR_OLD_RANK] = m[p].old_rank, f[GVQ_PSR_OLD_SIZE] = m[p].old_size;
+        f[GVQ_PSR_SERIAL0] = m[p].serial0, f[GVQ_PSR_SERIAL1] = m[p].serial1;
+        f[GVQ_PSR_BUDDY_OF] = m[p].old_rank < 0 || m[p].old_size < 2
+                                  ? -1
+                                  : (m[p].old_rank + m[p].old_size - 1) % m[p].old_size;
+        f[GVQ_PSR_BAD] = 0;
+    }
+    return gvq_ps_plan_recovery("test", all, n, pl);
+}
+
+static void test_plans(void) {
+    gvq_ps_plan_t pl;
+    /* old rank 1 finished commit 6, old rank 0 did not (a failure in the middle of it), old rank
+     * 2 is gone: commit 5, which both hold; 2's rows from old rank 0's copy */
+    member_t ahead[3] = {{0, 3, 5, 4}, {1, 3, 6, 5}, {-1, 0, 0, 0}};
+    EXPECT_RES(plan(ahead, 3, &pl), gvqSuccess);
+    EXPECT(pl.serial == 5 && pl.old_n == 3, "picked commit %llu of %d ranks",
+           (unsigned long long)pl.serial, pl.old_n);
+    if (pl.source != NULL && pl.old_n == 3)
+        EXPECT(pl.source[0] == 0 && !pl.from_buddy[0] && pl.source[1] == 1 && !pl.from_buddy[1] &&
+                   pl.source[2] == 0 && pl.from_buddy[2],
+               "sources %d/%d %d/%d %d/%d", pl.source[0], pl.from_buddy[0], pl.source[1],
+               pl.from_buddy[1], pl.source[2], pl.from_buddy[2]);
+    free(pl.source), free(pl.from_buddy);
+    /* two commits apart: the older rank no longer holds the newer's commit, nor the other way */
+    member_t apart[2] = {{0, 2, 5, 4}, {1, 2, 7, 6}};
+    EXPECT_RES(plan(apart, 2, &pl), gvqInvalidUsage);
+    free(pl.source), free(pl.from_buddy);
+    member_t sizes[2] = {{0, 2, 3, 2}, {1, 3, 3, 2}};
+    EXPECT_RES(plan(sizes, 2, &pl), gvqInvalidUsage);
+    free(pl.source), free(pl.from_buddy);
+    member_t twice[2] = {{1, 3, 3, 2}, {1, 3, 3, 2}};
+    EXPECT_RES(plan(twice, 2, &pl), gvqInvalidUsage);
+    free(pl.source), free(pl.from_buddy);
+    member_t nobody[2] = {{-1, 0, 0, 0}, {-1, 0, 0, 0}};
+    EXPECT_RES(plan(nobody, 2, &pl), gvqInvalidUsage);
+    free(pl.source), free(pl.from_buddy);
+    member_t outside[1] = {{4, 3, 3, 2}};
+    EXPECT_RES(plan(outside, 1, &pl), gvqInvalidUsage);
+    free(pl.source), free(pl.from_buddy);
+    /* 5 ranks, 1 and 3 gone: from 2's and 4's copies; 1 and 2 gone: 1's rows lost */
+    member_t gaps[3] = {{0, 5, 9, 8}, {2, 5, 9, 8}, {4, 5, 9, 8}};
+    EXPECT_RES(plan(gaps, 3, &pl), gvqSuccess);
+    if (pl.source != NULL)
+        EXPECT(pl.source[1] == 1 && pl.from_buddy[1] && pl.source[3] == 2 && pl.from_buddy[3],
+               "5 ranks less 1 and 3: sources %d %d", pl.source[1], pl.source[3]);
+    free(pl.source), free(pl.from_buddy);
+    member_t lost[3] = {{0, 5, 9, 8}, {3, 5, 9, 8}, {4, 5, 9, 8}};
+    EXPECT_RES(plan(lost, 3, &pl), gvqRemoteError);
+    free(pl.source), free(pl.from_buddy);
+}
+
 int main(void) {
+    test_plans();
     case_t cases[] = {
-        {.name = "4 -> 3, SGD float32", .old_n = 4, .new_of = {0, 1, -1, 2},
-         .rule = gvqPsSgd, .dtype = gvqFloat32, .want = gvqSuccess},
-        {.name = "4 -> 2 (1 and 3 lost), momentum float64, hashed P 8, old comm destroyed",
-         .old_n = 4, .new_of = {0, -1, 1, -1}, .rule = gvqPsMomentum, .dtype = gvqFloat64,
-         .old_p = 8, .new_p = 8, .destroy_old_comm = 1, .want = gvqSuccess},
-        {.name = "3 -> 2 + a newcomer, Adagrad float32, contiguous, P 5 -> 7", .old_n = 3,
-         .new_of = {-1, 0, 1}, .newcomers = 1, .rule = gvqPsAdagrad, .dtype = gvqFloat32,
-         .partitioning = gvqPsContiguous, .old_p = 5, .new_p = 7, .want = gvqSuccess},
-        {.name = "2 -> 1, momentum float32", .old_n = 2, .new_of = {-1, 0},
-         .rule = gvqPsMomentum, .dtype = gvqFloat32, .want = gvqSuccess},
-        {.name = "1 -> 1 + a newcomer, Adagrad float64", .old_n = 1, .new_of = {0},
-         .newcomers = 1, .rule = gvqPsAdagrad, .dtype = gvqFloat64, .want = gvqSuccess},
-        {.name = "served, 3 -> 2, momentum float32, old comm destroyed", .old_n = 3, .new_of = {0, -1, 1},
-         .rule = gvqPsMomentum, .dtype = gvqFloat32, .serve = 1, .destroy_old_comm = 1,
+        {.name = "4 -> 3, SGD float32",
+         .old_n = 4,
+         .new_of = {0, 1, -1, 2},
+         .rule = gvqPsSgd,
+         .dtype = gvqFloat32,
          .want = gvqSuccess},
-        {.name = "4 -> 2 with neighbours 1 and 2 lost: refused", .old_n = 4,
-         .new_of = {0, -1, -1, 1}, .rule = gvqPsSgd, .dtype = gvqFloat32,
+        {.name = "4 -> 2 (1 and 3 lost), momentum float64, hashed P 8, old comm destroyed",
+         .old_n = 4,
+         .new_of = {0, -1, 1, -1},
+         .rule = gvqPsMomentum,
+         .dtype = gvqFloat64,
+         .old_p = 8,
+         .new_p = 8,
+         .destroy_old_comm = 1,
+         .want = gvqSuccess},
+        {.name = "3 -> 2 + a newcomer, Adagrad float32, contiguous, P 5 -> 7",
+         .old_n = 3,
+         .new_of = {-1, 0, 1},
+         .newcomers = 1,
+         .rule = gvqPsAdagrad,
+         .dtype = gvqFloat32,
+         .partitioning = gvqPsContiguous,
+         .old_p = 5,
+         .new_p = 7,
+         .want = gvqSuccess},
+        {.name = "2 -> 1, momentum float32",
+         .old_n = 2,
+         .new_of = {-1, 0},
+         .rule = gvqPsMomentum,
+         .dtype = gvqFloat32,
+         .want = gvqSuccess},
+        {.name = "1 -> 1 + a newcomer, Adagrad float64",
+         .old_n = 1,
+         .new_of = {0},
+         .newcomers = 1,
+         .rule = gvqPsAdagrad,
+         .dtype = gvqFloat64,
+         .want = gvqSuccess},
+        {.name = "served, 3 -> 2, momentum float32, old comm destroyed",
+         .old_n = 3,
+         .new_of = {0, -1, 1},
+         .rule = gvqPsMomentum,
+         .dtype = gvqFloat32,
+         .serve = 1,
+         .destroy_old_comm = 1,
+         .want = gvqSuccess},
+        {.name = "4 -> 2 with neighbours 1 and 2 lost: refused",
+         .old_n = 4,
+         .new_of = {0, -1, -1, 1},
+         .rule = gvqPsSgd,
+         .dtype = gvqFloat32,
          .want = gvqRemoteError},
         {.name = "a commit with rows not applied is refused, then 3 -> 3 reordered",
-         .old_n = 3, .new_of = {2, 0, 1}, .rule = gvqPsAdagrad, .dtype = gvqFloat64,
+         .old_n = 3,
+         .new_of = {2, 0, 1},
+         .rule = gvqPsAdagrad,
+         .dtype = gvqFloat64,
          .want = gvqInvalidUsage},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
