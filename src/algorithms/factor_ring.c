@@ -61,15 +61,28 @@ static gvqResult_t ws_intsum(gvq_factor_ws_t *ws, gvq_coll_ctx_t *ctx, int bits,
     return gvqSuccess;
 }
 
+/* The sum over the hosts of ring j (this rank's local index): the scales agreed over every rank
+ * first (codec.begin is collective over ctx), then ring j alone. */
+static gvqResult_t sum_across(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, float *buf, size_t nv) {
+    const gvq_hier_t *h = ctx->hier;
+    if (codec->begin != NULL) GVQCHECK(codec->begin(codec, ctx, buf, nv));
+    if (nv == 0) return gvqSuccess; /* every member of ring j has the same shapes */
+    size_t *off = h->scratch->off + h->per_host + 1; /* H + 1 boundaries, as hier.c's stage 2 */
+    gvq_ring_partition(off, h->nhosts, nv, codec->granule);
+    gvq_subring_t cross = {h->cross, h->nhosts, off};
+    return gvq_subring_allreduce(ctx, &cross, codec, buf, buf);
+}
+
 static gvqResult_t factor_ring_ws(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
-                                  uint32_t seed, uint32_t call, gvq_factor_ws_t *ws) {
+                                  uint32_t seed, uint32_t call, gvq_factor_ws_t *ws, int across) {
     size_t nv = 0, ncol = 0;
     for (size_t i = 0; i < n; i++) {
         nv += f[i].rows * f[i].cols;
         ncol += f[i].cols;
     }
-    if (nv == 0) return gvqSuccess;
-    if (ws_grow(ws, nv, ncol) != gvqSuccess) {
+    across = across && ctx->hier != NULL;
+    if (nv == 0 && !(across && bits != 0)) return gvqSuccess; /* across: the scales' agreement */
+    if (ws_grow(ws, GVQ_MAX(nv, (size_t)1), ncol) != gvqSuccess) {
         GVQ_WARN("gvqAllReduceCompressed: out of memory for a ring of %zu factor values", nv);
         return gvqSystemError;
     }
@@ -95,7 +108,9 @@ static gvqResult_t factor_ring_ws(gvq_coll_ctx_t *ctx, int bits, const gvq_facto
         ws->is.call = call;
         gvq_codec_intsum_init(&codec, ctx->dev, &ws->is);
     }
-    if (ctx->hier != NULL)
+    if (across)
+        GVQCHECK(sum_across(ctx, &codec, ws->buf, nv));
+    else if (ctx->hier != NULL)
         GVQCHECK(gvq_hier_allreduce(ctx, &codec, ws->buf, ws->buf, nv, gvqSum));
     else
         GVQCHECK(gvq_ring_allreduce(ctx, &codec, ws->buf, ws->buf, nv, gvqSum));
@@ -106,11 +121,21 @@ static gvqResult_t factor_ring_ws(gvq_coll_ctx_t *ctx, int bits, const gvq_facto
     return gvqSuccess;
 }
 
-gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
-                            uint32_t seed, uint32_t call, gvq_factor_ws_t *ws) {
-    if (ws != NULL) return factor_ring_ws(ctx, bits, f, n, seed, call, ws);
+static gvqResult_t factor_ring_any(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
+                                   uint32_t seed, uint32_t call, gvq_factor_ws_t *ws, int across) {
+    if (ws != NULL) return factor_ring_ws(ctx, bits, f, n, seed, call, ws, across);
     gvq_factor_ws_t tmp = {0};
-    gvqResult_t res = factor_ring_ws(ctx, bits, f, n, seed, call, &tmp);
+    gvqResult_t res = factor_ring_ws(ctx, bits, f, n, seed, call, &tmp, across);
     gvq_factor_ws_fini(&tmp);
     return res;
+}
+
+gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
+                            uint32_t seed, uint32_t call, gvq_factor_ws_t *ws) {
+    return factor_ring_any(ctx, bits, f, n, seed, call, ws, 0);
+}
+
+gvqResult_t gvq_factor_ring_across(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
+                                   uint32_t seed, uint32_t call, gvq_factor_ws_t *ws) {
+    return factor_ring_any(ctx, bits, f, n, seed, call, ws, 1);
 }

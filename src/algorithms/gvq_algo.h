@@ -331,6 +331,9 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
 
 /* The same for small vectors (plain): recursive doubling of the whole vector inside each host,
  * then across the hosts among the ranks of one local index; no stage after it. */
+/* The context and member list (for gvq_subring_*) of the stages inside this rank's host: the
+ * host's own transport (shared memory) when there is one, else ctx's. */
+gvq_coll_ctx_t gvq_hier_local_ctx(const gvq_coll_ctx_t *ctx, const int **members);
 gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void *dst, size_t count,
                                      gvqDataType_t dtype, gvqRedOp_t op);
 
@@ -548,5 +551,11 @@ void gvq_factor_ws_fini(gvq_factor_ws_t *ws);
 /* ws may be NULL (everything made and freed in the call). */
 gvqResult_t gvq_factor_ring(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
                             uint32_t seed, uint32_t call, gvq_factor_ws_t *ws);
+/* With ctx->hier: the factors summed across the hosts only, on this rank's ring of the same
+ * local rank on every host (each local rank's ring sums factors of its own shapes; an integer
+ * wire's column scales agreed over all ranks, its headroom H's). Collective over all ranks of
+ * ctx (the scales), also where this rank has no values. Without ctx->hier: gvq_factor_ring. */
+gvqResult_t gvq_factor_ring_across(gvq_coll_ctx_t *ctx, int bits, const gvq_factor_t *f, size_t n,
+                                   uint32_t seed, uint32_t call, gvq_factor_ws_t *ws);
 
 #endif /* GVQ_ALGO_H_ */

@@ -99,7 +99,7 @@ gvqResult_t gvq_hier_of_hosts(const uint64_t *keys, int n, int rank, gvq_hier_t 
 }
 
 /* The context and members of the stages inside the host (see gvq_hier_t.local_xport). */
-static gvq_coll_ctx_t local_ctx(const gvq_coll_ctx_t *ctx, const int **members) {
+gvq_coll_ctx_t gvq_hier_local_ctx(const gvq_coll_ctx_t *ctx, const int **members) {
     const gvq_hier_t *h = ctx->hier;
     gvq_coll_ctx_t l = *ctx;
     *members = h->local;
@@ -123,7 +123,7 @@ gvqResult_t gvq_hier_allreduce(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, co
     for (int s = 0; s <= H; s++)
         cross_off[s] += off[j];
     const int *lm;
-    gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
+    gvq_coll_ctx_t lctx = gvq_hier_local_ctx(ctx, &lm);
     gvq_subring_t local = {lm, K, off}, cross = {h->cross, H, cross_off};
     gvqResult_t res = gvq_subring_reduce_scatter(&lctx, &local, src, dst, codec->dtype, op);
     /* an integer wire's scales: each rank's maxima over its piece of the host's sum, the max
@@ -144,7 +144,7 @@ gvqResult_t gvq_hier_allreduce_small(gvq_coll_ctx_t *ctx, const void *src, void 
     if (count == 0) return gvqSuccess;
     gvqRedOp_t sum_op = op == gvqAvg ? gvqSum : op;
     const int *lm;
-    gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
+    gvq_coll_ctx_t lctx = gvq_hier_local_ctx(ctx, &lm);
     GVQCHECK(gvq_rd_allreduce_members(&lctx, lm, h->per_host, src, dst, count, dtype, sum_op));
     GVQCHECK(gvq_rd_allreduce_members(ctx, h->cross, h->nhosts, dst, dst, count, dtype, sum_op));
     if (op == gvqAvg) GVQCHECK(ctx->dev->divide(dst, count, dtype, h->nhosts * h->per_host));
@@ -213,7 +213,7 @@ gvqResult_t gvq_hier_reduce_scatter(gvq_coll_ctx_t *ctx, const void *src, void *
     GVQCHECK(blocks_init(h, count, gvq_dtype_size(dtype), &b));
     gvqResult_t res = blocks_move(ctx, &b, (char *)(uintptr_t)src, 1); /* only read */
     const int *lm;
-    gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
+    gvq_coll_ctx_t lctx = gvq_hier_local_ctx(ctx, &lm);
     gvq_subring_t local = {lm, K, b.off}, cross = {h->cross, H, b.off + K + 1};
     if (res == gvqSuccess) res = gvq_subring_reduce_scatter(&lctx, &local, b.buf, b.buf, dtype, op);
     if (res == gvqSuccess) res = gvq_subring_reduce_scatter(ctx, &cross, b.buf, b.buf, dtype, op);
@@ -232,7 +232,7 @@ gvqResult_t gvq_hier_allgather(gvq_coll_ctx_t *ctx, const void *src, void *dst, 
     hier_blocks_t b;
     GVQCHECK(blocks_init(h, count, gvq_dtype_size(dtype), &b));
     const int *lm;
-    gvq_coll_ctx_t lctx = local_ctx(ctx, &lm);
+    gvq_coll_ctx_t lctx = gvq_hier_local_ctx(ctx, &lm);
     gvq_subring_t local = {lm, K, b.off}, cross = {h->cross, H, b.off + K + 1};
     gvqResult_t res = ctx->dev->copy(block_at(&b, h, h->host_index, h->local_index), src, b.bytes);
     if (res == gvqSuccess) res = gvq_subring_allgather(ctx, &cross, b.buf, dtype);

@@ -77,12 +77,14 @@ static void empty_slices(gvqCompressor_t c, float *out) {
         memcpy(out, ST(c)->M, sizeof(float) * cfg->count);
 }
 
-/* C_n = S_n U (U the new basis) into the ring's buffer, then S_n - C_n U^T left in M. */
-static gvqResult_t encode(gvqCompressor_t c) {
+/* C_n = S_n U (U the new basis) into the ring's buffer, then S_n - C_n U^T left in M; of the
+ * slices [r0, r1). */
+static gvqResult_t encode(gvqCompressor_t c, size_t r0, size_t r1) {
     const gvq_device_ops_t *dev = c->comm->dev;
-    size_t n = ST(c)->n, L = ST(c)->m, d = (size_t)c->cfg.dmax;
-    GVQCHECK(gvq_powersgd_project(dev, ST(c)->M, n, L, d, ST(c)->Q, ST(c)->P));
-    return gvq_powersgd_expand(dev, n, L, d, ST(c)->P, ST(c)->Q, -1.0f, 1.0f, ST(c)->M);
+    size_t L = ST(c)->m, d = (size_t)c->cfg.dmax;
+    float *M = ST(c)->M + r0 * L;
+    GVQCHECK(gvq_powersgd_project(dev, M, r1 - r0, L, d, ST(c)->Q, ST(c)->P));
+    return gvq_powersgd_expand(dev, r1 - r0, L, d, ST(c)->P, ST(c)->Q, -1.0f, 1.0f, M);
 }
 
 /* This rank's loss (stats.lastLoss) and, with error feedback, its residual. */
@@ -94,13 +96,18 @@ static void keep_residual(gvqCompressor_t c, double xnorm, double gnorm) {
     gvq_ef_clip(c, gnorm);
 }
 
-/* y = C U^T into recv. */
-static gvqResult_t decode(gvqCompressor_t c, float *recv, gvqRedOp_t op) {
-    const gvq_device_ops_t *dev = c->comm->dev;
-    size_t n = ST(c)->n, L = ST(c)->m, d = (size_t)c->cfg.dmax;
-    GVQCHECK(gvq_powersgd_expand(dev, n, L, d, ST(c)->P, ST(c)->Q, 1.0f, 0.0f, ST(c)->M));
+/* y = C U^T into the slices [r0, r1) of M. */
+static gvqResult_t decode(gvqCompressor_t c, size_t r0, size_t r1) {
+    size_t L = ST(c)->m, d = (size_t)c->cfg.dmax;
+    return gvq_powersgd_expand(c->comm->dev, r1 - r0, L, d, ST(c)->P, ST(c)->Q, 1.0f, 0.0f,
+                               ST(c)->M + r0 * L);
+}
+
+/* M's slices into recv, in tensor order (gvqAvg: divided). */
+static gvqResult_t decode_out(gvqCompressor_t c, float *recv, gvqRedOp_t op) {
     empty_slices(c, recv);
-    if (op == gvqAvg) GVQCHECK(dev->divide(recv, c->cfg.count, gvqFloat32, c->comm->nranks));
+    if (op == gvqAvg)
+        GVQCHECK(c->comm->dev->divide(recv, c->cfg.count, gvqFloat32, c->comm->nranks));
     return gvqSuccess;
 }
 
@@ -119,11 +126,25 @@ typedef struct {
     size_t n;
     gvq_factor_t *f; /* a ring's factors, one per item */
     gvq_coll_ctx_t ctx;
+    int split; /* hierarchical: the products split over a host's ranks (below) */
 } track_call_t;
 
-/* Rows of item i's factor in ring k: the coefficients (k 1, 3: nslices) or the basis (k 2: L). */
-static size_t ring_rows(const track_item_t *x, int k) {
-    return k == 2 ? ST(x->c)->m : ST(x->c)->n;
+/* The slices [r0, r1) this rank projects: all of them, or with the products split over a host's
+ * K ranks, the host's sum of slices [j n / K, (j + 1) n / K) for local rank j. */
+static void piece_rows(const track_call_t *t, const track_item_t *x, size_t *r0, size_t *r1) {
+    size_t n = ST(x->c)->n;
+    *r0 = 0, *r1 = n;
+    if (!t->split) return;
+    size_t K = (size_t)t->ctx.hier->per_host, j = (size_t)t->ctx.hier->local_index;
+    *r0 = n * j / K, *r1 = n * (j + 1) / K;
+}
+
+/* Rows of item i's factor in ring k: the coefficients (k 1, 3: the slices projected here) or
+ * the basis (k 2: L). */
+static size_t ring_rows(const track_call_t *t, const track_item_t *x, int k) {
+    size_t r0, r1;
+    piece_rows(t, x, &r0, &r1);
+    return k == 2 ? ST(x->c)->m : r1 - r0;
 }
 /* Where item x keeps ring k's factor (column-major, rows x d). */
 static float *ring_factor(const track_item_t *x, int k) {
@@ -135,38 +156,85 @@ static float *ring_factor(const track_item_t *x, int k) {
  * or the integer-summed wire with a scale per column (k keys the rounding bits apart). */
 static gvqResult_t track_ring(track_call_t *t, int k) {
     for (size_t i = 0; i < t->n; i++)
-        t->f[i] = (gvq_factor_t){ring_factor(&t->it[i], k), ring_rows(&t->it[i], k),
+        t->f[i] = (gvq_factor_t){ring_factor(&t->it[i], k), ring_rows(t, &t->it[i], k),
                                  (size_t)t->it[i].c->cfg.dmax};
     gvqCompressor_t c0 = t->it[0].c;
-    return gvq_factor_ring(&t->ctx, c0->cfg.int_bits, t->f, t->n, (uint32_t)c0->cfg.seed,
-                           (uint32_t)(c0->st.iter * 3 + (uint64_t)k), &ST(c0)->ws);
+    uint32_t seed = (uint32_t)c0->cfg.seed, call = (uint32_t)(c0->st.iter * 3 + (uint64_t)k);
+    if (t->split && k != 2) /* the coefficients of one piece: summed over the hosts only */
+        return gvq_factor_ring_across(&t->ctx, c0->cfg.int_bits, t->f, t->n, seed, call,
+                                      &ST(c0)->ws);
+    return gvq_factor_ring(&t->ctx, c0->cfg.int_bits, t->f, t->n, seed, call, &ST(c0)->ws);
 }
 
-/* The three rings and what lies between them, for every item at once. */
+/* With the products split: the host's sum of the slice matrices, local rank j keeping the
+ * slices of its piece (a reduce-scatter inside the host, on slice boundaries), or (gather) the
+ * pieces back to every rank of the host. */
+static gvqResult_t host_slices(track_call_t *t, const track_item_t *x, int gather) {
+    const gvq_hier_t *h = t->ctx.hier;
+    size_t K = (size_t)h->per_host, n = ST(x->c)->n, L = ST(x->c)->m;
+    size_t *off = malloc((K + 1) * sizeof *off);
+    if (off == NULL) return gvqSystemError;
+    for (size_t k = 0; k <= K; k++)
+        off[k] = n * k / K * L;
+    const int *members;
+    gvq_coll_ctx_t lctx = gvq_hier_local_ctx(&t->ctx, &members);
+    gvq_subring_t local = {members, (int)K, off};
+    float *M = ST(x->c)->M;
+    gvqResult_t res = gather ? gvq_subring_allgather(&lctx, &local, M, gvqFloat32)
+                             : gvq_subring_reduce_scatter(&lctx, &local, M, M, gvqFloat32, gvqSum);
+    free(off);
+    return res;
+}
+
+/* The three rings and what lies between them, for every item at once. Split (the compressed
+ * calls hierarchical, ctx.hier): each host first sums its ranks' slice matrices, local rank j
+ * keeping the host's sum of the slices of piece j; every product below then runs on that piece
+ * only (K times less work per rank), rings 1 and 3 sum a piece's coefficients over the hosts
+ * (ring j of the local ranks j), ring 2 sums every rank's part of B hierarchically, and the
+ * decoded pieces are gathered inside the host. The residual a rank keeps is what its piece of
+ * the host's sum lost (zero elsewhere), so error feedback adds it back into that piece. */
 static gvqResult_t track_compress(track_call_t *t, gvqRedOp_t op) {
     for (size_t i = 0; i < t->n; i++) { /* C0 = S_n U */
         gvqCompressor_t c = t->it[i].c;
-        GVQCHECK(gvq_powersgd_project(c->comm->dev, ST(c)->M, ST(c)->n, ST(c)->m,
-                                      (size_t)c->cfg.dmax, ST(c)->Q, ring_factor(&t->it[i], 1)));
+        size_t r0, r1;
+        if (t->split) GVQCHECK(host_slices(t, &t->it[i], 0));
+        piece_rows(t, &t->it[i], &r0, &r1);
+        float *M = ST(c)->M + r0 * ST(c)->m;
+        if (t->split) t->it[i].xnorm = gvq_ef_norm(M, (r1 - r0) * ST(c)->m);
+        GVQCHECK(gvq_powersgd_project(c->comm->dev, M, r1 - r0, ST(c)->m, (size_t)c->cfg.dmax,
+                                      ST(c)->Q, ring_factor(&t->it[i], 1)));
     }
     GVQCHECK(track_ring(t, 1));
     for (size_t i = 0; i < t->n; i++) { /* B = S_n^T C0 */
         gvqCompressor_t c = t->it[i].c;
-        GVQCHECK(gvq_powersgd_back(c->comm->dev, ST(c)->M, ST(c)->n, ST(c)->m, (size_t)c->cfg.dmax,
-                                   ring_factor(&t->it[i], 1), ring_factor(&t->it[i], 2)));
+        size_t r0, r1;
+        piece_rows(t, &t->it[i], &r0, &r1);
+        GVQCHECK(gvq_powersgd_back(c->comm->dev, ST(c)->M + r0 * ST(c)->m, r1 - r0, ST(c)->m,
+                                   (size_t)c->cfg.dmax, ring_factor(&t->it[i], 1),
+                                   ring_factor(&t->it[i], 2)));
     }
     GVQCHECK(track_ring(t, 2));
     for (size_t i = 0; i < t->n; i++) { /* U = orth(B); C_n; the residual */
         gvqCompressor_t c = t->it[i].c;
-        size_t L = ST(c)->m, d = (size_t)c->cfg.dmax;
+        size_t L = ST(c)->m, d = (size_t)c->cfg.dmax, r0, r1;
         memcpy(ST(c)->Q, ring_factor(&t->it[i], 2), sizeof(float) * L * d);
         gvq_powersgd_orthonormalize(ST(c)->Q, L, d);
-        GVQCHECK(encode(c));
+        piece_rows(t, &t->it[i], &r0, &r1);
+        GVQCHECK(encode(c, r0, r1));
+        if (t->split) { /* the others' pieces hold partial sums: not this rank's residual */
+            memset(ST(c)->M, 0, sizeof(float) * r0 * L);
+            memset(ST(c)->M + r1 * L, 0, sizeof(float) * (ST(c)->n - r1) * L);
+        }
         keep_residual(c, t->it[i].xnorm, t->it[i].gnorm);
     }
     GVQCHECK(track_ring(t, 3));
-    for (size_t i = 0; i < t->n; i++)
-        GVQCHECK(decode(t->it[i].c, t->it[i].recv, op));
+    for (size_t i = 0; i < t->n; i++) {
+        size_t r0, r1;
+        piece_rows(t, &t->it[i], &r0, &r1);
+        GVQCHECK(decode(t->it[i].c, r0, r1));
+        if (t->split) GVQCHECK(host_slices(t, &t->it[i], 1));
+        GVQCHECK(decode_out(t->it[i].c, t->it[i].recv, op));
+    }
     return gvqSuccess;
 }
 
@@ -189,6 +257,7 @@ static gvqResult_t track_allreduce_many(gvqCompressor_t const *cs, const float *
     track_call_t t = {0};
     t.ctx = gvq_comm_ctx(cs[0]->comm, &sent);
     if (!gvq_comm_hier_compressed(cs[0]->comm)) t.ctx.hier = NULL; /* factor rings flat */
+    t.split = t.ctx.hier != NULL;
     const float **x = calloc(k, sizeof *x);
     int32_t *bad = calloc(k, sizeof *bad);
     t.it = calloc(k, sizeof *t.it);
