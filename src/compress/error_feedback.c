@@ -69,8 +69,12 @@ const float *gvq_ef_input(gvqCompressor_t c, const float *g) {
 }
 
 void gvq_ef_clip(gvqCompressor_t c, double gnorm) {
+    gvq_ef_clip_norm(c, gnorm, gvq_ef_norm(c->residual, c->cfg.count));
+}
+
+void gvq_ef_clip_norm(gvqCompressor_t c, double gnorm, double e) {
     size_t n = c->cfg.count;
-    double e = gvq_ef_norm(c->residual, n), cap = (double)c->cfg.ef_bound * gnorm;
+    double cap = (double)c->cfg.ef_bound * gnorm;
     if (!isfinite(e) || !isfinite(cap)) {
         memset(c->residual, 0, sizeof(float) * n);
         return;

@@ -142,6 +142,8 @@ gvqResult_t gvq_ef_begin(gvqCompressor_t c, gvq_ef_call_t *ef, const gvq_codec_t
 void gvq_ef_end(gvqCompressor_t c, gvq_ef_call_t *ef, int ok);
 /* Scale the residual down to efBound x gnorm when it is longer; a non-finite one is dropped. */
 void gvq_ef_clip(gvqCompressor_t c, double gnorm);
+/* The same where the residual's norm e = gvq_ef_norm(residual, count) is known already. */
+void gvq_ef_clip_norm(gvqCompressor_t c, double gnorm, double e);
 /* ||v|| in double. */
 double gvq_ef_norm(const float *v, size_t n);
 

@@ -87,13 +87,18 @@ static gvqResult_t encode(gvqCompressor_t c, size_t r0, size_t r1) {
     return gvq_powersgd_expand(dev, r1 - r0, L, d, ST(c)->P, ST(c)->Q, -1.0f, 1.0f, M);
 }
 
-/* This rank's loss (stats.lastLoss) and, with error feedback, its residual. */
+/* This rank's loss (stats.lastLoss) and, with error feedback, its residual (its norm taken
+ * once, for both). */
 static void keep_residual(gvqCompressor_t c, double xnorm, double gnorm) {
-    double rnorm = gvq_ef_norm(ST(c)->M, ST(c)->n * ST(c)->m);
-    c->st.stats.lastLoss = xnorm > 0 ? rnorm / xnorm : 0;
-    if (!c->cfg.error_feedback) return;
+    if (!c->cfg.error_feedback) {
+        double rnorm = gvq_ef_norm(ST(c)->M, ST(c)->n * ST(c)->m);
+        c->st.stats.lastLoss = xnorm > 0 ? rnorm / xnorm : 0;
+        return;
+    }
     empty_slices(c, c->residual);
-    gvq_ef_clip(c, gnorm);
+    double rnorm = gvq_ef_norm(c->residual, c->cfg.count);
+    c->st.stats.lastLoss = xnorm > 0 ? rnorm / xnorm : 0;
+    gvq_ef_clip_norm(c, gnorm, rnorm);
 }
 
 /* y = C U^T into the slices [r0, r1) of M. */
