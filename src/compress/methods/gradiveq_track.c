@@ -55,16 +55,49 @@ typedef struct {
 } track_state_t;
 #define ST(c) ((track_state_t *)(c)->m)
 
-/* x (count floats, tensor order) into the slice matrix S = M, in GradiVeQ's collocated
- * order; the padding zeroed. */
-static void fill_slices(gvqCompressor_t c, const float *x) {
-    const gvq_comp_cfg_t *cfg = &c->cfg;
-    size_t count = cfg->count, nm = ST(c)->n * ST(c)->m;
-    if (c->collocate)
-        gvq_collocate(x, ST(c)->M, (size_t)cfg->K, (size_t)cfg->D, (size_t)cfg->H, (size_t)cfg->W);
-    else
-        memcpy(ST(c)->M, x, sizeof(float) * count);
-    memset(ST(c)->M + count, 0, sizeof(float) * (nm - count));
+/* One pass over a tensor's gradient g for its call: x = g + residual (error feedback) or g,
+ * written straight into the slice matrix (collocated slices: into ef_input, then collocated),
+ * with ||g|| (error feedback), ||x|| over M and whether every x is finite. The norms add in
+ * gvq_ef_norm's eight lanes (element i into lane i mod 8), so they are its bits; over M in M's
+ * order (collocated: a pass of its own after the collocation, as before). Returns 1 when every
+ * x is finite. This is what five passes did (ef_input, the finite scan, ||g||, the copy into the
+ * slices, ||x||). */
+static int prepare_slices(gvqCompressor_t c, const float *g, double *gnorm, double *xnorm) {
+    size_t count = c->cfg.count, nm = ST(c)->n * ST(c)->m, i = 0;
+    int ef = c->cfg.error_feedback, col = c->collocate;
+    const float *r = c->residual;
+    float *out = col ? (ef ? c->ef_input : NULL) : ST(c)->M;
+    double gl[8] = {0}, xl[8] = {0};
+    float nonfinite = 0.0f; /* x * 0 is NaN exactly when x is NaN or infinite */
+    for (; i + 8 <= count; i += 8)
+        for (size_t j = 0; j < 8; j++) {
+            float gi = g[i + j], xi = ef ? gi + r[i + j] : gi;
+            if (out != NULL) out[i + j] = xi;
+            gl[j] += (double)gi * (double)gi;
+            xl[j] += (double)xi * (double)xi;
+            nonfinite += xi * 0.0f;
+        }
+    for (size_t j = 0; i < count; i++, j++) {
+        float gi = g[i], xi = ef ? gi + r[i] : gi;
+        if (out != NULL) out[i] = xi;
+        gl[j] += (double)gi * (double)gi;
+        xl[j] += (double)xi * (double)xi;
+        nonfinite += xi * 0.0f;
+    }
+    double gs = 0, xs = 0;
+    for (size_t j = 0; j < 8; j++)
+        gs += gl[j], xs += xl[j];
+    *gnorm = ef ? sqrt(gs) : 0;
+    if (col) {
+        gvq_collocate(ef ? c->ef_input : g, ST(c)->M, (size_t)c->cfg.K, (size_t)c->cfg.D,
+                      (size_t)c->cfg.H, (size_t)c->cfg.W);
+        memset(ST(c)->M + count, 0, sizeof(float) * (nm - count));
+        *xnorm = gvq_ef_norm(ST(c)->M, nm);
+    } else {
+        memset(ST(c)->M + count, 0, sizeof(float) * (nm - count));
+        *xnorm = sqrt(xs); /* the zero padding adds nothing */
+    }
+    return nonfinite == 0.0f;
 }
 
 /* count floats of the slice matrix back into tensor order. */
@@ -263,18 +296,16 @@ static gvqResult_t track_allreduce_many(gvqCompressor_t const *cs, const float *
     t.ctx = gvq_comm_ctx(cs[0]->comm, &sent);
     if (!gvq_comm_hier_compressed(cs[0]->comm)) t.ctx.hier = NULL; /* factor rings flat */
     t.split = t.ctx.hier != NULL;
-    const float **x = calloc(k, sizeof *x);
     int32_t *bad = calloc(k, sizeof *bad);
+    double *norms = calloc(2 * k, sizeof *norms); /* ||g||, ||x|| per tensor */
     t.it = calloc(k, sizeof *t.it);
     t.f = calloc(k, sizeof *t.f);
     gvqResult_t res = gvqSuccess;
-    if (x == NULL || bad == NULL || t.it == NULL || t.f == NULL) goto oom;
-    for (size_t i = 0; i < k; i++) {
-        const gvq_comp_cfg_t *cfg = &cs[i]->cfg;
-        if (ST(cs[i])->plain) continue;
-        x[i] = cfg->error_feedback ? gvq_ef_input(cs[i], send[i]) : send[i];
-    }
-    GVQCHECKGOTO(gvq_factor_agree_nonfinite(cs, x, k, &t.ctx, bad), res, out);
+    if (norms == NULL || bad == NULL || t.it == NULL || t.f == NULL) goto oom;
+    for (size_t i = 0; i < k; i++) /* the slices, norms and finite test in one pass */
+        bad[i] = !ST(cs[i])->plain && !prepare_slices(cs[i], send[i], &norms[2 * i],
+                                                       &norms[2 * i + 1]);
+    GVQCHECKGOTO(gvq_agree_i32(&t.ctx, bad, (int)k, gvqMax), res, out); /* non-finite anywhere */
     for (size_t i = 0; i < k && res == gvqSuccess; i++) {
         gvqCompressor_t c = cs[i];
         if (ST(c)->plain)
@@ -282,11 +313,7 @@ static gvqResult_t track_allreduce_many(gvqCompressor_t const *cs, const float *
         else if (bad[i])
             res = gvq_compressed_nonfinite(c, &t.ctx, send[i], recv[i], op);
         if (ST(c)->plain || bad[i]) continue;
-        track_item_t *it = &t.it[t.n++];
-        *it = (track_item_t){c, send[i], recv[i], 0, 0};
-        it->gnorm = c->cfg.error_feedback ? gvq_ef_norm(send[i], c->cfg.count) : 0;
-        fill_slices(c, x[i]);
-        it->xnorm = gvq_ef_norm(ST(c)->M, ST(c)->n * ST(c)->m);
+        t.it[t.n++] = (track_item_t){c, send[i], recv[i], norms[2 * i], norms[2 * i + 1]};
     }
     if (res != gvqSuccess || t.n == 0) goto out;
     unsigned long long before = sent, total = 0;
@@ -307,7 +334,7 @@ oom:
     GVQ_WARN("gvqAllReduceCompressed: out of memory for a tracked-basis call of %zu tensors", k);
     res = gvqSystemError;
 out:
-    free(x);
+    free(norms);
     free(bad);
     free(t.it);
     free(t.f);
