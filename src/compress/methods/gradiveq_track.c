@@ -128,8 +128,28 @@ static void keep_residual(gvqCompressor_t c, double xnorm, double gnorm) {
         c->st.stats.lastLoss = xnorm > 0 ? rnorm / xnorm : 0;
         return;
     }
-    empty_slices(c, c->residual);
-    double rnorm = gvq_ef_norm(c->residual, c->cfg.count);
+    double rnorm;
+    if (c->collocate) {
+        empty_slices(c, c->residual);
+        rnorm = gvq_ef_norm(c->residual, c->cfg.count);
+    } else { /* the copy and gvq_ef_norm's lanes in one pass */
+        const float *M = ST(c)->M;
+        size_t count = c->cfg.count, i = 0;
+        double l[8] = {0};
+        for (; i + 8 <= count; i += 8)
+            for (size_t j = 0; j < 8; j++) {
+                float v = c->residual[i + j] = M[i + j];
+                l[j] += (double)v * (double)v;
+            }
+        for (size_t j = 0; i < count; i++, j++) {
+            float v = c->residual[i] = M[i];
+            l[j] += (double)v * (double)v;
+        }
+        double s2 = 0;
+        for (size_t j = 0; j < 8; j++)
+            s2 += l[j];
+        rnorm = sqrt(s2);
+    }
     c->st.stats.lastLoss = xnorm > 0 ? rnorm / xnorm : 0;
     gvq_ef_clip_norm(c, gnorm, rnorm);
 }
