@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--iters"))
             iters = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--rule"))
-            rule = !strcmp(argv[i + 1], "sgd") ? gvqPsSgd
+            rule = !strcmp(argv[i + 1], "sgd")       ? gvqPsSgd
                    : !strcmp(argv[i + 1], "adagrad") ? gvqPsAdagrad
                                                      : gvqPsMomentum;
         else {
@@ -128,8 +128,8 @@ int main(int argc, char **argv) {
                "and commit\n"
                "# commit: %.2f ms (slowest rank's median of %d), %.2f GB/s of kept bytes; memcpy "
                "of them %.2f ms, %.2f GB/s; writing them into fresh memory %.2f ms\n",
-               N, rows, dim, rule, kept / 1e6, commit * 1e3, iters, kept / commit / 1e9,
-               copy * 1e3, kept / copy / 1e9, first_touch * 1e3);
+               N, rows, dim, rule, kept / 1e6, commit * 1e3, iters, kept / commit / 1e9, copy * 1e3,
+               kept / copy / 1e9, first_touch * 1e3);
     /* the last rank leaves (given, so no timeout is waited out); the others recover */
     int last = N - 1;
     MPI_Comm survivors;

@@ -435,6 +435,8 @@ typedef struct {
         long step, pos;
         int epoch;
         float *params, *velocity;
+        char *agg;                 /* the aggregation's state (gvqTrainSave: the compressors) */
+        size_t agg_bytes, agg_cap; /* agg_bytes 0: none (the compressors are then rebuilt) */
     } commit[2];
     int latest, nranks0, first_rank, faults, after_fault, spawned;
     long steps_lost, start_step; /* start_step: a replacement's first step */
@@ -819,8 +821,10 @@ static int end_window(run_t *r, long step, int last) {
  *   ranks that answered (a majority of the last one; the rest leave the run);
  * - agree on the commit to go back to, the least of their latest (a survivor may have finished
  *   the step whose call failed on another and taken the next commit: each keeps two);
- * - set the aggregation up anew on the new communicator: the compressors are rebuilt, not moved
- *   (their error feedback and fitted bases start over, as after gvq-train's start);
+ * - set the aggregation up anew on the new communicator and load into it the aggregation's
+ *   state of that commit (gvqTrainSave at the commit: every compressor's basis, residual and
+ *   counters; a survivor's own residual stays its own), or, when any survivor cannot, rebuild
+ *   the compressors on every survivor (their error feedback and bases start over);
  * - scale the learning rate by the ranks left: the per-rank batch stays, the global shrinks;
  * - run the lost steps again from the commit's weights and momentum. */
 
@@ -842,7 +846,23 @@ static void elastic_free(run_t *r) {
     for (int k = 0; k < 2; k++) {
         free(r->commit[k].params);
         free(r->commit[k].velocity);
+        free(r->commit[k].agg);
     }
+}
+
+/* The aggregation's state into commit k (none where it cannot be saved: zero-code mode, or an
+ * error; the compressors are then rebuilt after a fault). */
+static void commit_agg(run_t *r, int k) {
+    gvqTrainer_t t = r->agg.trainer;
+    size_t need = 0;
+    r->commit[k].agg_bytes = 0;
+    if (t == NULL || gvqTrainSave(t, NULL, &need) != gvqSuccess) return;
+    if (need > r->commit[k].agg_cap) {
+        char *p = realloc(r->commit[k].agg, need);
+        if (p == NULL) return;
+        r->commit[k].agg = p, r->commit[k].agg_cap = need;
+    }
+    if (gvqTrainSave(t, r->commit[k].agg, &need) == gvqSuccess) r->commit[k].agg_bytes = need;
 }
 
 static void commit_to_disk(run_t *r, int k);
@@ -854,6 +874,7 @@ static void elastic_commit(run_t *r, long step) {
     r->commit[k].epoch = r->epoch;
     memcpy(r->commit[k].params, r->net.params, sizeof(float) * r->net.nparams);
     memcpy(r->commit[k].velocity, r->velocity, sizeof(float) * r->net.nparams);
+    commit_agg(r, k);
     r->latest = k;
     if (r->o->commit_dir != NULL && r->rank == 0) commit_to_disk(r, k);
 }
@@ -926,6 +947,16 @@ static long elastic_recover(run_t *r, long failed_step) {
     r->commit[!k].step = -1; /* the other may be a step no other survivor reached */
     r->latest = k;
     if ((res = elastic_reaggregate(r, back)) != gvqSuccess) elastic_leave(r, "agg_setup", res);
+    /* the commit's compressors on every survivor, or rebuilt on every survivor */
+    int32_t carried =
+        r->agg.trainer != NULL && r->commit[k].agg_bytes > 0 &&
+        gvqTrainLoad(r->agg.trainer, r->commit[k].agg, r->commit[k].agg_bytes) == gvqSuccess;
+    if ((res = gvqAllReduce(&carried, &carried, 1, gvqInt32, gvqMin, nc, NULL)) != gvqSuccess)
+        elastic_leave(r, "agreeing on the compressors", res);
+    if (!carried && r->agg.trainer != NULL) { /* some loaded, some not: all anew */
+        agg_free(&r->agg);
+        if ((res = elastic_reaggregate(r, back)) != gvqSuccess) elastic_leave(r, "agg_setup", res);
+    }
     const long lost = failed_step - back;
     r->faults++;
     r->steps_lost += lost;
@@ -940,9 +971,10 @@ static long elastic_recover(run_t *r, long failed_step) {
         fprintf(r->out,
                 "# fault at step %ld: %d -> %d ranks; detected %.3f s into the step, teardown "
                 "%.3f s, shrink %.3f s, reload %.3f s; back to step %ld (%ld steps lost), lr x "
-                "%.3f\n",
+                "%.3f, compressors %s\n",
                 failed_step + 1, before, r->nranks, t_fail - r->step_start, t_freed - t_fail,
-                t_shrunk - t_freed, r->recovered_at - t_shrunk, back, lost, r->lr_scale);
+                t_shrunk - t_freed, r->recovered_at - t_shrunk, back, lost, r->lr_scale,
+                carried ? "carried from the commit" : "rebuilt");
         fflush(r->out);
     }
     return back;
@@ -1158,6 +1190,9 @@ static void elastic_maybe_grow(run_t *r, long step) {
     handoff_t h = {step, r->pos, r->epoch, 0};
     handoff(r, &h);
     TRAIN_GVQ(elastic_reaggregate(r, step), nc);
+    /* this step's commit holds the compressors made anew on the grown communicator, as the
+     * newcomers' first commit does: a rollback to it carries the same state on every rank */
+    commit_agg(r, r->latest);
     if (r->rank == 0) {
         progress_clear(&r->progress);
         fprintf(r->out,

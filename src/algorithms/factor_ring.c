@@ -63,7 +63,8 @@ static gvqResult_t ws_intsum(gvq_factor_ws_t *ws, gvq_coll_ctx_t *ctx, int bits,
 
 /* The sum over the hosts of ring j (this rank's local index): the scales agreed over every rank
  * first (codec.begin is collective over ctx), then ring j alone. */
-static gvqResult_t sum_across(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, float *buf, size_t nv) {
+static gvqResult_t sum_across(gvq_coll_ctx_t *ctx, const gvq_codec_t *codec, float *buf,
+                              size_t nv) {
     const gvq_hier_t *h = ctx->hier;
     if (codec->begin != NULL) GVQCHECK(codec->begin(codec, ctx, buf, nv));
     if (nv == 0) return gvqSuccess; /* every member of ring j has the same shapes */

@@ -7,11 +7,15 @@
 # start a replacement that joins at the next commit (--replace). Fails unless the job ends with
 # status 0 (the replacements take part in its last reductions), both faults are reported with
 # at most 21 steps lost each, 3 of 3 ranks train at the end, every weight check found the ranks
-# identical, and the loss of the last window is below MAX (the same run without faults ends at
-# 0.357; chance is 2.30).
+# identical, the compressors' state was carried through both faults (loaded from the commit on
+# every survivor), and the loss of the last window is below MAX (the same run without faults
+# ends at 0.357; chance is 2.30). Arguments after MAX replace the codec options (--codec qsgd).
 set -uo pipefail
 exe=$1
 max=${2:-0.60}
+shift $(($# < 2 ? $# : 2))
+codec=("$@") # the codec options (default: --codec qsgd)
+[ ${#codec[@]} -gt 0 ] || codec=(--codec qsgd)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 data=/usr/share/datasets/fashion-mnist
 if [ ! -r "$data/train-images-idx3-ubyte.gz" ]; then
@@ -22,13 +26,15 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 GVQ_TIMEOUT_MS=3000 bash "$here/../../scripts/gvq-launch.sh" -n 3 -t 240 -- "$exe" --batch 96 \
     --iters 300 --print-every 50 --train-subset 5120 --test-subset 500 --no-progress \
-    --elastic 20 --die 2:75 --die 1:78 --replace --codec qsgd >"$log" 2>&1
+    --elastic 20 --die 2:75 --die 1:78 --replace "${codec[@]}" >"$log" 2>&1
 rc=$?
 grep -E '^\[[0-9]\] (epoch|# (fault|join|first|done|elastic|wire))|gvq-train:' "$log"
 fail() { echo "FAIL: $*"; exit 1; }
 [ $rc -eq 0 ] || fail "the job exited with $rc"
 [ "$(grep -c '# fault at step' "$log")" -eq 2 ] || fail "not two faults reported"
 [ "$(grep -c '# join at step' "$log")" -eq 2 ] || fail "not two replacements joined"
+[ "$(grep -c 'compressors carried from the commit' "$log")" -eq 2 ] ||
+    fail "the compressors were not carried through both faults"
 awk '/# fault at step/ { for (i = 1; i < NF; i++) if ($i ~ /^\(/) { n = substr($i, 2) + 0; if (n > 21) bad = 1 } }
      END { exit bad }' "$log" || fail "a fault lost more than a commit's steps"
 grep -q '# elastic: 2 fault(s) ridden through, .* 3 of 3 ranks at the end' "$log" ||

@@ -323,8 +323,8 @@ static gvqResult_t track_allreduce_many(gvqCompressor_t const *cs, const float *
     gvqResult_t res = gvqSuccess;
     if (norms == NULL || bad == NULL || t.it == NULL || t.f == NULL) goto oom;
     for (size_t i = 0; i < k; i++) /* the slices, norms and finite test in one pass */
-        bad[i] = !ST(cs[i])->plain && !prepare_slices(cs[i], send[i], &norms[2 * i],
-                                                       &norms[2 * i + 1]);
+        bad[i] =
+            !ST(cs[i])->plain && !prepare_slices(cs[i], send[i], &norms[2 * i], &norms[2 * i + 1]);
     GVQCHECKGOTO(gvq_agree_i32(&t.ctx, bad, (int)k, gvqMax), res, out); /* non-finite anywhere */
     for (size_t i = 0; i < k && res == gvqSuccess; i++) {
         gvqCompressor_t c = cs[i];
