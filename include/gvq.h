@@ -940,9 +940,10 @@ GVQ_API gvqResult_t gvqPsLoadFile(gvqPs_t ps, const char *path);
  * a gvqPsApply and the next push (rows pushed and not applied are refused on every rank alike);
  * with `serve`, after the same number of gvqPsApply calls on every rank, and it waits for the
  * shards here to apply them. Blocking (a config's host stream is drained first).
- * Errors: gvqInvalidArgument (bad handle; ranks with different commit or step counts),
- * gvqInvalidUsage (rows pushed since the last apply, inside a group), gvqTimeout,
- * gvqRemoteError, gvqSystemError. */
+ * Errors: gvqInvalidArgument (bad handle; ranks with different commit or step counts, or rows
+ * pushed on some ranks only), gvqInvalidUsage (rows pushed since the last apply on every rank,
+ * inside a group), gvqTimeout, gvqRemoteError (another rank could not take its copy: the
+ * previous commit stays on every rank), gvqSystemError. */
 GVQ_API gvqResult_t gvqPsCommit(gvqPs_t ps);
 
 /* Creates a parameter server on comm, as gvqPsCreate(comm, rows, dim, datatype, config, out),
@@ -956,8 +957,8 @@ GVQ_API gvqResult_t gvqPsCommit(gvqPs_t ps);
  * every rank holds its rows. `from` stays as it was: destroy it.
  * Errors: gvqRemoteError (a former rank and the next one both missing: their rows are lost; a
  * rank whose rows did not arrive whole), gvqInvalidUsage (no rank with a commit, commits of
- * different serials or sizes, two ranks claiming one former rank, a `from` of another shape or
- * without a commit), gvqPsCreate's errors, gvqTimeout, gvqSystemError. */
+ * different serials or sizes, two ranks claiming one former rank, a `from` of another shape,
+ * update rule or without a commit), gvqPsCreate's errors, gvqTimeout, gvqSystemError. */
 GVQ_API gvqResult_t gvqPsRecover(gvqPs_t from, gvqComm_t comm, size_t rows, size_t dim,
                                  gvqDataType_t datatype, const gvqPsConfig_t *config, gvqPs_t *out);
 

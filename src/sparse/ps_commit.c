@@ -82,29 +82,41 @@ static gvqResult_t commit_locked(gvqPs_t ps, uint64_t serial, uint64_t steps) {
     size_t rb = rec_bytes(ps), nprev = N > 1 ? ps->map.rank_rows[prev] : 0;
     gvq_ps_commit_t *k = &ps->commit;
     gvq_ps_gen_t *g = &k->gen[1];
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
     g->serial = 0;
     k->nranks = N, k->own_rank = r, k->buddy_of = N > 1 ? prev : -1;
-    if (!reserve(&g->own, &g->own_cap, ps->nlocal * rb) ||
+    void **sb = calloc((size_t)N, sizeof *sb), **rbp = calloc((size_t)N, sizeof *rbp);
+    size_t *sn = calloc((size_t)N, sizeof *sn), *rn = calloc((size_t)N, sizeof *rn);
+    gvqResult_t res = gvqSuccess;
+    if (sb == NULL || rbp == NULL || sn == NULL || rn == NULL ||
+        GVQ_MAX(ps->nlocal, nprev) > SIZE_MAX / rb ||
+        !reserve(&g->own, &g->own_cap, ps->nlocal * rb) ||
         !reserve(&g->buddy, &g->buddy_cap, nprev * rb)) {
         GVQ_WARN("gvqPsCommit: cannot allocate the copies of %zu and %zu rows", ps->nlocal, nprev);
-        return gvqSystemError;
+        res = gvqSystemError;
     }
-    GVQCHECK(snapshot(ps, steps, g->own));
-    if (N > 1) { /* both sides know the sizes: the next rank gets ours, the previous sends its */
-        void **sb = calloc((size_t)N, sizeof *sb), **rbp = calloc((size_t)N, sizeof *rbp);
-        size_t *sn = calloc((size_t)N, sizeof *sn), *rn = calloc((size_t)N, sizeof *rn);
-        gvqResult_t res = gvqSystemError;
-        if (sb != NULL && rbp != NULL && sn != NULL && rn != NULL) {
-            sb[next] = g->own, sn[next] = ps->nlocal * rb;
-            rbp[prev] = g->buddy, rn[prev] = nprev * rb;
-            gvq_coll_ctx_t ctx = gvq_comm_ctx(c, NULL);
-            gvq_sx_bytes_t bytes = {0, 0};
-            res = gvq_sx_exchange(&ctx, sb, sn, rbp, rn, &bytes);
-            count_bytes(ps, &bytes);
+    if (res == gvqSuccess) res = snapshot(ps, steps, g->own);
+    /* what failed here fails every rank before any copy moves (the neighbours would wait) */
+    int32_t bad = res != gvqSuccess;
+    if (N > 1) {
+        gvqResult_t ag = gvq_agree_i32(&ctx, &bad, 1, gvqMax);
+        if (ag != gvqSuccess)
+            res = ag;
+        else if (bad && res == gvqSuccess) {
+            GVQ_WARN(
+                "gvqPsCommit: another rank could not take its copy; the previous commit stays");
+            res = gvqRemoteError;
         }
-        free(sb), free(rbp), free(sn), free(rn);
-        GVQCHECK(res);
     }
+    if (res == gvqSuccess && N > 1) { /* both sides know the sizes: the next rank gets ours */
+        sb[next] = g->own, sn[next] = ps->nlocal * rb;
+        rbp[prev] = g->buddy, rn[prev] = nprev * rb;
+        gvq_sx_bytes_t bytes = {0, 0};
+        res = gvq_sx_exchange(&ctx, sb, sn, rbp, rn, &bytes);
+        count_bytes(ps, &bytes);
+    }
+    free(sb), free(rbp), free(sn), free(rn);
+    GVQCHECK(res);
     g->serial = serial;
     gvq_ps_gen_t newest = *g;
     k->gen[1] = k->gen[0];
@@ -170,10 +182,11 @@ static void my_fields(const char *fn, const recover_t *x, int64_t *f) {
     if (o == NULL) return; /* a newcomer */
     const gvq_ps_commit_t *k = &o->commit;
     if (o->rows != x->ps->rows || o->dim != x->ps->dim || o->dtype != x->ps->dtype ||
-        k->gen[0].serial == 0) {
+        o->cfg.rule != x->ps->cfg.rule || k->gen[0].serial == 0) {
         GVQ_WARN("%s: the old parameter server %s", fn,
-                 k->gen[0].serial == 0 ? "has no commit (gvqPsCommit)"
-                                       : "has another shape (rows, dim or datatype)");
+                 k->gen[0].serial == 0
+                     ? "has no commit (gvqPsCommit)"
+                     : "has another shape or rule (rows, dim, datatype or update rule)");
         f[F_BAD] = 1;
         return;
     }
@@ -294,7 +307,8 @@ static gvqResult_t cut_records(recover_t *x) {
         }
         for (int p = 0; pass == 0 && p < x->N; p++)
             if (x->send[p].nrows > 0 &&
-                (x->send[p].buf = malloc(x->send[p].nrows * (8 + rb))) == NULL) {
+                (x->send[p].nrows > SIZE_MAX / (8 + rb) ||
+                 (x->send[p].buf = malloc(x->send[p].nrows * (8 + rb))) == NULL)) {
                 free(count);
                 return gvqSystemError;
             }
@@ -346,8 +360,9 @@ static gvqResult_t recover_locked(const char *fn, recover_t *x) {
     int64_t mine[NF];
     my_fields(fn, x, mine);
     GVQCHECK(gvq_agree_fields(&ctx, fn, mine, names, NF, x->all));
-    GVQCHECK(gvq_ps_plan_recovery(fn, x->all, x->N, &x->plan));
-    if (x->from != NULL) { /* the generation that holds the commit picked */
+    gvqResult_t res = gvq_ps_plan_recovery(fn, x->all, x->N, &x->plan);
+    if (res != gvqSuccess && res != gvqSystemError) return res; /* decided alike everywhere */
+    if (res == gvqSuccess && x->from != NULL) { /* the generation holding the commit picked */
         const gvq_ps_commit_t *k = &x->from->commit;
         x->gen = k->gen[0].serial == x->plan.serial ? &k->gen[0] : &k->gen[1];
     }
@@ -356,13 +371,21 @@ static gvqResult_t recover_locked(const char *fn, recover_t *x) {
     x->cap = malloc((size_t)x->N * sizeof *x->cap);
     x->filled = calloc(GVQ_MAX(ps->nlocal, (size_t)1), 1);
     if (x->send == NULL || x->recv == NULL || x->cap == NULL || x->filled == NULL)
-        return gvqSystemError;
+        res = gvqSystemError;
+    /* a local failure (memory) fails every rank before rows move: the others would wait */
+    int32_t bad = res != gvqSuccess;
+    GVQCHECK(gvq_agree_i32(&ctx, &bad, 1, gvqMax));
+    if (bad) {
+        GVQ_WARN("%s: %s could not prepare the exchange", fn,
+                 res != gvqSuccess ? "this rank" : "another rank");
+        return res != gvqSuccess ? res : gvqRemoteError;
+    }
     for (int p = 0; p < x->N; p++)
         x->cap[p] = ps->nlocal;
     gvq_ps_pin_t pin; /* the served mode's thread must not answer from half-written rows */
     GVQCHECK(gvq_ps_pin(ps, fn, &pin));
-    gvqResult_t res = cut_records(x);
-    int32_t bad = res != gvqSuccess;
+    res = cut_records(x);
+    bad = res != gvqSuccess;
     for (int p = 0; bad && p < x->N; p++) { /* tell the others, who wait for our headers */
         free(x->send[p].buf);
         x->send[p] = (gvq_sx_block_t){1, 0, NULL};

@@ -258,6 +258,7 @@ typedef struct {
     int int_bits; /* integerBits of the compressor (0: float wire) */
     int ef;       /* QSGD: error feedback, over `calls` calls (0 or 1: one call) */
     int calls;
+    int slice, dims; /* the tracked basis's sliceSize and maxDims (0: 64 and 4) */
     double err2[16], norm2[16];
     uint64_t hash[16];
 } qcase_t;
@@ -477,8 +478,8 @@ static void rank_track(gvqComm_t comm, int rank, int nranks, void *arg) {
     gvqCompressorConfig_t cfg = GVQ_COMPRESSOR_CONFIG_INITIALIZER;
     cfg.codec = gvqCodecGradiveq;
     cfg.basisUpdate = gvqBasisTrack;
-    cfg.maxDims = 4;
-    cfg.sliceSize = 64;
+    cfg.maxDims = q->dims > 0 ? q->dims : 4;
+    cfg.sliceSize = q->slice > 0 ? q->slice : 64;
     cfg.integerBits = q->int_bits;
     gvqCompressor_t comp;
     EXPECT_RES(gvqCompressorCreate(comm, q->M, &cfg, &comp), gvqSuccess);
@@ -520,6 +521,20 @@ static void test_track(void) {
                    "%.2e\n",
                    bits, q.H, q.K, eh, ef);
         }
+    }
+    /* fewer slices than ranks on a host (2 slices of 256, 3 ranks a host): no piece for one
+     * local rank, so the products are not split (the factor rings still hierarchical); every
+     * rank the same bits, no worse than the flat rings */
+    for (int bits = 0; bits <= 16; bits += 16) {
+        qcase_t q;
+        memset(&q, 0, sizeof q);
+        q.H = 2, q.K = 3, q.M = 512, q.int_bits = bits, q.slice = 256, q.dims = 1;
+        double ef, eh;
+        (void)flat_and_hier_as("tracked basis, 2 slices", rank_track, &q, &ef, &eh);
+        EXPECT(eh < 1.2 * ef + 1e-3,
+               "tracked basis, 2 slices on hosts of 3, int%d: relative "
+               "error hier %.2e, flat %.2e",
+               bits, eh, ef);
     }
 }
 

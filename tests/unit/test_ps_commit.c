@@ -15,7 +15,8 @@
  * newcomer (3 -> 2 + 1), growth from one rank (1 -> 1 + 1), other partitions and
  * partitionings on the new server, the old communicator destroyed before the recovery, the
  * served mode (staleness 0). Refused: two neighbours lost (gvqRemoteError on every rank), a
- * commit with rows pushed and not applied, nobody with a commit, a handle of another shape.
+ * commit with rows pushed and not applied, nobody with a commit, a handle of another shape or
+ * update rule.
  * The decision itself on given fields: a rank one commit ahead of another (a failure in the
  * middle of a commit) recovers the commit both hold; two apart, sizes that differ, one former
  * rank claimed twice, a former rank outside the old size are refused.
@@ -249,6 +250,10 @@ static void refusals_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT_RES(gvqPsCommit(other), gvqSuccess);
     EXPECT_RES(gvqPsRecover(rank == 0 ? other : ps, comm, 20, 2, gvqFloat32, &cfg, &out),
                gvqInvalidUsage);
+    /* another update rule: the records hold no momentum to carry */
+    gvqPsConfig_t mom = GVQ_PS_CONFIG_INITIALIZER;
+    mom.rule = gvqPsMomentum;
+    EXPECT_RES(gvqPsRecover(ps, comm, 20, 2, gvqFloat32, &mom, &out), gvqInvalidUsage);
     /* not a handle */
     EXPECT_RES(gvqPsRecover((gvqPs_t)&cfg, comm, 20, 2, gvqFloat32, &cfg, &out),
                gvqInvalidArgument);

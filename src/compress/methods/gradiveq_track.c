@@ -336,6 +336,8 @@ static gvqResult_t track_allreduce_many(gvqCompressor_t const *cs, const float *
         t.it[t.n++] = (track_item_t){c, send[i], recv[i], norms[2 * i], norms[2 * i + 1]};
     }
     if (res != gvqSuccess || t.n == 0) goto out;
+    for (size_t i = 0; t.split && i < t.n; i++) /* a piece for every local rank (the same */
+        t.split = ST(t.it[i].c)->n >= (size_t)t.ctx.hier->per_host; /* shapes on every rank) */
     unsigned long long before = sent, total = 0;
     GVQCHECKGOTO(track_compress(&t, op), res, out);
     /* wireBytes: the three rings' bytes shared out by each tensor's part of the values */
