@@ -5,8 +5,8 @@
 # PROG passes on every rank and every rank reports that its allreduce ring follows the hosts
 # (GVQ_DEBUG=INFO); with GVQ_ALGO=hier and an even N, also that every rank has the hierarchical
 # allreduce's shape (2 hosts of N/2 ranks), its stages inside a host on shared memory, and that
-# it ran; without GVQ_ALGO, that small reducescatters, allgathers, broadcasts and reduces
-# rode along with the call agreement somewhere. Exit 77 (skipped) where unshare
+# it ran; with TWO_HOSTS_RIDES=1 (and no GVQ_ALGO), that small reducescatters, allgathers,
+# broadcasts and reduces rode along with the call agreement somewhere. Exit 77 (skipped) where unshare
 # --uts is not allowed.
 set -uo pipefail
 n=$1
@@ -35,7 +35,7 @@ if [ "${GVQ_ALGO:-}" = hier ]; then # hosts of n/2 ranks each: every rank has th
         exit 1
     fi
 fi
-if [ -z "${GVQ_ALGO:-}" ]; then # the selection's own choice: small calls ride along
+if [ -n "${TWO_HOSTS_RIDES:-}" ]; then # the selection's own choice: small calls ride along
     for c in reducescatter allgather broadcast reduce; do
         if ! printf '%s\n' "$out" | grep -q " $c: rides along with the call agreement"; then
             echo "two_hosts.sh: FAIL: no rank reports a $c riding along with the call agreement"
