@@ -19,12 +19,7 @@
 
 #include "gvq.h"
 #include "gvq_mpi.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "perf_tool.h"
 
 static void spin(double ms) {
     double end = now_s() + ms * 1e-3;
@@ -33,20 +28,6 @@ static void spin(double ms) {
         for (int i = 0; i < 1000; i++)
             x += 1e-9 * i;
 }
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-#define OK(call)                                                              \
-    do {                                                                      \
-        gvqResult_t r_ = (call);                                              \
-        if (r_ != gvqSuccess) {                                               \
-            fprintf(stderr, "%s failed: %s\n", #call, gvqGetErrorString(r_)); \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                     \
-        }                                                                     \
-    } while (0)
 
 int main(int argc, char **argv) {
     size_t rows = 65536, dim = 32, k = 256;

@@ -21,26 +21,7 @@
 
 #include "gvq.h"
 #include "gvq_mpi.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-#define OK(call)                                                              \
-    do {                                                                      \
-        gvqResult_t r_ = (call);                                              \
-        if (r_ != gvqSuccess) {                                               \
-            fprintf(stderr, "%s failed: %s\n", #call, gvqGetErrorString(r_)); \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                     \
-        }                                                                     \
-    } while (0)
+#include "perf_tool.h"
 
 /* The slowest rank's median of t[0..n) (every rank of comm calls it). */
 static double slowest_median(double *t, int n, MPI_Comm comm) {
