@@ -934,9 +934,9 @@ GVQ_API gvqResult_t gvqPsSaveFile(gvqPs_t ps, const char *path);
 GVQ_API gvqResult_t gvqPsLoadFile(gvqPs_t ps, const char *path);
 
 /* Keeps a commit of this rank's shards (values, momentum or Adagrad accumulators) in memory,
- * on this rank and on the next one (rank + 1 mod N), replacing the previous commit once every
- * copy arrived: the rows of any one lost rank survive in its neighbour's memory, at the cost of
- * twice the shards' memory per rank and one transfer of each rank's shards. Collective; between
+ * on this rank and on the next one (rank + 1 mod N), beside the previous commit (the last two
+ * are kept): the rows of any one lost rank survive in its neighbour's memory, at the cost of
+ * four times the shards' bytes per rank and one transfer of each rank's shards. Collective; between
  * a gvqPsApply and the next push (rows pushed and not applied are refused on every rank alike);
  * with `serve`, after the same number of gvqPsApply calls on every rank, and it waits for the
  * shards here to apply them. Blocking (a config's host stream is drained first).
