@@ -62,6 +62,55 @@ double gvq_ef_norm(const float *v, size_t n) {
     return sqrt(s);
 }
 
+int gvq_ef_prepare(gvqCompressor_t c, const float *g, float *out, double *gnorm, double *xnorm) {
+    size_t count = c->cfg.count, i = 0;
+    int ef = c->cfg.error_feedback;
+    const float *r = c->residual;
+    double gl[8] = {0}, xl[8] = {0};
+    float nonfinite = 0.0f; /* x * 0 is NaN exactly when x is NaN or infinite */
+    for (; i + 8 <= count; i += 8)
+        for (size_t j = 0; j < 8; j++) {
+            float gi = g[i + j], xi = ef ? gi + r[i + j] : gi;
+            if (out != NULL) out[i + j] = xi;
+            gl[j] += (double)gi * (double)gi;
+            xl[j] += (double)xi * (double)xi;
+            nonfinite += xi * 0.0f;
+        }
+    for (size_t j = 0; i < count; i++, j++) {
+        float gi = g[i], xi = ef ? gi + r[i] : gi;
+        if (out != NULL) out[i] = xi;
+        gl[j] += (double)gi * (double)gi;
+        xl[j] += (double)xi * (double)xi;
+        nonfinite += xi * 0.0f;
+    }
+    double gs = 0, xs = 0;
+    for (size_t j = 0; j < 8; j++)
+        gs += gl[j], xs += xl[j];
+    *gnorm = ef ? sqrt(gs) : 0;
+    *xnorm = sqrt(xs);
+    return nonfinite == 0.0f;
+}
+
+double gvq_ef_keep(gvqCompressor_t c, const float *e) {
+    if (!c->cfg.error_feedback) return gvq_ef_norm(e, c->cfg.count);
+    size_t count = c->cfg.count, i = 0;
+    float *res = c->residual;
+    double l[8] = {0};
+    for (; i + 8 <= count; i += 8)
+        for (size_t j = 0; j < 8; j++) {
+            float v = res[i + j] = e[i + j];
+            l[j] += (double)v * (double)v;
+        }
+    for (size_t j = 0; i < count; i++, j++) {
+        float v = res[i] = e[i];
+        l[j] += (double)v * (double)v;
+    }
+    double s2 = 0;
+    for (size_t j = 0; j < 8; j++)
+        s2 += l[j];
+    return sqrt(s2);
+}
+
 const float *gvq_ef_input(gvqCompressor_t c, const float *g) {
     for (size_t i = 0; i < c->cfg.count; i++)
         c->ef_input[i] = g[i] + c->residual[i];
@@ -161,14 +210,4 @@ gvqResult_t gvq_compressed_nonfinite(gvqCompressor_t c, gvq_coll_ctx_t *ctx, con
     GVQCHECK(gvq_ring_allreduce(ctx, &plain, send, recv, c->cfg.count, gvqSum));
     if (op == gvqAvg) GVQCHECK(dev->divide(recv, c->cfg.count, gvqFloat32, c->comm->nranks));
     return gvqSuccess;
-}
-
-gvqResult_t gvq_factor_agree_nonfinite(gvqCompressor_t const *cs, const float *const *x, size_t k,
-                                       gvq_coll_ctx_t *ctx, int32_t *bad) {
-    for (size_t i = 0; i < k; i++) {
-        bad[i] = 0;
-        for (size_t j = 0; x[i] != NULL && j < cs[i]->cfg.count && !bad[i]; j++)
-            bad[i] = !isfinite(x[i][j]);
-    }
-    return gvq_agree_i32(ctx, bad, (int)k, gvqMax);
 }

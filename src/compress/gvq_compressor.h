@@ -126,6 +126,14 @@ gvqResult_t gvq_compressor_fit(gvqCompressor_t c, gvq_coll_ctx_t *ctx, int *ok);
 
 /* error_feedback.c: the residual of this rank's compression, carried to the next call and
  * bounded (the file's header says why). Host buffers; only with cfg.error_feedback. */
+/* One pass over a call's gradient g (count values): x = g + residual with error feedback, else
+ * g, written to out (NULL: not written), with ||g|| (0 without error feedback) and ||x|| in
+ * gvq_ef_norm's lanes (the same bits as calling it); returns 1 when every x is finite. What five
+ * passes did: gvq_ef_input, a finite scan, the two norms and the copy. */
+int gvq_ef_prepare(gvqCompressor_t c, const float *g, float *out, double *gnorm, double *xnorm);
+/* A call's residual e (count values) kept with error feedback (copied into c->residual, not
+ * clipped yet), in the pass that takes its norm; returns gvq_ef_norm(e, count) either way. */
+double gvq_ef_keep(gvqCompressor_t c, const float *e);
 /* The ring's input before collocation: g + residual in c->ef_input. */
 const float *gvq_ef_input(gvqCompressor_t c, const float *g);
 /* One call's residual: gvq_ef_begin before the ring (g: this call's gradient, src: the ring's
@@ -146,11 +154,6 @@ void gvq_ef_clip(gvqCompressor_t c, double gnorm);
 void gvq_ef_clip_norm(gvqCompressor_t c, double gnorm, double e);
 /* ||v|| in double. */
 double gvq_ef_norm(const float *v, size_t n);
-
-/* error_feedback.c: which of k inputs x (NULL: skipped) hold NaN or Inf on any rank (one small
- * allreduce; bad[i] alike on every rank). The factor ring is src/algorithms/factor_ring.c. */
-gvqResult_t gvq_factor_agree_nonfinite(gvqCompressor_t const *cs, const float *const *x, size_t k,
-                                       gvq_coll_ctx_t *ctx, int32_t *bad);
 
 /* error_feedback.c: a call whose gradient holds NaN or Inf on some rank (every rank takes
  * this path alike): the uncompressed sum of send into recv, counted and logged once, the

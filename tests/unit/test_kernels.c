@@ -277,6 +277,21 @@ static void check_f16(const gvq_kernels_t *k) {
             bad += h2[i] != gvq_float_to_half(f[i]);
     }
     EXPECT(bad == 0, "%s f32_to_f16: %d values differ from gvq_float_to_half", k->name, bad);
+    /* misaligned and of odd lengths (the vector loops' tails), nothing written past the end */
+    for (size_t len = 0; len < 40; len++) {
+        h2[len + 1] = 0xbeef;
+        k->f32_to_f16(f + 1, h2, len);
+        int tail_ok = h2[len + 1] == 0xbeef;
+        for (size_t i = 0; i < len; i++)
+            tail_ok &= h2[i] == gvq_float_to_half(f[1 + i]);
+        g[len + 1] = 42.0f;
+        k->f16_to_f32(h + 0x7c00 + 3, g + 1, len); /* Inf and NaNs of both kinds */
+        tail_ok &= g[len + 1] == 42.0f;
+        for (size_t i = 0; i < len; i++)
+            tail_ok &= memcmp(&g[1 + i], &(float){gvq_half_to_float(h[0x7c03 + i])}, 4) == 0;
+        EXPECT(tail_ok, "%s fp16 conversions of %zu values from a misaligned address", k->name,
+               len);
+    }
     free(h);
     free(h2);
     free(f);
@@ -285,12 +300,15 @@ static void check_f16(const gvq_kernels_t *k) {
 
 /* the low-rank expand against its definition: every value's r products summed in order */
 static void check_expand(const gvq_kernels_t *k) {
-    static const size_t shapes[][3] = {{1, 1, 1},    {3, 7, 2},    {5, 64, 4},  {2, 65, 16},
-                                       {4, 256, 16}, {3, 300, 33}, {1, 129, 64}};
+    static const size_t shapes[][3] = {{1, 1, 1},    {3, 7, 2},    {5, 64, 4},
+                                       {2, 65, 16},  {4, 256, 16}, {3, 300, 33},
+                                       {1, 129, 64}, {2, 128, 0},  {7, 191, 8}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         size_t n = shapes[s][0], m = shapes[s][1], r = shapes[s][2];
-        float *P = malloc(sizeof(float) * n * r), *Q = malloc(sizeof(float) * m * r);
-        float *o1 = malloc(sizeof(float) * (n * m + 1)), *o2 = malloc(sizeof(float) * (n * m + 1));
+        /* P, Q and the output one float past an alignment (the vector loads are unaligned) */
+        float *Pb = malloc(sizeof(float) * (n * r + 1)), *Qb = malloc(sizeof(float) * (m * r + 1));
+        float *o1 = malloc(sizeof(float) * (n * m + 1)), *o2b = malloc(sizeof(float) * (n * m + 2));
+        float *P = Pb + 1, *Q = Qb + 1, *o2 = o2b + 1;
         fill(P, n * r, (int)(s % 3));
         fill(Q, m * r, 0);
         for (int mode = 0; mode < 3; mode++) {
@@ -311,10 +329,10 @@ static void check_expand(const gvq_kernels_t *k) {
                    "%s expand %zux%zu r %zu alpha %g beta %g differs", k->name, n, m, r, alpha,
                    beta);
         }
-        free(P);
-        free(Q);
+        free(Pb);
+        free(Qb);
         free(o1);
-        free(o2);
+        free(o2b);
     }
 }
 

@@ -55,49 +55,22 @@ typedef struct {
 } track_state_t;
 #define ST(c) ((track_state_t *)(c)->m)
 
-/* One pass over a tensor's gradient g for its call: x = g + residual (error feedback) or g,
- * written straight into the slice matrix (collocated slices: into ef_input, then collocated),
- * with ||g|| (error feedback), ||x|| over M and whether every x is finite. The norms add in
- * gvq_ef_norm's eight lanes (element i into lane i mod 8), so they are its bits; over M in M's
- * order (collocated: a pass of its own after the collocation, as before). Returns 1 when every
- * x is finite. This is what five passes did (ef_input, the finite scan, ||g||, the copy into the
- * slices, ||x||). */
+/* x = g + residual (error feedback) or g, straight into the slice matrix (collocated slices:
+ * into ef_input, then collocated), with ||g|| (error feedback), ||x|| over M and whether every
+ * x is finite, in one pass (gvq_ef_prepare); over M in M's order when collocated (a pass of its
+ * own after the collocation). Returns 1 when every x is finite. */
 static int prepare_slices(gvqCompressor_t c, const float *g, double *gnorm, double *xnorm) {
-    size_t count = c->cfg.count, nm = ST(c)->n * ST(c)->m, i = 0;
+    size_t count = c->cfg.count, nm = ST(c)->n * ST(c)->m;
     int ef = c->cfg.error_feedback, col = c->collocate;
-    const float *r = c->residual;
     float *out = col ? (ef ? c->ef_input : NULL) : ST(c)->M;
-    double gl[8] = {0}, xl[8] = {0};
-    float nonfinite = 0.0f; /* x * 0 is NaN exactly when x is NaN or infinite */
-    for (; i + 8 <= count; i += 8)
-        for (size_t j = 0; j < 8; j++) {
-            float gi = g[i + j], xi = ef ? gi + r[i + j] : gi;
-            if (out != NULL) out[i + j] = xi;
-            gl[j] += (double)gi * (double)gi;
-            xl[j] += (double)xi * (double)xi;
-            nonfinite += xi * 0.0f;
-        }
-    for (size_t j = 0; i < count; i++, j++) {
-        float gi = g[i], xi = ef ? gi + r[i] : gi;
-        if (out != NULL) out[i] = xi;
-        gl[j] += (double)gi * (double)gi;
-        xl[j] += (double)xi * (double)xi;
-        nonfinite += xi * 0.0f;
-    }
-    double gs = 0, xs = 0;
-    for (size_t j = 0; j < 8; j++)
-        gs += gl[j], xs += xl[j];
-    *gnorm = ef ? sqrt(gs) : 0;
+    int finite = gvq_ef_prepare(c, g, out, gnorm, xnorm);
+    memset(ST(c)->M + count, 0, sizeof(float) * (nm - count)); /* the padding adds nothing */
     if (col) {
         gvq_collocate(ef ? c->ef_input : g, ST(c)->M, (size_t)c->cfg.K, (size_t)c->cfg.D,
                       (size_t)c->cfg.H, (size_t)c->cfg.W);
-        memset(ST(c)->M + count, 0, sizeof(float) * (nm - count));
         *xnorm = gvq_ef_norm(ST(c)->M, nm);
-    } else {
-        memset(ST(c)->M + count, 0, sizeof(float) * (nm - count));
-        *xnorm = sqrt(xs); /* the zero padding adds nothing */
     }
-    return nonfinite == 0.0f;
+    return finite;
 }
 
 /* count floats of the slice matrix back into tensor order. */
@@ -132,23 +105,8 @@ static void keep_residual(gvqCompressor_t c, double xnorm, double gnorm) {
     if (c->collocate) {
         empty_slices(c, c->residual);
         rnorm = gvq_ef_norm(c->residual, c->cfg.count);
-    } else { /* the copy and gvq_ef_norm's lanes in one pass */
-        const float *M = ST(c)->M;
-        size_t count = c->cfg.count, i = 0;
-        double l[8] = {0};
-        for (; i + 8 <= count; i += 8)
-            for (size_t j = 0; j < 8; j++) {
-                float v = c->residual[i + j] = M[i + j];
-                l[j] += (double)v * (double)v;
-            }
-        for (size_t j = 0; i < count; i++, j++) {
-            float v = c->residual[i] = M[i];
-            l[j] += (double)v * (double)v;
-        }
-        double s2 = 0;
-        for (size_t j = 0; j < 8; j++)
-            s2 += l[j];
-        rnorm = sqrt(s2);
+    } else { /* the copy and the norm in one pass */
+        rnorm = gvq_ef_keep(c, ST(c)->M);
     }
     c->st.stats.lastLoss = xnorm > 0 ? rnorm / xnorm : 0;
     gvq_ef_clip_norm(c, gnorm, rnorm);

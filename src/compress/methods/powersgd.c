@@ -41,22 +41,25 @@ typedef struct {
 #define ST(c) ((powersgd_state_t *)(c)->m)
 
 /* This rank's residual e = M - P_hat Q_n^T (its loss in stats.lastLoss; kept with error
- * feedback, clipped against ||g||), the kept Q (Q' / N), then the output P_hat Q'^T into recv. */
-static gvqResult_t finish(gvqCompressor_t c, double gnorm, float *recv, gvqRedOp_t op) {
+ * feedback, clipped against ||g||, in the pass that takes its norm), the kept Q (Q' / N), then
+ * the output P_hat Q'^T straight into recv (through M when the matrix is padded). xnorm: ||x||. */
+static gvqResult_t finish(gvqCompressor_t c, double gnorm, double xnorm, float *recv,
+                          gvqRedOp_t op) {
     const gvq_device_ops_t *dev = c->comm->dev;
     size_t n = ST(c)->n, m = ST(c)->m, r = (size_t)c->cfg.prank, count = c->cfg.count;
     int N = c->comm->nranks;
-    double xnorm = gvq_ef_norm(ST(c)->M, count);
     GVQCHECK(gvq_powersgd_expand(dev, n, m, r, ST(c)->P, ST(c)->Q, -1.0f, 1.0f, ST(c)->M));
     for (size_t i = 0; i < m * r; i++)
         ST(c)->Q[i] = ST(c)->Qsum[i] / (float)N;
-    c->st.stats.lastLoss = xnorm > 0 ? gvq_ef_norm(ST(c)->M, count) / xnorm : 0;
-    if (c->cfg.error_feedback) {
-        memcpy(c->residual, ST(c)->M, sizeof(float) * count);
-        gvq_ef_clip(c, gnorm);
+    double rnorm = gvq_ef_keep(c, ST(c)->M);
+    c->st.stats.lastLoss = xnorm > 0 ? rnorm / xnorm : 0;
+    if (c->cfg.error_feedback) gvq_ef_clip_norm(c, gnorm, rnorm);
+    if (n * m == count) {
+        GVQCHECK(gvq_powersgd_expand(dev, n, m, r, ST(c)->P, ST(c)->Qsum, 1.0f, 0.0f, recv));
+    } else {
+        GVQCHECK(gvq_powersgd_expand(dev, n, m, r, ST(c)->P, ST(c)->Qsum, 1.0f, 0.0f, ST(c)->M));
+        memcpy(recv, ST(c)->M, sizeof(float) * count);
     }
-    GVQCHECK(gvq_powersgd_expand(dev, n, m, r, ST(c)->P, ST(c)->Qsum, 1.0f, 0.0f, ST(c)->M));
-    memcpy(recv, ST(c)->M, sizeof(float) * count);
     if (op == gvqAvg) GVQCHECK(dev->divide(recv, count, gvqFloat32, N));
     return gvqSuccess;
 }
@@ -94,35 +97,33 @@ static gvqResult_t powersgd_allreduce_many(gvqCompressor_t const *cs, const floa
     unsigned long long sent = 0, total = 0;
     gvq_coll_ctx_t ctx = gvq_comm_ctx(cs[0]->comm, &sent);
     if (!gvq_comm_hier_compressed(cs[0]->comm)) ctx.hier = NULL; /* factor rings flat */
-    const float **x = calloc(k, sizeof *x);
     int32_t *bad = calloc(k, sizeof *bad);
-    double *gnorm = calloc(k, sizeof *gnorm);
+    double *gnorm = calloc(2 * k, sizeof *gnorm), *xnorm = gnorm + k;
     gvqCompressor_t *ok = calloc(k, sizeof *ok);
     float **okrecv = calloc(k, sizeof *okrecv);
     gvq_factor_t *f = calloc(k, sizeof *f);
     gvqResult_t res = gvqSuccess;
     size_t nok = 0;
-    if (!x || !bad || !gnorm || !ok || !okrecv || !f) {
+    if (!bad || !gnorm || !ok || !okrecv || !f) {
         GVQ_WARN("gvqAllReduceCompressed: out of memory for a PowerSGD call of %zu tensors", k);
         res = gvqSystemError;
         goto out;
     }
-    for (size_t i = 0; i < k; i++) {
-        const gvq_comp_cfg_t *cfg = &cs[i]->cfg;
-        gnorm[i] = cfg->error_feedback ? gvq_ef_norm(send[i], cfg->count) : 0;
-        x[i] = cfg->error_feedback ? gvq_ef_input(cs[i], send[i]) : send[i];
+    for (size_t i = 0; i < k; i++) { /* x = g (+ e) into M, its norms and finiteness: one pass */
+        gvqCompressor_t c = cs[i];
+        size_t count = c->cfg.count, nm = ST(c)->n * ST(c)->m;
+        bad[i] = !gvq_ef_prepare(c, send[i], ST(c)->M, &gnorm[i], &xnorm[i]);
+        memset(ST(c)->M + count, 0, sizeof(float) * (nm - count)); /* the padding */
     }
-    GVQCHECKGOTO(gvq_factor_agree_nonfinite(cs, x, k, &ctx, bad), res, out);
+    GVQCHECKGOTO(gvq_agree_i32(&ctx, bad, (int)k, gvqMax), res, out); /* non-finite anywhere */
     for (size_t i = 0; i < k && res == gvqSuccess; i++) {
         gvqCompressor_t c = cs[i];
         if (bad[i]) {
             res = gvq_compressed_nonfinite(c, &ctx, send[i], recv[i], op);
             continue;
         }
-        size_t count = c->cfg.count, nm = ST(c)->n * ST(c)->m;
-        memcpy(ST(c)->M, x[i], sizeof(float) * count);
-        memset(ST(c)->M + count, 0, sizeof(float) * (nm - count)); /* the padding */
         gnorm[nok] = gnorm[i];
+        xnorm[nok] = xnorm[i];
         okrecv[nok] = recv[i];
         ok[nok++] = c;
         total += factor_values(c);
@@ -132,14 +133,14 @@ static gvqResult_t powersgd_allreduce_many(gvqCompressor_t const *cs, const floa
     GVQCHECKGOTO(power_steps(ok, nok, f, &ctx), res, out);
     for (size_t i = 0; i < nok && res == gvqSuccess; i++) {
         gvqCompressor_t c = ok[i];
-        res = finish(c, gnorm[i], okrecv[i], op);
+        res = finish(c, gnorm[i], xnorm[i], okrecv[i], op);
         c->st.stats.ratio = (double)(ST(c)->n * ST(c)->m) / (double)factor_values(c);
         if (res == gvqSuccess)
             res = gvq_compressor_advance(c, &ctx, c->comm->dev, okrecv[i],
                                          (sent - before) * factor_values(c) / total, 0, 0);
     }
 out:
-    free(x), free(bad), free(gnorm), free(ok), free(okrecv), free(f);
+    free(bad), free(gnorm), free(ok), free(okrecv), free(f);
     return res;
 }
 

@@ -37,106 +37,7 @@ enum { TILE = 128, LANES = 16 };
 #else
 #define K_LITTLE 0
 #endif
-#define PH_M0 0xD2511F53u
-#define PH_M1 0xCD9E8D57u
-#define PH_W0 0x9E3779B9u
-#define PH_W1 0xBB67AE85u
-
-/* ---- Philox: 16 blocks g0 .. g0+15, out[4j + w] = word w of block j ------------------------ */
-#if defined(__AVX512F__)
-/* Eight blocks per register, one per 64-bit lane, each word in a lane's low half: the multiply
- * (vpmuludq) reads only the low halves and gives the full 64-bit product, so a round is two
- * multiplies, two shifts and two three-way xors; what the high halves hold does not matter. */
-static inline void philox8x64(__m512i *a0, __m512i *a1, __m512i *a2, __m512i *a3, uint32_t k0,
-                              uint32_t k1) {
-    const __m512i m0 = _mm512_set1_epi64(PH_M0), m1 = _mm512_set1_epi64(PH_M1);
-    for (int r = 0; r < 10; r++) {
-        __m512i p0 = _mm512_mul_epu32(*a0, m0), p1 = _mm512_mul_epu32(*a2, m1);
-        *a0 = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p1, 32), *a1, _mm512_set1_epi32((int)k0),
-                                        0x96); /* a ^ b ^ c */
-        *a2 = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p0, 32), *a3, _mm512_set1_epi32((int)k1),
-                                        0x96);
-        *a1 = p1;
-        *a3 = p0;
-        k0 += PH_W0;
-        k1 += PH_W1;
-    }
-}
-
-/* blocks g .. g+7 (lanes) into out[0..32): out[4j + w] = word w of block j */
-static inline void philox8x64_store(__m512i a0, __m512i a1, __m512i a2, __m512i a3, uint32_t *out) {
-    __m512i w01 = _mm512_mask_blend_epi32(0xAAAA, a0, _mm512_slli_epi64(a1, 32));
-    __m512i w23 = _mm512_mask_blend_epi32(0xAAAA, a2, _mm512_slli_epi64(a3, 32));
-    __m512i ev = _mm512_unpacklo_epi64(w01, w23), od = _mm512_unpackhi_epi64(w01, w23);
-    /* ev: blocks 0, 2, 4, 6 (one per 128-bit lane); od: 1, 3, 5, 7 */
-    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-    const __m512i hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    _mm512_storeu_si512((void *)out, _mm512_permutex2var_epi64(ev, lo, od));
-    _mm512_storeu_si512((void *)(out + 16), _mm512_permutex2var_epi64(ev, hi, od));
-}
-
-static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
-    const __m512i lane = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
-    __m512i ga = _mm512_add_epi64(_mm512_set1_epi64((long long)g0), lane);
-    __m512i gb = _mm512_add_epi64(ga, _mm512_set1_epi64(8));
-    __m512i c2 = _mm512_set1_epi64(p->call), c3 = _mm512_set1_epi64(p->tag);
-    __m512i a0 = ga, a1 = _mm512_srli_epi64(ga, 32), a2 = c2, a3 = c3;
-    __m512i b0 = gb, b1 = _mm512_srli_epi64(gb, 32), b2 = c2, b3 = c3;
-    philox8x64(&a0, &a1, &a2, &a3, p->key[0], p->key[1]);
-    philox8x64(&b0, &b1, &b2, &b3, p->key[0], p->key[1]);
-    philox8x64_store(a0, a1, a2, a3, out);
-    philox8x64_store(b0, b1, b2, b3, out + 32);
-}
-#elif defined(__AVX2__)
-/* 8 blocks g0 .. g0+7 */
-static void philox8(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
-    __m256i lo = _mm256_set1_epi32((int)(uint32_t)g0), hi = _mm256_set1_epi32((int)(g0 >> 32));
-    __m256i c0 = _mm256_add_epi32(lo, lane);
-    /* carry where c0 < lo unsigned: compare with the sign bits flipped */
-    __m256i carry = _mm256_cmpgt_epi32(_mm256_xor_si256(lo, sign), _mm256_xor_si256(c0, sign));
-    __m256i c1 = _mm256_sub_epi32(hi, carry); /* carry lanes are -1 */
-    __m256i c2 = _mm256_set1_epi32((int)p->call), c3 = _mm256_set1_epi32((int)p->tag);
-    const __m256i m0 = _mm256_set1_epi32((int)PH_M0), m1 = _mm256_set1_epi32((int)PH_M1);
-    uint32_t k0 = p->key[0], k1 = p->key[1];
-    for (int r = 0; r < 10; r++) {
-        __m256i e0 = _mm256_mul_epu32(c0, m0), o0 = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
-        __m256i e1 = _mm256_mul_epu32(c2, m1), o1 = _mm256_mul_epu32(_mm256_srli_epi64(c2, 32), m1);
-        __m256i lo0 = _mm256_blend_epi32(e0, _mm256_slli_epi64(o0, 32), 0xAA);
-        __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(e0, 32), o0, 0xAA);
-        __m256i lo1 = _mm256_blend_epi32(e1, _mm256_slli_epi64(o1, 32), 0xAA);
-        __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(e1, 32), o1, 0xAA);
-        c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32((int)k0));
-        c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32((int)k1));
-        c1 = lo1;
-        c3 = lo0;
-        k0 += PH_W0;
-        k1 += PH_W1;
-    }
-    /* v_k holds blocks k and 4+k (one per 128-bit lane) */
-    __m256i a = _mm256_unpacklo_epi32(c0, c1), b = _mm256_unpackhi_epi32(c0, c1);
-    __m256i c = _mm256_unpacklo_epi32(c2, c3), d = _mm256_unpackhi_epi32(c2, c3);
-    __m256i v0 = _mm256_unpacklo_epi64(a, c), v1 = _mm256_unpackhi_epi64(a, c);
-    __m256i v2 = _mm256_unpacklo_epi64(b, d), v3 = _mm256_unpackhi_epi64(b, d);
-    _mm256_storeu_si256((__m256i *)out, _mm256_permute2x128_si256(v0, v1, 0x20));
-    _mm256_storeu_si256((__m256i *)(out + 8), _mm256_permute2x128_si256(v2, v3, 0x20));
-    _mm256_storeu_si256((__m256i *)(out + 16), _mm256_permute2x128_si256(v0, v1, 0x31));
-    _mm256_storeu_si256((__m256i *)(out + 24), _mm256_permute2x128_si256(v2, v3, 0x31));
-}
-static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
-    philox8(p, g0, out);
-    philox8(p, g0 + 8, out + 32);
-}
-#else
-static void philox16(const gvq_kparams_t *p, uint64_t g0, uint32_t *out) {
-    for (uint64_t j = 0; j < 16; j++) {
-        uint64_t g = g0 + j;
-        uint32_t ctr[4] = {(uint32_t)g, (uint32_t)(g >> 32), p->call, p->tag};
-        gvq_philox4x32_10(ctr, p->key, out + 4 * j);
-    }
-}
-#endif
+#include "codec_philox.h" /* philox16(): 16 blocks g0 .. g0+15, out[4j + w] = word w of block j */
 
 /* Philox's words and the 16-bit draws they hold (little end: draw m is half m of the words), one
  * buffer: n <= 128 values span at most 17 blocks, computed 16 at a time. */
@@ -447,7 +348,22 @@ static void f32_to_f16_tile(const uint32_t *in, uint16_t *dst, size_t n) {
 
 static void k_f32_to_f16(const float *src, uint16_t *dst, size_t n) {
     uint32_t buf[TILE];
-    for (size_t t = 0; t < n; t += TILE) {
+    size_t t = 0;
+#if defined(__AVX512F__)
+    /* vcvtps2ph rounding to nearest even: IEEE's conversion, which the C form spells out
+     * (a NaN keeps its sign and top payload bits and turns quiet; checked on every float
+     * pattern class by tests/unit/test_kernels.c) */
+    for (; t + 16 <= n; t += 16)
+        _mm256_storeu_si256((__m256i *)(dst + t),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + t),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__)
+    for (; t + 8 <= n; t += 8)
+        _mm_storeu_si128((__m128i *)(dst + t),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + t),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; t < n; t += TILE) {
         size_t m = n - t < TILE ? n - t : TILE;
         memcpy(buf, src + t, 4 * m);
         f32_to_f16_tile(buf, dst + t, m);
@@ -460,7 +376,33 @@ static void k_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
         uint32_t u[TILE];
     } sub;
     uint32_t out[TILE];
-    for (size_t t = 0; t < n; t += TILE) {
+    size_t t = 0;
+    /* vcvtph2ps is exact, as the C form, but quiets a signalling NaN (sets bit 22), which the
+     * C form keeps as it is: that bit is cleared again where the half was one. */
+#if defined(__AVX512F__)
+    for (; t + 16 <= n; t += 16) {
+        __m256i hv = _mm256_loadu_si256((const __m256i *)(src + t));
+        __m512i w = _mm512_cvtepu16_epi32(hv), f = _mm512_castps_si512(_mm512_cvtph_ps(hv));
+        __mmask16 snan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7e00)),
+                                                 _mm512_set1_epi32(0x7c00)) &
+                         _mm512_test_epi32_mask(w, _mm512_set1_epi32(0x1ff));
+        f = _mm512_mask_xor_epi32(f, snan, f, _mm512_set1_epi32(0x400000));
+        _mm512_storeu_si512((void *)(dst + t), f);
+    }
+#elif defined(__F16C__)
+    for (; t + 8 <= n; t += 8) {
+        __m128i hv = _mm_loadu_si128((const __m128i *)(src + t));
+        __m256i w = _mm256_cvtepu16_epi32(hv), f = _mm256_castps_si256(_mm256_cvtph_ps(hv));
+        __m256i snan =
+            _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x1ff)),
+                                                   _mm256_setzero_si256()),
+                                _mm256_cmpeq_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x7e00)),
+                                                   _mm256_set1_epi32(0x7c00)));
+        f = _mm256_xor_si256(f, _mm256_and_si256(snan, _mm256_set1_epi32(0x400000)));
+        _mm256_storeu_si256((__m256i *)(dst + t), f);
+    }
+#endif
+    for (; t < n; t += TILE) {
         size_t m = n - t < TILE ? n - t : TILE;
         const uint16_t *h = src + t;
         for (size_t i = 0; i < m; i++) /* a subnormal half is man 2^-24 exactly, a normal float */
@@ -509,12 +451,82 @@ static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const flo
             o[l] = alpha * acc[l] + beta * o[l];
 }
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__)
+typedef __m512 kv_t;
+#define KV_W 16
+#define KV_LOAD _mm512_loadu_ps
+#define KV_STORE _mm512_storeu_ps
+#define KV_SET1 _mm512_set1_ps
+#define KV_ZERO _mm512_setzero_ps
+#define KV_ADD _mm512_add_ps
+#define KV_MUL _mm512_mul_ps
+#else
+typedef __m256 kv_t;
+#define KV_W 8
+#define KV_LOAD _mm256_loadu_ps
+#define KV_STORE _mm256_storeu_ps
+#define KV_SET1 _mm256_set1_ps
+#define KV_ZERO _mm256_setzero_ps
+#define KV_ADD _mm256_add_ps
+#define KV_MUL _mm256_mul_ps
+#endif
+/* expand_part for w == EXW with the sums in registers (the compilers keep expand_part's acc[]
+ * in memory, a store and a load on every add's chain): the same operations in the same order
+ * per lane, so the same bits. */
+static inline void expand_part_vec(size_t n, size_t m, size_t r, const float *Pi, const float *Ql,
+                                   float alpha, float beta, float *o) {
+    enum { K = EXW / KV_W };
+    kv_t acc[K];
+    for (int k = 0; k < K; k++)
+        acc[k] = KV_ZERO();
+    for (size_t j = 0; j < r; j++) {
+        const kv_t pj = KV_SET1(Pi[j * n]);
+        const float *q = Ql + j * m;
+        for (int k = 0; k < K; k++)
+            acc[k] = KV_ADD(acc[k], KV_MUL(pj, KV_LOAD(q + k * KV_W)));
+    }
+    const kv_t va = KV_SET1(alpha);
+    if (beta == 0.0f) {
+        for (int k = 0; k < K; k++)
+            KV_STORE(o + k * KV_W, KV_MUL(va, acc[k]));
+    } else {
+        const kv_t vb = KV_SET1(beta);
+        for (int k = 0; k < K; k++)
+            KV_STORE(o + k * KV_W, KV_ADD(KV_MUL(va, acc[k]), KV_MUL(vb, KV_LOAD(o + k * KV_W))));
+    }
+}
+#define K_EXPAND_VEC 1
+#else
+#define K_EXPAND_VEC 0
+#endif
+
 static void k_expand(size_t n, size_t m, size_t r, const float *P, const float *Q, float alpha,
                      float beta, float *out) {
-    for (size_t i = 0; i < n; i++)
-        for (size_t l0 = 0; l0 < m; l0 += EXW)
-            expand_part(m - l0 < EXW ? m - l0 : EXW, n, m, r, P + i, Q + l0, alpha, beta,
+    /* row i's r coefficients, n apart in P (often a multiple of 4 KiB: one cache set for all),
+     * gathered once per row when it has several parts; read from there, the same values */
+    enum { PR = 64 };
+    float pr[PR];
+    for (size_t i = 0; i < n; i++) {
+        const float *Pi = P + i;
+        size_t pn = n;
+        if (m > EXW && r <= PR) {
+            for (size_t j = 0; j < r; j++)
+                pr[j] = P[i + j * n];
+            Pi = pr;
+            pn = 1;
+        }
+        for (size_t l0 = 0; l0 < m; l0 += EXW) {
+#if K_EXPAND_VEC
+            if (m - l0 >= EXW) {
+                expand_part_vec(pn, m, r, Pi, Q + l0, alpha, beta, out + i * m + l0);
+                continue;
+            }
+#endif
+            expand_part(m - l0 < EXW ? m - l0 : EXW, pn, m, r, Pi, Q + l0, alpha, beta,
                         out + i * m + l0);
+        }
+    }
 }
 
 const gvq_kernels_t K_TABLE = {

@@ -16,10 +16,12 @@ static pthread_once_t chosen_once = PTHREAD_ONCE_INIT;
 static int cpu_has(const char *name) {
 #if defined(GVQ_KERNELS_X86)
     __builtin_cpu_init();
-    if (strcmp(name, "avx2") == 0) return __builtin_cpu_supports("avx2");
+    if (strcmp(name, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     if (strcmp(name, "avx512") == 0)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512dq");
 #endif
     return strcmp(name, "scalar") == 0;
 }
