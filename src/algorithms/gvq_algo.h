@@ -495,12 +495,17 @@ gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *shm, const int64_t *m
 /* ---- PowerSGD (powersgd.c) -----------------------------------------------------------------
  * One power iteration of PowerSGD (Vogels et al. 2019) on an n x m matrix M stored row-major
  * (M[i][j] at i*m + j), with P (n x r) and Q (m x r) column-major. The caller sums P and Q over
- * the ranks between the steps. Host memory (dev->sgemm of the host device); no device kernels. */
+ * the ranks between the steps. Host memory (the codec kernels and dev->sgemm of the host device);
+ * no device kernels. */
 /* The first Q: standard normal values from Philox keyed by seed alone (the same on every rank). */
 void gvq_powersgd_init_q(float *Q, size_t m, size_t r, uint32_t seed);
-/* P = M Q. */
+/* P = M Q (the host: the codec kernels' projection for r <= 64, the same bits on every CPU). */
 gvqResult_t gvq_powersgd_project(const gvq_device_ops_t *dev, const float *M, size_t n, size_t m,
                                  size_t r, const float *Q, float *P);
+/* P = M Q, then M = M - P Q^T: the bits of gvq_powersgd_project then gvq_powersgd_expand(-1, 1),
+ * on the host in one sweep over M. */
+gvqResult_t gvq_powersgd_project_residual(const gvq_device_ops_t *dev, float *M, size_t n, size_t m,
+                                          size_t r, const float *Q, float *P);
 /* Q = M^T P. */
 gvqResult_t gvq_powersgd_back(const gvq_device_ops_t *dev, const float *M, size_t n, size_t m,
                               size_t r, const float *P, float *Q);

@@ -48,8 +48,24 @@ void gvq_powersgd_init_q(float *Q, size_t m, size_t r, uint32_t seed) {
 
 gvqResult_t gvq_powersgd_project(const gvq_device_ops_t *dev, const float *M, size_t n, size_t m,
                                  size_t r, const float *Q, float *P) {
+    if (dev == &gvq_host_device && r <= 64) {
+        /* the host: the codec kernels' projection (the same bits on every CPU; OpenBLAS packs
+         * M before multiplying, a pass of its own at these small r) */
+        gvq_kernels()->project(n, m, r, M, Q, P, 0);
+        return gvqSuccess;
+    }
     /* P (n x r) = M Q = (M^T)^T Q, M^T being the m x n column-major view of M */
     return dev->sgemm(1, 0, (int)n, (int)r, (int)m, 1.0f, M, (int)m, Q, (int)m, 0.0f, P, (int)n);
+}
+
+gvqResult_t gvq_powersgd_project_residual(const gvq_device_ops_t *dev, float *M, size_t n, size_t m,
+                                          size_t r, const float *Q, float *P) {
+    if (dev == &gvq_host_device && r <= 64) { /* one sweep over M: each row in the cache */
+        gvq_kernels()->project(n, m, r, M, Q, P, 1);
+        return gvqSuccess;
+    }
+    GVQCHECK(gvq_powersgd_project(dev, M, n, m, r, Q, P));
+    return gvq_powersgd_expand(dev, n, m, r, P, Q, -1.0f, 1.0f, M);
 }
 
 gvqResult_t gvq_powersgd_back(const gvq_device_ops_t *dev, const float *M, size_t n, size_t m,

@@ -45,70 +45,26 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "codec_kernels.h"
 #include "gvq_compressor.h"
 
-/* 8 lanes of double sums (value i into lane i % 8, lanes added in order), so the loop runs in
- * vector lanes; the same bits on every rank and CPU (no reassociation is left to the compiler). */
+/* 8 lanes of double sums (value i into lane i % 8, lanes added in order): the codec kernels'
+ * sumsq8, in vector lanes on every path, the same bits on every rank and CPU. */
 double gvq_ef_norm(const float *v, size_t n) {
-    double lane[8] = {0}, s = 0;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t j = 0; j < 8; j++)
-            lane[j] += (double)v[i + j] * (double)v[i + j];
-    for (size_t j = 0; i < n; i++, j++)
-        lane[j] += (double)v[i] * (double)v[i];
-    for (size_t j = 0; j < 8; j++)
-        s += lane[j];
-    return sqrt(s);
+    return sqrt(gvq_kernels()->sumsq8(v, NULL, n)); /* 8 lanes (codec_kernels.h) */
 }
 
 int gvq_ef_prepare(gvqCompressor_t c, const float *g, float *out, double *gnorm, double *xnorm) {
-    size_t count = c->cfg.count, i = 0;
+    double gs, xs;
     int ef = c->cfg.error_feedback;
-    const float *r = c->residual;
-    double gl[8] = {0}, xl[8] = {0};
-    float nonfinite = 0.0f; /* x * 0 is NaN exactly when x is NaN or infinite */
-    for (; i + 8 <= count; i += 8)
-        for (size_t j = 0; j < 8; j++) {
-            float gi = g[i + j], xi = ef ? gi + r[i + j] : gi;
-            if (out != NULL) out[i + j] = xi;
-            gl[j] += (double)gi * (double)gi;
-            xl[j] += (double)xi * (double)xi;
-            nonfinite += xi * 0.0f;
-        }
-    for (size_t j = 0; i < count; i++, j++) {
-        float gi = g[i], xi = ef ? gi + r[i] : gi;
-        if (out != NULL) out[i] = xi;
-        gl[j] += (double)gi * (double)gi;
-        xl[j] += (double)xi * (double)xi;
-        nonfinite += xi * 0.0f;
-    }
-    double gs = 0, xs = 0;
-    for (size_t j = 0; j < 8; j++)
-        gs += gl[j], xs += xl[j];
+    int finite = gvq_kernels()->ef_prepare(g, ef ? c->residual : NULL, c->cfg.count, out, &gs, &xs);
     *gnorm = ef ? sqrt(gs) : 0;
     *xnorm = sqrt(xs);
-    return nonfinite == 0.0f;
+    return finite;
 }
 
 double gvq_ef_keep(gvqCompressor_t c, const float *e) {
-    if (!c->cfg.error_feedback) return gvq_ef_norm(e, c->cfg.count);
-    size_t count = c->cfg.count, i = 0;
-    float *res = c->residual;
-    double l[8] = {0};
-    for (; i + 8 <= count; i += 8)
-        for (size_t j = 0; j < 8; j++) {
-            float v = res[i + j] = e[i + j];
-            l[j] += (double)v * (double)v;
-        }
-    for (size_t j = 0; i < count; i++, j++) {
-        float v = res[i] = e[i];
-        l[j] += (double)v * (double)v;
-    }
-    double s2 = 0;
-    for (size_t j = 0; j < 8; j++)
-        s2 += l[j];
-    return sqrt(s2);
+    return sqrt(gvq_kernels()->sumsq8(e, c->cfg.error_feedback ? c->residual : NULL, c->cfg.count));
 }
 
 const float *gvq_ef_input(gvqCompressor_t c, const float *g) {

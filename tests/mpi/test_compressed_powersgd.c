@@ -436,6 +436,10 @@ int main(int argc, char **argv) {
                    6);
     part_reference("1b reference: conv 8x3x3x3 -> 8 x 27, rank 3, efBound 0.5", 216, 8, 3, 3, 3, 3,
                    0.5f, 6);
+    /* rows of 150 and blocks of 8 rows: the kernels' vector forms (128 values an expand pass, the
+     * projection's row blocks) and their tails, which a job of mixed paths must agree on */
+    part_reference("1c reference: flat 22400 -> 150 x 150 padded, rank 3", 22400, 0, 0, 0, 0, 3,
+                   1.0f, 3);
     part_lowrank();
     part_ef();
     part_saveload();

@@ -298,7 +298,8 @@ static void check_f16(const gvq_kernels_t *k) {
     free(g);
 }
 
-/* the low-rank expand against its definition: every value's r products summed in order */
+/* the low-rank expand against its definition: every value one fmaf chain over its r products in
+ * order, then alpha and beta */
 static void check_expand(const gvq_kernels_t *k) {
     static const size_t shapes[][3] = {{1, 1, 1},    {3, 7, 2},    {5, 64, 4},
                                        {2, 65, 16},  {4, 256, 16}, {3, 300, 33},
@@ -321,7 +322,7 @@ static void check_expand(const gvq_kernels_t *k) {
                 for (size_t l = 0; l < m; l++) {
                     float acc = 0.0f;
                     for (size_t j = 0; j < r; j++)
-                        acc += P[i + j * n] * Q[l + j * m];
+                        acc = fmaf(P[i + j * n], Q[l + j * m], acc);
                     o1[i * m + l] = beta == 0.0f ? alpha * acc : alpha * acc + beta * o1[i * m + l];
                 }
             k->expand(n, m, r, P, Q, alpha, beta, o2);
@@ -334,6 +335,92 @@ static void check_expand(const gvq_kernels_t *k) {
         free(o1);
         free(o2b);
     }
+}
+
+/* the projection against its definition, spelled out here: c_ij one chain of fmaf over l in
+ * order; with residual, row i of S minus c_i U^T with the expand's operations (-1 times the
+ * in-order sum, plus s) */
+static void check_project(const gvq_kernels_t *k) {
+    static const size_t shapes[][3] = {{1, 1, 1},    {3, 16, 1},   {5, 64, 4},   {2, 65, 16},
+                                       {4, 256, 16}, {3, 300, 33}, {1, 128, 64}, {6, 256, 7},
+                                       {7, 48, 9},   {2, 17, 0},   {5, 256, 32}, {17, 600, 24},
+                                       {9, 513, 16}, {11, 40, 17}, {3, 0, 5}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        size_t n = shapes[sh][0], m = shapes[sh][1], d = shapes[sh][2];
+        /* S, U and C one float past an alignment */
+        float *Sb = malloc(sizeof(float) * (n * m + 1)), *S2 = malloc(sizeof(float) * n * m);
+        float *Ub = malloc(sizeof(float) * (m * d + 1)), *Cb = malloc(sizeof(float) * (n * d + 2));
+        float *C1 = malloc(sizeof(float) * (n * d + 1)), *E1 = malloc(sizeof(float) * n * m);
+        float *S = Sb + 1, *U = Ub + 1, *C = Cb + 1;
+        fill(S, n * m, (int)(sh % 3));
+        fill(U, m * d, 0);
+        for (size_t i = 0; i < n; i++) {
+            for (size_t j = 0; j < d; j++) {
+                float c = 0.0f;
+                for (size_t l = 0; l < m; l++)
+                    c = fmaf(S[i * m + l], U[j * m + l], c);
+                C1[i + j * n] = c;
+            }
+            for (size_t l = 0; l < m; l++) {
+                float acc = 0.0f;
+                for (size_t j = 0; j < d; j++)
+                    acc = fmaf(C1[i + j * n], U[j * m + l], acc);
+                E1[i * m + l] = -1.0f * acc + 1.0f * S[i * m + l];
+            }
+        }
+        for (int residual = 0; residual < 2; residual++) {
+            memcpy(S2, S, sizeof(float) * n * m);
+            C[n * d] = 42.0f;
+            k->project(n, m, d, S2, U, C, residual);
+            EXPECT(memcmp(C, C1, sizeof(float) * n * d) == 0 && C[n * d] == 42.0f,
+                   "%s project %zux%zu d %zu (residual %d): C differs", k->name, n, m, d, residual);
+            EXPECT(memcmp(S2, residual ? E1 : S, sizeof(float) * n * m) == 0,
+                   "%s project %zux%zu d %zu: S %s", k->name, n, m, d,
+                   residual ? "differs from S - C U^T" : "was written");
+        }
+        free(Sb), free(S2), free(Ub), free(Cb), free(C1), free(E1);
+    }
+}
+
+/* error feedback's sums against their definition: value i into double lane i % 8, lanes added
+ * 0..7; x = g + e; finite exactly when no x is NaN or Inf; copies and outputs whole, nothing
+ * written past them; odd lengths, misaligned */
+static void check_ef_sums(const gvq_kernels_t *k) {
+    static const size_t lens[] = {0, 1, 7, 8, 9, 31, 64, 1000, 1027};
+    for (size_t t = 0; t < sizeof lens / sizeof *lens; t++)
+        for (int mix = 0; mix < 6; mix++) {
+            size_t n = lens[t];
+            float *gb = malloc(sizeof(float) * (n + 1)), *eb = malloc(sizeof(float) * (n + 1));
+            float *ob = malloc(sizeof(float) * (n + 2)), *x = malloc(sizeof(float) * (n + 1));
+            float *g = gb + 1, *e = eb + 1, *o = ob + 1;
+            fill(g, n, mix);
+            fill(e, n, 0);
+            double gl[8] = {0}, xl[8] = {0}, g2 = 0, x2 = 0;
+            int finite = 1, gfinite = 1;
+            for (size_t i = 0; i < n; i++) {
+                x[i] = g[i] + e[i];
+                gfinite &= isfinite(g[i]) != 0;
+                gl[i % 8] += (double)g[i] * (double)g[i];
+                xl[i % 8] += (double)x[i] * (double)x[i];
+                finite &= isfinite(x[i]) != 0;
+            }
+            for (size_t j = 0; j < 8; j++)
+                g2 += gl[j], x2 += xl[j];
+            double gs = -1, xs = -1;
+            o[n] = 42.0f;
+            int f = k->ef_prepare(g, e, n, o, &gs, &xs);
+            EXPECT(f == finite && memcmp(&gs, &g2, 8) == 0 && memcmp(&xs, &x2, 8) == 0 &&
+                       memcmp(o, x, sizeof(float) * n) == 0 && o[n] == 42.0f,
+                   "%s ef_prepare of %zu values (mix %d) differs", k->name, n, mix);
+            int f2 = k->ef_prepare(g, NULL, n, NULL, &gs, &xs);
+            EXPECT(memcmp(&gs, &g2, 8) == 0 && memcmp(&xs, &g2, 8) == 0 && f2 == gfinite,
+                   "%s ef_prepare without e, %zu values (mix %d) differs", k->name, n, mix);
+            double s1 = k->sumsq8(g, o, n), s2 = k->sumsq8(x, NULL, n);
+            EXPECT(memcmp(&s1, &g2, 8) == 0 && memcmp(o, g, sizeof(float) * n) == 0 &&
+                       o[n] == 42.0f && memcmp(&s2, &x2, 8) == 0,
+                   "%s sumsq8 of %zu values (mix %d) differs", k->name, n, mix);
+            free(gb), free(eb), free(ob), free(x);
+        }
 }
 
 int main(void) {
@@ -351,6 +438,8 @@ int main(void) {
         check_intsum(k);
         check_f16(k);
         check_expand(k);
+        check_project(k);
+        check_ef_sums(k);
         printf("test_kernels: %s: checked\n", paths[i]);
         ran++;
     }

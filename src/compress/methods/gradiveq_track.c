@@ -89,8 +89,7 @@ static gvqResult_t encode(gvqCompressor_t c, size_t r0, size_t r1) {
     const gvq_device_ops_t *dev = c->comm->dev;
     size_t L = ST(c)->m, d = (size_t)c->cfg.dmax;
     float *M = ST(c)->M + r0 * L;
-    GVQCHECK(gvq_powersgd_project(dev, M, r1 - r0, L, d, ST(c)->Q, ST(c)->P));
-    return gvq_powersgd_expand(dev, r1 - r0, L, d, ST(c)->P, ST(c)->Q, -1.0f, 1.0f, M);
+    return gvq_powersgd_project_residual(dev, M, r1 - r0, L, d, ST(c)->Q, ST(c)->P);
 }
 
 /* This rank's loss (stats.lastLoss) and, with error feedback, its residual (its norm taken

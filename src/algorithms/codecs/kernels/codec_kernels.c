@@ -418,115 +418,122 @@ static void k_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
     }
 }
 
-/* ---- low-rank expand: out (n x m, row-major) = alpha P Q^T + beta out ------------------------
- * P n x r and Q m x r column-major (PowerSGD's decompression, the tracked basis's residual and
- * output). Each output value sums its r products in order j = 0..r-1; the lanes run along a
- * row. beta 0: out is not read (as BLAS). */
-enum { EXW = 64 }; /* values of a row per pass: four AVX-512 registers of sums */
+#include "codec_linalg.h" /* k_expand, k_project */
 
-/* w <= EXW values of one output row: acc = sum_j P[i,j] Q[l,j] (j in order), then alpha, beta */
-static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const float *Pi,
-                               const float *Ql, float alpha, float beta, float *o) {
-    float acc[EXW];
-    for (size_t l = 0; l < EXW; l++)
-        acc[l] = 0.0f;
-    if (w == EXW) {
-        for (size_t j = 0; j < r; j++) {
-            const float pj = Pi[j * n], *q = Ql + j * m;
-            for (size_t l = 0; l < EXW; l++)
-                acc[l] += pj * q[l];
-        }
-    } else {
-        for (size_t j = 0; j < r; j++) {
-            const float pj = Pi[j * n], *q = Ql + j * m;
-            for (size_t l = 0; l < w; l++)
-                acc[l] += pj * q[l];
-        }
-    }
-    if (beta == 0.0f)
-        for (size_t l = 0; l < w; l++)
-            o[l] = alpha * acc[l];
-    else
-        for (size_t l = 0; l < w; l++)
-            o[l] = alpha * acc[l] + beta * o[l];
+/* ---- error feedback's norms: 8 double lanes (value i into lane i % 8, added 0..7) ---------- */
+
+static double lanes8_sum(const double *lane) {
+    double s = 0;
+    for (size_t j = 0; j < 8; j++)
+        s += lane[j];
+    return s;
 }
 
-#if defined(__AVX512F__) || defined(__AVX2__)
 #if defined(__AVX512F__)
-typedef __m512 kv_t;
-#define KV_W 16
-#define KV_LOAD _mm512_loadu_ps
-#define KV_STORE _mm512_storeu_ps
-#define KV_SET1 _mm512_set1_ps
-#define KV_ZERO _mm512_setzero_ps
-#define KV_ADD _mm512_add_ps
-#define KV_MUL _mm512_mul_ps
-#else
-typedef __m256 kv_t;
-#define KV_W 8
-#define KV_LOAD _mm256_loadu_ps
-#define KV_STORE _mm256_storeu_ps
-#define KV_SET1 _mm256_set1_ps
-#define KV_ZERO _mm256_setzero_ps
-#define KV_ADD _mm256_add_ps
-#define KV_MUL _mm256_mul_ps
-#endif
-/* expand_part for w == EXW with the sums in registers (the compilers keep expand_part's acc[]
- * in memory, a store and a load on every add's chain): the same operations in the same order
- * per lane, so the same bits. */
-static inline void expand_part_vec(size_t n, size_t m, size_t r, const float *Pi, const float *Ql,
-                                   float alpha, float beta, float *o) {
-    enum { K = EXW / KV_W };
-    kv_t acc[K];
-    for (int k = 0; k < K; k++)
-        acc[k] = KV_ZERO();
-    for (size_t j = 0; j < r; j++) {
-        const kv_t pj = KV_SET1(Pi[j * n]);
-        const float *q = Ql + j * m;
-        for (int k = 0; k < K; k++)
-            acc[k] = KV_ADD(acc[k], KV_MUL(pj, KV_LOAD(q + k * KV_W)));
-    }
-    const kv_t va = KV_SET1(alpha);
-    if (beta == 0.0f) {
-        for (int k = 0; k < K; k++)
-            KV_STORE(o + k * KV_W, KV_MUL(va, acc[k]));
-    } else {
-        const kv_t vb = KV_SET1(beta);
-        for (int k = 0; k < K; k++)
-            KV_STORE(o + k * KV_W, KV_ADD(KV_MUL(va, acc[k]), KV_MUL(vb, KV_LOAD(o + k * KV_W))));
-    }
+typedef __m512d l8_t; /* the 8 lanes in one register */
+static inline l8_t l8_zero(void) {
+    return _mm512_setzero_pd();
 }
-#define K_EXPAND_VEC 1
+static inline l8_t l8_addsq(l8_t a, __m256 x) {
+    __m512d d = _mm512_cvtps_pd(x);
+    return _mm512_add_pd(a, _mm512_mul_pd(d, d));
+}
+static inline void l8_store(double *lane, l8_t a) {
+    _mm512_storeu_pd(lane, a);
+}
+#define K_L8 1
+#elif defined(__AVX2__)
+typedef struct {
+    __m256d lo, hi; /* lanes 0-3 and 4-7 */
+} l8_t;
+static inline l8_t l8_zero(void) {
+    return (l8_t){_mm256_setzero_pd(), _mm256_setzero_pd()};
+}
+static inline l8_t l8_addsq(l8_t a, __m256 x) {
+    __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    a.lo = _mm256_add_pd(a.lo, _mm256_mul_pd(lo, lo));
+    a.hi = _mm256_add_pd(a.hi, _mm256_mul_pd(hi, hi));
+    return a;
+}
+static inline void l8_store(double *lane, l8_t a) {
+    _mm256_storeu_pd(lane, a.lo);
+    _mm256_storeu_pd(lane + 4, a.hi);
+}
+#define K_L8 1
 #else
-#define K_EXPAND_VEC 0
+#define K_L8 0
 #endif
 
-static void k_expand(size_t n, size_t m, size_t r, const float *P, const float *Q, float alpha,
-                     float beta, float *out) {
-    /* row i's r coefficients, n apart in P (often a multiple of 4 KiB: one cache set for all),
-     * gathered once per row when it has several parts; read from there, the same values */
-    enum { PR = 64 };
-    float pr[PR];
-    for (size_t i = 0; i < n; i++) {
-        const float *Pi = P + i;
-        size_t pn = n;
-        if (m > EXW && r <= PR) {
-            for (size_t j = 0; j < r; j++)
-                pr[j] = P[i + j * n];
-            Pi = pr;
-            pn = 1;
-        }
-        for (size_t l0 = 0; l0 < m; l0 += EXW) {
-#if K_EXPAND_VEC
-            if (m - l0 >= EXW) {
-                expand_part_vec(pn, m, r, Pi, Q + l0, alpha, beta, out + i * m + l0);
-                continue;
-            }
-#endif
-            expand_part(m - l0 < EXW ? m - l0 : EXW, pn, m, r, Pi, Q + l0, alpha, beta,
-                        out + i * m + l0);
-        }
+static double k_sumsq8(const float *v, float *dst, size_t n) {
+    double lane[8] = {0};
+    size_t i = 0;
+#if K_L8
+    l8_t a = l8_zero();
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(v + i);
+        if (dst != NULL) _mm256_storeu_ps(dst + i, x);
+        a = l8_addsq(a, x);
     }
+    l8_store(lane, a);
+#else
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++) {
+            float x = v[i + j];
+            if (dst != NULL) dst[i + j] = x;
+            lane[j] += (double)x * (double)x;
+        }
+#endif
+    for (size_t j = 0; i < n; i++, j++) {
+        float x = v[i];
+        if (dst != NULL) dst[i] = x;
+        lane[j] += (double)x * (double)x;
+    }
+    return lanes8_sum(lane);
+}
+
+static int k_ef_prepare(const float *g, const float *e, size_t n, float *out, double *gs,
+                        double *xs) {
+    double gl[8] = {0}, xl[8] = {0};
+    float nonfinite = 0.0f; /* x * 0 is NaN exactly when x is NaN or infinite */
+    size_t i = 0;
+#if K_L8
+    l8_t ga = l8_zero(), xa = l8_zero();
+    __m256 nf = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 xv = e != NULL ? _mm256_add_ps(gv, _mm256_loadu_ps(e + i)) : gv;
+        if (out != NULL) _mm256_storeu_ps(out + i, xv);
+        ga = l8_addsq(ga, gv);
+        xa = l8_addsq(xa, xv);
+        nf = _mm256_add_ps(nf, _mm256_mul_ps(xv, _mm256_setzero_ps()));
+    }
+    l8_store(gl, ga);
+    l8_store(xl, xa);
+    float nfl[8];
+    _mm256_storeu_ps(nfl, nf);
+    for (size_t j = 0; j < 8; j++)
+        nonfinite += nfl[j];
+#else
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++) {
+            float gi = g[i + j], xi = e != NULL ? gi + e[i + j] : gi;
+            if (out != NULL) out[i + j] = xi;
+            gl[j] += (double)gi * (double)gi;
+            xl[j] += (double)xi * (double)xi;
+            nonfinite += xi * 0.0f;
+        }
+#endif
+    for (size_t j = 0; i < n; i++, j++) {
+        float gi = g[i], xi = e != NULL ? gi + e[i] : gi;
+        if (out != NULL) out[i] = xi;
+        gl[j] += (double)gi * (double)gi;
+        xl[j] += (double)xi * (double)xi;
+        nonfinite += xi * 0.0f;
+    }
+    *gs = lanes8_sum(gl);
+    *xs = lanes8_sum(xl);
+    return nonfinite == 0.0f;
 }
 
 const gvq_kernels_t K_TABLE = {
@@ -539,4 +546,7 @@ const gvq_kernels_t K_TABLE = {
     .f32_to_f16 = k_f32_to_f16,
     .f16_to_f32 = k_f16_to_f32,
     .expand = k_expand,
+    .project = k_project,
+    .sumsq8 = k_sumsq8,
+    .ef_prepare = k_ef_prepare,
 };

@@ -61,6 +61,17 @@ typedef struct {
      * value's r products summed in order (the host's low-rank expand; beta 0: out not read) */
     void (*expand)(size_t n, size_t m, size_t r, const float *P, const float *Q, float alpha,
                    float beta, float *out);
+    /* C (n x d column-major) = S U, S n x m row-major, U m x d column-major, d <= 64; each c_ij
+     * summed in 16 lanes (lane l mod 16, l in order) folded as a tree (codec_linalg.h). With
+     * residual, also S = S - C U^T row by row (the bits of expand with alpha -1, beta 1). */
+    void (*project)(size_t n, size_t m, size_t d, const float *S, const float *U, float *C,
+                    int residual);
+    /* The sum of squares in double of n values, value i into lane i % 8, the lanes added 0..7 in
+     * order (error feedback's norms), copying v into dst on the way when dst is not NULL. */
+    double (*sumsq8)(const float *v, float *dst, size_t n);
+    /* x = g + e (e NULL: x = g) into out (NULL: not written), *gs and *xs the sumsq8 of g and of
+     * x; returns 1 when every x is finite. */
+    int (*ef_prepare)(const float *g, const float *e, size_t n, float *out, double *gs, double *xs);
 } gvq_kernels_t;
 
 extern const gvq_kernels_t gvq_kernels_scalar;

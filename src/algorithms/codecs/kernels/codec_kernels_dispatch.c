@@ -17,11 +17,12 @@ static int cpu_has(const char *name) {
 #if defined(GVQ_KERNELS_X86)
     __builtin_cpu_init();
     if (strcmp(name, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+               __builtin_cpu_supports("fma");
     if (strcmp(name, "avx512") == 0)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") &&
-               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-               __builtin_cpu_supports("avx512dq");
+               __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 #endif
     return strcmp(name, "scalar") == 0;
 }

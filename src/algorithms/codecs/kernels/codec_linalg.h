@@ -1,0 +1,269 @@
+/*
+ * codec_linalg.h -- the low-rank products of the host codecs, included by codec_kernels.c only
+ * (compiled once per path): the expand (PowerSGD's decompression, the tracked basis's residual
+ * and output) and the projection (PowerSGD's P = M Q, the tracked basis's coefficients). The C
+ * forms define the bits; the AVX2 and AVX-512 forms run the same operations in the same order
+ * per lane (tests/unit/test_kernels.c holds every path to the C forms).
+ */
+#ifndef GVQ_CODEC_LINALG_H_
+#define GVQ_CODEC_LINALG_H_
+
+/* ---- low-rank expand: out (n x m, row-major) = alpha P Q^T + beta out ------------------------
+ * P n x r and Q m x r column-major (PowerSGD's decompression, the tracked basis's residual and
+ * output). Each output value is one chain of fused multiply-adds over its r products in order
+ * j = 0..r-1 (fmaf), then alpha acc (+ beta out) in separate roundings; the lanes run along a
+ * row. beta 0: out is not read (as BLAS). */
+enum { EXW = 64 }; /* values of a row per pass of the C form */
+
+/* w <= EXW values of one output row: acc = P[i,0] Q[l,0] + ... (j in order), then alpha, beta */
+static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const float *Pi,
+                               const float *Ql, float alpha, float beta, float *o) {
+    float acc[EXW];
+    for (size_t l = 0; l < EXW; l++)
+        acc[l] = 0.0f;
+    if (w == EXW) {
+        for (size_t j = 0; j < r; j++) {
+            const float pj = Pi[j * n], *q = Ql + j * m;
+            for (size_t l = 0; l < EXW; l++)
+                acc[l] = fmaf(pj, q[l], acc[l]);
+        }
+    } else {
+        for (size_t j = 0; j < r; j++) {
+            const float pj = Pi[j * n], *q = Ql + j * m;
+            for (size_t l = 0; l < w; l++)
+                acc[l] = fmaf(pj, q[l], acc[l]);
+        }
+    }
+    if (beta == 0.0f)
+        for (size_t l = 0; l < w; l++)
+            o[l] = alpha * acc[l];
+    else
+        for (size_t l = 0; l < w; l++)
+            o[l] = alpha * acc[l] + beta * o[l];
+}
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__)
+typedef __m512 kv_t;
+#define KV_W 16
+#define KV_LOAD _mm512_loadu_ps
+#define KV_STORE _mm512_storeu_ps
+#define KV_SET1 _mm512_set1_ps
+#define KV_ZERO _mm512_setzero_ps
+#define KV_ADD _mm512_add_ps
+#define KV_MUL _mm512_mul_ps
+#define KV_FMA _mm512_fmadd_ps
+#else
+typedef __m256 kv_t;
+#define KV_W 8
+#define KV_LOAD _mm256_loadu_ps
+#define KV_STORE _mm256_storeu_ps
+#define KV_SET1 _mm256_set1_ps
+#define KV_ZERO _mm256_setzero_ps
+#define KV_ADD _mm256_add_ps
+#define KV_MUL _mm256_mul_ps
+#define KV_FMA _mm256_fmadd_ps
+#endif
+/* EXV values of a row with the sums in registers, eight chains of multiply-adds in flight (the
+ * compilers keep expand_part's acc[] in memory, a store and a load on every chain's step): the
+ * same operations in the same order per lane, so the same bits. */
+enum { EXV = 8 * KV_W };
+static inline void expand_part_vec(size_t n, size_t m, size_t r, const float *Pi, const float *Ql,
+                                   float alpha, float beta, float *o) {
+    enum { K = EXV / KV_W };
+    kv_t acc[K];
+    for (int k = 0; k < K; k++)
+        acc[k] = KV_ZERO();
+    for (size_t j = 0; j < r; j++) {
+        const kv_t pj = KV_SET1(Pi[j * n]);
+        const float *q = Ql + j * m;
+        for (int k = 0; k < K; k++)
+            acc[k] = KV_FMA(pj, KV_LOAD(q + k * KV_W), acc[k]);
+    }
+    const kv_t va = KV_SET1(alpha);
+    if (beta == 0.0f) {
+        for (int k = 0; k < K; k++)
+            KV_STORE(o + k * KV_W, KV_MUL(va, acc[k]));
+    } else {
+        const kv_t vb = KV_SET1(beta);
+        for (int k = 0; k < K; k++)
+            KV_STORE(o + k * KV_W, KV_ADD(KV_MUL(va, acc[k]), KV_MUL(vb, KV_LOAD(o + k * KV_W))));
+    }
+}
+#define K_EXPAND_VEC 1
+#else
+#define K_EXPAND_VEC 0
+#endif
+
+/* row i of out from its r coefficients pi[j * pn] */
+static inline void expand_row(size_t m, size_t r, const float *pi, size_t pn, const float *Q,
+                              float alpha, float beta, float *o) {
+    size_t l0 = 0;
+#if K_EXPAND_VEC
+    for (; l0 + EXV <= m; l0 += EXV)
+        expand_part_vec(pn, m, r, pi, Q + l0, alpha, beta, o + l0);
+#endif
+    for (; l0 < m; l0 += EXW)
+        expand_part(m - l0 < EXW ? m - l0 : EXW, pn, m, r, pi, Q + l0, alpha, beta, o + l0);
+}
+
+static void k_expand(size_t n, size_t m, size_t r, const float *P, const float *Q, float alpha,
+                     float beta, float *out) {
+    /* row i's r coefficients, n apart in P (often a multiple of 4 KiB: one cache set for all),
+     * gathered once per row when it has several parts; read from there, the same values */
+    float pr[64];
+    for (size_t i = 0; i < n; i++) {
+        if (m > EXW && r <= 64) {
+            for (size_t j = 0; j < r; j++)
+                pr[j] = P[i + j * n];
+            expand_row(m, r, pr, 1, Q, alpha, beta, out + i * m);
+        } else {
+            expand_row(m, r, P + i, n, Q, alpha, beta, out + i * m);
+        }
+    }
+}
+
+/* ---- projection: C (n x d, column-major, ld n) = S U -------------------------------------------
+ * S n x m row-major, U m x d column-major, d <= 64 (PowerSGD's P = M Q, the tracked basis's
+ * coefficients). c_ij = s_i0 u_0j + ... in one chain of fused multiply-adds, l in order from 0
+ * (fmaf: one rounding each). Every path runs over blocks of rows of U^T (d floats a row, padded
+ * to dp; PUT floats a block, so 512 rows at d 16, 256 at d 32): the chains of a row's d columns side by side, so the C form vectorizes where the
+ * compiler may (a single path off x86) and the AVX2 / AVX-512 forms hold them in the lanes of
+ * registers, several rows at once. With residual, also S = S - C U^T row by row, with the
+ * expand's operations (alpha -1, beta 1): the bits of k_expand run after k_project. */
+enum { PUT = 8192, PDP = 64 };
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__)
+typedef __m512 pv_t;
+#define PV_W 16
+#define PV_ZERO _mm512_setzero_ps
+#define PV_SET1 _mm512_set1_ps
+#define PV_LOAD _mm512_load_ps
+#define PV_STORE _mm512_store_ps
+#define PV_FMA _mm512_fmadd_ps
+#else
+typedef __m256 pv_t;
+#define PV_W 8
+#define PV_ZERO _mm256_setzero_ps
+#define PV_SET1 _mm256_set1_ps
+#define PV_LOAD _mm256_load_ps
+#define PV_STORE _mm256_store_ps
+#define PV_FMA _mm256_fmadd_ps
+#endif
+
+/* rows i0 .. i0+R-1, the columns in NV registers (R NV <= 8: eight chains in flight) */
+static inline __attribute__((always_inline)) void
+project_block(size_t R, size_t NV, size_t i0, size_t n, size_t m, size_t d, size_t dp,
+              const float *S, const float *ut, size_t l0, size_t lb, float *C) {
+    pv_t acc[8][8];
+    float tmp[8 * PV_W] __attribute__((aligned(64)));
+    for (size_t r = 0; r < R; r++) {
+        if (l0 == 0) {
+            for (size_t v = 0; v < NV; v++)
+                acc[r][v] = PV_ZERO();
+        } else {
+            for (size_t j = 0; j < NV * PV_W; j++)
+                tmp[j] = j < d ? C[i0 + r + j * n] : 0.0f;
+            for (size_t v = 0; v < NV; v++)
+                acc[r][v] = PV_LOAD(tmp + v * PV_W);
+        }
+    }
+    for (size_t l = 0; l < lb; l++) {
+        const float *u = ut + l * dp;
+        for (size_t r = 0; r < R; r++) {
+            const pv_t sv = PV_SET1(S[(i0 + r) * m + l0 + l]);
+            for (size_t v = 0; v < NV; v++)
+                acc[r][v] = PV_FMA(sv, PV_LOAD(u + v * PV_W), acc[r][v]);
+        }
+    }
+    for (size_t r = 0; r < R; r++) {
+        for (size_t v = 0; v < NV; v++)
+            PV_STORE(tmp + v * PV_W, acc[r][v]);
+        for (size_t j = 0; j < d; j++)
+            C[i0 + r + j * n] = tmp[j];
+    }
+}
+
+/* dp = PV_W times 1, 2, 4 or 8 */
+static void project_rows_vec(size_t n, size_t m, size_t d, size_t dp, const float *S,
+                             const float *ut, size_t l0, size_t lb, float *C) {
+    size_t i = 0;
+    switch (dp / PV_W) {
+    case 1:
+        for (; i + 8 <= n; i += 8)
+            project_block(8, 1, i, n, m, d, dp, S, ut, l0, lb, C);
+        for (; i < n; i++)
+            project_block(1, 1, i, n, m, d, dp, S, ut, l0, lb, C);
+        break;
+    case 2:
+        for (; i + 4 <= n; i += 4)
+            project_block(4, 2, i, n, m, d, dp, S, ut, l0, lb, C);
+        for (; i < n; i++)
+            project_block(1, 2, i, n, m, d, dp, S, ut, l0, lb, C);
+        break;
+    case 4:
+        for (; i + 2 <= n; i += 2)
+            project_block(2, 4, i, n, m, d, dp, S, ut, l0, lb, C);
+        for (; i < n; i++)
+            project_block(1, 4, i, n, m, d, dp, S, ut, l0, lb, C);
+        break;
+    default:
+        for (; i < n; i++)
+            project_block(1, 8, i, n, m, d, dp, S, ut, l0, lb, C);
+    }
+}
+#define K_PROJECT_VEC 1
+#else
+#define K_PROJECT_VEC 0
+/* rows [0, n) over U^T's block [l0, l0 + lb) (ut: rows of dp floats), C form: the chains
+ * continue from C (l0 > 0) or start at 0 */
+static void project_rows_c(size_t n, size_t m, size_t d, size_t dp, const float *S,
+                           const float *ut, size_t l0, size_t lb, float *C) {
+    float c[PDP];
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < d; j++)
+            c[j] = l0 == 0 ? 0.0f : C[i + j * n];
+        for (size_t l = 0; l < lb; l++) {
+            const float sv = S[i * m + l0 + l], *u = ut + l * dp;
+            for (size_t j = 0; j < d; j++)
+                c[j] = fmaf(sv, u[j], c[j]);
+        }
+        for (size_t j = 0; j < d; j++)
+            C[i + j * n] = c[j];
+    }
+}
+#endif
+
+static void k_project(size_t n, size_t m, size_t d, const float *S, const float *U, float *C,
+                      int residual) {
+#if K_PROJECT_VEC
+    size_t nv = (d + PV_W - 1) / PV_W;
+    size_t dp = PV_W * (nv <= 1 ? 1 : nv <= 2 ? 2 : nv <= 4 ? 4 : 8);
+#else
+    size_t dp = d > 0 ? d : 1;
+#endif
+    float ut[PUT] __attribute__((aligned(64)));
+    size_t plb = PUT / dp;
+    for (size_t l0 = 0; l0 == 0 || l0 < m; l0 += plb) {
+        size_t lb = m - l0 < plb ? m - l0 : plb;
+        for (size_t l = 0; l < lb; l++)
+            for (size_t j = 0; j < dp; j++)
+                ut[l * dp + j] = j < d ? U[j * m + l0 + l] : 0.0f;
+#if K_PROJECT_VEC
+        project_rows_vec(n, m, d, dp, S, ut, l0, lb, C);
+#else
+        project_rows_c(n, m, d, dp, S, ut, l0, lb, C);
+#endif
+        if (m == 0) break;
+    }
+    if (!residual) return;
+    float cr[PDP];
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < d; j++)
+            cr[j] = C[i + j * n];
+        expand_row(m, d, cr, 1, U, -1.0f, 1.0f, (float *)S + i * m); /* S: the caller's M */
+    }
+}
+
+#endif /* GVQ_CODEC_LINALG_H_ */
