@@ -244,7 +244,17 @@ static gvqResult_t track_compress(track_call_t *t, gvqRedOp_t op) {
     }
     GVQCHECK(track_ring(t, 3));
     for (size_t i = 0; i < t->n; i++) {
+        gvqCompressor_t c = t->it[i].c;
         size_t r0, r1;
+        if (!t->split && !c->collocate && ST(c)->n * ST(c)->m == c->cfg.count) {
+            /* the slices are the tensor's order with no padding: y = C U^T straight into recv */
+            GVQCHECK(gvq_powersgd_expand(c->comm->dev, ST(c)->n, ST(c)->m, (size_t)c->cfg.dmax,
+                                         ST(c)->P, ST(c)->Q, 1.0f, 0.0f, t->it[i].recv));
+            if (op == gvqAvg)
+                GVQCHECK(
+                    c->comm->dev->divide(t->it[i].recv, c->cfg.count, gvqFloat32, c->comm->nranks));
+            continue;
+        }
         piece_rows(t, &t->it[i], &r0, &r1);
         GVQCHECK(decode(t->it[i].c, r0, r1));
         if (t->split) GVQCHECK(host_slices(t, &t->it[i], 1));

@@ -127,10 +127,11 @@ static void k_expand(size_t n, size_t m, size_t r, const float *P, const float *
  * S n x m row-major, U m x d column-major, d <= 64 (PowerSGD's P = M Q, the tracked basis's
  * coefficients). c_ij = s_i0 u_0j + ... in one chain of fused multiply-adds, l in order from 0
  * (fmaf: one rounding each). Every path runs over blocks of rows of U^T (d floats a row, padded
- * to dp; PUT floats a block, so 512 rows at d 16, 256 at d 32): the chains of a row's d columns side by side, so the C form vectorizes where the
- * compiler may (a single path off x86) and the AVX2 / AVX-512 forms hold them in the lanes of
- * registers, several rows at once. With residual, also S = S - C U^T row by row, with the
- * expand's operations (alpha -1, beta 1): the bits of k_expand run after k_project. */
+ * to dp; PUT floats a block, so 512 rows at d 16, 256 at d 32): the chains of a row's d columns
+ * side by side, so the C form vectorizes where the compiler may (a single path off x86) and the
+ * AVX2 / AVX-512 forms hold them in the lanes of registers, several rows at once. With residual,
+ * also S = S - C U^T row by row, with the expand's operations (alpha -1, beta 1): the bits of
+ * k_expand run after k_project. */
 enum { PUT = 8192, PDP = 64 };
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -218,8 +219,8 @@ static void project_rows_vec(size_t n, size_t m, size_t d, size_t dp, const floa
 #define K_PROJECT_VEC 0
 /* rows [0, n) over U^T's block [l0, l0 + lb) (ut: rows of dp floats), C form: the chains
  * continue from C (l0 > 0) or start at 0 */
-static void project_rows_c(size_t n, size_t m, size_t d, size_t dp, const float *S,
-                           const float *ut, size_t l0, size_t lb, float *C) {
+static void project_rows_c(size_t n, size_t m, size_t d, size_t dp, const float *S, const float *ut,
+                           size_t l0, size_t lb, float *C) {
     float c[PDP];
     for (size_t i = 0; i < n; i++) {
         for (size_t j = 0; j < d; j++)
