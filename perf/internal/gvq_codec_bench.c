@@ -263,6 +263,64 @@ static void track_rows(bench_t *b, size_t d, cost_t *out) {
     free(B);
 }
 
+/* PowerSGD at rank r with error feedback on the tensor as a near-square n x m matrix (as the
+ * method shapes a flat one): x = g + e into M with both norms, P = M Q, P's orthonormalisation,
+ * Q = M^T P (BLAS), the residual M - P Q^T, its copy and norm, the output P Q^T (methods/
+ * powersgd.c); each once per call, nothing per hop (two factor rings of fp32 sums). */
+static void powersgd_rows(bench_t *b, size_t r, cost_t *out) {
+    if (b->filter != NULL && strstr("powersgd", b->filter) == NULL) return;
+    size_t m = (size_t)ceil(sqrt((double)b->n)), n = b->n / m;
+    float *P = malloc(sizeof(float) * n * r), *Q = malloc(sizeof(float) * m * r);
+    float *Qs = malloc(sizeof(float) * m * r);
+    if (P == NULL || Q == NULL || Qs == NULL) exit(1);
+    gvq_powersgd_init_q(Q, m, r, 1);
+    const gvq_device_ops_t *dev = &gvq_host_device;
+    const gvq_kernels_t *k = gvq_kernels();
+    enum { NT = 7 };
+    double t[NT];
+    for (int i = 0; i < NT; i++)
+        t[i] = 1e30;
+    for (int rep = 0; rep < b->reps; rep++) {
+        double gs, xs, s[NT + 1];
+        s[0] = now_s();
+        k->ef_prepare(b->x, b->z, n * m, b->y, &gs, &xs); /* b->z: the residual */
+        s[1] = now_s();
+        gvq_powersgd_project(dev, b->y, n, m, r, Q, P);
+        s[2] = now_s();
+        gvq_powersgd_orthonormalize(P, n, r);
+        s[3] = now_s();
+        gvq_powersgd_back(dev, b->y, n, m, r, P, Qs);
+        s[4] = now_s();
+        gvq_powersgd_expand(dev, n, m, r, P, Qs, -1.0f, 1.0f, b->y);
+        s[5] = now_s();
+        k->sumsq8(b->y, (float *)b->w1, n * m); /* the residual kept, its norm */
+        s[6] = now_s();
+        gvq_powersgd_expand(dev, n, m, r, P, Qs, 1.0f, 0.0f, (float *)b->w2);
+        s[7] = now_s();
+        for (int i = 0; i < NT; i++)
+            t[i] = s[i + 1] - s[i] < t[i] ? s[i + 1] - s[i] : t[i];
+    }
+    const char *names[NT] = {
+        "x = g + e, norms",    "P = M Q",     "orthonormalise P", "Q = M^T P", "residual M - P Q^T",
+        "residual kept, norm", "output P Q^T"};
+    double total = 0;
+    for (int i = 0; i < NT; i++) {
+        double ns = t[i] / (double)(n * m) * 1e9, gbs = 4.0 / ns;
+        char name[64];
+        snprintf(name, sizeof name, "powersgd r %zu: %s", r, names[i]);
+        printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", name, gbs,
+               gbs / b->memcpy_gbs, ns);
+        total += ns;
+    }
+    out->name = "powersgd rank 4 (error feedback)";
+    out->pre = total;
+    out->enc = out->hop = out->dec = 0;
+    out->wire = (double)(n + m) * (double)r * 4.0 / (double)(n * m);
+    free(P);
+    free(Q);
+    free(Qs);
+}
+
 static void collocate_rows(bench_t *b) {
     size_t K = 64, D = 64, H = 3, W = 3, per = K * D * H * W, m = b->n / per * per;
     const char *names[2] = {"collocate (64x64x3x3 filters)", "uncollocate"};
@@ -376,7 +434,7 @@ int main(int argc, char **argv) {
            t_copy / (double)b.n * 1e9);
     double t_add = row(&b, "plain ring add (y += x)", k_add);
     b.filter = f;
-    cost_t cost[7] = {{0}};
+    cost_t cost[8] = {{0}};
     int nc = 0;
     qsgd_rows(&b, 2, &cost[nc++]);
     qsgd_rows(&b, 4, &cost[nc++]);
@@ -385,6 +443,7 @@ int main(int argc, char **argv) {
     gradiveq_rows(&b, &cost[nc++]);
     track_rows(&b, 16, &cost[nc++]);
     track_rows(&b, 32, &cost[nc++]);
+    powersgd_rows(&b, 4, &cost[nc++]);
     collocate_rows(&b);
     row(&b, "error feedback add (x = g + e)", k_ef_add);
     ef_norm_row(&b);
