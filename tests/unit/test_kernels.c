@@ -341,10 +341,10 @@ static void check_expand(const gvq_kernels_t *k) {
  * order; with residual, row i of S minus c_i U^T with the expand's operations (-1 times the
  * in-order sum, plus s) */
 static void check_project(const gvq_kernels_t *k) {
-    static const size_t shapes[][3] = {{1, 1, 1},    {3, 16, 1},   {5, 64, 4},   {2, 65, 16},
-                                       {4, 256, 16}, {3, 300, 33}, {1, 128, 64}, {6, 256, 7},
-                                       {7, 48, 9},   {2, 17, 0},   {5, 256, 32}, {17, 600, 24},
-                                       {9, 513, 16}, {11, 40, 17}, {3, 0, 5}};
+    static const size_t shapes[][3] = {
+        {1, 1, 1},    {3, 16, 1},   {5, 64, 4}, {2, 65, 16},   {4, 256, 16}, {3, 300, 33},
+        {1, 128, 64}, {6, 256, 7},  {7, 48, 9}, {2, 17, 0},    {5, 256, 32}, {17, 600, 24},
+        {9, 513, 16}, {11, 40, 17}, {3, 0, 5},  {70, 256, 16}, {40, 64, 5}};
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
         size_t n = shapes[sh][0], m = shapes[sh][1], d = shapes[sh][2];
         /* S, U and C one float past an alignment */

@@ -187,30 +187,30 @@ project_block(size_t R, size_t NV, size_t i0, size_t n, size_t m, size_t d, size
 }
 
 /* dp = PV_W times 1, 2, 4 or 8 */
-static void project_rows_vec(size_t n, size_t m, size_t d, size_t dp, const float *S,
-                             const float *ut, size_t l0, size_t lb, float *C) {
-    size_t i = 0;
+static void project_rows_vec(size_t i0, size_t i1, size_t n, size_t m, size_t d, size_t dp,
+                             const float *S, const float *ut, size_t l0, size_t lb, float *C) {
+    size_t i = i0;
     switch (dp / PV_W) {
     case 1:
-        for (; i + 8 <= n; i += 8)
+        for (; i + 8 <= i1; i += 8)
             project_block(8, 1, i, n, m, d, dp, S, ut, l0, lb, C);
-        for (; i < n; i++)
+        for (; i < i1; i++)
             project_block(1, 1, i, n, m, d, dp, S, ut, l0, lb, C);
         break;
     case 2:
-        for (; i + 4 <= n; i += 4)
+        for (; i + 4 <= i1; i += 4)
             project_block(4, 2, i, n, m, d, dp, S, ut, l0, lb, C);
-        for (; i < n; i++)
+        for (; i < i1; i++)
             project_block(1, 2, i, n, m, d, dp, S, ut, l0, lb, C);
         break;
     case 4:
-        for (; i + 2 <= n; i += 2)
+        for (; i + 2 <= i1; i += 2)
             project_block(2, 4, i, n, m, d, dp, S, ut, l0, lb, C);
-        for (; i < n; i++)
+        for (; i < i1; i++)
             project_block(1, 4, i, n, m, d, dp, S, ut, l0, lb, C);
         break;
     default:
-        for (; i < n; i++)
+        for (; i < i1; i++)
             project_block(1, 8, i, n, m, d, dp, S, ut, l0, lb, C);
     }
 }
@@ -219,10 +219,10 @@ static void project_rows_vec(size_t n, size_t m, size_t d, size_t dp, const floa
 #define K_PROJECT_VEC 0
 /* rows [0, n) over U^T's block [l0, l0 + lb) (ut: rows of dp floats), C form: the chains
  * continue from C (l0 > 0) or start at 0 */
-static void project_rows_c(size_t n, size_t m, size_t d, size_t dp, const float *S, const float *ut,
-                           size_t l0, size_t lb, float *C) {
+static void project_rows_c(size_t i0, size_t i1, size_t n, size_t m, size_t d, size_t dp,
+                           const float *S, const float *ut, size_t l0, size_t lb, float *C) {
     float c[PDP];
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = i0; i < i1; i++) {
         for (size_t j = 0; j < d; j++)
             c[j] = l0 == 0 ? 0.0f : C[i + j * n];
         for (size_t l = 0; l < lb; l++) {
@@ -236,6 +236,21 @@ static void project_rows_c(size_t n, size_t m, size_t d, size_t dp, const float 
 }
 #endif
 
+#if K_PROJECT_VEC
+#define PROJECT_ROWS project_rows_vec
+#else
+#define PROJECT_ROWS project_rows_c
+#endif
+
+/* row i of S minus c_i U^T, c_i read from C */
+static inline void residual_row(size_t i, size_t n, size_t m, size_t d, float *S, const float *U,
+                                const float *C) {
+    float cr[PDP];
+    for (size_t j = 0; j < d; j++)
+        cr[j] = C[i + j * n];
+    expand_row(m, d, cr, 1, U, -1.0f, 1.0f, S + i * m);
+}
+
 static void k_project(size_t n, size_t m, size_t d, const float *S, const float *U, float *C,
                       int residual) {
 #if K_PROJECT_VEC
@@ -245,26 +260,29 @@ static void k_project(size_t n, size_t m, size_t d, const float *S, const float 
     size_t dp = d > 0 ? d : 1;
 #endif
     float ut[PUT] __attribute__((aligned(64)));
+    float *Sw = (float *)S; /* written only with residual (the caller's M) */
     size_t plb = PUT / dp;
-    for (size_t l0 = 0; l0 == 0 || l0 < m; l0 += plb) {
+    if (m <= plb) { /* U^T whole: 32 rows projected, then their residual while in the cache */
+        for (size_t l = 0; l < m; l++)
+            for (size_t j = 0; j < dp; j++)
+                ut[l * dp + j] = j < d ? U[j * m + l] : 0.0f;
+        for (size_t i0 = 0; i0 < n; i0 += 32) {
+            size_t i1 = n - i0 < 32 ? n : i0 + 32;
+            PROJECT_ROWS(i0, i1, n, m, d, dp, S, ut, 0, m, C);
+            for (size_t i = i0; residual && i < i1; i++)
+                residual_row(i, n, m, d, Sw, U, C);
+        }
+        return;
+    }
+    for (size_t l0 = 0; l0 < m; l0 += plb) { /* blocks of U^T, each over every row */
         size_t lb = m - l0 < plb ? m - l0 : plb;
         for (size_t l = 0; l < lb; l++)
             for (size_t j = 0; j < dp; j++)
                 ut[l * dp + j] = j < d ? U[j * m + l0 + l] : 0.0f;
-#if K_PROJECT_VEC
-        project_rows_vec(n, m, d, dp, S, ut, l0, lb, C);
-#else
-        project_rows_c(n, m, d, dp, S, ut, l0, lb, C);
-#endif
-        if (m == 0) break;
+        PROJECT_ROWS(0, n, n, m, d, dp, S, ut, l0, lb, C);
     }
-    if (!residual) return;
-    float cr[PDP];
-    for (size_t i = 0; i < n; i++) {
-        for (size_t j = 0; j < d; j++)
-            cr[j] = C[i + j * n];
-        expand_row(m, d, cr, 1, U, -1.0f, 1.0f, (float *)S + i * m); /* S: the caller's M */
-    }
+    for (size_t i = 0; residual && i < n; i++)
+        residual_row(i, n, m, d, Sw, U, C);
 }
 
 #endif /* GVQ_CODEC_LINALG_H_ */
