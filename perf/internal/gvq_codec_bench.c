@@ -206,6 +206,18 @@ static void gradiveq_rows(bench_t *b, cost_t *out) {
     free(Z);
 }
 
+/* One step of a method timed whole (seconds over `values` values), printed as a row "prefix:
+ * name"; ns per value. */
+static double step_row(const bench_t *b, const char *prefix, const char *name, double seconds,
+                       size_t values) {
+    double ns = seconds / (double)values * 1e9, gbs = 4.0 / ns;
+    char label[64];
+    snprintf(label, sizeof label, "%s: %s", prefix, name);
+    printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", label, gbs, gbs / b->memcpy_gbs,
+           ns);
+    return ns;
+}
+
 /* The tracked basis's products on the slice matrix S (n slices x L = 256), d = 16 or 32:
  * C0 = S U, B = S^T C0, orth(B), then C = S U with e = S - C U^T in one sweep (on a copy of S,
  * the copy timed apart), and y = C U^T (gradiveq_track.c). Whole vector at once (the method runs
@@ -244,15 +256,11 @@ static void track_rows(bench_t *b, size_t d, cost_t *out) {
     const char *names[NT] = {"P = S U",    "Q = S^T P",           "orthonormalise",
                              "(the copy)", "P = S U, S -= P U^T", "expand (output)"};
     double total = 0;
-    for (int k = 0; k < NT; k++) {
-        if (k == 3) continue; /* the bench's copy, not the method's */
-        double ns = t[k] / (double)(n * L) * 1e9, gbs = 4.0 / ns;
-        char name[64];
-        snprintf(name, sizeof name, "track d %zu: %s", d, names[k]);
-        printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", name, gbs,
-               gbs / b->memcpy_gbs, ns);
-        total += ns;
-    }
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "track d %zu", d);
+    for (int k = 0; k < NT; k++)
+        if (k != 3) /* the bench's copy, not the method's */
+            total += step_row(b, prefix, names[k], t[k], n * L);
     /* per call: each product once; nothing per hop (factor rings of fp32 sums) */
     out->name = d == 16 ? "gradiveq track d 16 (ratio 8)" : "gradiveq track d 32 (ratio 4)";
     out->pre = total;
@@ -304,14 +312,10 @@ static void powersgd_rows(bench_t *b, size_t r, cost_t *out) {
         "x = g + e, norms",    "P = M Q",     "orthonormalise P", "Q = M^T P", "residual M - P Q^T",
         "residual kept, norm", "output P Q^T"};
     double total = 0;
-    for (int i = 0; i < NT; i++) {
-        double ns = t[i] / (double)(n * m) * 1e9, gbs = 4.0 / ns;
-        char name[64];
-        snprintf(name, sizeof name, "powersgd r %zu: %s", r, names[i]);
-        printf("  %-34s %8.2f GB/s  %5.2f of memcpy  %6.3f ns/value\n", name, gbs,
-               gbs / b->memcpy_gbs, ns);
-        total += ns;
-    }
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "powersgd r %zu", r);
+    for (int i = 0; i < NT; i++)
+        total += step_row(b, prefix, names[i], t[i], n * m);
     out->name = "powersgd rank 4 (error feedback)";
     out->pre = total;
     out->enc = out->hop = out->dec = 0;

@@ -186,32 +186,28 @@ project_block(size_t R, size_t NV, size_t i0, size_t n, size_t m, size_t d, size
     }
 }
 
-/* dp = PV_W times 1, 2, 4 or 8 */
+/* dp = PV_W times 1, 2, 4 or 8: blocks of R = 8 / NV rows, then single rows (each case its own
+ * constants, so that the block's sums stay in registers) */
+#define PROJECT_CASE(R, NV)                                         \
+    for (; i + (R) <= i1; i += (R))                                 \
+        project_block((R), (NV), i, n, m, d, dp, S, ut, l0, lb, C); \
+    for (; i < i1; i++)                                             \
+        project_block(1, (NV), i, n, m, d, dp, S, ut, l0, lb, C);
 static void project_rows_vec(size_t i0, size_t i1, size_t n, size_t m, size_t d, size_t dp,
                              const float *S, const float *ut, size_t l0, size_t lb, float *C) {
     size_t i = i0;
     switch (dp / PV_W) {
     case 1:
-        for (; i + 8 <= i1; i += 8)
-            project_block(8, 1, i, n, m, d, dp, S, ut, l0, lb, C);
-        for (; i < i1; i++)
-            project_block(1, 1, i, n, m, d, dp, S, ut, l0, lb, C);
+        PROJECT_CASE(8, 1)
         break;
     case 2:
-        for (; i + 4 <= i1; i += 4)
-            project_block(4, 2, i, n, m, d, dp, S, ut, l0, lb, C);
-        for (; i < i1; i++)
-            project_block(1, 2, i, n, m, d, dp, S, ut, l0, lb, C);
+        PROJECT_CASE(4, 2)
         break;
     case 4:
-        for (; i + 2 <= i1; i += 2)
-            project_block(2, 4, i, n, m, d, dp, S, ut, l0, lb, C);
-        for (; i < i1; i++)
-            project_block(1, 4, i, n, m, d, dp, S, ut, l0, lb, C);
+        PROJECT_CASE(2, 4)
         break;
     default:
-        for (; i < i1; i++)
-            project_block(1, 8, i, n, m, d, dp, S, ut, l0, lb, C);
+        PROJECT_CASE(1, 8)
     }
 }
 #define K_PROJECT_VEC 1
