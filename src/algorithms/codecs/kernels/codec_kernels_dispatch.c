@@ -10,19 +10,31 @@
 #include "codec_kernels.h"
 #include "gvq_util.h"
 
+#if defined(GVQ_KERNELS_X86)
+#include <cpuid.h>
+#endif
+
 static _Atomic(const gvq_kernels_t *) chosen;
 static pthread_once_t chosen_once = PTHREAD_ONCE_INIT;
+
+#if defined(GVQ_KERNELS_X86)
+/* F16C and FMA, which both vector paths use, from CPUID leaf 1 (clang's __builtin_cpu_supports
+ * does not know "f16c") */
+static int cpu_f16c_fma(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    return (c & bit_F16C) != 0 && (c & bit_FMA) != 0;
+}
+#endif
 
 static int cpu_has(const char *name) {
 #if defined(GVQ_KERNELS_X86)
     __builtin_cpu_init();
-    if (strcmp(name, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-               __builtin_cpu_supports("fma");
+    if (strcmp(name, "avx2") == 0) return __builtin_cpu_supports("avx2") && cpu_f16c_fma();
     if (strcmp(name, "avx512") == 0)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") &&
-               __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               cpu_f16c_fma();
 #endif
     return strcmp(name, "scalar") == 0;
 }
