@@ -499,7 +499,7 @@ gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *shm, const int64_t *m
  * no device kernels. */
 /* The first Q: standard normal values from Philox keyed by seed alone (the same on every rank). */
 void gvq_powersgd_init_q(float *Q, size_t m, size_t r, uint32_t seed);
-/* P = M Q (the host: the codec kernels' projection for r <= 64, the same bits on every CPU). */
+/* P = M Q (the host: the codec kernels' projection, the same bits on every CPU). */
 gvqResult_t gvq_powersgd_project(const gvq_device_ops_t *dev, const float *M, size_t n, size_t m,
                                  size_t r, const float *Q, float *P);
 /* P = M Q, then M = M - P Q^T: the bits of gvq_powersgd_project then gvq_powersgd_expand(-1, 1),

@@ -48,10 +48,10 @@ void gvq_powersgd_init_q(float *Q, size_t m, size_t r, uint32_t seed) {
 
 gvqResult_t gvq_powersgd_project(const gvq_device_ops_t *dev, const float *M, size_t n, size_t m,
                                  size_t r, const float *Q, float *P) {
-    if (dev == &gvq_host_device && r <= 64) {
+    if (dev == &gvq_host_device) {
         /* the host: the codec kernels' projection (the same bits on every CPU; OpenBLAS packs
          * M before multiplying, a pass of its own at these small r) */
-        gvq_kernels()->project(n, m, r, M, Q, P, 0);
+        gvq_kernels()->project(n, m, r, M, Q, P, 1, n, 0);
         return gvqSuccess;
     }
     /* P (n x r) = M Q = (M^T)^T Q, M^T being the m x n column-major view of M */
@@ -60,8 +60,8 @@ gvqResult_t gvq_powersgd_project(const gvq_device_ops_t *dev, const float *M, si
 
 gvqResult_t gvq_powersgd_project_residual(const gvq_device_ops_t *dev, float *M, size_t n, size_t m,
                                           size_t r, const float *Q, float *P) {
-    if (dev == &gvq_host_device && r <= 64) { /* one sweep over M: each row in the cache */
-        gvq_kernels()->project(n, m, r, M, Q, P, 1);
+    if (dev == &gvq_host_device) { /* one sweep over M: each row in the cache */
+        gvq_kernels()->project(n, m, r, M, Q, P, 1, n, 1);
         return gvqSuccess;
     }
     GVQCHECK(gvq_powersgd_project(dev, M, n, m, r, Q, P));
@@ -77,10 +77,10 @@ gvqResult_t gvq_powersgd_back(const gvq_device_ops_t *dev, const float *M, size_
 gvqResult_t gvq_powersgd_expand(const gvq_device_ops_t *dev, size_t n, size_t m, size_t r,
                                 const float *P, const float *Q, float alpha, float beta,
                                 float *out) {
-    if (dev == &gvq_host_device && r <= 64) {
+    if (dev == &gvq_host_device) {
         /* the host: the codec kernels' expand (the same bits on every CPU; BLAS kernels differ
          * between CPUs, and at small r run at a fraction of their speed) */
-        gvq_kernels()->expand(n, m, r, P, Q, alpha, beta, out);
+        gvq_kernels()->expand(n, m, r, P, 1, n, Q, alpha, beta, NULL, out);
         return gvqSuccess;
     }
     /* out row-major n x m = column-major m x n: alpha Q P^T + beta out = (alpha P Q^T + beta)^T */

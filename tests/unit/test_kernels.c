@@ -299,52 +299,59 @@ static void check_f16(const gvq_kernels_t *k) {
 }
 
 /* the low-rank expand against its definition: every value one fmaf chain over its r products in
- * order, then alpha and beta */
+ * order, then alpha and beta, or alpha and z; P column-major (PowerSGD, the tracked basis) and
+ * row-major (GradiVeQ's coefficients, a slice's r together) */
 static void check_expand(const gvq_kernels_t *k) {
-    static const size_t shapes[][3] = {{1, 1, 1},    {3, 7, 2},    {5, 64, 4},
-                                       {2, 65, 16},  {4, 256, 16}, {3, 300, 33},
-                                       {1, 129, 64}, {2, 128, 0},  {7, 191, 8}};
+    static const size_t shapes[][3] = {{1, 1, 1},    {3, 7, 2},    {5, 64, 4},    {2, 65, 16},
+                                       {4, 256, 16}, {3, 300, 33}, {1, 129, 64},  {2, 128, 0},
+                                       {7, 191, 8},  {3, 130, 65}, {2, 256, 100}, {9, 48, 5}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         size_t n = shapes[s][0], m = shapes[s][1], r = shapes[s][2];
-        /* P, Q and the output one float past an alignment (the vector loads are unaligned) */
+        /* P, Q, z and the output one float past an alignment (the vector loads are unaligned) */
         float *Pb = malloc(sizeof(float) * (n * r + 1)), *Qb = malloc(sizeof(float) * (m * r + 1));
         float *o1 = malloc(sizeof(float) * (n * m + 1)), *o2b = malloc(sizeof(float) * (n * m + 2));
-        float *P = Pb + 1, *Q = Qb + 1, *o2 = o2b + 1;
+        float *zb = malloc(sizeof(float) * (m + 1));
+        float *P = Pb + 1, *Q = Qb + 1, *o2 = o2b + 1, *zv = zb + 1;
         fill(P, n * r, (int)(s % 3));
         fill(Q, m * r, 0);
-        for (int mode = 0; mode < 3; mode++) {
-            float alpha = mode == 2 ? -1.0f : 1.0f, beta = mode == 0 ? 0.0f : 1.0f;
+        fill(zv, m, 1);
+        for (int mode = 0; mode < 8; mode++) {
+            float alpha = (mode & 3) == 2 ? -1.0f : 1.0f, beta = (mode & 3) == 0 ? 0.0f : 1.0f;
+            const float *z = (mode & 3) == 3 ? zv : NULL;
+            size_t pi = mode < 4 ? 1 : r, pj = mode < 4 ? n : 1; /* column-, then row-major */
             fill(o1, n * m, 0);
             memcpy(o2, o1, sizeof(float) * n * m);
-            if (mode == 0) o2[0] = NAN; /* beta 0: not read */
+            if (beta == 0.0f || z != NULL) o2[0] = NAN; /* not read */
             o2[n * m] = 42.0f;
             for (size_t i = 0; i < n; i++)
                 for (size_t l = 0; l < m; l++) {
                     float acc = 0.0f;
                     for (size_t j = 0; j < r; j++)
-                        acc = fmaf(P[i + j * n], Q[l + j * m], acc);
-                    o1[i * m + l] = beta == 0.0f ? alpha * acc : alpha * acc + beta * o1[i * m + l];
+                        acc = fmaf(P[i * pi + j * pj], Q[l + j * m], acc);
+                    float *o = &o1[i * m + l];
+                    *o = z != NULL      ? alpha * acc + z[l]
+                         : beta == 0.0f ? alpha * acc
+                                        : alpha * acc + beta * *o;
                 }
-            k->expand(n, m, r, P, Q, alpha, beta, o2);
+            k->expand(n, m, r, P, pi, pj, Q, alpha, beta, z, o2);
             EXPECT(memcmp(o1, o2, sizeof(float) * n * m) == 0 && o2[n * m] == 42.0f,
-                   "%s expand %zux%zu r %zu alpha %g beta %g differs", k->name, n, m, r, alpha,
-                   beta);
+                   "%s expand %zux%zu r %zu alpha %g beta %g z %d, P %s differs", k->name, n, m, r,
+                   alpha, beta, z != NULL, mode < 4 ? "column-major" : "row-major");
         }
-        free(Pb);
-        free(Qb);
-        free(o1);
-        free(o2b);
+        free(Pb), free(Qb), free(o1), free(o2b), free(zb);
     }
 }
 
 /* the projection against its definition, spelled out here: c_ij one chain of fmaf over l in
  * order; with residual, row i of S minus c_i U^T with the expand's operations (-1 times the
- * in-order sum, plus s) */
+ * in-order sum, plus s); C column-major (PowerSGD, the tracked basis) and row-major (GradiVeQ);
+ * d past 64 (groups of columns) */
 static void check_project(const gvq_kernels_t *k) {
     static const size_t shapes[][3] = {
-        {1, 1, 1},    {3, 16, 1},   {5, 64, 4}, {2, 65, 16},   {4, 256, 16}, {3, 300, 33},
-        {1, 128, 64}, {6, 256, 7},  {7, 48, 9}, {2, 17, 0},    {5, 256, 32}, {17, 600, 24},
-        {9, 513, 16}, {11, 40, 17}, {3, 0, 5},  {70, 256, 16}, {40, 64, 5}};
+        {1, 1, 1},     {3, 16, 1},   {5, 64, 4}, {2, 65, 16},   {4, 256, 16}, {3, 300, 33},
+        {1, 128, 64},  {6, 256, 7},  {7, 48, 9}, {2, 17, 0},    {5, 256, 32}, {17, 600, 24},
+        {9, 513, 16},  {11, 40, 17}, {3, 0, 5},  {70, 256, 16}, {40, 64, 5},  {5, 130, 65},
+        {3, 200, 128}, {4, 96, 150}, {1, 256, 8}};
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
         size_t n = shapes[sh][0], m = shapes[sh][1], d = shapes[sh][2];
         /* S, U and C one float past an alignment */
@@ -368,12 +375,19 @@ static void check_project(const gvq_kernels_t *k) {
                 E1[i * m + l] = -1.0f * acc + 1.0f * S[i * m + l];
             }
         }
-        for (int residual = 0; residual < 2; residual++) {
+        for (int mode = 0; mode < 4; mode++) {
+            int residual = mode & 1, rowmajor = mode >> 1;
+            size_t ci = rowmajor ? d : 1, cj = rowmajor ? 1 : n;
             memcpy(S2, S, sizeof(float) * n * m);
             C[n * d] = 42.0f;
-            k->project(n, m, d, S2, U, C, residual);
-            EXPECT(memcmp(C, C1, sizeof(float) * n * d) == 0 && C[n * d] == 42.0f,
-                   "%s project %zux%zu d %zu (residual %d): C differs", k->name, n, m, d, residual);
+            k->project(n, m, d, S2, U, C, ci, cj, residual);
+            int same = 1;
+            for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j < d; j++)
+                    same &= memcmp(&C[i * ci + j * cj], &C1[i + j * n], sizeof(float)) == 0;
+            EXPECT(same && C[n * d] == 42.0f,
+                   "%s project %zux%zu d %zu (residual %d, C %s): C differs", k->name, n, m, d,
+                   residual, rowmajor ? "row-major" : "column-major");
             EXPECT(memcmp(S2, residual ? E1 : S, sizeof(float) * n * m) == 0,
                    "%s project %zux%zu d %zu: S %s", k->name, n, m, d,
                    residual ? "differs from S - C U^T" : "was written");

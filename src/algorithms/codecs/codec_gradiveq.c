@@ -6,8 +6,14 @@
  * whose compressor is (U_g: L x d, Z_g: L). A chunk of the ring holds whole slices (the codec's
  * granule is L), so each reuse group's slices in a chunk form an L x k matrix X and
  *
- *     encode:  C = U_g^T X - (U_g^T Z_g / N) 1^T (+ incoming C')     one sgemm per group
- *     decode:  X = U_g C + Z_g 1^T                                      one sgemm per group
+ *     encode:  C = U_g^T X - (U_g^T Z_g / N) 1^T (+ incoming C')     one projection per group
+ *     decode:  X = U_g C + Z_g 1^T                                      one expand per group
+ *
+ * On the host both products are the codec kernels' (codec_linalg.h: each coefficient and each
+ * decoded value one chain of fused multiply-adds in a fixed order), so every rank decodes the
+ * summed coefficients to the same bits whatever its CPU; with BLAS the decode took the CPU's own
+ * kernels and ranks on different CPUs disagreed (tests/mpi: the *_blas_mixed_np3 jobs). Other
+ * devices run their sgemm.
  *
  * Coefficients are linear in X, so the ring adds them as they arrive (compressed-domain
  * aggregation) and decodes once per chunk. The tail shorter than L is sent as raw floats.
@@ -105,6 +111,17 @@ static void gq_dot2(const float *x, const float *z, size_t n, double *xx, double
     *xz = sb;
 }
 
+/* The coefficients of k slices (x: k x L, a slice a row) on U (L x d, column-major): a slice's d
+ * coefficients together in c (k x d row-major). */
+static gvqResult_t gq_project(const gvq_device_ops_t *dev, size_t k, size_t L, size_t d,
+                              const float *x, const float *U, float *c) {
+    if (dev == &gvq_host_device) {
+        gvq_kernels()->project(k, L, d, x, U, c, d, 1, 0);
+        return gvqSuccess;
+    }
+    return dev->sgemm(1, 0, (int)d, (int)k, (int)L, 1.0f, U, (int)L, x, (int)L, 0.0f, c, (int)d);
+}
+
 /* The slices [s0+rel, s0+rel+k) that share reuse group grp, starting at rel. */
 static size_t gq_run(const gvq_gradiveq_t *g, size_t s0, size_t rel, size_t slices, size_t *grp) {
     *grp = (s0 + rel) / g->C;
@@ -128,8 +145,7 @@ static gvqResult_t gq_encode_combine(const gvq_codec_t *c, size_t off, size_t co
     for (size_t rel = 0, grp, k; rel < slices; rel += k) {
         k = gq_run(g, s0, rel, slices, &grp);
         float *cg = coef + rel * d;
-        GVQCHECK(dev->sgemm(1, 0, (int)d, (int)k, (int)L, 1.0f, g->U + grp * L * d, (int)L,
-                            x + rel * L, (int)L, 0.0f, cg, (int)d));
+        GVQCHECK(gq_project(dev, k, L, d, x + rel * L, g->U + grp * L * d, cg));
         const float *uz = g->UZ + grp * d, *z = g->Z + grp * L;
         double x2 = 0, c2 = 0, xx, xz;
         for (size_t j = 0; j < k; j++) {
@@ -194,11 +210,15 @@ static gvqResult_t gq_decode(const gvq_codec_t *c, size_t off, size_t count, con
     for (size_t rel = 0, grp, k; rel < slices; rel += k) {
         k = gq_run(g, s0, rel, slices, &grp);
         float *xg = x + rel * L;
-        const float *z = g->Z + grp * L;
+        const float *z = g->Z + grp * L, *U = g->U + grp * L * d;
+        if (dev == &gvq_host_device) { /* x_j = U c_j + z, one pass */
+            gvq_kernels()->expand(k, L, d, coef + rel * d, d, 1, U, 1.0f, 0.0f, z, xg);
+            continue;
+        }
         for (size_t j = 0; j < k; j++)
             memcpy(xg + j * L, z, L * sizeof(float));
-        GVQCHECK(dev->sgemm(0, 0, (int)L, (int)k, (int)d, 1.0f, g->U + grp * L * d, (int)L,
-                            coef + rel * d, (int)d, 1.0f, xg, (int)L));
+        GVQCHECK(dev->sgemm(0, 0, (int)L, (int)k, (int)d, 1.0f, U, (int)L, coef + rel * d, (int)d,
+                            1.0f, xg, (int)L));
     }
     if (tail) {
         size_t cbytes = gq_coef_bytes(g, slices);
@@ -224,9 +244,8 @@ gvqResult_t gvq_gradiveq_prepare(gvq_gradiveq_t *g, const gvq_device_ops_t *dev)
     for (size_t grp = 0; grp < g->ngroups; grp++)
         g->ZZ[grp] = gq_dot(g->Z + grp * g->L, g->Z + grp * g->L, g->L);
     for (size_t grp = 0; grp < g->ngroups; grp++)
-        GVQCHECK(dev->sgemm(1, 0, (int)g->d, 1, (int)g->L, 1.0f, g->U + grp * g->L * g->d,
-                            (int)g->L, g->Z + grp * g->L, (int)g->L, 0.0f, g->UZ + grp * g->d,
-                            (int)g->d));
+        GVQCHECK(gq_project(dev, 1, g->L, g->d, g->Z + grp * g->L, g->U + grp * g->L * g->d,
+                            g->UZ + grp * g->d));
     return gvqSuccess;
 }
 

@@ -57,15 +57,18 @@ typedef struct {
      * (round to nearest even, NaN kept NaN) */
     void (*f32_to_f16)(const float *src, uint16_t *dst, size_t n);
     void (*f16_to_f32)(const uint16_t *src, float *dst, size_t n);
-    /* out (n x m row-major) = alpha P Q^T + beta out, P n x r and Q m x r column-major; each
-     * value's r products summed in order (the host's low-rank expand; beta 0: out not read) */
-    void (*expand)(size_t n, size_t m, size_t r, const float *P, const float *Q, float alpha,
-                   float beta, float *out);
-    /* C (n x d column-major) = S U, S n x m row-major, U m x d column-major, d <= 64; each c_ij
-     * summed in 16 lanes (lane l mod 16, l in order) folded as a tree (codec_linalg.h). With
-     * residual, also S = S - C U^T row by row (the bits of expand with alpha -1, beta 1). */
+    /* out (n x m row-major) = alpha P Q^T + beta out, or alpha P Q^T + z when z is not NULL (z:
+     * m floats added to every row); p_ij at P[i pi + j pj] (column-major: pi 1, pj n), Q m x r
+     * column-major; each value's r products one fmaf chain in order, then alpha and the added
+     * term in separate roundings (the host's low-rank expand; beta 0 and z NULL: out not read;
+     * codec_linalg.h) */
+    void (*expand)(size_t n, size_t m, size_t r, const float *P, size_t pi, size_t pj,
+                   const float *Q, float alpha, float beta, const float *z, float *out);
+    /* C (n x d) = S U, c_ij at C[i ci + j cj], S n x m row-major, U m x d column-major, any d;
+     * each c_ij one fmaf chain over l in order (codec_linalg.h). With residual, also S = S - C
+     * U^T row by row (the bits of expand with alpha -1, beta 1). */
     void (*project)(size_t n, size_t m, size_t d, const float *S, const float *U, float *C,
-                    int residual);
+                    size_t ci, size_t cj, int residual);
     /* The sum of squares in double of n values, value i into lane i % 8, the lanes added 0..7 in
      * order (error feedback's norms), copying v into dst on the way when dst is not NULL. */
     double (*sumsq8)(const float *v, float *dst, size_t n);

@@ -8,16 +8,18 @@
 #ifndef GVQ_CODEC_LINALG_H_
 #define GVQ_CODEC_LINALG_H_
 
-/* ---- low-rank expand: out (n x m, row-major) = alpha P Q^T + beta out ------------------------
- * P n x r and Q m x r column-major (PowerSGD's decompression, the tracked basis's residual and
- * output). Each output value is one chain of fused multiply-adds over its r products in order
- * j = 0..r-1 (fmaf), then alpha acc (+ beta out) in separate roundings; the lanes run along a
- * row. beta 0: out is not read (as BLAS). */
+/* ---- low-rank expand: out (n x m, row-major) = alpha P Q^T + beta out, or + z ----------------
+ * P n x r with p_ij at P[i pi + j pj] (column-major: pi 1, pj n; GradiVeQ's coefficients, a
+ * slice's d together: pi d, pj 1), Q m x r column-major (PowerSGD's decompression, the tracked
+ * basis's residual and output, GradiVeQ's decode). Each output value is one chain of fused
+ * multiply-adds over its r products in order j = 0..r-1 (fmaf), then alpha acc (+ beta out, or
+ * + z[l] when z is not NULL: GradiVeQ's mean, the same m values added to every row) in separate
+ * roundings; the lanes run along a row. beta 0 and z NULL: out is not read (as BLAS). */
 enum { EXW = 64 }; /* values of a row per pass of the C form */
 
 /* w <= EXW values of one output row: acc = P[i,0] Q[l,0] + ... (j in order), then alpha, beta */
 static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const float *Pi,
-                               const float *Ql, float alpha, float beta, float *o) {
+                               const float *Ql, float alpha, float beta, const float *z, float *o) {
     float acc[EXW];
     for (size_t l = 0; l < EXW; l++)
         acc[l] = 0.0f;
@@ -34,7 +36,10 @@ static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const flo
                 acc[l] = fmaf(pj, q[l], acc[l]);
         }
     }
-    if (beta == 0.0f)
+    if (z != NULL)
+        for (size_t l = 0; l < w; l++)
+            o[l] = alpha * acc[l] + z[l];
+    else if (beta == 0.0f)
         for (size_t l = 0; l < w; l++)
             o[l] = alpha * acc[l];
     else
@@ -69,7 +74,7 @@ typedef __m256 kv_t;
  * same operations in the same order per lane, so the same bits. */
 enum { EXV = 8 * KV_W };
 static inline void expand_part_vec(size_t n, size_t m, size_t r, const float *Pi, const float *Ql,
-                                   float alpha, float beta, float *o) {
+                                   float alpha, float beta, const float *z, float *o) {
     enum { K = EXV / KV_W };
     kv_t acc[K];
     for (int k = 0; k < K; k++)
@@ -81,7 +86,10 @@ static inline void expand_part_vec(size_t n, size_t m, size_t r, const float *Pi
             acc[k] = KV_FMA(pj, KV_LOAD(q + k * KV_W), acc[k]);
     }
     const kv_t va = KV_SET1(alpha);
-    if (beta == 0.0f) {
+    if (z != NULL) {
+        for (int k = 0; k < K; k++)
+            KV_STORE(o + k * KV_W, KV_ADD(KV_MUL(va, acc[k]), KV_LOAD(z + k * KV_W)));
+    } else if (beta == 0.0f) {
         for (int k = 0; k < K; k++)
             KV_STORE(o + k * KV_W, KV_MUL(va, acc[k]));
     } else {
@@ -97,41 +105,45 @@ static inline void expand_part_vec(size_t n, size_t m, size_t r, const float *Pi
 
 /* row i of out from its r coefficients pi[j * pn] */
 static inline void expand_row(size_t m, size_t r, const float *pi, size_t pn, const float *Q,
-                              float alpha, float beta, float *o) {
+                              float alpha, float beta, const float *z, float *o) {
     size_t l0 = 0;
 #if K_EXPAND_VEC
     for (; l0 + EXV <= m; l0 += EXV)
-        expand_part_vec(pn, m, r, pi, Q + l0, alpha, beta, o + l0);
+        expand_part_vec(pn, m, r, pi, Q + l0, alpha, beta, z != NULL ? z + l0 : NULL, o + l0);
 #endif
     for (; l0 < m; l0 += EXW)
-        expand_part(m - l0 < EXW ? m - l0 : EXW, pn, m, r, pi, Q + l0, alpha, beta, o + l0);
+        expand_part(m - l0 < EXW ? m - l0 : EXW, pn, m, r, pi, Q + l0, alpha, beta,
+                    z != NULL ? z + l0 : NULL, o + l0);
 }
 
-static void k_expand(size_t n, size_t m, size_t r, const float *P, const float *Q, float alpha,
-                     float beta, float *out) {
-    /* row i's r coefficients, n apart in P (often a multiple of 4 KiB: one cache set for all),
-     * gathered once per row when it has several parts; read from there, the same values */
+static void k_expand(size_t n, size_t m, size_t r, const float *P, size_t pi, size_t pj,
+                     const float *Q, float alpha, float beta, const float *z, float *out) {
+    /* row i's r coefficients, pj apart in P (column-major: n apart, often a multiple of 4 KiB:
+     * one cache set for all), gathered once per row when it has several parts; read from there,
+     * the same values */
     float pr[64];
     for (size_t i = 0; i < n; i++) {
-        if (m > EXW && r <= 64) {
+        if (m > EXW && r <= 64 && pj != 1) {
             for (size_t j = 0; j < r; j++)
-                pr[j] = P[i + j * n];
-            expand_row(m, r, pr, 1, Q, alpha, beta, out + i * m);
+                pr[j] = P[i * pi + j * pj];
+            expand_row(m, r, pr, 1, Q, alpha, beta, z, out + i * m);
         } else {
-            expand_row(m, r, P + i, n, Q, alpha, beta, out + i * m);
+            expand_row(m, r, P + i * pi, pj, Q, alpha, beta, z, out + i * m);
         }
     }
 }
 
-/* ---- projection: C (n x d, column-major, ld n) = S U -------------------------------------------
- * S n x m row-major, U m x d column-major, d <= 64 (PowerSGD's P = M Q, the tracked basis's
- * coefficients). c_ij = s_i0 u_0j + ... in one chain of fused multiply-adds, l in order from 0
- * (fmaf: one rounding each). Every path runs over blocks of rows of U^T (d floats a row, padded
- * to dp; PUT floats a block, so 512 rows at d 16, 256 at d 32): the chains of a row's d columns
- * side by side, so the C form vectorizes where the compiler may (a single path off x86) and the
- * AVX2 / AVX-512 forms hold them in the lanes of registers, several rows at once. With residual,
- * also S = S - C U^T row by row, with the expand's operations (alpha -1, beta 1): the bits of
- * k_expand run after k_project. */
+/* ---- projection: C (n x d) = S U ----------------------------------------------------------------
+ * S n x m row-major, U m x d column-major, c_ij at C[i ci + j cj] (column-major: ci 1, cj n;
+ * GradiVeQ's coefficients, a slice's d together: ci d, cj 1) (PowerSGD's P = M Q, the tracked
+ * basis's coefficients, GradiVeQ's encode). c_ij = s_i0 u_0j + ... in one chain of fused
+ * multiply-adds, l in order from 0 (fmaf: one rounding each). Columns in groups of up to 64
+ * (each c_ij's chain is its own, so any d). Every path runs over blocks of rows of U^T (d floats a
+ * row, padded to dp; PUT floats a block, so 512 rows at d 16, 256 at d 32): the chains of a row's d
+ * columns side by side, so the C form vectorizes where the compiler may (a single path off x86) and
+ * the AVX2 / AVX-512 forms hold them in the lanes of registers, several rows at once. With
+ * residual, also S = S - C U^T row by row, with the expand's operations (alpha -1, beta 1): the
+ * bits of k_expand run after k_project. */
 enum { PUT = 8192, PDP = 64 };
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -155,7 +167,7 @@ typedef __m256 pv_t;
 
 /* rows i0 .. i0+R-1, the columns in NV registers (R NV <= 8: eight chains in flight) */
 static inline __attribute__((always_inline)) void
-project_block(size_t R, size_t NV, size_t i0, size_t n, size_t m, size_t d, size_t dp,
+project_block(size_t R, size_t NV, size_t i0, size_t ci, size_t cj, size_t m, size_t d, size_t dp,
               const float *S, const float *ut, size_t l0, size_t lb, float *C) {
     pv_t acc[8][8];
     float tmp[8 * PV_W] __attribute__((aligned(64)));
@@ -165,7 +177,7 @@ project_block(size_t R, size_t NV, size_t i0, size_t n, size_t m, size_t d, size
                 acc[r][v] = PV_ZERO();
         } else {
             for (size_t j = 0; j < NV * PV_W; j++)
-                tmp[j] = j < d ? C[i0 + r + j * n] : 0.0f;
+                tmp[j] = j < d ? C[(i0 + r) * ci + j * cj] : 0.0f;
             for (size_t v = 0; v < NV; v++)
                 acc[r][v] = PV_LOAD(tmp + v * PV_W);
         }
@@ -182,19 +194,20 @@ project_block(size_t R, size_t NV, size_t i0, size_t n, size_t m, size_t d, size
         for (size_t v = 0; v < NV; v++)
             PV_STORE(tmp + v * PV_W, acc[r][v]);
         for (size_t j = 0; j < d; j++)
-            C[i0 + r + j * n] = tmp[j];
+            C[(i0 + r) * ci + j * cj] = tmp[j];
     }
 }
 
 /* dp = PV_W times 1, 2, 4 or 8: blocks of R = 8 / NV rows, then single rows (each case its own
  * constants, so that the block's sums stay in registers) */
-#define PROJECT_CASE(R, NV)                                         \
-    for (; i + (R) <= i1; i += (R))                                 \
-        project_block((R), (NV), i, n, m, d, dp, S, ut, l0, lb, C); \
-    for (; i < i1; i++)                                             \
-        project_block(1, (NV), i, n, m, d, dp, S, ut, l0, lb, C);
-static void project_rows_vec(size_t i0, size_t i1, size_t n, size_t m, size_t d, size_t dp,
-                             const float *S, const float *ut, size_t l0, size_t lb, float *C) {
+#define PROJECT_CASE(R, NV)                                              \
+    for (; i + (R) <= i1; i += (R))                                      \
+        project_block((R), (NV), i, ci, cj, m, d, dp, S, ut, l0, lb, C); \
+    for (; i < i1; i++)                                                  \
+        project_block(1, (NV), i, ci, cj, m, d, dp, S, ut, l0, lb, C);
+static void project_rows_vec(size_t i0, size_t i1, size_t ci, size_t cj, size_t m, size_t d,
+                             size_t dp, const float *S, const float *ut, size_t l0, size_t lb,
+                             float *C) {
     size_t i = i0;
     switch (dp / PV_W) {
     case 1:
@@ -215,19 +228,20 @@ static void project_rows_vec(size_t i0, size_t i1, size_t n, size_t m, size_t d,
 #define K_PROJECT_VEC 0
 /* rows [0, n) over U^T's block [l0, l0 + lb) (ut: rows of dp floats), C form: the chains
  * continue from C (l0 > 0) or start at 0 */
-static void project_rows_c(size_t i0, size_t i1, size_t n, size_t m, size_t d, size_t dp,
-                           const float *S, const float *ut, size_t l0, size_t lb, float *C) {
+static void project_rows_c(size_t i0, size_t i1, size_t ci, size_t cj, size_t m, size_t d,
+                           size_t dp, const float *S, const float *ut, size_t l0, size_t lb,
+                           float *C) {
     float c[PDP];
     for (size_t i = i0; i < i1; i++) {
         for (size_t j = 0; j < d; j++)
-            c[j] = l0 == 0 ? 0.0f : C[i + j * n];
+            c[j] = l0 == 0 ? 0.0f : C[i * ci + j * cj];
         for (size_t l = 0; l < lb; l++) {
             const float sv = S[i * m + l0 + l], *u = ut + l * dp;
             for (size_t j = 0; j < d; j++)
                 c[j] = fmaf(sv, u[j], c[j]);
         }
         for (size_t j = 0; j < d; j++)
-            C[i + j * n] = c[j];
+            C[i * ci + j * cj] = c[j];
     }
 }
 #endif
@@ -238,17 +252,22 @@ static void project_rows_c(size_t i0, size_t i1, size_t n, size_t m, size_t d, s
 #define PROJECT_ROWS project_rows_c
 #endif
 
-/* row i of S minus c_i U^T, c_i read from C */
-static inline void residual_row(size_t i, size_t n, size_t m, size_t d, float *S, const float *U,
-                                const float *C) {
+/* row i of S minus c_i U^T, c_i read from C (gathered when d <= 64) */
+static inline void residual_row(size_t i, size_t ci, size_t cj, size_t m, size_t d, float *S,
+                                const float *U, const float *C) {
     float cr[PDP];
+    if (d > PDP) {
+        expand_row(m, d, C + i * ci, cj, U, -1.0f, 1.0f, NULL, S + i * m);
+        return;
+    }
     for (size_t j = 0; j < d; j++)
-        cr[j] = C[i + j * n];
-    expand_row(m, d, cr, 1, U, -1.0f, 1.0f, S + i * m);
+        cr[j] = C[i * ci + j * cj];
+    expand_row(m, d, cr, 1, U, -1.0f, 1.0f, NULL, S + i * m);
 }
 
-static void k_project(size_t n, size_t m, size_t d, const float *S, const float *U, float *C,
-                      int residual) {
+/* columns [0, d) of C, d <= PDP (the caller's group of U's columns) */
+static void project_cols(size_t n, size_t m, size_t d, const float *S, const float *U, float *C,
+                         size_t ci, size_t cj, int residual) {
 #if K_PROJECT_VEC
     size_t nv = (d + PV_W - 1) / PV_W;
     size_t dp = PV_W * (nv <= 1 ? 1 : nv <= 2 ? 2 : nv <= 4 ? 4 : 8);
@@ -264,9 +283,9 @@ static void k_project(size_t n, size_t m, size_t d, const float *S, const float 
                 ut[l * dp + j] = j < d ? U[j * m + l] : 0.0f;
         for (size_t i0 = 0; i0 < n; i0 += 32) {
             size_t i1 = n - i0 < 32 ? n : i0 + 32;
-            PROJECT_ROWS(i0, i1, n, m, d, dp, S, ut, 0, m, C);
+            PROJECT_ROWS(i0, i1, ci, cj, m, d, dp, S, ut, 0, m, C);
             for (size_t i = i0; residual && i < i1; i++)
-                residual_row(i, n, m, d, Sw, U, C);
+                residual_row(i, ci, cj, m, d, Sw, U, C);
         }
         return;
     }
@@ -275,10 +294,22 @@ static void k_project(size_t n, size_t m, size_t d, const float *S, const float 
         for (size_t l = 0; l < lb; l++)
             for (size_t j = 0; j < dp; j++)
                 ut[l * dp + j] = j < d ? U[j * m + l0 + l] : 0.0f;
-        PROJECT_ROWS(0, n, n, m, d, dp, S, ut, l0, lb, C);
+        PROJECT_ROWS(0, n, ci, cj, m, d, dp, S, ut, l0, lb, C);
     }
     for (size_t i = 0; residual && i < n; i++)
-        residual_row(i, n, m, d, Sw, U, C);
+        residual_row(i, ci, cj, m, d, Sw, U, C);
+}
+
+static void k_project(size_t n, size_t m, size_t d, const float *S, const float *U, float *C,
+                      size_t ci, size_t cj, int residual) {
+    if (d <= PDP) {
+        project_cols(n, m, d, S, U, C, ci, cj, residual);
+        return;
+    }
+    for (size_t j0 = 0; j0 < d; j0 += PDP) /* groups of 64 columns, then the residual of all */
+        project_cols(n, m, d - j0 < PDP ? d - j0 : PDP, S, U + j0 * m, C + j0 * cj, ci, cj, 0);
+    for (size_t i = 0; residual && i < n; i++)
+        residual_row(i, ci, cj, m, d, (float *)S, U, C);
 }
 
 #endif /* GVQ_CODEC_LINALG_H_ */
