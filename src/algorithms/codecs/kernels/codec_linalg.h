@@ -48,17 +48,9 @@ static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const flo
 }
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-#if defined(__AVX512F__)
-typedef __m512 kv_t;
-#define KV_W 16
-#define KV_LOAD _mm512_loadu_ps
-#define KV_STORE _mm512_storeu_ps
-#define KV_SET1 _mm512_set1_ps
-#define KV_ZERO _mm512_setzero_ps
-#define KV_ADD _mm512_add_ps
-#define KV_MUL _mm512_mul_ps
-#define KV_FMA _mm512_fmadd_ps
-#else
+/* 256-bit vectors on both vector paths: the expand is bound by its loads of Q, and on the
+ * AVX-512 development host (perf/RESULTS.md section 12, stop 56) 512-bit forms of it ran 1.3-1.6x
+ * slower than these (GradiVeQ's decode at d 32, the tracked basis's output at d 16 and 32) */
 typedef __m256 kv_t;
 #define KV_W 8
 #define KV_LOAD _mm256_loadu_ps
@@ -68,52 +60,70 @@ typedef __m256 kv_t;
 #define KV_ADD _mm256_add_ps
 #define KV_MUL _mm256_mul_ps
 #define KV_FMA _mm256_fmadd_ps
-#endif
-/* EXV values of a row with the sums in registers, eight chains of multiply-adds in flight (the
- * compilers keep expand_part's acc[] in memory, a store and a load on every chain's step): the
- * same operations in the same order per lane, so the same bits. */
-enum { EXV = 8 * KV_W };
-static inline void expand_part_vec(size_t n, size_t m, size_t r, const float *Pi, const float *Ql,
-                                   float alpha, float beta, const float *z, float *o) {
-    enum { K = EXV / KV_W };
-    kv_t acc[K];
-    for (int k = 0; k < K; k++)
-        acc[k] = KV_ZERO();
-    for (size_t j = 0; j < r; j++) {
-        const kv_t pj = KV_SET1(Pi[j * n]);
-        const float *q = Ql + j * m;
-        for (int k = 0; k < K; k++)
-            acc[k] = KV_FMA(pj, KV_LOAD(q + k * KV_W), acc[k]);
+/* R rows of K registers of values each, the sums in registers (the compilers keep expand_part's
+ * acc[] in memory, a store and a load on every chain's step), R K chains of multiply-adds in
+ * flight; with two rows each load of Q feeds two chains (at d 32 the one-row form waited on its
+ * loads of Q). Row rr's coefficients at pi[rr][j pn], its output at o[rr]: the same operations
+ * in the same order per lane, so the same bits. Returns where the vector parts end. */
+enum { EK1 = 8, EKR = 4 }; /* registers of a row: alone, and beside another */
+static inline __attribute__((always_inline)) size_t
+expand_rows_vec(size_t R, size_t K, size_t m, size_t r, const float *const *pi, size_t pn,
+                const float *Q, float alpha, float beta, const float *z, float *const *o) {
+    size_t l0 = 0;
+    for (; l0 + K * KV_W <= m; l0 += K * KV_W) {
+        kv_t acc[2][8];
+        for (size_t rr = 0; rr < R; rr++)
+            for (size_t k = 0; k < K; k++)
+                acc[rr][k] = KV_ZERO();
+        for (size_t j = 0; j < r; j++) {
+            const float *q = Q + j * m + l0;
+            kv_t pv[2];
+            for (size_t rr = 0; rr < R; rr++)
+                pv[rr] = KV_SET1(pi[rr][j * pn]);
+            for (size_t k = 0; k < K; k++) {
+                kv_t qv = KV_LOAD(q + k * KV_W);
+                /* one load for both rows: the compilers would fold it into each multiply-add */
+                __asm__("" : "+v"(qv));
+                for (size_t rr = 0; rr < R; rr++)
+                    acc[rr][k] = KV_FMA(pv[rr], qv, acc[rr][k]);
+            }
+        }
+        const kv_t va = KV_SET1(alpha), vb = KV_SET1(beta);
+        for (size_t rr = 0; rr < R; rr++) {
+            float *ol = o[rr] + l0;
+            for (size_t k = 0; k < K; k++) {
+                kv_t v = KV_MUL(va, acc[rr][k]);
+                if (z != NULL)
+                    v = KV_ADD(v, KV_LOAD(z + l0 + k * KV_W));
+                else if (beta != 0.0f)
+                    v = KV_ADD(v, KV_MUL(vb, KV_LOAD(ol + k * KV_W)));
+                KV_STORE(ol + k * KV_W, v);
+            }
+        }
     }
-    const kv_t va = KV_SET1(alpha);
-    if (z != NULL) {
-        for (int k = 0; k < K; k++)
-            KV_STORE(o + k * KV_W, KV_ADD(KV_MUL(va, acc[k]), KV_LOAD(z + k * KV_W)));
-    } else if (beta == 0.0f) {
-        for (int k = 0; k < K; k++)
-            KV_STORE(o + k * KV_W, KV_MUL(va, acc[k]));
-    } else {
-        const kv_t vb = KV_SET1(beta);
-        for (int k = 0; k < K; k++)
-            KV_STORE(o + k * KV_W, KV_ADD(KV_MUL(va, acc[k]), KV_MUL(vb, KV_LOAD(o + k * KV_W))));
-    }
+    return l0;
 }
 #define K_EXPAND_VEC 1
 #else
 #define K_EXPAND_VEC 0
 #endif
 
+/* values [l0, m) of a row from its r coefficients pi[j * pn], the C form */
+static inline void expand_tail(size_t l0, size_t m, size_t r, const float *pi, size_t pn,
+                               const float *Q, float alpha, float beta, const float *z, float *o) {
+    for (; l0 < m; l0 += EXW)
+        expand_part(m - l0 < EXW ? m - l0 : EXW, pn, m, r, pi, Q + l0, alpha, beta,
+                    z != NULL ? z + l0 : NULL, o + l0);
+}
+
 /* row i of out from its r coefficients pi[j * pn] */
 static inline void expand_row(size_t m, size_t r, const float *pi, size_t pn, const float *Q,
                               float alpha, float beta, const float *z, float *o) {
     size_t l0 = 0;
 #if K_EXPAND_VEC
-    for (; l0 + EXV <= m; l0 += EXV)
-        expand_part_vec(pn, m, r, pi, Q + l0, alpha, beta, z != NULL ? z + l0 : NULL, o + l0);
+    l0 = expand_rows_vec(1, EK1, m, r, &pi, pn, Q, alpha, beta, z, &o);
 #endif
-    for (; l0 < m; l0 += EXW)
-        expand_part(m - l0 < EXW ? m - l0 : EXW, pn, m, r, pi, Q + l0, alpha, beta,
-                    z != NULL ? z + l0 : NULL, o + l0);
+    expand_tail(l0, m, r, pi, pn, Q, alpha, beta, z, o);
 }
 
 static void k_expand(size_t n, size_t m, size_t r, const float *P, size_t pi, size_t pj,
@@ -121,12 +131,32 @@ static void k_expand(size_t n, size_t m, size_t r, const float *P, size_t pi, si
     /* row i's r coefficients, pj apart in P (column-major: n apart, often a multiple of 4 KiB:
      * one cache set for all), gathered once per row when it has several parts; read from there,
      * the same values */
-    float pr[64];
-    for (size_t i = 0; i < n; i++) {
-        if (m > EXW && r <= 64 && pj != 1) {
+    float pr[2][64];
+    int gather = m > EXW && r <= 64 && pj != 1;
+    size_t i = 0;
+#if K_EXPAND_VEC
+    for (; m >= EKR * KV_W && i + 2 <= n; i += 2) { /* two rows at once */
+        const float *c[2];
+        float *o[2] = {out + i * m, out + (i + 1) * m};
+        for (size_t rr = 0; rr < 2; rr++) {
+            c[rr] = P + (i + rr) * pi;
+            if (gather) {
+                for (size_t j = 0; j < r; j++)
+                    pr[rr][j] = c[rr][j * pj];
+                c[rr] = pr[rr];
+            }
+        }
+        size_t pn = gather ? 1 : pj;
+        size_t l0 = expand_rows_vec(2, EKR, m, r, c, pn, Q, alpha, beta, z, o);
+        for (size_t rr = 0; rr < 2; rr++)
+            expand_tail(l0, m, r, c[rr], pn, Q, alpha, beta, z, o[rr]);
+    }
+#endif
+    for (; i < n; i++) {
+        if (gather) {
             for (size_t j = 0; j < r; j++)
-                pr[j] = P[i * pi + j * pj];
-            expand_row(m, r, pr, 1, Q, alpha, beta, z, out + i * m);
+                pr[0][j] = P[i * pi + j * pj];
+            expand_row(m, r, pr[0], 1, Q, alpha, beta, z, out + i * m);
         } else {
             expand_row(m, r, P + i * pi, pj, Q, alpha, beta, z, out + i * m);
         }
