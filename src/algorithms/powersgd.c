@@ -70,6 +70,10 @@ gvqResult_t gvq_powersgd_project_residual(const gvq_device_ops_t *dev, float *M,
 
 gvqResult_t gvq_powersgd_back(const gvq_device_ops_t *dev, const float *M, size_t n, size_t m,
                               size_t r, const float *P, float *Q) {
+    if (dev == &gvq_host_device) { /* the codec kernels' (the same bits on every CPU) */
+        gvq_kernels()->back(n, m, r, M, P, 1, n, Q);
+        return gvqSuccess;
+    }
     /* Q (m x r) = M^T P */
     return dev->sgemm(0, 0, (int)m, (int)r, (int)n, 1.0f, M, (int)m, P, (int)n, 0.0f, Q, (int)m);
 }

@@ -396,6 +396,41 @@ static void check_project(const gvq_kernels_t *k) {
     }
 }
 
+/* the back product against its definition: b_lj one chain of fmaf over the rows i in order;
+ * C column-major (PowerSGD, the tracked basis) and row-major; odd shapes, d past 64, several
+ * super-blocks of rows (300 x 256, 10 x 8200, 130 x 260), nothing written past B */
+static void check_back(const gvq_kernels_t *k) {
+    static const size_t shapes[][3] = {
+        {1, 1, 1},     {3, 16, 1}, {4, 64, 4},   {5, 65, 16},    {8, 256, 16},  {9, 300, 33},
+        {1, 128, 64},  {6, 17, 0}, {13, 48, 9},  {0, 32, 4},     {7, 130, 65},  {12, 40, 130},
+        {33, 256, 32}, {4, 7, 3},  {101, 96, 5}, {300, 256, 16}, {10, 8200, 5}, {130, 260, 7}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        size_t n = shapes[sh][0], m = shapes[sh][1], d = shapes[sh][2];
+        float *Sb = malloc(sizeof(float) * (n * m + 1)), *Cb = malloc(sizeof(float) * (n * d + 1));
+        float *B1 = malloc(sizeof(float) * (m * d + 1)), *Bb = malloc(sizeof(float) * (m * d + 2));
+        float *S = Sb + 1, *C = Cb + 1, *B = Bb + 1;
+        fill(S, n * m, (int)(sh % 3));
+        fill(C, n * d, 0);
+        for (int rowmajor = 0; rowmajor < 2; rowmajor++) {
+            size_t ci = rowmajor ? d : 1, cj = rowmajor ? 1 : n;
+            for (size_t l = 0; l < m; l++)
+                for (size_t j = 0; j < d; j++) {
+                    float b = 0.0f;
+                    for (size_t i = 0; i < n; i++)
+                        b = fmaf(S[i * m + l], C[i * ci + j * cj], b);
+                    B1[l + j * m] = b;
+                }
+            fill(B, m * d, 1); /* overwritten, not added to */
+            B[m * d] = 42.0f;
+            k->back(n, m, d, S, C, ci, cj, B);
+            EXPECT(memcmp(B, B1, sizeof(float) * m * d) == 0 && B[m * d] == 42.0f,
+                   "%s back %zux%zu d %zu (C %s) differs", k->name, n, m, d,
+                   rowmajor ? "row-major" : "column-major");
+        }
+        free(Sb), free(Cb), free(B1), free(Bb);
+    }
+}
+
 /* error feedback's sums against their definition: value i into double lane i % 8, lanes added
  * 0..7; x = g + e; finite exactly when no x is NaN or Inf; copies and outputs whole, nothing
  * written past them; odd lengths, misaligned */
@@ -453,6 +488,7 @@ int main(void) {
         check_f16(k);
         check_expand(k);
         check_project(k);
+        check_back(k);
         check_ef_sums(k);
         printf("test_kernels: %s: checked\n", paths[i]);
         ran++;

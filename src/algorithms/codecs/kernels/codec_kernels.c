@@ -418,7 +418,7 @@ static void k_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
     }
 }
 
-#include "codec_linalg.h" /* k_expand, k_project */
+#include "codec_linalg.h" /* k_expand, k_project, k_back */
 
 /* ---- error feedback's norms: 8 double lanes (value i into lane i % 8, added 0..7) ---------- */
 
@@ -547,6 +547,7 @@ const gvq_kernels_t K_TABLE = {
     .f16_to_f32 = k_f16_to_f32,
     .expand = k_expand,
     .project = k_project,
+    .back = k_back,
     .sumsq8 = k_sumsq8,
     .ef_prepare = k_ef_prepare,
 };

@@ -69,6 +69,10 @@ typedef struct {
      * U^T row by row (the bits of expand with alpha -1, beta 1). */
     void (*project)(size_t n, size_t m, size_t d, const float *S, const float *U, float *C,
                     size_t ci, size_t cj, int residual);
+    /* B (m x d, column-major) = S^T C, S n x m row-major, c_ij at C[i ci + j cj], any d; each
+     * b_lj one fmaf chain over the rows i in order (codec_linalg.h). */
+    void (*back)(size_t n, size_t m, size_t d, const float *S, const float *C, size_t ci, size_t cj,
+                 float *B);
     /* The sum of squares in double of n values, value i into lane i % 8, the lanes added 0..7 in
      * order (error feedback's norms), copying v into dst on the way when dst is not NULL. */
     double (*sumsq8)(const float *v, float *dst, size_t n);

@@ -342,4 +342,92 @@ static void k_project(size_t n, size_t m, size_t d, const float *S, const float 
         residual_row(i, ci, cj, m, d, (float *)S, U, C);
 }
 
+/* ---- back product: B (m x d, column-major) = S^T C ----------------------------------------------
+ * S n x m row-major, c_ij at C[i ci + j cj] (PowerSGD's Q = M^T P, the tracked basis's B = S^T
+ * C0). b_lj = s_0l c_0j + s_1l c_1j + ... in one chain of fused multiply-adds over the rows i in
+ * order from 0. The vector forms run as a matrix product's inner kernel does: a tile of B (TL
+ * registers of l by TJ columns) held in registers over a super-block of rows (about 128 KiB of
+ * S, kept in the second-level cache while every tile passes over it), each row adding its TL
+ * vectors of s times its TJ coefficients; the tile goes back to B between super-blocks, so the
+ * rows still reach each b in order. */
+enum { TJ = 4 };
+#if K_EXPAND_VEC
+#if defined(__AVX512F__)
+enum { TL = 4 }; /* 16 chains in registers of the 32 (AVX-512VL) */
+#else
+enum { TL = 2 }; /* 8 of 16 */
+#endif
+/* rows [i0, i1) into B's tile at b (columns m apart): TL vectors of l by J columns */
+static inline __attribute__((always_inline)) void back_tile(size_t J, size_t i0, size_t i1,
+                                                            size_t m, const float *S,
+                                                            const float *c, size_t ci, size_t cj,
+                                                            float *b) {
+    kv_t acc[TJ][TL];
+    for (size_t j = 0; j < J; j++)
+        for (size_t k = 0; k < TL; k++)
+            acc[j][k] = KV_LOAD(b + j * m + k * KV_W);
+    for (size_t i = i0; i < i1; i++) {
+        kv_t sv[TL];
+        for (size_t k = 0; k < TL; k++)
+            sv[k] = KV_LOAD(S + i * m + k * KV_W);
+        for (size_t j = 0; j < J; j++) {
+            const kv_t cv = KV_SET1(c[i * ci + j * cj]);
+            for (size_t k = 0; k < TL; k++)
+                acc[j][k] = KV_FMA(sv[k], cv, acc[j][k]);
+        }
+    }
+    for (size_t j = 0; j < J; j++)
+        for (size_t k = 0; k < TL; k++)
+            KV_STORE(b + j * m + k * KV_W, acc[j][k]);
+}
+#endif
+
+static void k_back(size_t n, size_t m, size_t d, const float *S, const float *C, size_t ci,
+                   size_t cj, float *B) {
+    for (size_t x = 0; x < m * d; x++)
+        B[x] = 0.0f;
+    size_t lv = 0; /* columns of S the tiles cover */
+#if K_EXPAND_VEC
+    lv = m - m % (TL * KV_W);
+    size_t sb = m > 0 ? 32768 / m : n;
+    sb = sb < 1 ? 1 : sb;
+    for (size_t i0 = 0; i0 < n; i0 += sb) {
+        size_t i1 = n - i0 < sb ? n : i0 + sb;
+        for (size_t l = 0; l < lv; l += TL * KV_W) {
+            size_t j = 0;
+            for (; j + TJ <= d; j += TJ)
+                back_tile(TJ, i0, i1, m, S + l, C + j * cj, ci, cj, B + j * m + l);
+            switch (d - j) { /* the last columns, a tile of their own width */
+            case 3:
+                back_tile(3, i0, i1, m, S + l, C + j * cj, ci, cj, B + j * m + l);
+                break;
+            case 2:
+                back_tile(2, i0, i1, m, S + l, C + j * cj, ci, cj, B + j * m + l);
+                break;
+            case 1:
+                back_tile(1, i0, i1, m, S + l, C + j * cj, ci, cj, B + j * m + l);
+                break;
+            default:
+                break;
+            }
+        }
+        for (size_t i = i0; i < i1 && lv < m; i++) /* the columns past the tiles */
+            for (size_t j = 0; j < d; j++) {
+                const float c = C[i * ci + j * cj], *si = S + i * m;
+                float *b = B + j * m;
+                for (size_t l = lv; l < m; l++)
+                    b[l] = fmaf(si[l], c, b[l]);
+            }
+    }
+    return;
+#endif
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < d; j++) {
+            const float c = C[i * ci + j * cj], *si = S + i * m;
+            float *b = B + j * m;
+            for (size_t l = lv; l < m; l++)
+                b[l] = fmaf(si[l], c, b[l]);
+        }
+}
+
 #endif /* GVQ_CODEC_LINALG_H_ */
