@@ -282,17 +282,11 @@ static void project_rows_c(size_t i0, size_t i1, size_t ci, size_t cj, size_t m,
 #define PROJECT_ROWS project_rows_c
 #endif
 
-/* row i of S minus c_i U^T, c_i read from C (gathered when d <= 64) */
-static inline void residual_row(size_t i, size_t ci, size_t cj, size_t m, size_t d, float *S,
-                                const float *U, const float *C) {
-    float cr[PDP];
-    if (d > PDP) {
-        expand_row(m, d, C + i * ci, cj, U, -1.0f, 1.0f, NULL, S + i * m);
-        return;
-    }
-    for (size_t j = 0; j < d; j++)
-        cr[j] = C[i * ci + j * cj];
-    expand_row(m, d, cr, 1, U, -1.0f, 1.0f, NULL, S + i * m);
+/* rows [i0, i1) of S minus their c_i U^T (C as the projection writes it): the expand with alpha
+ * -1, beta 1, two rows at a time */
+static inline void residual_rows(size_t i0, size_t i1, size_t ci, size_t cj, size_t m, size_t d,
+                                 float *S, const float *U, const float *C) {
+    k_expand(i1 - i0, m, d, C + i0 * ci, ci, cj, U, -1.0f, 1.0f, NULL, S + i0 * m);
 }
 
 /* columns [0, d) of C, d <= PDP (the caller's group of U's columns) */
@@ -314,8 +308,7 @@ static void project_cols(size_t n, size_t m, size_t d, const float *S, const flo
         for (size_t i0 = 0; i0 < n; i0 += 32) {
             size_t i1 = n - i0 < 32 ? n : i0 + 32;
             PROJECT_ROWS(i0, i1, ci, cj, m, d, dp, S, ut, 0, m, C);
-            for (size_t i = i0; residual && i < i1; i++)
-                residual_row(i, ci, cj, m, d, Sw, U, C);
+            if (residual) residual_rows(i0, i1, ci, cj, m, d, Sw, U, C);
         }
         return;
     }
@@ -326,8 +319,7 @@ static void project_cols(size_t n, size_t m, size_t d, const float *S, const flo
                 ut[l * dp + j] = j < d ? U[j * m + l0 + l] : 0.0f;
         PROJECT_ROWS(0, n, ci, cj, m, d, dp, S, ut, l0, lb, C);
     }
-    for (size_t i = 0; residual && i < n; i++)
-        residual_row(i, ci, cj, m, d, Sw, U, C);
+    if (residual) residual_rows(0, n, ci, cj, m, d, Sw, U, C);
 }
 
 static void k_project(size_t n, size_t m, size_t d, const float *S, const float *U, float *C,
@@ -338,8 +330,7 @@ static void k_project(size_t n, size_t m, size_t d, const float *S, const float 
     }
     for (size_t j0 = 0; j0 < d; j0 += PDP) /* groups of 64 columns, then the residual of all */
         project_cols(n, m, d - j0 < PDP ? d - j0 : PDP, S, U + j0 * m, C + j0 * cj, ci, cj, 0);
-    for (size_t i = 0; residual && i < n; i++)
-        residual_row(i, ci, cj, m, d, (float *)S, U, C);
+    if (residual) residual_rows(0, n, ci, cj, m, d, (float *)S, U, C);
 }
 
 /* ---- back product: B (m x d, column-major) = S^T C ----------------------------------------------
