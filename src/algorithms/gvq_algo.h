@@ -495,8 +495,8 @@ gvqResult_t gvq_shm_signed(gvq_coll_ctx_t *ctx, gvq_shm_t *shm, const int64_t *m
 /* ---- PowerSGD (powersgd.c) -----------------------------------------------------------------
  * One power iteration of PowerSGD (Vogels et al. 2019) on an n x m matrix M stored row-major
  * (M[i][j] at i*m + j), with P (n x r) and Q (m x r) column-major. The caller sums P and Q over
- * the ranks between the steps. Host memory (the codec kernels and dev->sgemm of the host device);
- * no device kernels. */
+ * the ranks between the steps. Host memory: the codec kernels' products (the same bits on every
+ * CPU); other devices' sgemm. No device kernels. */
 /* The first Q: standard normal values from Philox keyed by seed alone (the same on every rank). */
 void gvq_powersgd_init_q(float *Q, size_t m, size_t r, uint32_t seed);
 /* P = M Q (the host: the codec kernels' projection, the same bits on every CPU). */

@@ -2,7 +2,9 @@
  * powersgd.c -- the linear algebra of PowerSGD (Vogels, Karimireddy, Jaggi, NeurIPS 2019; the
  * same steps as PyTorch's powerSGD_hook): one power iteration per call, warm-started from the
  * previous call's Q. The caller (src/compress/methods/powersgd.c) sums P and Q over the ranks
- * between the steps; this file sees only dev->sgemm and plain C.
+ * between the steps. On the host the products are the codec kernels' (codec_linalg.h: each value
+ * one chain of fused multiply-adds in a fixed order, so the same bits on every CPU); another
+ * device's run through its dev->sgemm.
  *
  *     rank k:   M_k = g_k + e_k             n x m, row-major (the tensor itself, zero-padded)
  *               P_k = M_k Q                 gvq_powersgd_project     Q: m x r, same on all ranks

@@ -1,11 +1,13 @@
 /*
- * codec_kernels.h -- the host codecs' inner loops (QSGD and the integer-summed wires), one table
+ * codec_kernels.h -- the host codecs' inner loops (QSGD, the integer-summed wires, fp16, error
+ * feedback's sums, and the products of GradiVeQ, PowerSGD and the tracked basis), one table
  * per instruction set: codec_kernels.c is compiled once per path (scalar, avx2, avx512; see
  * CMakeLists.txt) and codec_kernels_dispatch.c picks the table once per process.
  *
- * Every path gives the same output bit for bit (docs/PERFORMANCE.md, "Codec kernels"): the
+ * Every path gives the same output bit for bit (docs/ARCHITECTURE.md, "Codec kernels"): the
  * kernels use only integer operations and single IEEE operations with the order of every sum
- * fixed by the C code (lanes of 16, combined in one order), compiled without contraction or
+ * fixed by the C code (lanes combined in one order, or one chain of fmaf per product's value),
+ * compiled without contraction or
  * reassociation (-ffp-contract=off, no -ffast-math); the vector paths differ from the scalar one
  * only in how many lanes run at once. So ranks whose CPUs take different paths agree, and
  * tests/unit/test_kernels.c checks it by running every path this CPU has on the same inputs.
