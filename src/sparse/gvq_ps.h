@@ -111,9 +111,12 @@ static inline char *gvq_ps_row(const struct gvqPs *ps, char *rows, uint64_t slot
 }
 
 /* gvqPsCreate; with blank the rows are left unset (zero, untouched) for the caller to write
- * before any other call (gvqPsRecover), and WARNs name gvqPsRecover. */
+ * before any other call (gvqPsRecover), and WARNs name gvqPsRecover. pre: the caller's own
+ * verdict on its call (gvqSuccess, or the error its checks gave, already WARNed): a rank that
+ * refused still takes part in the agreement when comm is usable, so every rank returns at once
+ * (its own error; gvqRemoteError on the others). */
 gvqResult_t gvq_ps_create(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t datatype,
-                          const gvqPsConfig_t *config, int blank, gvqPs_t *out);
+                          const gvqPsConfig_t *config, int blank, gvqResult_t pre, gvqPs_t *out);
 
 /* Whether ps is a live parameter server (never dereferences a destroyed one). */
 int gvq_ps_live(gvqPs_t ps);

@@ -271,17 +271,34 @@ static gvqResult_t alloc_slots(const char *fn, gvqPs_t ps) {
 
 /* The collective part of creation: the ranks' hosts, and every rank must create the server with
  * the same shape and partitioning (compared on every rank, so that every rank refuses alike). */
-static gvqResult_t join_ranks(const char *fn, gvqPs_t ps) {
+/* Every rank's verdict on its own call first: a rank that refused its arguments or could not
+ * allocate (local, with ps NULL) still takes part, so that the others fail at once
+ * (gvqRemoteError) rather than after the timeout, and it returns its own error. Then the
+ * shapes, which must be equal. */
+static gvqResult_t join_ranks(const char *fn, gvqComm_t comm, gvqPs_t ps, gvqResult_t local) {
     static const char *const names[8] = {"rows",         "dim",  "datatype", "partitions",
                                          "partitioning", "rule", "serve",    "staleness"};
-    int64_t shape[8] = {(int64_t)ps->rows,  (int64_t)ps->dim,     (int64_t)ps->dtype,
-                        ps->cfg.partitions, ps->cfg.partitioning, ps->cfg.rule,
-                        ps->cfg.serve,      ps->cfg.staleness};
-    GVQCHECK(gvq_comm_enter(ps->comm, fn));
-    gvq_coll_ctx_t ctx = gvq_comm_ctx(ps->comm, NULL);
-    gvqResult_t res = gvq_comm_hosts(ps->comm, &ps->hosts, &ps->leader, ps->same_host);
-    if (res == gvqSuccess) res = gvq_agree_fields(&ctx, fn, shape, names, 8, NULL);
-    gvq_comm_leave(ps->comm);
+    GVQCHECK(gvq_comm_enter(comm, fn));
+    gvq_coll_ctx_t ctx = gvq_comm_ctx(comm, NULL);
+    int32_t refused = local != gvqSuccess;
+    gvqResult_t res = gvq_agree_i32(&ctx, &refused, 1, gvqMax);
+    if (res == gvqSuccess && refused) {
+        res = local;
+        if (res == gvqSuccess) {
+            GVQ_WARN("%s: another rank refused its own call (its WARN says why); nothing was "
+                     "created on any rank",
+                     fn);
+            res = gvqRemoteError;
+        }
+    }
+    if (res == gvqSuccess) res = gvq_comm_hosts(comm, &ps->hosts, &ps->leader, ps->same_host);
+    if (res == gvqSuccess) {
+        int64_t shape[8] = {(int64_t)ps->rows,  (int64_t)ps->dim,     (int64_t)ps->dtype,
+                            ps->cfg.partitions, ps->cfg.partitioning, ps->cfg.rule,
+                            ps->cfg.serve,      ps->cfg.staleness};
+        res = gvq_agree_fields(&ctx, fn, shape, names, 8, NULL);
+    }
+    gvq_comm_leave(comm);
     return res;
 }
 
@@ -295,28 +312,35 @@ static void init_stats(gvqPs_t ps) {
 
 GVQ_API gvqResult_t gvqPsCreate(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t datatype,
                                 const gvqPsConfig_t *config, gvqPs_t *out) {
-    return gvq_ps_create(comm, rows, dim, datatype, config, 0, out);
+    return gvq_ps_create(comm, rows, dim, datatype, config, 0, gvqSuccess, out);
 }
 
 gvqResult_t gvq_ps_create(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t datatype,
-                          const gvqPsConfig_t *config, int blank, gvqPs_t *out) {
+                          const gvqPsConfig_t *config, int blank, gvqResult_t pre, gvqPs_t *out) {
     const char *fn = blank ? "gvqPsRecover" : "gvqPsCreate";
-    GVQCHECK(check_create_args(fn, comm, rows, dim, datatype, out));
+    GVQCHECK(gvq_comm_check(comm, fn, 1)); /* no communicator to tell the others through */
+    gvqResult_t res = pre;
+    if (res == gvqSuccess) res = check_create_args(fn, comm, rows, dim, datatype, out);
     gvq_ps_cfg_t cfg;
-    GVQCHECK(resolve_cfg(fn, config, comm->nranks, &cfg));
-    gvqPs_t ps = calloc(1, sizeof *ps);
-    if (ps == NULL) return gvqSystemError;
-    gvqResult_t res = gvqSuccess;
-    ps->comm = comm;
-    ps->rows = rows;
-    ps->dim = dim;
-    ps->dtype = datatype;
-    ps->esize = gvq_dtype_size(datatype);
-    ps->row_bytes = dim * ps->esize;
-    ps->cfg = cfg;
-    GVQCHECKGOTO(alloc_slots(fn, ps), res, err_free_ps);
-    if (!blank) init_slots(ps); /* blank: every row is written before any call (gvqPsRecover) */
-    GVQCHECKGOTO(join_ranks(fn, ps), res, err_free_ps);
+    if (res == gvqSuccess) res = resolve_cfg(fn, config, comm->nranks, &cfg);
+    gvqPs_t ps = res == gvqSuccess ? calloc(1, sizeof *ps) : NULL;
+    if (res == gvqSuccess && ps == NULL) {
+        GVQ_WARN("%s: out of memory for the handle", fn);
+        res = gvqSystemError;
+    }
+    if (ps != NULL) {
+        ps->comm = comm;
+        ps->rows = rows;
+        ps->dim = dim;
+        ps->dtype = datatype;
+        ps->esize = gvq_dtype_size(datatype);
+        ps->row_bytes = dim * ps->esize;
+        ps->cfg = cfg;
+        res = alloc_slots(fn, ps);
+        /* blank: every row is written before any call (gvqPsRecover) */
+        if (res == gvqSuccess && !blank) init_slots(ps);
+    }
+    GVQCHECKGOTO(join_ranks(fn, comm, ps, res), res, err_free_ps);
     init_stats(ps);
     if (cfg.serve) GVQCHECKGOTO(gvq_ps_serve_start(ps, fn), res, err_free_ps);
     ps->magic = GVQ_PS_MAGIC;
@@ -332,7 +356,7 @@ gvqResult_t gvq_ps_create(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t
              ps->hosts, cfg.serve ? "; served at any time" : "");
     return gvqSuccess;
 err_free_ps:
-    ps_free(ps);
+    if (ps != NULL) ps_free(ps);
     return res;
 }
 

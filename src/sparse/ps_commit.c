@@ -411,19 +411,27 @@ GVQ_API gvqResult_t gvqPsRecover(gvqPs_t from, gvqComm_t comm, size_t rows, size
                                  gvqDataType_t datatype, const gvqPsConfig_t *config,
                                  gvqPs_t *out) {
     const char *fn = "gvqPsRecover";
+    /* a local refusal still takes part in gvq_ps_create's agreement (the others fail at once) */
+    GVQCHECK(gvq_comm_check(comm, fn, 1));
+    gvqResult_t pre = gvqSuccess;
     if (from != NULL && !gvq_ps_known(from)) {
         GVQ_WARN("%s: from is not a parameter server (NULL on a rank without one)", fn);
-        return gvqInvalidArgument;
+        pre = gvqInvalidArgument;
     }
-    if (gvq_group_active()) {
-        GVQ_WARN("%s: not allowed inside gvqGroupStart/gvqGroupEnd", fn);
-        return gvqInvalidUsage;
+    recover_t x = {.from = from, .N = comm->nranks, .me = comm->rank};
+    x.all = malloc((size_t)x.N * NF * sizeof *x.all);
+    if (x.all == NULL && pre == gvqSuccess) {
+        GVQ_WARN("%s: out of memory for %d ranks' fields", fn, x.N);
+        pre = gvqSystemError;
     }
     gvqPs_t ps;
-    GVQCHECK(gvq_ps_create(comm, rows, dim, datatype, config, 1, &ps));
-    recover_t x = {.from = from, .ps = ps, .N = comm->nranks, .me = comm->rank};
-    x.all = malloc((size_t)x.N * NF * sizeof *x.all);
-    gvqResult_t res = x.all == NULL ? gvqSystemError : gvq_comm_enter(comm, fn);
+    gvqResult_t res = gvq_ps_create(comm, rows, dim, datatype, config, 1, pre, &ps);
+    if (res != gvqSuccess) {
+        free(x.all);
+        return res;
+    }
+    x.ps = ps;
+    res = gvq_comm_enter(comm, fn);
     if (res == gvqSuccess) {
         res = recover_locked(fn, &x);
         gvq_comm_leave(comm);

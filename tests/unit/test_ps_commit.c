@@ -257,6 +257,21 @@ static void refusals_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
     /* not a handle */
     EXPECT_RES(gvqPsRecover((gvqPs_t)&cfg, comm, 20, 2, gvqFloat32, &cfg, &out),
                gvqInvalidArgument);
+    /* one rank refuses its own call: it still takes part, so the others fail at once with
+     * gvqRemoteError instead of waiting out the 20 s timeout (they did before 2026-11-29) */
+    EXPECT_RES(gvqPsRecover(rank == 2 ? (gvqPs_t)&cfg : ps, comm, 20, 2, gvqFloat32, &cfg, &out),
+               rank == 2 ? gvqInvalidArgument : gvqRemoteError);
+    EXPECT(out == NULL, "a recovery refused on another rank gave a handle");
+    EXPECT_RES(gvqPsCreate(comm, 20, rank == 0 ? 0 : 2, gvqFloat32, &cfg, &out),
+               rank == 0 ? gvqInvalidArgument : gvqRemoteError);
+    gvqPsConfig_t bad = GVQ_PS_CONFIG_INITIALIZER;
+    bad.staleness = 1; /* without serve: refused by the config's checks */
+    EXPECT_RES(gvqPsCreate(comm, 20, 2, gvqFloat32, rank == 1 ? &bad : &cfg, &out),
+               rank == 1 ? gvqInvalidArgument : gvqRemoteError);
+    EXPECT(out == NULL, "a server refused on another rank was made");
+    /* and the communicator goes on: the same call, right on every rank */
+    EXPECT_RES(gvqPsCreate(comm, 20, 2, gvqFloat32, &cfg, &out), gvqSuccess);
+    gvqPsDestroy(out);
     EXPECT_RES(gvqPsCommit(NULL), gvqInvalidArgument);
     gvqPsDestroy(ps);
     gvqPsDestroy(other);
