@@ -431,6 +431,36 @@ static void check_back(const gvq_kernels_t *k) {
     }
 }
 
+/* the filter collocation against its definition, dst[(hw D + d) K + k] = src[k D H W + d H W + hw]
+ * and back: filters and positions past the 8 x 8 tiles, 1 x 1 and 5 x 5 kernels, misaligned,
+ * every bit kept (NaN payloads too), nothing written past dst */
+static void check_colloc(const gvq_kernels_t *k) {
+    static const size_t shapes[][4] = {{1, 1, 1, 1},   {8, 1, 3, 3}, {16, 16, 3, 3}, {17, 3, 3, 3},
+                                       {64, 64, 3, 3}, {9, 7, 1, 1}, {24, 5, 5, 5},  {3, 40, 1, 2},
+                                       {33, 8, 2, 2},  {7, 9, 3, 3}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        size_t K = shapes[sh][0], D = shapes[sh][1], H = shapes[sh][2], W = shapes[sh][3];
+        size_t HW = H * W, P = D * HW, n = K * P;
+        uint32_t *a = malloc(4 * (n + 1)), *b = malloc(4 * (n + 2)), *c = malloc(4 * (n + 2));
+        uint32_t *src = a + 1, *dst = b + 1, *back = c + 1;
+        for (size_t i = 0; i < n; i++)
+            src[i] = 0x7f800001u + (uint32_t)i * 2654435761u; /* NaN payloads and others */
+        dst[n] = back[n] = 42;
+        k->collocate((const float *)src, (float *)dst, K, D, H, W);
+        int bad = 0;
+        for (size_t kk = 0; kk < K; kk++)
+            for (size_t d = 0; d < D; d++)
+                for (size_t hw = 0; hw < HW; hw++)
+                    bad += dst[(hw * D + d) * K + kk] != src[kk * P + d * HW + hw];
+        EXPECT(bad == 0 && dst[n] == 42, "%s collocate %zux%zux%zux%zu: %d values misplaced",
+               k->name, K, D, H, W, bad);
+        k->uncollocate((const float *)dst, (float *)back, K, D, H, W);
+        EXPECT(memcmp(back, src, 4 * n) == 0 && back[n] == 42,
+               "%s uncollocate %zux%zux%zux%zu does not invert it", k->name, K, D, H, W);
+        free(a), free(b), free(c);
+    }
+}
+
 /* error feedback's sums against their definition: value i into double lane i % 8, lanes added
  * 0..7; x = g + e; finite exactly when no x is NaN or Inf; copies and outputs whole, nothing
  * written past them; odd lengths, misaligned */
@@ -489,6 +519,7 @@ int main(void) {
         check_expand(k);
         check_project(k);
         check_back(k);
+        check_colloc(k);
         check_ef_sums(k);
         printf("test_kernels: %s: checked\n", paths[i]);
         ran++;

@@ -273,40 +273,12 @@ void gvq_codec_gradiveq_init(gvq_codec_t *c, const gvq_device_ops_t *dev, gvq_gr
     c->state = g;
 }
 
-/* Collocation is a transpose of K rows of P = D H W positions, the positions reordered. Both
- * directions run over blocks of 16 filters: a block's rows (16 P floats, in L2) are read or
- * written position by position while the other side moves 16 contiguous floats at a time
- * (twice the speed of the element-by-element loops; perf/RESULTS.md section 12). */
-enum { COLLOC_KB = 16 };
-
+/* Collocation is a transpose of K rows of P = D H W positions, the positions reordered: the codec
+ * kernels' (codec_colloc.h; 8 x 8 tiles through registers on the vector paths). */
 void gvq_collocate(const float *src, float *dst, size_t K, size_t D, size_t H, size_t W) {
-    size_t P = D * H * W;
-    for (size_t k0 = 0; k0 < K; k0 += COLLOC_KB) {
-        size_t kb = GVQ_MIN((size_t)COLLOC_KB, K - k0);
-        const float *s = src + k0 * P;
-        for (size_t h = 0; h < H; h++)
-            for (size_t w = 0; w < W; w++)
-                for (size_t d = 0; d < D; d++) {
-                    float *o = dst + ((h * W + w) * D + d) * K + k0;
-                    size_t ps = (d * H + h) * W + w;
-                    for (size_t j = 0; j < kb; j++)
-                        o[j] = s[j * P + ps];
-                }
-    }
+    gvq_kernels()->collocate(src, dst, K, D, H, W);
 }
 
 void gvq_uncollocate(const float *src, float *dst, size_t K, size_t D, size_t H, size_t W) {
-    size_t P = D * H * W;
-    for (size_t k0 = 0; k0 < K; k0 += COLLOC_KB) {
-        size_t kb = GVQ_MIN((size_t)COLLOC_KB, K - k0);
-        float *o = dst + k0 * P;
-        for (size_t d = 0; d < D; d++)
-            for (size_t h = 0; h < H; h++)
-                for (size_t w = 0; w < W; w++) {
-                    const float *s = src + ((h * W + w) * D + d) * K + k0;
-                    size_t ps = (d * H + h) * W + w;
-                    for (size_t j = 0; j < kb; j++)
-                        o[j * P + ps] = s[j];
-                }
-    }
+    gvq_kernels()->uncollocate(src, dst, K, D, H, W);
 }

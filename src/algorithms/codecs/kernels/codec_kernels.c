@@ -419,6 +419,7 @@ static void k_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
 }
 
 #include "codec_linalg.h" /* k_expand, k_project, k_back */
+#include "codec_colloc.h" /* k_collocate, k_uncollocate */
 
 /* ---- error feedback's norms: 8 double lanes (value i into lane i % 8, added 0..7) ---------- */
 
@@ -548,6 +549,8 @@ const gvq_kernels_t K_TABLE = {
     .expand = k_expand,
     .project = k_project,
     .back = k_back,
+    .collocate = k_collocate,
+    .uncollocate = k_uncollocate,
     .sumsq8 = k_sumsq8,
     .ef_prepare = k_ef_prepare,
 };

@@ -75,6 +75,10 @@ typedef struct {
      * b_lj one fmaf chain over the rows i in order (codec_linalg.h). */
     void (*back)(size_t n, size_t m, size_t d, const float *S, const float *C, size_t ci, size_t cj,
                  float *B);
+    /* GradiVeQ's filter collocation of a [K][D][H][W] tensor and back (codec_colloc.h: position
+     * p = d H W + hw of filter k to row hw D + d, column k); data movement only */
+    void (*collocate)(const float *src, float *dst, size_t K, size_t D, size_t H, size_t W);
+    void (*uncollocate)(const float *src, float *dst, size_t K, size_t D, size_t H, size_t W);
     /* The sum of squares in double of n values, value i into lane i % 8, the lanes added 0..7 in
      * order (error feedback's norms), copying v into dst on the way when dst is not NULL. */
     double (*sumsq8)(const float *v, float *dst, size_t n);
