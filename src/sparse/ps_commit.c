@@ -414,7 +414,10 @@ GVQ_API gvqResult_t gvqPsRecover(gvqPs_t from, gvqComm_t comm, size_t rows, size
     /* a local refusal still takes part in gvq_ps_create's agreement (the others fail at once) */
     GVQCHECK(gvq_comm_check(comm, fn, 1));
     gvqResult_t pre = gvqSuccess;
-    if (from != NULL && !gvq_ps_known(from)) {
+    if (out == NULL) {
+        GVQ_WARN("%s: out is NULL", fn);
+        pre = gvqInvalidArgument;
+    } else if (from != NULL && !gvq_ps_known(from)) {
         GVQ_WARN("%s: from is not a parameter server (NULL on a rank without one)", fn);
         pre = gvqInvalidArgument;
     }

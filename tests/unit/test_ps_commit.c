@@ -262,6 +262,10 @@ static void refusals_rank(gvqComm_t comm, int rank, int nranks, void *arg) {
     EXPECT_RES(gvqPsRecover(rank == 2 ? (gvqPs_t)&cfg : ps, comm, 20, 2, gvqFloat32, &cfg, &out),
                rank == 2 ? gvqInvalidArgument : gvqRemoteError);
     EXPECT(out == NULL, "a recovery refused on another rank gave a handle");
+    /* no place for the handle on one rank (it crashed at the end of the recovery before) */
+    EXPECT_RES(gvqPsRecover(ps, comm, 20, 2, gvqFloat32, &cfg, rank == 0 ? NULL : &out),
+               rank == 0 ? gvqInvalidArgument : gvqRemoteError);
+    EXPECT(out == NULL, "a recovery refused on rank 0 gave a handle");
     EXPECT_RES(gvqPsCreate(comm, 20, rank == 0 ? 0 : 2, gvqFloat32, &cfg, &out),
                rank == 0 ? gvqInvalidArgument : gvqRemoteError);
     gvqPsConfig_t bad = GVQ_PS_CONFIG_INITIALIZER;

@@ -11,6 +11,10 @@
  * reassociation (-ffp-contract=off, no -ffast-math); the vector paths differ from the scalar one
  * only in how many lanes run at once. So ranks whose CPUs take different paths agree, and
  * tests/unit/test_kernels.c checks it by running every path this CPU has on the same inputs.
+ * One exception: where two NaNs meet in a product's multiply-add (expand, project, back), which
+ * payload and sign survive depends on the instruction (libm's fmaf or a vfmadd form); the
+ * result is NaN on every path. The codecs never hand them NaN: a gradient holding NaN or Inf on
+ * any rank is sent uncompressed on every rank alike before any product runs.
  *
  * Random bits (gvq_rng.h): value e of a stream draws 16 bits, half (e & 1) of word
  * ((e >> 1) & 3) of the Philox block with counter (e >> 3, call, tag) and key (seed, rank):
