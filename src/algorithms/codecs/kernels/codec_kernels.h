@@ -13,8 +13,10 @@
  * tests/unit/test_kernels.c checks it by running every path this CPU has on the same inputs.
  * One exception: where two NaNs meet in a product's multiply-add (expand, project, back), which
  * payload and sign survive depends on the instruction (libm's fmaf or a vfmadd form); the
- * result is NaN on every path. The codecs never hand them NaN: a gradient holding NaN or Inf on
- * any rank is sent uncompressed on every rank alike before any product runs.
+ * result is NaN on every path. No such NaN reaches a codec's output: a gradient holding NaN or
+ * Inf on any rank is sent uncompressed on every rank alike (PowerSGD and the tracked basis before
+ * any product runs; GradiVeQ's ring runs first, and its output, NaN at the same places on every
+ * rank, is then replaced by the plain sum).
  *
  * Random bits (gvq_rng.h): value e of a stream draws 16 bits, half (e & 1) of word
  * ((e >> 1) & 3) of the Philox block with counter (e >> 3, call, tag) and key (seed, rank):
