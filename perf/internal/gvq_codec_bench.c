@@ -206,6 +206,12 @@ static void gradiveq_rows(bench_t *b, cost_t *out) {
     free(Z);
 }
 
+/* n floats on a 64-byte boundary, as PyTorch's and CUDA's allocators give their tensors (malloc
+ * gives large blocks 16 bytes past one: every 512-bit access would cross a cache line) */
+static float *buf64(size_t n) {
+    return aligned_alloc(64, (sizeof(float) * n + 127) / 64 * 64);
+}
+
 /* One step of a method timed whole (seconds over `values` values), printed as a row "prefix:
  * name"; ns per value. */
 static double step_row(const bench_t *b, const char *prefix, const char *name, double seconds,
@@ -225,8 +231,9 @@ static double step_row(const bench_t *b, const char *prefix, const char *name, d
 static void track_rows(bench_t *b, size_t d, cost_t *out) {
     if (b->filter != NULL && strstr("track/powersgd expand", b->filter) == NULL) return;
     size_t L = 256, n = b->n / L;
-    float *U = calloc(L * d, sizeof(float)), *C = malloc(sizeof(float) * n * d);
+    float *U = buf64(L * d), *C = malloc(sizeof(float) * n * d);
     float *B = malloc(sizeof(float) * L * d);
+    if (U != NULL) memset(U, 0, sizeof(float) * L * d);
     if (U == NULL || C == NULL || B == NULL) exit(1);
     for (size_t j = 0; j < d; j++)
         U[j * L + j * (L / d)] = 1.0f;
@@ -411,9 +418,9 @@ int main(int argc, char **argv) {
     }
     b.n = mib << 18;
     b.chunk = chunk_bytes / sizeof(float);
-    b.x = malloc(sizeof(float) * b.n);
-    b.y = malloc(sizeof(float) * b.n);
-    b.z = malloc(sizeof(float) * b.n);
+    b.x = buf64(b.n);
+    b.y = buf64(b.n);
+    b.z = buf64(b.n);
     b.w1 = malloc(sizeof(float) * b.n + 64);
     b.w2 = malloc(sizeof(float) * b.n + 64);
     if (!b.x || !b.y || !b.z || !b.w1 || !b.w2) return 1;

@@ -48,64 +48,53 @@ static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const flo
 }
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-/* 256-bit vectors on both vector paths: the expand is bound by its loads of Q, and on the
- * AVX-512 development host (perf/RESULTS.md section 12, stop 56) 512-bit forms of it ran 1.3-1.6x
- * slower than these (GradiVeQ's decode at d 32, the tracked basis's output at d 16 and 32) */
-typedef __m256 kv_t;
-#define KV_W 8
-#define KV_LOAD _mm256_loadu_ps
-#define KV_STORE _mm256_storeu_ps
-#define KV_SET1 _mm256_set1_ps
-#define KV_ZERO _mm256_setzero_ps
-#define KV_ADD _mm256_add_ps
-#define KV_MUL _mm256_mul_ps
-#define KV_FMA _mm256_fmadd_ps
-/* R rows of K registers of values each, the sums in registers (the compilers keep expand_part's
- * acc[] in memory, a store and a load on every chain's step), R K chains of multiply-adds in
- * flight; with two rows each load of Q feeds two chains (at d 32 the one-row form waited on its
- * loads of Q). Row rr's coefficients at pi[rr][j pn], its output at o[rr]: the same operations
- * in the same order per lane, so the same bits. Returns where the vector parts end. */
-enum { EK1 = 8, EKR = 4 }; /* registers of a row: alone, and beside another */
-static inline __attribute__((always_inline)) size_t
-expand_rows_vec(size_t R, size_t K, size_t m, size_t r, const float *const *pi, size_t pn,
-                const float *Q, float alpha, float beta, const float *z, float *const *o) {
-    size_t l0 = 0;
-    for (; l0 + K * KV_W <= m; l0 += K * KV_W) {
-        kv_t acc[2][8];
-        for (size_t rr = 0; rr < R; rr++)
-            for (size_t k = 0; k < K; k++)
-                acc[rr][k] = KV_ZERO();
-        for (size_t j = 0; j < r; j++) {
-            const float *q = Q + j * m + l0;
-            kv_t pv[2];
-            for (size_t rr = 0; rr < R; rr++)
-                pv[rr] = KV_SET1(pi[rr][j * pn]);
-            for (size_t k = 0; k < K; k++) {
-                kv_t qv = KV_LOAD(q + k * KV_W);
-                /* one load for both rows: the compilers would fold it into each multiply-add */
-                __asm__("" : "+v"(qv));
-                for (size_t rr = 0; rr < R; rr++)
-                    acc[rr][k] = KV_FMA(pv[rr], qv, acc[rr][k]);
-            }
-        }
-        const kv_t va = KV_SET1(alpha), vb = KV_SET1(beta);
-        for (size_t rr = 0; rr < R; rr++) {
-            float *ol = o[rr] + l0;
-            for (size_t k = 0; k < K; k++) {
-                kv_t v = KV_MUL(va, acc[rr][k]);
-                if (z != NULL)
-                    v = KV_ADD(v, KV_LOAD(z + l0 + k * KV_W));
-                else if (beta != 0.0f)
-                    v = KV_ADD(v, KV_MUL(vb, KV_LOAD(ol + k * KV_W)));
-                KV_STORE(ol + k * KV_W, v);
-            }
-        }
-    }
-    return l0;
-}
+/* The register tiles (codec_vtile.h) in 256-bit vectors on both vector paths, and in 512-bit
+ * ones on the AVX-512 path. The 256-bit expand takes two rows at a time (each load of Q feeds two
+ * chains: three quarters of a load per multiply-add) and reaches half the 512-bit multiply-add
+ * rate; the 512-bit one takes four rows of four registers (64 values: half a load per
+ * multiply-add) and runs the residual (k_expand says why not the other forms); the back product
+ * runs tiles of 64 values by 4 columns. On the AVX-512 host of stop 57 (perf/RESULTS.md section
+ * 12) the 512-bit back product took 0.6-0.7 of the 256-bit one's time at d 16 and 32. */
+#define VSUF ymm
+#define VT __m256
+#define VW 8
+#if defined(__AVX512F__)
+#define VBT 4 /* 16 chains in registers of the 32 (AVX-512VL) */
+#else
+#define VBT 2 /* 8 of 16 */
+#endif
+#define V_LOAD _mm256_loadu_ps
+#define V_STORE _mm256_storeu_ps
+#define V_SET1 _mm256_set1_ps
+#define V_ZERO _mm256_setzero_ps
+#define V_ADD _mm256_add_ps
+#define V_MUL _mm256_mul_ps
+#define V_FMA _mm256_fmadd_ps
+enum { YW = 8, YBT = VBT }; /* for the callers: VBT is undefined by the inclusion */
+#include "codec_vtile.h" /* expand_rows_ymm, back_cols_ymm */
+enum { EK1 = 8, EKR = 4 }; /* 256-bit registers of a row: alone, and beside another */
 #define K_EXPAND_VEC 1
 #else
 #define K_EXPAND_VEC 0
+#endif
+
+#if defined(__AVX512F__)
+#define VSUF zmm
+#define VT __m512
+#define VW 16
+#define VBT 4
+#define V_LOAD _mm512_loadu_ps
+#define V_STORE _mm512_storeu_ps
+#define V_SET1 _mm512_set1_ps
+#define V_ZERO _mm512_setzero_ps
+#define V_ADD _mm512_add_ps
+#define V_MUL _mm512_mul_ps
+#define V_FMA _mm512_fmadd_ps
+#include "codec_vtile.h" /* expand_rows_zmm, back_cols_zmm */
+enum { ZW = 16, ZBT = 4, ER = 4, EK = 4 }; /* the 512-bit expand's tile: rows, registers of a row */
+#define K_EXPAND_ZMM 1
+#else
+#define K_EXPAND_ZMM 0
 #endif
 
 /* values [l0, m) of a row from its r coefficients pi[j * pn], the C form */
@@ -121,9 +110,24 @@ static inline void expand_row(size_t m, size_t r, const float *pi, size_t pn, co
                               float alpha, float beta, const float *z, float *o) {
     size_t l0 = 0;
 #if K_EXPAND_VEC
-    l0 = expand_rows_vec(1, EK1, m, r, &pi, pn, Q, alpha, beta, z, &o);
+    l0 = expand_rows_ymm(1, EK1, 0, m, r, &pi, pn, Q, alpha, beta, z, &o);
 #endif
     expand_tail(l0, m, r, pi, pn, Q, alpha, beta, z, o);
+}
+
+/* rows i .. i+R-1's coefficients into c[]: where they lie, or gathered into pr (returns the
+ * stride of c's values) */
+static inline size_t expand_coefs(size_t R, size_t i, const float *P, size_t pi, size_t pj,
+                                  size_t r, int gather, float (*pr)[64], const float **c) {
+    for (size_t rr = 0; rr < R; rr++) {
+        c[rr] = P + (i + rr) * pi;
+        if (gather) {
+            for (size_t j = 0; j < r; j++)
+                pr[rr][j] = c[rr][j * pj];
+            c[rr] = pr[rr];
+        }
+    }
+    return gather ? 1 : pj;
 }
 
 static void k_expand(size_t n, size_t m, size_t r, const float *P, size_t pi, size_t pj,
@@ -131,35 +135,42 @@ static void k_expand(size_t n, size_t m, size_t r, const float *P, size_t pi, si
     /* row i's r coefficients, pj apart in P (column-major: n apart, often a multiple of 4 KiB:
      * one cache set for all), gathered once per row when it has several parts; read from there,
      * the same values */
-    float pr[2][64];
+    float pr[4][64];
     int gather = m > EXW && r <= 64 && pj != 1;
     size_t i = 0;
+#if K_EXPAND_ZMM
+    /* ER rows at once, 64 values at a time, where the output is read back (beta != 0: the
+     * residual, its rows in the cache in the tracked basis's sweep); the outputs that are only
+     * written ran slower this way out of the cache (the tracked basis's output at d 16: 0.85-1.04
+     * ns a value against 0.60-0.63 in 256-bit pairs; stop 57) */
+    for (; beta != 0.0f && z == NULL && m >= EK * 16 && i + ER <= n; i += ER) {
+        const float *c[ER];
+        float *o[ER];
+        for (size_t rr = 0; rr < ER; rr++)
+            o[rr] = out + (i + rr) * m;
+        size_t pn = expand_coefs(ER, i, P, pi, pj, r, gather, pr, c);
+        size_t l0 = expand_rows_zmm(ER, EK, 0, m, r, c, pn, Q, alpha, beta, z, o);
+        for (size_t rr = 0; rr < ER; rr += 2) { /* the rest of the rows, two at a time */
+            size_t l1 = expand_rows_ymm(2, EKR, l0, m, r, c + rr, pn, Q, alpha, beta, z, o + rr);
+            for (size_t q = rr; q < rr + 2; q++)
+                expand_tail(l1, m, r, c[q], pn, Q, alpha, beta, z, o[q]);
+        }
+    }
+#endif
 #if K_EXPAND_VEC
-    for (; m >= EKR * KV_W && i + 2 <= n; i += 2) { /* two rows at once */
+    for (; m >= EKR * YW && i + 2 <= n; i += 2) { /* two rows at once */
         const float *c[2];
         float *o[2] = {out + i * m, out + (i + 1) * m};
-        for (size_t rr = 0; rr < 2; rr++) {
-            c[rr] = P + (i + rr) * pi;
-            if (gather) {
-                for (size_t j = 0; j < r; j++)
-                    pr[rr][j] = c[rr][j * pj];
-                c[rr] = pr[rr];
-            }
-        }
-        size_t pn = gather ? 1 : pj;
-        size_t l0 = expand_rows_vec(2, EKR, m, r, c, pn, Q, alpha, beta, z, o);
+        size_t pn = expand_coefs(2, i, P, pi, pj, r, gather, pr, c);
+        size_t l0 = expand_rows_ymm(2, EKR, 0, m, r, c, pn, Q, alpha, beta, z, o);
         for (size_t rr = 0; rr < 2; rr++)
             expand_tail(l0, m, r, c[rr], pn, Q, alpha, beta, z, o[rr]);
     }
 #endif
     for (; i < n; i++) {
-        if (gather) {
-            for (size_t j = 0; j < r; j++)
-                pr[0][j] = P[i * pi + j * pj];
-            expand_row(m, r, pr[0], 1, Q, alpha, beta, z, out + i * m);
-        } else {
-            expand_row(m, r, P + i * pi, pj, Q, alpha, beta, z, out + i * m);
-        }
+        const float *c;
+        size_t pn = expand_coefs(1, i, P, pi, pj, r, gather, pr, &c);
+        expand_row(m, r, c, pn, Q, alpha, beta, z, out + i * m);
     }
 }
 
@@ -174,7 +185,7 @@ static void k_expand(size_t n, size_t m, size_t r, const float *P, size_t pi, si
  * the AVX2 / AVX-512 forms hold them in the lanes of registers, several rows at once. With
  * residual, also S = S - C U^T row by row, with the expand's operations (alpha -1, beta 1): the
  * bits of k_expand run after k_project. */
-enum { PUT = 8192, PDP = 64 };
+enum { PUT = 8192, PDP = 64, PFR = 32 };
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #if defined(__AVX512F__)
@@ -197,7 +208,7 @@ typedef __m256 pv_t;
 
 /* rows i0 .. i0+R-1, the columns in NV registers (R NV <= 8: eight chains in flight) */
 static inline __attribute__((always_inline)) void
-project_block(size_t R, size_t NV, size_t i0, size_t ci, size_t cj, size_t m, size_t d, size_t dp,
+project_block(size_t R, size_t NV, size_t i0, size_t n, size_t ci, size_t cj, size_t m, size_t d, size_t dp,
               const float *S, const float *ut, size_t l0, size_t lb, float *C) {
     pv_t acc[8][8];
     float tmp[8 * PV_W] __attribute__((aligned(64)));
@@ -212,8 +223,14 @@ project_block(size_t R, size_t NV, size_t i0, size_t ci, size_t cj, size_t m, si
                 acc[r][v] = PV_LOAD(tmp + v * PV_W);
         }
     }
+    /* the same rows PFR further on, a line of each per 16 steps: read from memory while these
+     * are computed (the blocks of the sweep are too short for the hardware's prefetch) */
+    const float *pf = i0 + PFR + R <= n ? S + (i0 + PFR) * m + l0 : NULL;
     for (size_t l = 0; l < lb; l++) {
         const float *u = ut + l * dp;
+        if (pf != NULL && (l & 15) == 0)
+            for (size_t r = 0; r < R; r++)
+                _mm_prefetch((const char *)(pf + r * m + l), _MM_HINT_T0);
         for (size_t r = 0; r < R; r++) {
             const pv_t sv = PV_SET1(S[(i0 + r) * m + l0 + l]);
             for (size_t v = 0; v < NV; v++)
@@ -232,10 +249,10 @@ project_block(size_t R, size_t NV, size_t i0, size_t ci, size_t cj, size_t m, si
  * constants, so that the block's sums stay in registers) */
 #define PROJECT_CASE(R, NV)                                              \
     for (; i + (R) <= i1; i += (R))                                      \
-        project_block((R), (NV), i, ci, cj, m, d, dp, S, ut, l0, lb, C); \
+        project_block((R), (NV), i, n, ci, cj, m, d, dp, S, ut, l0, lb, C); \
     for (; i < i1; i++)                                                  \
-        project_block(1, (NV), i, ci, cj, m, d, dp, S, ut, l0, lb, C);
-static void project_rows_vec(size_t i0, size_t i1, size_t ci, size_t cj, size_t m, size_t d,
+        project_block(1, (NV), i, n, ci, cj, m, d, dp, S, ut, l0, lb, C);
+static void project_rows_vec(size_t i0, size_t i1, size_t n, size_t ci, size_t cj, size_t m, size_t d,
                              size_t dp, const float *S, const float *ut, size_t l0, size_t lb,
                              float *C) {
     size_t i = i0;
@@ -258,9 +275,10 @@ static void project_rows_vec(size_t i0, size_t i1, size_t ci, size_t cj, size_t 
 #define K_PROJECT_VEC 0
 /* rows [0, n) over U^T's block [l0, l0 + lb) (ut: rows of dp floats), C form: the chains
  * continue from C (l0 > 0) or start at 0 */
-static void project_rows_c(size_t i0, size_t i1, size_t ci, size_t cj, size_t m, size_t d,
+static void project_rows_c(size_t i0, size_t i1, size_t n, size_t ci, size_t cj, size_t m, size_t d,
                            size_t dp, const float *S, const float *ut, size_t l0, size_t lb,
                            float *C) {
+    (void)n; /* the vector forms' prefetch bound */
     float c[PDP];
     for (size_t i = i0; i < i1; i++) {
         for (size_t j = 0; j < d; j++)
@@ -307,7 +325,7 @@ static void project_cols(size_t n, size_t m, size_t d, const float *S, const flo
                 ut[l * dp + j] = j < d ? U[j * m + l] : 0.0f;
         for (size_t i0 = 0; i0 < n; i0 += 32) {
             size_t i1 = n - i0 < 32 ? n : i0 + 32;
-            PROJECT_ROWS(i0, i1, ci, cj, m, d, dp, S, ut, 0, m, C);
+            PROJECT_ROWS(i0, i1, n, ci, cj, m, d, dp, S, ut, 0, m, C);
             if (residual) residual_rows(i0, i1, ci, cj, m, d, Sw, U, C);
         }
         return;
@@ -317,7 +335,7 @@ static void project_cols(size_t n, size_t m, size_t d, const float *S, const flo
         for (size_t l = 0; l < lb; l++)
             for (size_t j = 0; j < dp; j++)
                 ut[l * dp + j] = j < d ? U[j * m + l0 + l] : 0.0f;
-        PROJECT_ROWS(0, n, ci, cj, m, d, dp, S, ut, l0, lb, C);
+        PROJECT_ROWS(0, n, n, ci, cj, m, d, dp, S, ut, l0, lb, C);
     }
     if (residual) residual_rows(0, n, ci, cj, m, d, Sw, U, C);
 }
@@ -336,89 +354,45 @@ static void k_project(size_t n, size_t m, size_t d, const float *S, const float 
 /* ---- back product: B (m x d, column-major) = S^T C ----------------------------------------------
  * S n x m row-major, c_ij at C[i ci + j cj] (PowerSGD's Q = M^T P, the tracked basis's B = S^T
  * C0). b_lj = s_0l c_0j + s_1l c_1j + ... in one chain of fused multiply-adds over the rows i in
- * order from 0. The vector forms run as a matrix product's inner kernel does: a tile of B (TL
- * registers of l by TJ columns) held in registers over a super-block of rows (about 128 KiB of
- * S, kept in the second-level cache while every tile passes over it), each row adding its TL
- * vectors of s times its TJ coefficients; the tile goes back to B between super-blocks, so the
- * rows still reach each b in order. */
-enum { TJ = 4 };
-#if K_EXPAND_VEC
-#if defined(__AVX512F__)
-enum { TL = 4 }; /* 16 chains in registers of the 32 (AVX-512VL) */
-#else
-enum { TL = 2 }; /* 8 of 16 */
-#endif
-/* rows [i0, i1) into B's tile at b (columns m apart): TL vectors of l by J columns */
-static inline __attribute__((always_inline)) void back_tile(size_t J, size_t i0, size_t i1,
-                                                            size_t m, const float *S,
-                                                            const float *c, size_t ci, size_t cj,
-                                                            float *b) {
-    kv_t acc[TJ][TL];
-    for (size_t j = 0; j < J; j++)
-        for (size_t k = 0; k < TL; k++)
-            acc[j][k] = KV_LOAD(b + j * m + k * KV_W);
-    for (size_t i = i0; i < i1; i++) {
-        kv_t sv[TL];
-        for (size_t k = 0; k < TL; k++)
-            sv[k] = KV_LOAD(S + i * m + k * KV_W);
-        for (size_t j = 0; j < J; j++) {
-            const kv_t cv = KV_SET1(c[i * ci + j * cj]);
-            for (size_t k = 0; k < TL; k++)
-                acc[j][k] = KV_FMA(sv[k], cv, acc[j][k]);
+ * order from 0. The vector forms run as a matrix product's inner kernel does: a tile of B (up to
+ * 4 registers of l by 4 columns; codec_vtile.h's back_cols) held in registers over a super-block
+ * of rows (about 128 KiB of S, kept in the second-level cache while every tile passes over it),
+ * each row adding its vectors of s times its coefficients; the tile goes back to B between
+ * super-blocks, so the rows still reach each b in order. */
+
+/* rows [i0, i1), B's columns [l0, m): the C form */
+static void back_rows_c(size_t i0, size_t i1, size_t l0, size_t m, size_t d, const float *S,
+                        const float *C, size_t ci, size_t cj, float *B) {
+    for (size_t i = i0; i < i1 && l0 < m; i++)
+        for (size_t j = 0; j < d; j++) {
+            const float c = C[i * ci + j * cj], *si = S + i * m;
+            float *b = B + j * m;
+            for (size_t l = l0; l < m; l++)
+                b[l] = fmaf(si[l], c, b[l]);
         }
-    }
-    for (size_t j = 0; j < J; j++)
-        for (size_t k = 0; k < TL; k++)
-            KV_STORE(b + j * m + k * KV_W, acc[j][k]);
 }
-#endif
 
 static void k_back(size_t n, size_t m, size_t d, const float *S, const float *C, size_t ci,
                    size_t cj, float *B) {
     for (size_t x = 0; x < m * d; x++)
         B[x] = 0.0f;
-    size_t lv = 0; /* columns of S the tiles cover */
+    size_t sb = n; /* rows per super-block */
 #if K_EXPAND_VEC
-    lv = m - m % (TL * KV_W);
-    size_t sb = m > 0 ? 32768 / m : n;
+    sb = m > 0 ? 32768 / m : n;
     sb = sb < 1 ? 1 : sb;
-    for (size_t i0 = 0; i0 < n; i0 += sb) {
-        size_t i1 = n - i0 < sb ? n : i0 + sb;
-        for (size_t l = 0; l < lv; l += TL * KV_W) {
-            size_t j = 0;
-            for (; j + TJ <= d; j += TJ)
-                back_tile(TJ, i0, i1, m, S + l, C + j * cj, ci, cj, B + j * m + l);
-            switch (d - j) { /* the last columns, a tile of their own width */
-            case 3:
-                back_tile(3, i0, i1, m, S + l, C + j * cj, ci, cj, B + j * m + l);
-                break;
-            case 2:
-                back_tile(2, i0, i1, m, S + l, C + j * cj, ci, cj, B + j * m + l);
-                break;
-            case 1:
-                back_tile(1, i0, i1, m, S + l, C + j * cj, ci, cj, B + j * m + l);
-                break;
-            default:
-                break;
-            }
-        }
-        for (size_t i = i0; i < i1 && lv < m; i++) /* the columns past the tiles */
-            for (size_t j = 0; j < d; j++) {
-                const float c = C[i * ci + j * cj], *si = S + i * m;
-                float *b = B + j * m;
-                for (size_t l = lv; l < m; l++)
-                    b[l] = fmaf(si[l], c, b[l]);
-            }
-    }
-    return;
 #endif
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < d; j++) {
-            const float c = C[i * ci + j * cj], *si = S + i * m;
-            float *b = B + j * m;
-            for (size_t l = lv; l < m; l++)
-                b[l] = fmaf(si[l], c, b[l]);
-        }
+    for (size_t i0 = 0; i0 < n; i0 += sb) {
+        size_t i1 = n - i0 < sb ? n : i0 + sb, l = 0;
+#if K_EXPAND_ZMM
+        for (; l + ZBT * ZW <= m; l += ZBT * ZW)
+            back_cols_zmm(i0, i1, m, d, S + l, C, ci, cj, B + l);
+#endif
+#if K_EXPAND_VEC
+        for (; l + YBT * YW <= m; l += YBT * YW)
+            back_cols_ymm(i0, i1, m, d, S + l, C, ci, cj, B + l);
+#endif
+        back_rows_c(i0, i1, l, m, d, S, C, ci, cj, B); /* the columns past the tiles */
+    }
 }
 
 #endif /* GVQ_CODEC_LINALG_H_ */
