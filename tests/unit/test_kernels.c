@@ -302,9 +302,9 @@ static void check_f16(const gvq_kernels_t *k) {
  * order, then alpha and beta, or alpha and z; P column-major (PowerSGD, the tracked basis) and
  * row-major (GradiVeQ's coefficients, a slice's r together) */
 static void check_expand(const gvq_kernels_t *k) {
-    static const size_t shapes[][3] = {{1, 1, 1},    {3, 7, 2},    {5, 64, 4},    {2, 65, 16},
-                                       {4, 256, 16}, {3, 300, 33}, {1, 129, 64},  {2, 128, 0},
-                                       {7, 191, 8},  {3, 130, 65}, {2, 256, 100}, {9, 48, 5},
+    static const size_t shapes[][3] = {{1, 1, 1},     {3, 7, 2},    {5, 64, 4},    {2, 65, 16},
+                                       {4, 256, 16},  {3, 300, 33}, {1, 129, 64},  {2, 128, 0},
+                                       {7, 191, 8},   {3, 130, 65}, {2, 256, 100}, {9, 48, 5},
                                        {10, 200, 40}, {6, 97, 3}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         size_t n = shapes[s][0], m = shapes[s][1], r = shapes[s][2];

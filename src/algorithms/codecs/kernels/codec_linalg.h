@@ -52,9 +52,9 @@ static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const flo
  * ones on the AVX-512 path. The 256-bit expand takes two rows at a time (each load of Q feeds two
  * chains: three quarters of a load per multiply-add) and reaches half the 512-bit multiply-add
  * rate; the 512-bit one takes four rows of four registers (64 values: half a load per
- * multiply-add) and runs the residual (k_expand says why not the other forms); the back product
- * runs tiles of 64 values by 4 columns. On the AVX-512 host of stop 57 (perf/RESULTS.md section
- * 12) the 512-bit back product took 0.6-0.7 of the 256-bit one's time at d 16 and 32. */
+ * multiply-add); the back product runs tiles of 64 values by 4 columns. On the AVX-512 host of stop
+ * 57 (perf/RESULTS.md section 12) the 512-bit back product took 0.6-0.7 of the 256-bit one's time
+ * at d 16 and 32. */
 #define VSUF ymm
 #define VT __m256
 #define VW 8
@@ -71,8 +71,9 @@ static inline void expand_part(size_t w, size_t n, size_t m, size_t r, const flo
 #define V_MUL _mm256_mul_ps
 #define V_FMA _mm256_fmadd_ps
 enum { YW = 8, YBT = VBT }; /* for the callers: VBT is undefined by the inclusion */
-#include "codec_vtile.h" /* expand_rows_ymm, back_cols_ymm */
-enum { EK1 = 8, EKR = 4 }; /* 256-bit registers of a row: alone, and beside another */
+#include "codec_vtile.h"    /* expand_rows_ymm, back_cols_ymm */
+enum { EK1 = 8, EKR = 4 };  /* 256-bit registers of a row: alone, and beside another */
+enum { PFE = 8 };           /* the expand fetches the rows PFE further on while it computes */
 #define K_EXPAND_VEC 1
 #else
 #define K_EXPAND_VEC 0
@@ -90,7 +91,7 @@ enum { EK1 = 8, EKR = 4 }; /* 256-bit registers of a row: alone, and beside anot
 #define V_ADD _mm512_add_ps
 #define V_MUL _mm512_mul_ps
 #define V_FMA _mm512_fmadd_ps
-#include "codec_vtile.h" /* expand_rows_zmm, back_cols_zmm */
+#include "codec_vtile.h"                   /* expand_rows_zmm, back_cols_zmm */
 enum { ZW = 16, ZBT = 4, ER = 4, EK = 4 }; /* the 512-bit expand's tile: rows, registers of a row */
 #define K_EXPAND_ZMM 1
 #else
@@ -110,7 +111,7 @@ static inline void expand_row(size_t m, size_t r, const float *pi, size_t pn, co
                               float alpha, float beta, const float *z, float *o) {
     size_t l0 = 0;
 #if K_EXPAND_VEC
-    l0 = expand_rows_ymm(1, EK1, 0, m, r, &pi, pn, Q, alpha, beta, z, &o);
+    l0 = expand_rows_ymm(1, EK1, 0, m, r, &pi, pn, Q, alpha, beta, z, &o, 0);
 #endif
     expand_tail(l0, m, r, pi, pn, Q, alpha, beta, z, o);
 }
@@ -139,19 +140,19 @@ static void k_expand(size_t n, size_t m, size_t r, const float *P, size_t pi, si
     int gather = m > EXW && r <= 64 && pj != 1;
     size_t i = 0;
 #if K_EXPAND_ZMM
-    /* ER rows at once, 64 values at a time, where the output is read back (beta != 0: the
-     * residual, its rows in the cache in the tracked basis's sweep); the outputs that are only
-     * written ran slower this way out of the cache (the tracked basis's output at d 16: 0.85-1.04
-     * ns a value against 0.60-0.63 in 256-bit pairs; stop 57) */
-    for (; beta != 0.0f && z == NULL && m >= EK * 16 && i + ER <= n; i += ER) {
+    /* ER rows at once, 64 values at a time (without the prefetch of the rows written next, the
+     * outputs only written ran slower this way out of the cache than in 256-bit pairs: stop 57) */
+    for (; m >= EK * 16 && i + ER <= n; i += ER) {
         const float *c[ER];
         float *o[ER];
         for (size_t rr = 0; rr < ER; rr++)
             o[rr] = out + (i + rr) * m;
         size_t pn = expand_coefs(ER, i, P, pi, pj, r, gather, pr, c);
-        size_t l0 = expand_rows_zmm(ER, EK, 0, m, r, c, pn, Q, alpha, beta, z, o);
+        size_t pfo = i + ER + PFE <= n ? PFE * m : 0;
+        size_t l0 = expand_rows_zmm(ER, EK, 0, m, r, c, pn, Q, alpha, beta, z, o, pfo);
         for (size_t rr = 0; rr < ER; rr += 2) { /* the rest of the rows, two at a time */
-            size_t l1 = expand_rows_ymm(2, EKR, l0, m, r, c + rr, pn, Q, alpha, beta, z, o + rr);
+            size_t l1 =
+                expand_rows_ymm(2, EKR, l0, m, r, c + rr, pn, Q, alpha, beta, z, o + rr, pfo);
             for (size_t q = rr; q < rr + 2; q++)
                 expand_tail(l1, m, r, c[q], pn, Q, alpha, beta, z, o[q]);
         }
@@ -162,7 +163,8 @@ static void k_expand(size_t n, size_t m, size_t r, const float *P, size_t pi, si
         const float *c[2];
         float *o[2] = {out + i * m, out + (i + 1) * m};
         size_t pn = expand_coefs(2, i, P, pi, pj, r, gather, pr, c);
-        size_t l0 = expand_rows_ymm(2, EKR, 0, m, r, c, pn, Q, alpha, beta, z, o);
+        size_t pfo = i + 2 + PFE <= n ? PFE * m : 0;
+        size_t l0 = expand_rows_ymm(2, EKR, 0, m, r, c, pn, Q, alpha, beta, z, o, pfo);
         for (size_t rr = 0; rr < 2; rr++)
             expand_tail(l0, m, r, c[rr], pn, Q, alpha, beta, z, o[rr]);
     }
@@ -208,8 +210,8 @@ typedef __m256 pv_t;
 
 /* rows i0 .. i0+R-1, the columns in NV registers (R NV <= 8: eight chains in flight) */
 static inline __attribute__((always_inline)) void
-project_block(size_t R, size_t NV, size_t i0, size_t n, size_t ci, size_t cj, size_t m, size_t d, size_t dp,
-              const float *S, const float *ut, size_t l0, size_t lb, float *C) {
+project_block(size_t R, size_t NV, size_t i0, size_t n, size_t ci, size_t cj, size_t m, size_t d,
+              size_t dp, const float *S, const float *ut, size_t l0, size_t lb, float *C) {
     pv_t acc[8][8];
     float tmp[8 * PV_W] __attribute__((aligned(64)));
     for (size_t r = 0; r < R; r++) {
@@ -247,14 +249,14 @@ project_block(size_t R, size_t NV, size_t i0, size_t n, size_t ci, size_t cj, si
 
 /* dp = PV_W times 1, 2, 4 or 8: blocks of R = 8 / NV rows, then single rows (each case its own
  * constants, so that the block's sums stay in registers) */
-#define PROJECT_CASE(R, NV)                                              \
-    for (; i + (R) <= i1; i += (R))                                      \
+#define PROJECT_CASE(R, NV)                                                 \
+    for (; i + (R) <= i1; i += (R))                                         \
         project_block((R), (NV), i, n, ci, cj, m, d, dp, S, ut, l0, lb, C); \
-    for (; i < i1; i++)                                                  \
+    for (; i < i1; i++)                                                     \
         project_block(1, (NV), i, n, ci, cj, m, d, dp, S, ut, l0, lb, C);
-static void project_rows_vec(size_t i0, size_t i1, size_t n, size_t ci, size_t cj, size_t m, size_t d,
-                             size_t dp, const float *S, const float *ut, size_t l0, size_t lb,
-                             float *C) {
+static void project_rows_vec(size_t i0, size_t i1, size_t n, size_t ci, size_t cj, size_t m,
+                             size_t d, size_t dp, const float *S, const float *ut, size_t l0,
+                             size_t lb, float *C) {
     size_t i = i0;
     switch (dp / PV_W) {
     case 1:

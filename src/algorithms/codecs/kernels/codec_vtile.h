@@ -2,9 +2,9 @@
  * codec_vtile.h -- the register tiles of the low-rank products (the expand's rows, the back
  * product's tiles), included by codec_linalg.h once per vector width: VSUF names the width (ymm,
  * zmm), VT is its type, VW its floats, VBT the back product's registers of l per tile (at most
- * 4), V_LOAD .. V_FMA its operations (unaligned loads and stores). Every width runs the same operations in the same order per lane, so every width gives
- * the C forms' bits. No include guard: each inclusion defines the functions of one width, and
- * the macros are undefined at the end.
+ * 4), V_LOAD .. V_FMA its operations (unaligned loads and stores). Every width runs the same
+ * operations in the same order per lane, so every width gives the C forms' bits. No include guard:
+ * each inclusion defines the functions of one width, and the macros are undefined at the end.
  */
 #define VT_CAT2(a, b) a##_##b
 #define VT_CAT(a, b) VT_CAT2(a, b)
@@ -14,13 +14,18 @@
  * keep expand_part's acc[] in memory, a store and a load on every chain's step), R K chains of
  * multiply-adds in flight; each load of Q feeds the R rows' chains (an empty asm keeps the
  * compilers from folding it into each multiply-add) and each coefficient the K registers. Row
- * rr's coefficients at pi[rr][j pn], its output at o[rr]; values from l0 on. Returns where the
- * vector parts end. */
+ * rr's coefficients at pi[rr][j pn], its output at o[rr]; values from l0 on; pfo > 0: the
+ * values pfo further on than each part are fetched into the cache meanwhile (the rows written
+ * next). Returns where the vector parts end. */
 static inline __attribute__((always_inline)) size_t
 VT_FN(expand_rows)(size_t R, size_t K, size_t l0, size_t m, size_t r, const float *const *pi,
                    size_t pn, const float *Q, float alpha, float beta, const float *z,
-                   float *const *o) {
+                   float *const *o, size_t pfo) {
     for (; l0 + K * VW <= m; l0 += K * VW) {
+        if (pfo > 0)
+            for (size_t rr = 0; rr < R; rr++)
+                for (size_t t = 0; t < K * VW; t += 16)
+                    _mm_prefetch((const char *)(o[rr] + l0 + pfo + t), _MM_HINT_T0);
         VT acc[4][8];
         for (size_t rr = 0; rr < R; rr++)
             for (size_t k = 0; k < K; k++)
@@ -56,9 +61,10 @@ VT_FN(expand_rows)(size_t R, size_t K, size_t l0, size_t m, size_t r, const floa
 /* The back product's tile: rows [i0, i1) into B's T registers of l by J columns at b (columns m
  * apart), held in registers over the rows; each row adds its T vectors of s times its J
  * coefficients */
-static inline __attribute__((always_inline)) void
-VT_FN(back_tile)(size_t J, size_t T, size_t i0, size_t i1, size_t m, const float *S,
-                 const float *c, size_t ci, size_t cj, float *b) {
+static inline __attribute__((always_inline)) void VT_FN(back_tile)(size_t J, size_t T, size_t i0,
+                                                                   size_t i1, size_t m,
+                                                                   const float *S, const float *c,
+                                                                   size_t ci, size_t cj, float *b) {
     VT acc[4][4];
     for (size_t j = 0; j < J; j++)
         for (size_t k = 0; k < T; k++)
