@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -41,10 +42,11 @@ static int write_all(int fd, const void *p, size_t n, uint64_t *h) {
     return 0;
 }
 
-int commit_write(const char *dir, const commit_hdr_t *h, const float *params, const float *velocity,
-                 char *err, size_t cap) {
+/* DIR/NAME from the parts in order and an FNV-1a 64 of them, via NAME.tmp, fsync and rename */
+static int write_file(const char *dir, const char *name, const void *const *part,
+                      const size_t *bytes, int nparts, char *err, size_t cap) {
     char path[4096], tmp[4200];
-    if (snprintf(path, sizeof path, "%s/%s", dir, COMMIT_FILE) >= (int)sizeof path) {
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) {
         snprintf(err, cap, "%s: the path is too long", dir);
         return -1;
     }
@@ -55,9 +57,9 @@ int commit_write(const char *dir, const commit_hdr_t *h, const float *params, co
         return -1;
     }
     uint64_t sum = FNV_INIT;
-    const size_t bytes = sizeof(float) * (size_t)h->nparams;
-    int bad = write_all(fd, h, sizeof *h, &sum) != 0 || write_all(fd, params, bytes, &sum) != 0 ||
-              write_all(fd, velocity, bytes, &sum) != 0;
+    int bad = 0;
+    for (int i = 0; i < nparts && !bad; i++)
+        bad = write_all(fd, part[i], bytes[i], &sum) != 0;
     uint64_t ignored = 0, final = sum;
     bad = bad || write_all(fd, &final, sizeof final, &ignored) != 0 || fsync(fd) != 0;
     int e = errno;
@@ -76,6 +78,23 @@ int commit_write(const char *dir, const commit_hdr_t *h, const float *params, co
     }
     close(dfd);
     return 0;
+}
+
+int commit_write(const char *dir, const commit_hdr_t *h, const float *params, const float *velocity,
+                 char *err, size_t cap) {
+    const size_t n = sizeof(float) * (size_t)h->nparams;
+    const void *part[3] = {h, params, velocity};
+    const size_t bytes[3] = {sizeof *h, n, n};
+    return write_file(dir, COMMIT_FILE, part, bytes, 3, err, cap);
+}
+
+int commit_agg_write(const char *dir, const commit_agg_hdr_t *h, const void *state, char *err,
+                     size_t cap) {
+    char name[64];
+    snprintf(name, sizeof name, "%s.%d", COMMIT_AGG_FILE, (int)h->rank);
+    const void *part[2] = {h, state};
+    const size_t bytes[2] = {sizeof *h, (size_t)h->bytes};
+    return write_file(dir, name, part, bytes, 2, err, cap);
 }
 
 static int read_all(FILE *f, void *p, size_t n, uint64_t *h) {
@@ -132,5 +151,54 @@ int commit_read(const char *dir, commit_hdr_t *h, float *params, float *velocity
         rc = 0;
     }
     fclose(f);
+    return rc;
+}
+
+int commit_agg_read(const char *dir, int rank, int64_t want_step, uint64_t want_sig,
+                    uint64_t want_seed, commit_agg_hdr_t *h, void **state, char *err, size_t cap) {
+    char path[4096];
+    *state = NULL;
+    if (snprintf(path, sizeof path, "%s/%s.%d", dir, COMMIT_AGG_FILE, rank) >= (int)sizeof path) {
+        snprintf(err, cap, "%s: the path is too long", dir);
+        return -1;
+    }
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, cap, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    uint64_t sum = FNV_INIT, stored = 0;
+    void *buf = NULL;
+    int rc = -1;
+    if (read_all(f, h, sizeof *h, &sum) != 0 || memcmp(h->magic, COMMIT_AGG_MAGIC, 8) != 0) {
+        snprintf(err, cap, "%s: not a gvq-train compressor state (no %s header)", path,
+                 COMMIT_AGG_MAGIC);
+    } else if (h->version != 1 || h->header_bytes != sizeof *h) {
+        snprintf(err, cap, "%s: version %u with a %u-byte header; this gvq-train reads version 1",
+                 path, h->version, h->header_bytes);
+    } else if (h->model_sig != want_sig || h->seed != want_seed || h->rank != rank) {
+        snprintf(err, cap, "%s: made by another model, seed or rank", path);
+    } else if (h->step != want_step) {
+        snprintf(err, cap, "%s: of step %lld, the commit's is %lld (written before a crash?)", path,
+                 (long long)h->step, (long long)want_step);
+    } else if (h->bytes == 0 || h->bytes > ((uint64_t)1 << 40) ||
+               (buf = malloc((size_t)h->bytes)) == NULL) {
+        snprintf(err, cap, "%s: a state of %llu bytes cannot be read", path,
+                 (unsigned long long)h->bytes);
+    } else if (read_all(f, buf, (size_t)h->bytes, &sum) != 0 ||
+               fread(&stored, sizeof stored, 1, f) != 1) {
+        snprintf(err, cap, "%s: shorter than its header says (cut off?)", path);
+    } else if (stored != sum || fgetc(f) != EOF) {
+        snprintf(err, cap, "%s: %s", path,
+                 stored != sum ? "checksum mismatch: the file is corrupted"
+                               : "longer than its header says");
+    } else {
+        rc = 0;
+    }
+    fclose(f);
+    if (rc != 0)
+        free(buf);
+    else
+        *state = buf;
     return rc;
 }

@@ -876,7 +876,7 @@ static void elastic_commit(run_t *r, long step) {
     memcpy(r->commit[k].velocity, r->velocity, sizeof(float) * r->net.nparams);
     commit_agg(r, k);
     r->latest = k;
-    if (r->o->commit_dir != NULL && r->rank == 0) commit_to_disk(r, k);
+    if (r->o->commit_dir != NULL) commit_to_disk(r, k);
 }
 
 /* --die R:S: the process first ranked R leaves at step S as a crash would (no destroy, no
@@ -1047,9 +1047,10 @@ static void take_state(run_t *r, handoff_t *h) {
 }
 
 /* ---- commits on disk (--commit-dir, --resume; commit.h) ----
- * Rank 0 writes each commit (every rank holds the same state: the weight checks say so); a
- * resumed run reads it on rank 0 and broadcasts it, as a replacement's handoff does. The
- * compressors are not in it: a resumed run rebuilds them (the file says so). */
+ * Rank 0 writes each commit (every rank holds the same state: the weight checks say so) and
+ * every rank its compressors' state (its residual is its own); a resumed run reads the commit on
+ * rank 0 and broadcasts it, as a replacement's handoff does, and each rank loads its own
+ * compressors' state, or every rank rebuilds them when one cannot. */
 
 static uint64_t model_sig(const net_t *net) {
     /* every layer's sizes (a model of up to 64 layers hashes as it always did) */
@@ -1068,35 +1069,87 @@ static uint64_t model_sig(const net_t *net) {
     return sig;
 }
 
-static void commit_to_disk(run_t *r, int k) {
-    commit_hdr_t h;
+/* commit k's compressor state into DIR/gvq-train.agg.RANK (none to write: 0) */
+static int agg_to_disk(const run_t *r, int k, char *err, size_t cap) {
+    if (r->commit[k].agg_bytes == 0) return 0;
+    commit_agg_hdr_t h;
     memset(&h, 0, sizeof h);
-    memcpy(h.magic, COMMIT_MAGIC, sizeof h.magic);
+    memcpy(h.magic, COMMIT_AGG_MAGIC, sizeof h.magic);
     h.version = 1;
     h.header_bytes = sizeof h;
-    h.nparams = r->net.nparams;
     h.model_sig = model_sig(&r->net);
     h.seed = r->o->seed;
     h.step = r->commit[k].step;
-    h.pos = r->commit[k].pos;
-    h.epoch = r->commit[k].epoch;
-    h.iters = r->iters;
+    h.rank = r->rank;
     h.nranks = r->nranks;
-    h.compressors = COMMIT_COMPRESSORS_REBUILT;
+    h.bytes = r->commit[k].agg_bytes;
+    return commit_agg_write(r->o->commit_dir, &h, r->commit[k].agg, err, cap);
+}
+
+static void commit_to_disk(run_t *r, int k) {
     char err[4400];
     const double t0 = now_s();
-    if (commit_write(r->o->commit_dir, &h, r->commit[k].params, r->commit[k].velocity, err,
-                     sizeof err) != 0) {
+    int bad = agg_to_disk(r, k, err, sizeof err);
+    if (r->rank == 0 && bad == 0) {
+        commit_hdr_t h;
+        memset(&h, 0, sizeof h);
+        memcpy(h.magic, COMMIT_MAGIC, sizeof h.magic);
+        h.version = 1;
+        h.header_bytes = sizeof h;
+        h.nparams = r->net.nparams;
+        h.model_sig = model_sig(&r->net);
+        h.seed = r->o->seed;
+        h.step = r->commit[k].step;
+        h.pos = r->commit[k].pos;
+        h.epoch = r->commit[k].epoch;
+        h.iters = r->iters;
+        h.nranks = r->nranks;
+        h.compressors =
+            r->commit[k].agg_bytes > 0 ? COMMIT_COMPRESSORS_PER_RANK : COMMIT_COMPRESSORS_REBUILT;
+        bad = commit_write(r->o->commit_dir, &h, r->commit[k].params, r->commit[k].velocity, err,
+                           sizeof err);
+    }
+    if (bad != 0) {
         progress_clear(&r->progress);
         fprintf(stderr,
-                "gvq-train: the commit of step %ld is not on disk: %s (it is in memory; "
-                "the run goes on)\n",
-                r->commit[k].step, err);
+                "gvq-train: rank %d: the commit of step %ld is not on disk: %s (it is in "
+                "memory; the run goes on)\n",
+                r->rank, r->commit[k].step, err);
         r->disk_failures++;
     } else {
         r->disk_commits++;
         r->disk_s += now_s() - t0;
     }
+}
+
+/* --resume: each rank's compressors' state of the commit's step, loaded on every rank or on none
+ * (then rebuilt on every rank). 1 when carried. */
+static int resume_agg(run_t *r) {
+    char err[4400] = "";
+    commit_agg_hdr_t h;
+    void *state = NULL;
+    int32_t carried = r->agg.trainer != NULL &&
+                      commit_agg_read(r->o->resume_dir, r->rank, r->start_step, model_sig(&r->net),
+                                      r->o->seed, &h, &state, err, sizeof err) == 0;
+    if (carried && gvqTrainLoad(r->agg.trainer, state, (size_t)h.bytes) != gvqSuccess) {
+        snprintf(err, sizeof err, "%s/%s.%d: not a state of this run's variables and config",
+                 r->o->resume_dir, COMMIT_AGG_FILE, r->rank);
+        carried = 0;
+    }
+    free(state);
+    int32_t all = carried;
+    TRAIN_GVQ(gvqAllReduce(&all, &all, 1, gvqInt32, gvqMin, r->gcomm, NULL), r->gcomm);
+    if (!all && r->agg.trainer != NULL) {
+        if (!carried && !r->o->quiet)
+            fprintf(stderr, "gvq-train: rank %d: --resume: the compressors are rebuilt: %s\n",
+                    r->rank, err[0] != '\0' ? err : "no state");
+        agg_free(&r->agg);
+        gvqResult_t res = gvqSuccess;
+        if (agg_setup(&r->agg, r->o, &r->net, r->gcomm, &res) != 0) TRAIN_GVQ(res, r->gcomm);
+        r->agg.before_ready = record_grad;
+        r->agg.before_ready_arg = &r->dump_hook;
+    }
+    return all;
 }
 
 /* --resume DIR: rank 0 reads the commit, every rank takes it (or every rank fails: -1). */
@@ -1123,11 +1176,16 @@ static int run_resume(run_t *r) {
     handoff_t ho = {h.step, h.pos, (int32_t)h.epoch, 0};
     take_state(r, &ho);
     r->resumed = 1;
+    const int carried = resume_agg(r);
     if (r->rank == 0 && !r->o->quiet)
         fprintf(r->out,
                 "# resumed from %s/%s: step %ld (epoch %d), written by %d ranks; the "
-                "compressors are rebuilt (the commit holds none)\n",
-                r->o->resume_dir, COMMIT_FILE, r->start_step, r->epoch, h.nranks);
+                "compressors are %s\n",
+                r->o->resume_dir, COMMIT_FILE, r->start_step, r->epoch, h.nranks,
+                carried ? "carried from the commit (each rank's own state)"
+                : h.compressors == COMMIT_COMPRESSORS_PER_RANK
+                    ? "rebuilt (some rank could not load its state)"
+                    : "rebuilt (the commit holds none)");
     return 0;
 }
 
@@ -1350,10 +1408,12 @@ static void print_summary(const run_t *r) {
     if (o->commit_dir != NULL)
         fprintf(out,
                 "# commits on disk: %ld in %s/%s (%.3f s writing, %.1f ms each), %ld failed; "
-                "compressors not saved (rebuilt on --resume)\n",
+                "%s\n",
                 r->disk_commits, o->commit_dir, COMMIT_FILE, r->disk_s,
                 r->disk_commits > 0 ? 1e3 * r->disk_s / (double)r->disk_commits : 0.0,
-                r->disk_failures);
+                r->disk_failures,
+                r->agg.trainer != NULL ? "each rank's compressors in " COMMIT_AGG_FILE ".RANK"
+                                       : "no compressor state (zero-code mode)");
     fprintf(out, "# final weights: FNV-1a %016llx\n",
             (unsigned long long)hash_floats(r->net.params, r->net.nparams));
     if (o->stop_at > 0.0)

@@ -3,8 +3,10 @@
 # 2 ranks started without mpirun (scripts/gvq-launch.sh), the CNN on real Fashion-MNIST:
 #   1. a run stopped after step 70 (--stop-step) leaves the commit of step 60 on disk;
 #   2. a run resumed from it ends with the same weights, to the bit, as a run of the same 120
-#      steps without a stop (plain aggregation: no compressor state to lose), and says that the
-#      compressors are rebuilt;
+#      steps without a stop, with plain aggregation and with the tracked basis on the 16-bit wire
+#      (each rank's compressor state, DIR/gvq-train.agg.RANK, carried: basis, residual,
+#      counters); with one rank's compressor file missing or corrupted every rank rebuilds its
+#      compressors, a line naming why, and the run ends well;
 #   3. a resume refuses, with a line naming the cause and a non-zero status, a commit with a
 #      flipped byte (checksum), one cut short, a missing one, one made with another --seed, and
 #      one made by another model (other channel widths);
@@ -21,27 +23,55 @@ if [ ! -r "$data/train-images-idx3-ubyte.gz" ]; then
 fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+codec=(--codec none)
 run() { # ARGS... -> the job's output in $dir/out, its status returned
     bash "$here/../../scripts/gvq-launch.sh" -n 2 -t 120 -- "$exe" --batch 64 --iters 120 \
-        --train-subset 5120 --test-subset 500 --print-every 20 --no-progress --codec none \
+        --train-subset 5120 --test-subset 500 --print-every 20 --no-progress "${codec[@]}" \
         --elastic 20 "$@" >"$dir/out" 2>&1
 }
 fail() { echo "FAIL: $*"; cat "$dir/out"; exit 1; }
 hash_of() { awk '/# final weights: FNV-1a/ { h = $NF } END { print h }' "$dir/out"; }
-mkdir "$dir/c"
-run --commit-dir "$dir/c" --stop-step 70 || fail "the stopped run exited with $?"
-grep -q '# commits on disk: 4 in .*, 0 failed' "$dir/out" || fail "not 4 commits written"
-[ -s "$dir/c/gvq-train.commit" ] || fail "no commit file"
+stop_resume_whole() { # DIR: stopped at 70, resumed (compressors carried), the whole run alike
+    local c=$1
+    mkdir "$c"
+    run --commit-dir "$c" --stop-step 70 || fail "the stopped run exited with $?"
+    grep -q '# commits on disk: 4 in .*, 0 failed' "$dir/out" || fail "not 4 commits written"
+    [ -s "$c/gvq-train.commit" ] && [ -s "$c/gvq-train.agg.0" ] && [ -s "$c/gvq-train.agg.1" ] ||
+        fail "no commit file, or no compressor file of each rank"
+    run --resume "$c" || fail "the resumed run exited with $?"
+    grep -q '# resumed from .*: step 60 (epoch .*compressors are carried from the commit' \
+        "$dir/out" || fail "no resume line at step 60 carrying the compressors"
+    grep -q '# done: 60 steps (resumed at step 60)' "$dir/out" ||
+        fail "the resumed run did not run 60 steps"
+    resumed=$(hash_of)
+    run || fail "the whole run exited with $?"
+    whole=$(hash_of)
+    [ -n "$whole" ] && [ "$resumed" = "$whole" ] ||
+        fail "${codec[*]}: resumed weights $resumed, whole run's $whole"
+    echo "resume.sh: ${codec[*]}: stopped at 70, resumed from the commit of step 60: final weights $resumed, the same as 120 steps without a stop"
+}
+stop_resume_whole "$dir/c"
 cp "$dir/c/gvq-train.commit" "$dir/good"
-run --resume "$dir/c" || fail "the resumed run exited with $?"
-grep -q '# resumed from .*: step 60 (epoch .*compressors are rebuilt' "$dir/out" ||
-    fail "no resume line at step 60"
-grep -q '# done: 60 steps (resumed at step 60)' "$dir/out" || fail "the resumed run did not run 60 steps"
-resumed=$(hash_of)
-run || fail "the whole run exited with $?"
-whole=$(hash_of)
-[ -n "$whole" ] && [ "$resumed" = "$whole" ] || fail "resumed weights $resumed, whole run's $whole"
-echo "resume.sh: stopped at 70, resumed from the commit of step 60: final weights $resumed, the same as 120 steps without a stop"
+
+# the tracked basis on the 16-bit wire: its basis and each rank's residual carried
+codec=(--codec gradiveq --basis track --int-bits 16)
+stop_resume_whole "$dir/t"
+rebuilt() { # WHAT PATTERN: a resume that rebuilds the compressors, PATTERN on the failing rank
+    run --resume "$dir/t" || fail "a resume with $1 exited with $?"
+    grep -q -- "--resume: the compressors are rebuilt: .*$2" "$dir/out" &&
+        grep -q '# resumed from .*compressors are rebuilt (some rank could not load' "$dir/out" &&
+        grep -q '# done: 60 steps (resumed at step 60)' "$dir/out" ||
+        fail "a resume with $1: not rebuilt with a line saying '$2', or not finished"
+    echo "resume.sh: $1: the compressors rebuilt on every rank ($(grep -m1 -o -- "$2.*" "$dir/out" | cut -c1-80))"
+}
+cp "$dir/t/gvq-train.agg.1" "$dir/agg1"
+rm "$dir/t/gvq-train.agg.1"
+rebuilt "rank 1's compressor file missing" "No such file"
+cp "$dir/agg1" "$dir/t/gvq-train.agg.1"
+size=$(stat -c %s "$dir/agg1")
+printf '\x5a' | dd of="$dir/t/gvq-train.agg.1" bs=1 seek=$((size / 2)) conv=notrunc status=none
+cmp -s "$dir/agg1" "$dir/t/gvq-train.agg.1" || rebuilt "a flipped byte in rank 1's" "checksum mismatch"
+codec=(--codec none)
 
 refuse() { # WHAT PATTERN ARGS...: a resume that must fail with PATTERN in its output
     local what=$1 pat=$2
