@@ -215,14 +215,13 @@ static void ps_free(gvqPs_t ps) {
     free(ps);
 }
 
-/* The arguments of gvqPsCreate besides the config. */
-static gvqResult_t check_create_args(const char *fn, gvqComm_t comm, size_t rows, size_t dim,
+/* The arguments of gvqPsCreate besides the communicator (checked first) and the config. */
+static gvqResult_t check_create_args(const char *fn, size_t rows, size_t dim,
                                      gvqDataType_t datatype, const gvqPs_t *out) {
     if (out == NULL) {
         GVQ_WARN("%s: ps is NULL", fn);
         return gvqInvalidArgument;
     }
-    GVQCHECK(gvq_comm_check(comm, fn, 1));
     if (datatype != gvqFloat32 && datatype != gvqFloat64) {
         GVQ_WARN("%s: datatype %d: a parameter server holds gvqFloat32 or gvqFloat64", fn,
                  (int)datatype);
@@ -269,12 +268,11 @@ static gvqResult_t alloc_slots(const char *fn, gvqPs_t ps) {
     return gvqSuccess;
 }
 
-/* The collective part of creation: the ranks' hosts, and every rank must create the server with
- * the same shape and partitioning (compared on every rank, so that every rank refuses alike). */
-/* Every rank's verdict on its own call first: a rank that refused its arguments or could not
- * allocate (local, with ps NULL) still takes part, so that the others fail at once
- * (gvqRemoteError) rather than after the timeout, and it returns its own error. Then the
- * shapes, which must be equal. */
+/* The collective part of creation. Every rank's verdict on its own call first: a rank that
+ * refused its arguments or could not allocate (local, with ps NULL) still takes part, so that
+ * the others fail at once (gvqRemoteError) rather than after the timeout, and it returns its own
+ * error. Then the ranks' hosts, and the shape and partitioning, which must be equal on every
+ * rank (compared on every rank, so that every rank refuses alike). */
 static gvqResult_t join_ranks(const char *fn, gvqComm_t comm, gvqPs_t ps, gvqResult_t local) {
     static const char *const names[8] = {"rows",         "dim",  "datatype", "partitions",
                                          "partitioning", "rule", "serve",    "staleness"};
@@ -320,7 +318,7 @@ gvqResult_t gvq_ps_create(gvqComm_t comm, size_t rows, size_t dim, gvqDataType_t
     const char *fn = blank ? "gvqPsRecover" : "gvqPsCreate";
     GVQCHECK(gvq_comm_check(comm, fn, 1)); /* no communicator to tell the others through */
     gvqResult_t res = pre;
-    if (res == gvqSuccess) res = check_create_args(fn, comm, rows, dim, datatype, out);
+    if (res == gvqSuccess) res = check_create_args(fn, rows, dim, datatype, out);
     gvq_ps_cfg_t cfg;
     if (res == gvqSuccess) res = resolve_cfg(fn, config, comm->nranks, &cfg);
     gvqPs_t ps = res == gvqSuccess ? calloc(1, sizeof *ps) : NULL;

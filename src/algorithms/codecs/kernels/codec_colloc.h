@@ -41,6 +41,20 @@ static inline void transpose8(__m256 r[8]) {
         r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
     }
 }
+
+/* filters [k0, k1) at positions [p0, p1), a float at a time (dir as colloc_any's) */
+static void colloc_elems(int dir, const float *src, float *dst, size_t K, size_t D, size_t HW,
+                         size_t k0, size_t k1, size_t p0, size_t p1) {
+    const size_t P = D * HW;
+    for (size_t k = k0; k < k1; k++)
+        for (size_t p = p0; p < p1; p++) {
+            size_t c = colloc_row(p, D, HW) * K + k, t = k * P + p;
+            if (dir == 0)
+                dst[c] = src[t];
+            else
+                dst[t] = src[c];
+        }
+}
 #define K_COLLOC_VEC 1
 #else
 #define K_COLLOC_VEC 0
@@ -50,10 +64,9 @@ static inline void transpose8(__m256 r[8]) {
 static void colloc_any(int dir, const float *src, float *dst, size_t K, size_t D, size_t H,
                        size_t W) {
     size_t HW = H * W, P = D * HW;
-    size_t pv = 0, kv = 0; /* the tiles cover positions [0, pv) and filters [0, kv) */
 #if K_COLLOC_VEC
-    pv = P - P % 8, kv = K - K % 8;
-    if (dir == 0) { /* the collocated rows filled one after another */
+    size_t pv = P - P % 8, kv = K - K % 8; /* the tiles cover positions [0, pv), filters [0, kv) */
+    if (dir == 0) {                        /* the collocated rows filled one after another */
         for (size_t p0 = 0; p0 < pv; p0 += 8) {
             size_t row[8];
             for (size_t i = 0; i < 8; i++)
@@ -79,25 +92,10 @@ static void colloc_any(int dir, const float *src, float *dst, size_t K, size_t D
             }
     }
     /* what the tiles left: filters [kv, K) at every position, positions [pv, P) of the rest */
-    for (size_t k = kv; k < K; k++)
-        for (size_t p = 0; p < P; p++) {
-            size_t c = colloc_row(p, D, HW) * K + k, t = k * P + p;
-            if (dir == 0)
-                dst[c] = src[t];
-            else
-                dst[t] = src[c];
-        }
-    for (size_t k = 0; k < kv; k++)
-        for (size_t p = pv; p < P; p++) {
-            size_t c = colloc_row(p, D, HW) * K + k, t = k * P + p;
-            if (dir == 0)
-                dst[c] = src[t];
-            else
-                dst[t] = src[c];
-        }
-    return;
-#endif
-    for (size_t k0 = kv; k0 < K; k0 += COLLOC_KB) {
+    colloc_elems(dir, src, dst, K, D, HW, kv, K, 0, P);
+    colloc_elems(dir, src, dst, K, D, HW, 0, kv, pv, P);
+#else
+    for (size_t k0 = 0; k0 < K; k0 += COLLOC_KB) {
         size_t kb = K - k0 < COLLOC_KB ? K - k0 : COLLOC_KB;
         if (dir == 0) /* the collocated side in order */
             for (size_t hw = 0; hw < HW; hw++)
@@ -116,7 +114,7 @@ static void colloc_any(int dir, const float *src, float *dst, size_t K, size_t D
                         t[j * P] = c[j];
                 }
     }
-    (void)pv;
+#endif
 }
 
 static void k_collocate(const float *src, float *dst, size_t K, size_t D, size_t H, size_t W) {
