@@ -81,6 +81,11 @@ static gvqResult_t qsgd_encode_combine(const gvq_codec_t *c, size_t off, size_t 
     for (size_t b = 0; b < count; b += q->bucket) {
         size_t len = GVQ_MIN(q->bucket, count - b), bytes = qsgd_bucket_bytes(q->bits, len);
         const float *src = x + b;
+        if (b + len < count) { /* the next bucket's values and wire, while this one is coded */
+            size_t next = GVQ_MIN(q->bucket, count - b - len);
+            gvq_prefetch_range(x + b + len, sizeof(float) * next);
+            if (win != NULL) gvq_prefetch_range(win + bytes, qsgd_bucket_bytes(q->bits, next));
+        }
         if (win != NULL) { /* decode, add, re-encode */
             k->qsgd_dequantize(&p, win, len, x + b, q->tmp);
             src = q->tmp;
