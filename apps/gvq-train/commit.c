@@ -103,19 +103,42 @@ static int read_all(FILE *f, void *p, size_t n, uint64_t *h) {
     return 0;
 }
 
+#define CUT_SHORT "shorter than its header says (cut off?)"
+
+/* The FNV-1a 64 after the payload (sum: of every byte before it), and nothing past it: 0, or -1
+ * with the cause in err. */
+static int check_sum(FILE *f, uint64_t sum, const char *path, char *err, size_t cap) {
+    uint64_t stored = 0;
+    if (fread(&stored, sizeof stored, 1, f) != 1) {
+        snprintf(err, cap, "%s: %s", path, CUT_SHORT);
+        return -1;
+    }
+    if (stored != sum || fgetc(f) != EOF) {
+        snprintf(err, cap, "%s: %s", path,
+                 stored != sum ? "checksum mismatch: the file is corrupted"
+                               : "longer than its header says");
+        return -1;
+    }
+    return 0;
+}
+
+/* DIR/NAME opened to read (its path in path[4096]), or NULL with the cause in err */
+static FILE *open_in(const char *dir, const char *name, char *path, char *err, size_t cap) {
+    if (snprintf(path, 4096, "%s/%s", dir, name) >= 4096) {
+        snprintf(err, cap, "%s: the path is too long", dir);
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) snprintf(err, cap, "%s: %s", path, strerror(errno));
+    return f;
+}
+
 int commit_read(const char *dir, commit_hdr_t *h, float *params, float *velocity, size_t nparams,
                 uint64_t want_sig, uint64_t want_seed, char *err, size_t cap) {
     char path[4096];
-    if (snprintf(path, sizeof path, "%s/%s", dir, COMMIT_FILE) >= (int)sizeof path) {
-        snprintf(err, cap, "%s: the path is too long", dir);
-        return -1;
-    }
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        snprintf(err, cap, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    uint64_t sum = FNV_INIT, stored = 0;
+    FILE *f = open_in(dir, COMMIT_FILE, path, err, cap);
+    if (f == NULL) return -1;
+    uint64_t sum = FNV_INIT;
     int rc = -1;
     if (read_all(f, h, sizeof *h, &sum) != 0 || memcmp(h->magic, COMMIT_MAGIC, 8) != 0) {
         snprintf(err, cap, "%s: not a gvq-train commit (no %s header)", path, COMMIT_MAGIC);
@@ -140,15 +163,10 @@ int commit_read(const char *dir, commit_hdr_t *h, float *params, float *velocity
         snprintf(err, cap, "%s: the header's step %lld, epoch %lld or place %lld is out of range",
                  path, (long long)h->step, (long long)h->epoch, (long long)h->pos);
     } else if (read_all(f, params, sizeof(float) * nparams, &sum) != 0 ||
-               read_all(f, velocity, sizeof(float) * nparams, &sum) != 0 ||
-               fread(&stored, sizeof stored, 1, f) != 1) {
-        snprintf(err, cap, "%s: shorter than its header says (cut off?)", path);
-    } else if (stored != sum || fgetc(f) != EOF) {
-        snprintf(err, cap, "%s: %s", path,
-                 stored != sum ? "checksum mismatch: the file is corrupted"
-                               : "longer than its header says");
+               read_all(f, velocity, sizeof(float) * nparams, &sum) != 0) {
+        snprintf(err, cap, "%s: %s", path, CUT_SHORT);
     } else {
-        rc = 0;
+        rc = check_sum(f, sum, path, err, cap);
     }
     fclose(f);
     return rc;
@@ -156,18 +174,12 @@ int commit_read(const char *dir, commit_hdr_t *h, float *params, float *velocity
 
 int commit_agg_read(const char *dir, int rank, int64_t want_step, uint64_t want_sig,
                     uint64_t want_seed, commit_agg_hdr_t *h, void **state, char *err, size_t cap) {
-    char path[4096];
+    char path[4096], name[64];
     *state = NULL;
-    if (snprintf(path, sizeof path, "%s/%s.%d", dir, COMMIT_AGG_FILE, rank) >= (int)sizeof path) {
-        snprintf(err, cap, "%s: the path is too long", dir);
-        return -1;
-    }
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        snprintf(err, cap, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    uint64_t sum = FNV_INIT, stored = 0;
+    snprintf(name, sizeof name, "%s.%d", COMMIT_AGG_FILE, rank);
+    FILE *f = open_in(dir, name, path, err, cap);
+    if (f == NULL) return -1;
+    uint64_t sum = FNV_INIT;
     void *buf = NULL;
     int rc = -1;
     if (read_all(f, h, sizeof *h, &sum) != 0 || memcmp(h->magic, COMMIT_AGG_MAGIC, 8) != 0) {
@@ -185,15 +197,10 @@ int commit_agg_read(const char *dir, int rank, int64_t want_step, uint64_t want_
                (buf = malloc((size_t)h->bytes)) == NULL) {
         snprintf(err, cap, "%s: a state of %llu bytes cannot be read", path,
                  (unsigned long long)h->bytes);
-    } else if (read_all(f, buf, (size_t)h->bytes, &sum) != 0 ||
-               fread(&stored, sizeof stored, 1, f) != 1) {
-        snprintf(err, cap, "%s: shorter than its header says (cut off?)", path);
-    } else if (stored != sum || fgetc(f) != EOF) {
-        snprintf(err, cap, "%s: %s", path,
-                 stored != sum ? "checksum mismatch: the file is corrupted"
-                               : "longer than its header says");
+    } else if (read_all(f, buf, (size_t)h->bytes, &sum) != 0) {
+        snprintf(err, cap, "%s: %s", path, CUT_SHORT);
     } else {
-        rc = 0;
+        rc = check_sum(f, sum, path, err, cap);
     }
     fclose(f);
     if (rc != 0)
