@@ -189,7 +189,10 @@ int commit_agg_read(const char *dir, int rank, int64_t want_step, uint64_t want_
         snprintf(err, cap, "%s: version %u with a %u-byte header; this gvq-train reads version 1",
                  path, h->version, h->header_bytes);
     } else if (h->model_sig != want_sig || h->seed != want_seed || h->rank != rank) {
-        snprintf(err, cap, "%s: made by another model, seed or rank", path);
+        snprintf(err, cap, "%s: made by %s", path,
+                 h->model_sig != want_sig ? "another model"
+                 : h->seed != want_seed   ? "a run of another --seed"
+                                          : "another rank");
     } else if (h->step != want_step) {
         snprintf(err, cap, "%s: of step %lld, the commit's is %lld (written before a crash?)", path,
                  (long long)h->step, (long long)want_step);

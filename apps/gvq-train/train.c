@@ -1123,26 +1123,44 @@ static void commit_to_disk(run_t *r, int k) {
 }
 
 /* --resume: each rank's compressors' state of the commit's step, loaded on every rank or on none
- * (then rebuilt on every rank). 1 when carried. */
-static int resume_agg(run_t *r) {
+ * (then rebuilt on every rank that loaded). commit_nranks and per_rank: the commit's header, the
+ * same on every rank (broadcast). A file is taken only from a rank below the commit's count and
+ * written at that count: one left by a rank of a larger job (a run that shrank after a fault and
+ * committed the same step again) would give its residual twice. gvqTrainLoad is all or nothing,
+ * so a rank whose load failed holds its fresh compressors; gvq-train has no sparse variables, for
+ * which gvqTrainLoad would be collective. 1 when carried. */
+static int resume_agg(run_t *r, int32_t commit_nranks, int per_rank) {
     char err[4400] = "";
     commit_agg_hdr_t h;
     void *state = NULL;
-    int32_t carried = r->agg.trainer != NULL &&
-                      commit_agg_read(r->o->resume_dir, r->rank, r->start_step, model_sig(&r->net),
-                                      r->o->seed, &h, &state, err, sizeof err) == 0;
-    if (carried && gvqTrainLoad(r->agg.trainer, state, (size_t)h.bytes) != gvqSuccess) {
-        snprintf(err, sizeof err, "%s/%s.%d: not a state of this run's variables and config",
-                 r->o->resume_dir, COMMIT_AGG_FILE, r->rank);
-        carried = 0;
+    int32_t carried = 0;
+    if (r->agg.trainer != NULL && per_rank) {
+        int ok = r->rank < commit_nranks;
+        if (!ok)
+            snprintf(err, sizeof err, "the commit was made by %d ranks, this is rank %d",
+                     commit_nranks, r->rank);
+        ok = ok && commit_agg_read(r->o->resume_dir, r->rank, r->start_step, model_sig(&r->net),
+                                   r->o->seed, &h, &state, err, sizeof err) == 0;
+        if (ok && h.nranks != commit_nranks) {
+            snprintf(err, sizeof err, "%s/%s.%d: written by a job of %d ranks, the commit by %d",
+                     r->o->resume_dir, COMMIT_AGG_FILE, r->rank, (int)h.nranks, commit_nranks);
+            ok = 0;
+        }
+        if (ok && gvqTrainLoad(r->agg.trainer, state, (size_t)h.bytes) != gvqSuccess) {
+            snprintf(err, sizeof err, "%s/%s.%d: not a state of this run's variables and config",
+                     r->o->resume_dir, COMMIT_AGG_FILE, r->rank);
+            ok = 0;
+        }
+        carried = ok;
+        free(state);
     }
-    free(state);
-    int32_t all = carried;
-    TRAIN_GVQ(gvqAllReduce(&all, &all, 1, gvqInt32, gvqMin, r->gcomm, NULL), r->gcomm);
-    if (!all && r->agg.trainer != NULL) {
-        if (!carried && !r->o->quiet)
-            fprintf(stderr, "gvq-train: rank %d: --resume: the compressors are rebuilt: %s\n",
-                    r->rank, err[0] != '\0' ? err : "no state");
+    int32_t agreed[2] = {carried, -carried}; /* min: all loaded; -min of the negation: any */
+    TRAIN_GVQ(gvqAllReduce(agreed, agreed, 2, gvqInt32, gvqMin, r->gcomm, NULL), r->gcomm);
+    const int all = agreed[0], any = -agreed[1];
+    if (per_rank && !carried && r->agg.trainer != NULL) /* a cause worth a line, even quiet */
+        fprintf(stderr, "gvq-train: rank %d: --resume: the compressors are rebuilt: %s\n", r->rank,
+                err[0] != '\0' ? err : "no state");
+    if (any && !all) { /* some loaded, some not: all anew */
         agg_free(&r->agg);
         gvqResult_t res = gvqSuccess;
         if (agg_setup(&r->agg, r->o, &r->net, r->gcomm, &res) != 0) TRAIN_GVQ(res, r->gcomm);
@@ -1171,12 +1189,13 @@ static int run_resume(run_t *r) {
         }
         if (bad) fprintf(stderr, "gvq-train: --resume: %s\n", err);
     }
-    TRAIN_GVQ(gvqBroadcast(&bad, &bad, 1, gvqInt32, 0, r->gcomm, NULL), r->gcomm);
-    if (bad) return -1;
+    int32_t said[3] = {bad, h.nranks, h.compressors}; /* rank 0's verdict and header */
+    TRAIN_GVQ(gvqBroadcast(said, said, 3, gvqInt32, 0, r->gcomm, NULL), r->gcomm);
+    if (said[0]) return -1;
     handoff_t ho = {h.step, h.pos, (int32_t)h.epoch, 0};
     take_state(r, &ho);
     r->resumed = 1;
-    const int carried = resume_agg(r);
+    const int carried = resume_agg(r, said[1], said[2] == COMMIT_COMPRESSORS_PER_RANK);
     if (r->rank == 0 && !r->o->quiet)
         fprintf(r->out,
                 "# resumed from %s/%s: step %ld (epoch %d), written by %d ranks; the "
@@ -1354,6 +1373,11 @@ static void run_totals(run_t *r, long step) {
         res->fits += st.fits;
         res->early_exits += st.earlyExits;
     }
+    if (r->o->commit_dir != NULL) { /* every rank's files: the summary counts them all */
+        int64_t failed = r->disk_failures;
+        TRAIN_REDUCE(&failed, 1, gvqInt64, gvqSum, r->gcomm);
+        r->disk_failures = (long)failed;
+    }
     const double counted = (double)(step - r->agg_since); /* the aggregation's counts' steps */
     double conv_raw = raw_conv_per_call * counted, conv_wire = 0.0;
     double rest_wire = 0.0; /* rest bytes on the wire (plain: the raw amount) */
@@ -1407,7 +1431,8 @@ static void print_summary(const run_t *r) {
                 r->faults, r->steps_lost, r->nranks, r->nranks0);
     if (o->commit_dir != NULL)
         fprintf(out,
-                "# commits on disk: %ld in %s/%s (%.3f s writing, %.1f ms each), %ld failed; "
+                "# commits on disk: %ld in %s/%s (%.3f s writing, %.1f ms each), %ld writes "
+                "failed on any rank; "
                 "%s\n",
                 r->disk_commits, o->commit_dir, COMMIT_FILE, r->disk_s,
                 r->disk_commits > 0 ? 1e3 * r->disk_s / (double)r->disk_commits : 0.0,

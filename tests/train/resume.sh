@@ -12,7 +12,9 @@
 #      one made by another model (other channel widths);
 #   4. 3 ranks resumed at step 60 with --elastic 50, one dying at step 75 (before the first
 #      multiple of 50): the survivors roll back to step 60 (the commit made where the run
-#      started) and end with status 0 (it once rolled back to step -1, uninitialised weights).
+#      started) and end with status 0 (it once rolled back to step -1, uninitialised weights);
+#   5. a commit made again by 2 survivors leaves the lost rank's compressor file of that step: a
+#      resume on 3 ranks refuses it and every rank rebuilds its compressors.
 set -uo pipefail
 exe=$1
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -35,7 +37,7 @@ stop_resume_whole() { # DIR: stopped at 70, resumed (compressors carried), the w
     local c=$1
     mkdir "$c"
     run --commit-dir "$c" --stop-step 70 || fail "the stopped run exited with $?"
-    grep -q '# commits on disk: 4 in .*, 0 failed' "$dir/out" || fail "not 4 commits written"
+    grep -q '# commits on disk: 4 in .*, 0 writes failed' "$dir/out" || fail "not 4 commits written"
     [ -s "$c/gvq-train.commit" ] && [ -s "$c/gvq-train.agg.0" ] && [ -s "$c/gvq-train.agg.1" ] ||
         fail "no commit file, or no compressor file of each rank"
     run --resume "$c" || fail "the resumed run exited with $?"
@@ -107,4 +109,18 @@ grep -Eq '# fault at step 7[56]: 3 -> 2 ranks.*back to step 60 ' "$dir/out" ||
     fail "a fault before the resumed run's first commit step did not roll back to step 60"
 grep -q '# done: 60 steps (resumed at step 60)' "$dir/out" || fail "no done line after the fault"
 echo "resume.sh: resumed at 60 with --elastic 50, a rank lost at 75: rolled back to 60 and finished"
+
+# a commit made again by fewer ranks after a fault leaves the lost rank's compressor file of the
+# same step behind: a resume on 3 ranks must not load it (its residual would count twice), so
+# every rank rebuilds
+mkdir "$dir/c4"
+track=(--codec gradiveq --basis track --int-bits 16)
+run3 --elastic 20 --commit-dir "$dir/c4" --die 1:65 --stop-step 70 "${track[@]}" ||
+    fail "the 3-rank run that lost a rank exited with $?"
+[ -s "$dir/c4/gvq-train.agg.2" ] || fail "no compressor file of rank 2 left from before the fault"
+run3 --resume "$dir/c4" "${track[@]}" || fail "the resume on 3 ranks exited with $?"
+grep -q 'rank 2: --resume: the compressors are rebuilt: the commit was made by 2 ranks' "$dir/out" &&
+    grep -q '# resumed from .*compressors are rebuilt (some rank could not load' "$dir/out" ||
+    fail "a compressor file left by a larger job was not refused"
+echo "resume.sh: a compressor file left by the rank lost before the commit: refused, rebuilt on every rank"
 echo "resume.sh: PASS"

@@ -105,8 +105,9 @@ extern const gvq_kernels_t gvq_kernels_avx512;
  * hint: no fault, whatever p is. */
 static inline void gvq_prefetch_range(const void *p, size_t bytes) {
 #if defined(__GNUC__)
-    for (size_t o = 0; o < bytes; o += 64)
-        __builtin_prefetch((const char *)p + o, 0, 3);
+    const uintptr_t a = (uintptr_t)p & ~(uintptr_t)63, end = (uintptr_t)p + bytes;
+    for (uintptr_t o = a; o < end; o += 64) /* every line the range touches */
+        __builtin_prefetch((const void *)o, 0, 3);
 #else
     (void)p, (void)bytes;
 #endif
