@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec_kernels.h"
 #include "gvq_method.h"
 
 /* ---- the vote -------------------------------------------------------------------------------- */
@@ -197,10 +198,9 @@ static gvqResult_t finish_output(gvqCompressor_t c, const gvq_device_ops_t *dev,
  * schedule and the fit's samples. */
 
 int gvq_compressed_all_finite(const float *v, size_t n) {
-    float acc = 0;
-    for (size_t i = 0; i < n; i++)
-        acc += v[i] * 0.0f; /* stays 0 unless some v[i] is NaN or +-Inf */
-    return acc == 0.0f;
+    /* a vector pass at memory speed (the float sum it replaced, acc += v[i] * 0, was one
+     * dependent add per value: 16 ms at 64 MiB against 6.5 ms; perf/RESULTS.md section 12) */
+    return gvq_kernels()->all_finite(v, n);
 }
 
 /* One call. dev holds send and recv: the host device, or (run_device) a device with its own

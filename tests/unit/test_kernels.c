@@ -503,6 +503,31 @@ static void check_ef_sums(const gvq_kernels_t *k) {
         }
 }
 
+/* all_finite against isfinite: one NaN, +-Inf or none at every position of lengths around the
+ * vector widths, the largest finite float and -0 among finite values, misaligned starts */
+static void check_all_finite(const gvq_kernels_t *k) {
+    enum { N = 70 };
+    float buf[N + 1];
+    const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
+    for (size_t off = 0; off < 2; off++)
+        for (size_t n = 0; n <= 67; n++)
+            for (size_t at = 0; at <= n; at++) /* at == n: nothing bad */
+                for (size_t b = 0; b < 4; b++) {
+                    float *v = buf + off;
+                    for (size_t j = 0; j < n; j++)
+                        v[j] = j % 3 == 0 ? FLT_MAX : j % 3 == 1 ? -0.0f : -(float)j;
+                    if (at < n) v[at] = bad[b];
+                    buf[off + n] = NAN; /* past the end: never read */
+                    int want = 1;
+                    for (size_t j = 0; j < n; j++)
+                        want &= isfinite(v[j]) != 0;
+                    EXPECT(k->all_finite(v, n) == want,
+                           "%s all_finite n %zu bad at %zu (%g) off %zu", k->name, n, at,
+                           (double)bad[b], off);
+                    if (at == n) break;
+                }
+}
+
 int main(void) {
     int ran = 0;
     EXPECT(gvq_kernels_named("scalar") != NULL, "the scalar kernels are always there");
@@ -522,6 +547,7 @@ int main(void) {
         check_back(k);
         check_colloc(k);
         check_ef_sums(k);
+        check_all_finite(k);
         printf("test_kernels: %s: checked\n", paths[i]);
         ran++;
     }

@@ -319,6 +319,10 @@ static void k_max_abs_blocks(const float *y, size_t n, size_t block, float *out)
     }
 }
 
+static int k_all_finite(const float *v, size_t n) {
+    return max_abs_bits(v, n) < 0x7f800000u; /* below Inf's pattern: finite */
+}
+
 /* ---- IEEE binary16 <-> float: gvq_util.h's gvq_float_to_half / gvq_half_to_float bit for bit,
  * with selects instead of branches so that the lanes run together. ------------------------ */
 
@@ -544,6 +548,7 @@ const gvq_kernels_t K_TABLE = {
     .is_quantize_add = k_is_quantize_add,
     .is_to_float = k_is_to_float,
     .max_abs_blocks = k_max_abs_blocks,
+    .all_finite = k_all_finite,
     .f32_to_f16 = k_f32_to_f16,
     .f16_to_f32 = k_f16_to_f32,
     .expand = k_expand,

@@ -61,6 +61,8 @@ typedef struct {
                         float *dst);
     /* out[b] = max |y| over block b of `block` values (NaN counts as Inf), n values. */
     void (*max_abs_blocks)(const float *y, size_t n, size_t block, float *out);
+    /* 1 when none of the n values is NaN or +-Inf (an integer max of the bit patterns: exact). */
+    int (*all_finite)(const float *v, size_t n);
     /* IEEE binary16 <-> float, the bits of gvq_util.h's gvq_float_to_half / gvq_half_to_float
      * (round to nearest even, NaN kept NaN) */
     void (*f32_to_f16)(const float *src, uint16_t *dst, size_t n);
