@@ -533,6 +533,17 @@ typedef struct {
 void gvq_codec_watch_init(gvq_watch_t *w, const gvq_codec_t *inner, float *r);
 void gvq_codec_watch_fini(gvq_watch_t *w);
 
+/* The same file: a codec whose decodes also note whether a value they wrote is NaN or +-Inf (a
+ * scan of the chunk just decoded, still in the cache). Where decodes write every output value
+ * (the flat ring of a codec whose wire is not the values, gvq_ring_allreduce_tally, any rank
+ * count) nonfinite after the call says whether the output holds one, without a pass over it. */
+typedef struct {
+    gvq_codec_t codec; /* what the ring runs */
+    const gvq_codec_t *inner;
+    int nonfinite;
+} gvq_finite_watch_t;
+void gvq_codec_finite_watch_init(gvq_finite_watch_t *f, const gvq_codec_t *inner);
+
 /* ---- factor_ring.c: several tensors' low-rank factors in one ring -------------------------
  * Each factor column-major rows x cols, summed in place; fp32 (bits 0) or the integer-summed
  * wire (bits 8 or 16) with one scale per column, its rounding keyed by (seed, rank, call).

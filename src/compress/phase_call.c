@@ -221,6 +221,15 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
     /* the early-exit vote rides inside the compressed ring's allgather when it can */
     int voting = phase == gvqPhaseCompressed && cfg->vote < 1.0f;
     gvq_tally_t tally = {local_vote, c, 0, 0};
+    /* the flat ring on host memory: its decodes write every output value and check each chunk
+     * for NaN and Inf as they write it (codec_watch.c); else a pass over the output after */
+    gvq_finite_watch_t fw;
+    int watched =
+        !p.hier && dev == &gvq_host_device && !codec->wire_is_values && codec->dtype == gvqFloat32;
+    if (watched) {
+        gvq_codec_finite_watch_init(&fw, codec);
+        codec = &fw.codec;
+    }
     /* hosts of several ranks: compressed between the hosts only (gvq_hier_allreduce), and the
      * vote agreed on after the call; host memory only. An integer wire was made for H summands
      * (choose_codec). Error feedback's watched residual: this rank encodes only its piece of
@@ -239,8 +248,8 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
         res = gvq_ring_allreduce_tally(&p.ring, codec, src, dst, cfg->count, gvqSum,
                                        voting ? &tally : NULL);
     }
-    int finite =
-        res != gvqSuccess || dev != &gvq_host_device || gvq_compressed_all_finite(dst, cfg->count);
+    int finite = res != gvqSuccess || dev != &gvq_host_device ||
+                 (watched ? !fw.nonfinite : gvq_compressed_all_finite(dst, cfg->count));
     if (cfg->error_feedback) gvq_ef_end(c, &ef, res == gvqSuccess && finite);
     GVQCHECK(res);
     if (!finite) return gvq_compressed_nonfinite(c, &p.comm, send, recv, op);

@@ -5,10 +5,16 @@
  * with the very random bits the ring drew. Error feedback (src/compress/error_feedback.c) keeps
  * it as the next call's residual; why this and not x - decode(encode(x)) is said there. Costs
  * two decodes per encode.
+ *
+ * Also here: the finite watch, a codec that runs the inner one and scans each chunk its decode
+ * wrote for NaN and Inf while the chunk is in the cache (the compressed call's finite check,
+ * src/compress/phase_call.c; a separate pass over a 64 MiB output cost as much as the codec's
+ * decode).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec_kernels.h"
 #include "gvq_algo.h"
 
 static gvqResult_t watch_tmp(gvq_watch_t *w, size_t count) {
@@ -84,4 +90,49 @@ void gvq_codec_watch_fini(gvq_watch_t *w) {
     free(w->tmp);
     w->tmp = NULL;
     w->tmp_len = 0;
+}
+
+/* ---- the finite watch ------------------------------------------------------------------------ */
+
+static size_t finite_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
+    const gvq_finite_watch_t *f = c->state;
+    return f->inner->wire_bytes(f->inner, off, count);
+}
+
+static gvqResult_t finite_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
+                                         const void *local, const void *in, void *out) {
+    const gvq_finite_watch_t *f = c->state;
+    return f->inner->encode_combine(f->inner, off, count, local, in, out);
+}
+
+static gvqResult_t finite_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
+                                 void *dst) {
+    gvq_finite_watch_t *f = c->state;
+    GVQCHECK(f->inner->decode(f->inner, off, count, wire, dst));
+    if (!f->nonfinite && !gvq_kernels()->all_finite(dst, count)) f->nonfinite = 1;
+    return gvqSuccess;
+}
+
+static gvqResult_t finite_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                                size_t count) {
+    const gvq_finite_watch_t *f = c->state;
+    return f->inner->begin(f->inner, ctx, local, count);
+}
+
+static gvqResult_t finite_begin_part(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                                     size_t count, size_t lo, size_t hi) {
+    const gvq_finite_watch_t *f = c->state;
+    return f->inner->begin_part(f->inner, ctx, local, count, lo, hi);
+}
+
+void gvq_codec_finite_watch_init(gvq_finite_watch_t *f, const gvq_codec_t *inner) {
+    memset(f, 0, sizeof *f);
+    f->codec = *inner;
+    f->codec.wire_bytes = finite_wire_bytes;
+    f->codec.encode_combine = finite_encode_combine;
+    f->codec.decode = finite_decode;
+    f->codec.begin = inner->begin != NULL ? finite_begin : NULL;
+    f->codec.begin_part = inner->begin_part != NULL ? finite_begin_part : NULL;
+    f->codec.state = f;
+    f->inner = inner;
 }
