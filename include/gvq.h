@@ -599,6 +599,12 @@ GVQ_API gvqResult_t gvqCompressorSave(gvqCompressor_t compressor, void *buf, siz
  * state, or one of another shape or config). */
 GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t compressor, const void *buf, size_t size);
 
+/* The same for a rank that joins (gvqCommGrow): another rank's saved state, of which it takes
+ * what every rank holds alike (phase, counters, samples, basis, PowerSGD's warm start) and not
+ * that rank's error-feedback residual, which starts at zero here. Same checks and errors. */
+GVQ_API gvqResult_t gvqCompressorLoadShared(gvqCompressor_t compressor, const void *buf,
+                                            size_t size);
+
 /* The same, to and from a file. Errors: gvqSystemError (I/O), as above otherwise. */
 GVQ_API gvqResult_t gvqCompressorSaveFile(gvqCompressor_t compressor, const char *path);
 GVQ_API gvqResult_t gvqCompressorLoadFile(gvqCompressor_t compressor, const char *path);

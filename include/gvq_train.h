@@ -262,6 +262,12 @@ GVQ_API gvqResult_t gvqTrainGetCompressor(gvqTrainer_t trainer, int id,
  * gvqSystemError (file I/O). Local. */
 GVQ_API gvqResult_t gvqTrainSave(gvqTrainer_t trainer, void *buf, size_t *size);
 GVQ_API gvqResult_t gvqTrainLoad(gvqTrainer_t trainer, const void *buf, size_t size);
+/* The same for a rank that joins (gvqCommGrow): another rank's saved state, of which each
+ * compressor takes the part every rank holds alike (gvqCompressorLoadShared: phase, counters,
+ * basis; its error-feedback residual starts at zero), with the per-variable counters. A state
+ * that holds a sparse variable's table or shards is refused (gvqInvalidUsage: they are their
+ * ranks' own). Local; the same checks and errors as gvqTrainLoad otherwise. */
+GVQ_API gvqResult_t gvqTrainLoadShared(gvqTrainer_t trainer, const void *buf, size_t size);
 GVQ_API gvqResult_t gvqTrainSaveFile(gvqTrainer_t trainer, const char *path);
 GVQ_API gvqResult_t gvqTrainLoadFile(gvqTrainer_t trainer, const char *path);
 

@@ -530,6 +530,8 @@ fail:
     return -1;
 }
 
+static int grow_agg(run_t *r, int newcomer);
+
 /* gvq: a communicator, and the training layer with a variable per weight tensor. */
 static void run_connect(run_t *r) {
     r->phases = malloc(2 * (size_t)r->net.nconv + 16);
@@ -539,6 +541,8 @@ static void run_connect(run_t *r) {
     }
     gvqResult_t agg_res;
     if (agg_setup(&r->agg, r->o, &r->net, r->gcomm, &agg_res) != 0) TRAIN_GVQ(agg_res, r->gcomm);
+    /* a replacement: the members' compressors, as they load them after the grow */
+    if (r->o->join_hex != NULL) (void)grow_agg(r, 1);
 }
 
 /* Gradient recording (--dump-grads): rank 0 opens the file, every rank hooks the recording into
@@ -891,16 +895,24 @@ static void elastic_maybe_die(const run_t *r, long step) {
         }
 }
 
+/* The aggregation set up anew on r->gcomm (fresh compressors), the gradient recording hooked
+ * in; gvqSuccess or why not. */
+static gvqResult_t agg_renew(run_t *r) {
+    gvqResult_t res = gvqSuccess;
+    if (agg_setup(&r->agg, r->o, &r->net, r->gcomm, &res) != 0) return res;
+    r->agg.before_ready = record_grad;
+    r->agg.before_ready_arg = &r->dump_hook;
+    return gvqSuccess;
+}
+
 /* On a new communicator (r->gcomm, r->nranks set) from step on: the per-rank batch stays, so
  * the global batch and the learning rate scale with the ranks; the aggregation is set up anew
  * (its compressors' counts and the window's ratio start at 0). */
 static gvqResult_t elastic_reaggregate(run_t *r, long step) {
-    gvqResult_t res = gvqSuccess;
     r->batch = r->local * r->nranks;
     r->lr_scale = (double)r->nranks / (double)r->nranks0;
-    if (agg_setup(&r->agg, r->o, &r->net, r->gcomm, &res) != 0) return res;
-    r->agg.before_ready = record_grad;
-    r->agg.before_ready_arg = &r->dump_hook;
+    gvqResult_t res = agg_renew(r);
+    if (res != gvqSuccess) return res;
     r->agg_since = step;
     r->prev_raw = r->prev_wire = 0;
     return gvqSuccess;
@@ -1162,10 +1174,7 @@ static int resume_agg(run_t *r, int32_t commit_nranks, int per_rank) {
                 err[0] != '\0' ? err : "no state");
     if (any && !all) { /* some loaded, some not: all anew */
         agg_free(&r->agg);
-        gvqResult_t res = gvqSuccess;
-        if (agg_setup(&r->agg, r->o, &r->net, r->gcomm, &res) != 0) TRAIN_GVQ(res, r->gcomm);
-        r->agg.before_ready = record_grad;
-        r->agg.before_ready_arg = &r->dump_hook;
+        TRAIN_GVQ(agg_renew(r), r->gcomm);
     }
     return all;
 }
@@ -1230,6 +1239,41 @@ static void elastic_join(run_t *r) {
             r->o->join_first, r->rank, r->nranks, r->start_step);
 }
 
+/* After a grow, on the grown communicator's fresh aggregation: each member loads its own
+ * compressors' state of this step's commit (made just before the grow), each newcomer rank 0's
+ * without its residual (gvqTrainLoadShared: the basis, phase and counters every rank holds
+ * alike); unless every rank loaded, every rank rebuilds, as at a shrink. 1: carried. */
+static int grow_agg(run_t *r, int newcomer) {
+    gvqTrainer_t t = r->agg.trainer;
+    int64_t bytes = 0;
+    if (r->rank == 0 && t != NULL) bytes = (int64_t)r->commit[r->latest].agg_bytes;
+    TRAIN_GVQ(gvqBroadcast(&bytes, &bytes, 1, gvqInt64, 0, r->gcomm, NULL), r->gcomm);
+    if (bytes <= 0) return 0; /* no compressors, or none committed: nothing to carry */
+    char *buf = r->rank == 0 ? r->commit[r->latest].agg : malloc((size_t)bytes);
+    int32_t carried = buf != NULL;
+    if (buf == NULL) /* every rank must take part in the broadcast: the state on the stack */
+        fprintf(stderr, "gvq-train: rank %d: out of memory for rank 0's compressors\n", r->rank);
+    char one = 0;
+    TRAIN_GVQ(gvqBroadcast(buf != NULL ? buf : &one, buf != NULL ? buf : &one,
+                           buf != NULL ? (size_t)bytes : 0, gvqUint8, 0, r->gcomm, NULL),
+              r->gcomm);
+    if (carried && t != NULL) {
+        if (newcomer)
+            carried = gvqTrainLoadShared(t, buf, (size_t)bytes) == gvqSuccess;
+        else /* a member: its own commit of this step, its residual with it */
+            carried = r->commit[r->latest].agg_bytes > 0 &&
+                      gvqTrainLoad(t, r->commit[r->latest].agg, r->commit[r->latest].agg_bytes) ==
+                          gvqSuccess;
+    }
+    if (r->rank != 0) free(buf);
+    TRAIN_GVQ(gvqAllReduce(&carried, &carried, 1, gvqInt32, gvqMin, r->gcomm, NULL), r->gcomm);
+    if (!carried && t != NULL) { /* some loaded, some not: all anew */
+        agg_free(&r->agg);
+        TRAIN_GVQ(agg_renew(r), r->gcomm);
+    }
+    return carried;
+}
+
 static void elastic_maybe_grow(run_t *r, long step) {
     struct {
         int32_t grow, size;
@@ -1267,15 +1311,17 @@ static void elastic_maybe_grow(run_t *r, long step) {
     handoff_t h = {step, r->pos, r->epoch, 0};
     handoff(r, &h);
     TRAIN_GVQ(elastic_reaggregate(r, step), nc);
-    /* this step's commit holds the compressors made anew on the grown communicator, as the
-     * newcomers' first commit does: a rollback to it carries the same state on every rank */
+    const int carried = grow_agg(r, 0);
+    /* this step's commit holds the compressors on the grown communicator, as the newcomers'
+     * first commit does: a rollback to it carries the same state on every rank */
     commit_agg(r, r->latest);
     if (r->rank == 0) {
         progress_clear(&r->progress);
         fprintf(r->out,
                 "# join at step %ld: %d -> %d ranks in %.3f s (start, grow, state handed "
-                "over), lr x %.3f\n",
-                step, before, r->nranks, now_s() - t0, r->lr_scale);
+                "over), lr x %.3f, compressors %s\n",
+                step, before, r->nranks, now_s() - t0, r->lr_scale,
+                carried ? "carried (a newcomer's residual zero)" : "rebuilt");
         fflush(r->out);
     }
 }

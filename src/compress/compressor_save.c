@@ -266,9 +266,12 @@ static gvqResult_t take_basis(gvqCompressor_t c, const sections_t *s, size_t d) 
     return gvqSuccess;
 }
 
-GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t c, const void *buf, size_t size) {
+/* own: the state is this rank's (its residual taken); else another rank's, whose residual is
+ * not this rank's to carry (gvqCompressorLoadShared: the residual set to zero). */
+static gvqResult_t load_state(gvqCompressor_t c, const void *buf, size_t size, int own) {
     if (!gvq_compressor_live(c) || buf == NULL) {
-        GVQ_WARN("gvqCompressorLoad: %s", buf == NULL ? "buf is NULL" : "not a live compressor");
+        GVQ_WARN("gvqCompressorLoad%s: %s", own ? "" : "Shared",
+                 buf == NULL ? "buf is NULL" : "not a live compressor");
         return gvqInvalidArgument;
     }
     gvq_stream_comm_settle(c->comm);
@@ -287,7 +290,8 @@ GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t c, const void *buf, size_t
     GVQCHECK(check_finite(s.Q, kept_bytes(c) / sizeof(float), "Q"));
     GVQCHECK(take_basis(c, &s, d));
     if (c->samples != NULL) memcpy(c->samples, s.samples, samples_bytes(c));
-    if (c->cfg.error_feedback) memcpy(c->residual, s.residual, residual_bytes(c));
+    if (c->cfg.error_feedback && own) memcpy(c->residual, s.residual, residual_bytes(c));
+    if (c->cfg.error_feedback && !own) memset(c->residual, 0, residual_bytes(c));
     size_t kb;
     float *kept = kept_floats(c, &kb);
     if (kb > 0) memcpy(kept, s.Q, kb);
@@ -297,6 +301,14 @@ GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t c, const void *buf, size_t
     memset(&c->gq, 0, sizeof c->gq);
     c->fit_version++;
     return gvqSuccess;
+}
+
+GVQ_API gvqResult_t gvqCompressorLoad(gvqCompressor_t c, const void *buf, size_t size) {
+    return load_state(c, buf, size, 1);
+}
+
+GVQ_API gvqResult_t gvqCompressorLoadShared(gvqCompressor_t c, const void *buf, size_t size) {
+    return load_state(c, buf, size, 0);
 }
 
 static gvqResult_t save_adapter(void *obj, void *buf, size_t *size) {

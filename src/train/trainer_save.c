@@ -147,8 +147,10 @@ static gvqResult_t check_state(gvqTrainer_t t, const void *buf, size_t size,
     return gvqSuccess;
 }
 
-static gvqResult_t train_load(void *obj, const void *buf, size_t size) {
-    gvqTrainer_t t = obj;
+/* own: this rank's state; else another rank's, taken as a rank that joins takes it (each
+ * compressor's shared part, gvqCompressorLoadShared; a sparse variable's table or shards belong
+ * to their ranks, so such a state is refused). */
+static gvqResult_t train_load_as(gvqTrainer_t t, const void *buf, size_t size, int own) {
     gvqResult_t res = gvqSuccess;
     const state_var_t **entry = calloc((size_t)t->nvars + 1, sizeof *entry);
     const char **blob = calloc((size_t)t->nvars + 1, sizeof *blob);
@@ -162,6 +164,17 @@ static gvqResult_t train_load(void *obj, const void *buf, size_t size) {
         goto out;
     }
     GVQCHECKGOTO(check_state(t, buf, size, entry, blob, sblob), res, out);
+    for (int i = 0; i < t->nvars && !own; i++) {
+        state_var_t v;
+        memcpy(&v, entry[i], sizeof v);
+        if (v.sparse_bytes > 0) {
+            GVQ_WARN("gvqTrainLoadShared: variable %d '%s' is sparse: its table or shards are "
+                     "its ranks' own, not to be taken from another rank; nothing loaded",
+                     i, t->vars[i].info.name);
+            res = gvqInvalidUsage;
+            goto out;
+        }
+    }
     for (int i = 0; i < t->nvars; i++) { /* what to put back if a compressor refuses */
         if (t->vars[i].comp == NULL) continue;
         GVQCHECKGOTO(comp_bytes(t, i, &backup_bytes[i]), res, out);
@@ -175,15 +188,17 @@ static gvqResult_t train_load(void *obj, const void *buf, size_t size) {
         state_var_t v;
         memcpy(&v, entry[loaded], sizeof v);
         if (v.comp_bytes == 0) continue;
-        res = gvqCompressorLoad(t->vars[loaded].comp, blob[loaded], (size_t)v.comp_bytes);
+        res =
+            own ? gvqCompressorLoad(t->vars[loaded].comp, blob[loaded], (size_t)v.comp_bytes)
+                : gvqCompressorLoadShared(t->vars[loaded].comp, blob[loaded], (size_t)v.comp_bytes);
         if (res != gvqSuccess) break;
     }
     if (res != gvqSuccess) {                              /* all or nothing */
         for (int i = 0; i <= loaded && i < t->nvars; i++) /* the refusing one may be half-loaded */
             if (backup[i] != NULL)
                 (void)gvqCompressorLoad(t->vars[i].comp, backup[i], backup_bytes[i]);
-        GVQ_WARN("gvqTrainLoad: variable %d '%s' refused its compressor state; nothing loaded",
-                 loaded, t->vars[loaded].info.name);
+        GVQ_WARN("gvqTrainLoad%s: variable %d '%s' refused its compressor state; nothing loaded",
+                 own ? "" : "Shared", loaded, t->vars[loaded].info.name);
         goto out;
     }
     for (int i = 0; i < t->nvars; i++) {
@@ -204,6 +219,10 @@ out:
     free(blob);
     free(sblob);
     return res;
+}
+
+static gvqResult_t train_load(void *obj, const void *buf, size_t size) {
+    return train_load_as(obj, buf, size, 1);
 }
 
 /* Saving and loading happen between steps, on a committed layer. */
@@ -234,6 +253,11 @@ GVQ_API gvqResult_t gvqTrainSave(gvqTrainer_t t, void *buf, size_t *size) {
 GVQ_API gvqResult_t gvqTrainLoad(gvqTrainer_t t, const void *buf, size_t size) {
     GVQCHECK(check_between_steps("gvqTrainLoad", t));
     return train_load(t, buf, size);
+}
+
+GVQ_API gvqResult_t gvqTrainLoadShared(gvqTrainer_t t, const void *buf, size_t size) {
+    GVQCHECK(check_between_steps("gvqTrainLoadShared", t));
+    return train_load_as(t, buf, size, 0);
 }
 
 GVQ_API gvqResult_t gvqTrainSaveFile(gvqTrainer_t t, const char *path) {

@@ -8,7 +8,8 @@
 # status 0 (the replacements take part in its last reductions), both faults are reported with
 # at most 21 steps lost each, 3 of 3 ranks train at the end, every weight check found the ranks
 # identical, the compressors' state was carried through both faults (loaded from the commit on
-# every survivor), and the loss of the last window is below MAX (the same run without faults
+# every survivor) and both joins (each member its own, each newcomer rank 0's without the
+# residual: with the tracked basis a newcomer with another basis would decode other weights), and the loss of the last window is below MAX (the same run without faults
 # ends at 0.357; chance is 2.30). Arguments after MAX replace the codec options (--codec qsgd).
 set -uo pipefail
 exe=$1
@@ -35,6 +36,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 [ "$(grep -c '# join at step' "$log")" -eq 2 ] || fail "not two replacements joined"
 [ "$(grep -c 'compressors carried from the commit' "$log")" -eq 2 ] ||
     fail "the compressors were not carried through both faults"
+[ "$(grep -c '# join at step .*compressors carried' "$log")" -eq 2 ] ||
+    fail "the compressors were not carried through both joins"
 awk '/# fault at step/ { for (i = 1; i < NF; i++) if ($i ~ /^\(/) { n = substr($i, 2) + 0; if (n > 21) bad = 1 } }
      END { exit bad }' "$log" || fail "a fault lost more than a commit's steps"
 grep -q '# elastic: 2 fault(s) ridden through, .* 3 of 3 ranks at the end' "$log" ||

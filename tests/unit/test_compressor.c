@@ -250,6 +250,75 @@ static void test_sample_slices(void) {
     first_slice_rank1 = 0;
 }
 
+/* gvqCompressorLoadShared (a rank that joins): the state of another rank without its residual.
+ * A GradiVeQ state with error feedback ends with its residual (compressor_save.c's layout):
+ * saved again after a shared load, it must hold zeros there and, before it, the bytes of the
+ * state it came from but for the checksum (8 bytes of the header); after a plain load, the
+ * residual as it was. */
+static gvqCompressorConfig_t shared_c;
+static size_t shared_count;
+static const char *shared_path;
+
+static void *read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = len > 0 ? malloc((size_t)len) : NULL;
+    *n = p != NULL && fread(p, 1, (size_t)len, f) == (size_t)len ? (size_t)len : 0;
+    fclose(f);
+    return p;
+}
+
+static void rank_load_shared(gvqComm_t comm, int rank, int nranks, void *arg) {
+    (void)rank, (void)nranks, (void)arg;
+    size_t n = 0, rb = sizeof(float) * shared_count;
+    unsigned char *orig = read_all(shared_path, &n);
+    EXPECT(orig != NULL && n > rb, "the saved state (%zu bytes) could not be read", n);
+    if (orig == NULL || n <= rb) return;
+    for (int shared = 0; shared < 2; shared++) {
+        gvqCompressor_t c;
+        EXPECT_RES(gvqCompressorCreate(comm, shared_count, &shared_c, &c), gvqSuccess);
+        EXPECT_RES(shared ? gvqCompressorLoadShared(c, orig, n) : gvqCompressorLoad(c, orig, n),
+                   gvqSuccess);
+        size_t m = n;
+        unsigned char *again = malloc(n);
+        EXPECT_RES(gvqCompressorSave(c, again, &m), gvqSuccess);
+        EXPECT(m == n, "saved again: %zu bytes, not %zu", m, n);
+        size_t diff = 0, first = n, last = 0, nonzero = 0, orig_nonzero = 0;
+        for (size_t i = 0; i < n - rb; i++)
+            if (orig[i] != again[i]) {
+                diff++;
+                first = i < first ? i : first;
+                last = i;
+            }
+        for (size_t i = n - rb; i < n; i++) {
+            nonzero += again[i] != 0;
+            orig_nonzero += orig[i] != 0;
+        }
+        EXPECT(diff == 0 || (last - first < 8 && first / 8 == last / 8),
+               "%s load: %zu bytes before the residual differ (%zu..%zu)",
+               shared ? "shared" : "own", diff, first, last);
+        EXPECT(orig_nonzero > 0, "the saved residual is all zero: the test shows nothing");
+        if (shared)
+            EXPECT(nonzero == 0, "after a shared load %zu residual bytes are not zero", nonzero);
+        else
+            EXPECT(memcmp(orig + n - rb, again + n - rb, rb) == 0, "own load: another residual");
+        free(again);
+        EXPECT_RES(gvqCompressorDestroy(c), gvqSuccess);
+    }
+    /* the same refusals as gvqCompressorLoad */
+    gvqCompressor_t c;
+    EXPECT_RES(gvqCompressorCreate(comm, shared_count, &shared_c, &c), gvqSuccess);
+    EXPECT_RES(gvqCompressorLoadShared(c, NULL, n), gvqInvalidArgument);
+    orig[n / 2] ^= 1;
+    EXPECT_RES(gvqCompressorLoadShared(c, orig, n), gvqInvalidArgument);
+    EXPECT_RES(gvqCompressorDestroy(c), gvqSuccess);
+    EXPECT_RES(gvqCompressorLoadShared(c, orig, n), gvqInvalidArgument); /* destroyed */
+    free(orig);
+}
+
 static void test_save_load(void) {
     const char *path = "test_compressor_state.bin";
     sched_t a, b;
@@ -279,6 +348,10 @@ static void test_save_load(void) {
     EXPECT(a.st[0].phase == b.st[0].phase && a.st[0].iteration == b.st[0].iteration,
            "state %d/%lld vs %d/%lld", a.st[0].phase, a.st[0].iteration, b.st[0].phase,
            b.st[0].iteration);
+    shared_c = a.cfg;
+    shared_count = a.count;
+    shared_path = path;
+    gvq_test_run(1, NULL, rank_load_shared, NULL);
     remove(path);
     free_outs(&a, 1);
     free_outs(&b, 1);

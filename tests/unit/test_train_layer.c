@@ -425,7 +425,6 @@ static void steps(gvqTrainer_t t, const int *ids, int rank, int from, int to, fl
 }
 
 static void rank_resume(gvqComm_t comm, int rank, int nranks, void *arg) {
-    (void)nranks;
     resume_t *r = arg;
     int ids[NV];
     gvqTrainer_t t = resumable_layer(comm, ids, 4);
@@ -448,7 +447,11 @@ static void rank_resume(gvqComm_t comm, int rank, int nranks, void *arg) {
         bad[r->state_bytes[rank] / 2] ^= 0x10; /* a flipped bit */
         EXPECT_RES(gvqTrainLoad(t, bad, r->state_bytes[rank]), gvqInvalidArgument);
         EXPECT_RES(gvqTrainLoad(t, r->state[rank], r->state_bytes[rank] - 8), gvqInvalidArgument);
+        EXPECT_RES(gvqTrainLoadShared(t, bad, r->state_bytes[rank]), gvqInvalidArgument);
         free(bad);
+        /* a newcomer's load of another rank's state; the rank's own load below replaces it */
+        int from = (rank + 1) % nranks;
+        EXPECT_RES(gvqTrainLoadShared(t, r->state[from], r->state_bytes[from]), gvqSuccess);
         /* a layer whose GradiVeQ keeps fewer dimensions refuses the state: nothing changes */
         int ids2[NV];
         gvqTrainer_t other = resumable_layer(comm, ids2, 2);
@@ -620,7 +623,8 @@ static void rank_sparse_resume(gvqComm_t comm, int rank, int nranks, void *arg) 
         EXPECT_RES(gvqTrainSave(t, NULL, &r->bytes[rank]), gvqSuccess);
         r->state[rank] = malloc(r->bytes[rank]);
         EXPECT_RES(gvqTrainSave(t, r->state[rank], &r->bytes[rank]), gvqSuccess);
-    } else {
+    } else { /* a sparse variable's table or shards are not another rank's to take */
+        EXPECT_RES(gvqTrainLoadShared(t, r->state[rank], r->bytes[rank]), gvqInvalidUsage);
         EXPECT_RES(gvqTrainLoad(t, r->state[rank], r->bytes[rank]), gvqSuccess);
     }
     sparse_steps(t, ide, idb, rank, 2, 4);
