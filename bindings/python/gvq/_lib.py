@@ -158,6 +158,7 @@ def declare(structs) -> None:
            c_void_p, c_void_p)
     _proto("gvqCompressorSave", c_void_p, c_void_p, P(c_size_t))
     _proto("gvqCompressorLoad", c_void_p, c_void_p, c_size_t)
+    _proto("gvqCompressorLoadShared", c_void_p, c_void_p, c_size_t)
     _proto("gvqCompressorSaveFile", c_void_p, c_char_p)
     _proto("gvqCompressorLoadFile", c_void_p, c_char_p)
     _proto("gvqCommSetLayoutString", c_void_p, c_char_p)

@@ -119,6 +119,13 @@ class Compressor:
         data = bytes(state)
         call("gvqCompressorLoad", self.handle, data, len(data))
 
+    def load_shared(self, state: bytes) -> None:
+        """gvqCompressorLoadShared: another rank's save() taken as a rank that joins takes it
+        (after Communicator.grow / join): the phase, counters, samples and basis every rank
+        holds alike; this compressor's error-feedback residual starts at zero."""
+        data = bytes(state)
+        call("gvqCompressorLoadShared", self.handle, data, len(data))
+
     def save_file(self, path: str) -> None:
         """gvqCompressorSaveFile."""
         call("gvqCompressorSaveFile", self.handle, str(path).encode())

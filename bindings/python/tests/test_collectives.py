@@ -211,6 +211,19 @@ def test_compressed_allreduce_and_stats(comm, mpi):
             assert c2.stats()["dims"] == st["dims"]
             with pytest.raises(gvq.InvalidArgument):
                 c2.load(state[:20])
+        # a newcomer's load: rank 0's state, the same basis and phase on every rank
+        state0 = bytearray(state)
+        size = np.array([len(state0)], np.int64)
+        gvq.broadcast(size, size, 0, comm)
+        blob = np.frombuffer(bytes(state0), np.uint8).copy() if r == 0 else \
+            np.zeros(int(size[0]), np.uint8)
+        gvq.broadcast(blob, blob, 0, comm)
+        with gvq.Compressor(comm, count, shape=(K, D, H, W), codec=gvq.Codec.GRADIVEQ,
+                            sample_iters=3, compressed_iters=10, slice_size=64, vote_threshold=1.0) as c3:
+            c3.load_shared(blob.tobytes())
+            assert c3.stats()["dims"] == st["dims"] and c3.stats()["phase"] == st["phase"]
+            with pytest.raises(gvq.InvalidArgument):
+                c3.load_shared(blob.tobytes()[:20])
     q = gvq.Compressor(comm, 1000, codec=gvq.Codec.QSGD, qsgd_bits=4)
     x = np.linspace(-1, 1, 1000).astype(np.float32)
     q.allreduce(x, op=gvq.AVG)
