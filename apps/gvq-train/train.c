@@ -1250,14 +1250,11 @@ static int grow_agg(run_t *r, int newcomer) {
     TRAIN_GVQ(gvqBroadcast(&bytes, &bytes, 1, gvqInt64, 0, r->gcomm, NULL), r->gcomm);
     if (bytes <= 0) return 0; /* no compressors, or none committed: nothing to carry */
     char *buf = r->rank == 0 ? r->commit[r->latest].agg : malloc((size_t)bytes);
-    int32_t carried = buf != NULL;
-    if (buf == NULL) /* every rank must take part in the broadcast: the state on the stack */
-        fprintf(stderr, "gvq-train: rank %d: out of memory for rank 0's compressors\n", r->rank);
-    char one = 0;
-    TRAIN_GVQ(gvqBroadcast(buf != NULL ? buf : &one, buf != NULL ? buf : &one,
-                           buf != NULL ? (size_t)bytes : 0, gvqUint8, 0, r->gcomm, NULL),
-              r->gcomm);
-    if (carried && t != NULL) {
+    if (buf == NULL) /* a broadcast of fewer bytes would differ from the others' call: leave */
+        elastic_leave(r, "out of memory for rank 0's compressors", gvqSystemError);
+    int32_t carried = t != NULL;
+    TRAIN_GVQ(gvqBroadcast(buf, buf, (size_t)bytes, gvqUint8, 0, r->gcomm, NULL), r->gcomm);
+    if (t != NULL) {
         if (newcomer)
             carried = gvqTrainLoadShared(t, buf, (size_t)bytes) == gvqSuccess;
         else /* a member: its own commit of this step, its residual with it */
