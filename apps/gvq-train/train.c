@@ -1250,8 +1250,14 @@ static int grow_agg(run_t *r, int newcomer) {
     TRAIN_GVQ(gvqBroadcast(&bytes, &bytes, 1, gvqInt64, 0, r->gcomm, NULL), r->gcomm);
     if (bytes <= 0) return 0; /* no compressors, or none committed: nothing to carry */
     char *buf = r->rank == 0 ? r->commit[r->latest].agg : malloc((size_t)bytes);
-    if (buf == NULL) /* a broadcast of fewer bytes would differ from the others' call: leave */
-        elastic_leave(r, "out of memory for rank 0's compressors", gvqSystemError);
+    int32_t room = buf != NULL; /* agreed first: a broadcast needs every rank's buffer */
+    TRAIN_GVQ(gvqAllReduce(&room, &room, 1, gvqInt32, gvqMin, r->gcomm, NULL), r->gcomm);
+    if (!room) { /* nothing loaded yet: the fresh compressors on every rank */
+        if (r->rank != 0) free(buf);
+        if (r->rank == 0)
+            fprintf(stderr, "gvq-train: a rank had no memory for rank 0's compressors\n");
+        return 0;
+    }
     int32_t carried = t != NULL;
     TRAIN_GVQ(gvqBroadcast(buf, buf, (size_t)bytes, gvqUint8, 0, r->gcomm, NULL), r->gcomm);
     if (t != NULL) {

@@ -523,9 +523,12 @@ size_t gvq_powersgd_orthonormalize(float *P, size_t n, size_t r);
 /* ---- codec_watch.c: a codec watched for what its encodes drop ----------------------------
  * codec is inner with every encode_combine also writing r[off .. off+count) = (decode(in) +
  * local) - decode(out) (in NULL: local - decode(out)); fini frees its scratch. */
-typedef struct {
+typedef struct {       /* both wrappers of the file begin with this */
     gvq_codec_t codec; /* what the ring runs */
     const gvq_codec_t *inner;
+} gvq_codec_wrap_t;
+typedef struct {
+    gvq_codec_wrap_t wrap;
     float *r;
     float *tmp;
     size_t tmp_len;
@@ -538,8 +541,7 @@ void gvq_codec_watch_fini(gvq_watch_t *w);
  * (the flat ring of a codec whose wire is not the values, gvq_ring_allreduce_tally, any rank
  * count) nonfinite after the call says whether the output holds one, without a pass over it. */
 typedef struct {
-    gvq_codec_t codec; /* what the ring runs */
-    const gvq_codec_t *inner;
+    gvq_codec_wrap_t wrap;
     int nonfinite;
 } gvq_finite_watch_t;
 void gvq_codec_finite_watch_init(gvq_finite_watch_t *f, const gvq_codec_t *inner);

@@ -132,7 +132,7 @@ gvqResult_t gvq_ef_begin(gvqCompressor_t c, gvq_ef_call_t *ef, const gvq_codec_t
     }
     if (c->st.phase == gvqPhaseCompressed) return gradiveq_residual(c, src, ef->r);
     gvq_codec_watch_init(&ef->watch, codec, ef->r); /* the ring's encodes, watched */
-    *ring_codec = &ef->watch.codec;
+    *ring_codec = &ef->watch.wrap.codec;
     return gvqSuccess;
 }
 

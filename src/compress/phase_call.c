@@ -228,7 +228,7 @@ static gvqResult_t run(gvqCompressor_t c, const gvq_device_ops_t *dev, const flo
         !p.hier && dev == &gvq_host_device && !codec->wire_is_values && codec->dtype == gvqFloat32;
     if (watched) {
         gvq_codec_finite_watch_init(&fw, codec);
-        codec = &fw.codec;
+        codec = &fw.wrap.codec;
     }
     /* hosts of several ranks: compressed between the hosts only (gvq_hier_allreduce), and the
      * vote agreed on after the call; host memory only. An integer wire was made for H summands

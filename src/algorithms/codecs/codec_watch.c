@@ -31,7 +31,7 @@ static gvqResult_t watch_tmp(gvq_watch_t *w, size_t count) {
 static gvqResult_t watch_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
                                         const void *local, const void *in, void *out) {
     gvq_watch_t *w = c->state;
-    const gvq_codec_t *inner = w->inner;
+    const gvq_codec_t *inner = w->wrap.inner;
     const float *x = local;
     float *r = w->r + off;
     GVQCHECK(inner->encode_combine(inner, off, count, local, in, out));
@@ -49,41 +49,54 @@ static gvqResult_t watch_encode_combine(const gvq_codec_t *c, size_t off, size_t
     return gvqSuccess;
 }
 
-static size_t watch_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
-    const gvq_watch_t *w = c->state;
-    return w->inner->wire_bytes(w->inner, off, count);
+/* ---- what both wrappers pass on to the inner codec as it is (state: a gvq_codec_wrap_t first) */
+
+static const gvq_codec_t *inner_of(const gvq_codec_t *c) {
+    return ((const gvq_codec_wrap_t *)c->state)->inner;
 }
 
-static gvqResult_t watch_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
-                                void *dst) {
-    const gvq_watch_t *w = c->state;
-    return w->inner->decode(w->inner, off, count, wire, dst);
+static size_t wrap_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
+    return inner_of(c)->wire_bytes(inner_of(c), off, count);
 }
 
-static gvqResult_t watch_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
-                               size_t count) {
-    const gvq_watch_t *w = c->state;
-    return w->inner->begin(w->inner, ctx, local, count);
+static gvqResult_t wrap_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
+                                       const void *local, const void *in, void *out) {
+    return inner_of(c)->encode_combine(inner_of(c), off, count, local, in, out);
 }
 
-static gvqResult_t watch_begin_part(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
-                                    size_t count, size_t lo, size_t hi) {
-    const gvq_watch_t *w = c->state;
-    return w->inner->begin_part(w->inner, ctx, local, count, lo, hi);
+static gvqResult_t wrap_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
+                               void *dst) {
+    return inner_of(c)->decode(inner_of(c), off, count, wire, dst);
+}
+
+static gvqResult_t wrap_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                              size_t count) {
+    return inner_of(c)->begin(inner_of(c), ctx, local, count);
+}
+
+static gvqResult_t wrap_begin_part(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
+                                   size_t count, size_t lo, size_t hi) {
+    return inner_of(c)->begin_part(inner_of(c), ctx, local, count, lo, hi);
+}
+
+/* w (the first member of state) runs inner, every op passed on */
+static void wrap_init(gvq_codec_wrap_t *w, const gvq_codec_t *inner, void *state) {
+    w->codec = *inner;
+    w->codec.wire_bytes = wrap_wire_bytes;
+    w->codec.encode_combine = wrap_encode_combine;
+    w->codec.decode = wrap_decode;
+    w->codec.begin = inner->begin != NULL ? wrap_begin : NULL;
+    w->codec.begin_part = inner->begin_part != NULL ? wrap_begin_part : NULL;
+    w->codec.state = state;
+    w->inner = inner;
 }
 
 void gvq_codec_watch_init(gvq_watch_t *w, const gvq_codec_t *inner, float *r) {
     memset(w, 0, sizeof *w);
     w->r = r;
-    w->codec = *inner;
-    w->codec.name = "error-feedback";
-    w->codec.wire_bytes = watch_wire_bytes;
-    w->codec.encode_combine = watch_encode_combine;
-    w->codec.decode = watch_decode;
-    w->codec.begin = inner->begin != NULL ? watch_begin : NULL;
-    w->codec.begin_part = inner->begin_part != NULL ? watch_begin_part : NULL;
-    w->codec.state = w;
-    w->inner = inner;
+    wrap_init(&w->wrap, inner, w);
+    w->wrap.codec.name = "error-feedback";
+    w->wrap.codec.encode_combine = watch_encode_combine;
 }
 
 void gvq_codec_watch_fini(gvq_watch_t *w) {
@@ -94,45 +107,16 @@ void gvq_codec_watch_fini(gvq_watch_t *w) {
 
 /* ---- the finite watch ------------------------------------------------------------------------ */
 
-static size_t finite_wire_bytes(const gvq_codec_t *c, size_t off, size_t count) {
-    const gvq_finite_watch_t *f = c->state;
-    return f->inner->wire_bytes(f->inner, off, count);
-}
-
-static gvqResult_t finite_encode_combine(const gvq_codec_t *c, size_t off, size_t count,
-                                         const void *local, const void *in, void *out) {
-    const gvq_finite_watch_t *f = c->state;
-    return f->inner->encode_combine(f->inner, off, count, local, in, out);
-}
-
 static gvqResult_t finite_decode(const gvq_codec_t *c, size_t off, size_t count, const void *wire,
                                  void *dst) {
     gvq_finite_watch_t *f = c->state;
-    GVQCHECK(f->inner->decode(f->inner, off, count, wire, dst));
+    GVQCHECK(f->wrap.inner->decode(f->wrap.inner, off, count, wire, dst));
     if (!f->nonfinite && !gvq_kernels()->all_finite(dst, count)) f->nonfinite = 1;
     return gvqSuccess;
 }
 
-static gvqResult_t finite_begin(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
-                                size_t count) {
-    const gvq_finite_watch_t *f = c->state;
-    return f->inner->begin(f->inner, ctx, local, count);
-}
-
-static gvqResult_t finite_begin_part(const gvq_codec_t *c, gvq_coll_ctx_t *ctx, const void *local,
-                                     size_t count, size_t lo, size_t hi) {
-    const gvq_finite_watch_t *f = c->state;
-    return f->inner->begin_part(f->inner, ctx, local, count, lo, hi);
-}
-
 void gvq_codec_finite_watch_init(gvq_finite_watch_t *f, const gvq_codec_t *inner) {
     memset(f, 0, sizeof *f);
-    f->codec = *inner;
-    f->codec.wire_bytes = finite_wire_bytes;
-    f->codec.encode_combine = finite_encode_combine;
-    f->codec.decode = finite_decode;
-    f->codec.begin = inner->begin != NULL ? finite_begin : NULL;
-    f->codec.begin_part = inner->begin_part != NULL ? finite_begin_part : NULL;
-    f->codec.state = f;
-    f->inner = inner;
+    wrap_init(&f->wrap, inner, f);
+    f->wrap.codec.decode = finite_decode;
 }
