@@ -224,6 +224,18 @@ def test_compressed_allreduce_and_stats(comm, mpi):
             assert c3.stats()["dims"] == st["dims"] and c3.stats()["phase"] == st["phase"]
             with pytest.raises(gvq.InvalidArgument):
                 c3.load_shared(blob.tobytes()[:20])
+    # with error feedback the state holds this rank's residual: a plain load keeps it (the same
+    # bytes saved again), a shared load does not (a residual of zeros: other bytes)
+    with gvq.Compressor(comm, 1000, codec=gvq.Codec.QSGD, qsgd_bits=2, error_feedback=True) as e:
+        x = np.linspace(-1, 1, 1000).astype(np.float32) * (r + 1)
+        e.allreduce(x, op=gvq.AVG)
+        st_e = e.save()
+        for shared in (False, True):
+            with gvq.Compressor(comm, 1000, codec=gvq.Codec.QSGD, qsgd_bits=2,
+                                error_feedback=True) as e2:
+                (e2.load_shared if shared else e2.load)(st_e)
+                again = e2.save()
+                assert len(again) == len(st_e) and (again != st_e) == shared
     q = gvq.Compressor(comm, 1000, codec=gvq.Codec.QSGD, qsgd_bits=4)
     x = np.linspace(-1, 1, 1000).astype(np.float32)
     q.allreduce(x, op=gvq.AVG)
