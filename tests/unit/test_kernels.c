@@ -141,7 +141,7 @@ static void check_qsgd(const gvq_kernels_t *k) {
                     memset(w1, 0xA5, wb + 8);
                     memset(w2 + wo, 0x5A, wb + 8);
                     ref_qsgd_quantize(&p, first, v, len, w1);
-                    k->qsgd_quantize(&p, first, v, len, w2 + wo);
+                    k->qsgd_quantize(&p, first, v, len, w2 + wo, GVQ_K_MB_UNKNOWN);
                     EXPECT(memcmp(w1, w2 + wo, wb) == 0 && w2[wo + wb] == 0x5A,
                            "%s qsgd_quantize bits %d norm %d len %zu mix %d first %llu differs "
                            "from the definition (or wrote past the bucket)",
@@ -158,10 +158,21 @@ static void check_qsgd(const gvq_kernels_t *k) {
                     for (int with_add = 0; with_add < 2; with_add++) {
                         ref_qsgd_dequantize(&p, w1, len, with_add ? add : NULL, o1);
                         o2[len] = 42.0f;
-                        k->qsgd_dequantize(&p, w2 + wo, len, with_add ? add : NULL, o2);
+                        uint32_t mx =
+                            k->qsgd_dequantize(&p, w2 + wo, len, with_add ? add : NULL, o2);
                         EXPECT(memcmp(o1, o2, sizeof(float) * len) == 0 && o2[len] == 42.0f,
                                "%s qsgd_dequantize bits %d len %zu add %d mix %d differs", k->name,
                                bits, len, with_add, mix);
+                        uint32_t want = 0; /* a hop's sum: its largest |bit pattern| with it */
+                        for (size_t i = 0; with_add && i < len; i++) {
+                            uint32_t b;
+                            memcpy(&b, &o1[i], 4);
+                            want = (b & 0x7fffffffu) > want ? (b & 0x7fffffffu) : want;
+                        }
+                        EXPECT(mx == want,
+                               "%s qsgd_dequantize bits %d len %zu add %d mix %d: max "
+                               "%#x, not %#x",
+                               k->name, bits, len, with_add, mix, mx, want);
                     }
                 }
     free(buf);

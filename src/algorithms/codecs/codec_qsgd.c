@@ -57,15 +57,15 @@ static gvq_kparams_t qsgd_kparams(const gvq_qsgd_t *q, uint32_t call) {
 /* Quantize one bucket of len values starting at tensor element `first` into wire (p: this
  * call's parameters; a bucket of a fused call takes its own tensor's call and index). */
 static void qsgd_quantize(const gvq_kernels_t *k, const gvq_qsgd_t *q, const gvq_kparams_t *p,
-                          size_t first, const float *v, size_t len, uint8_t *wire) {
+                          size_t first, const float *v, size_t len, uint8_t *wire, uint32_t mb) {
     if (q->map_first == NULL) {
-        k->qsgd_quantize(p, first, v, len, wire);
+        k->qsgd_quantize(p, first, v, len, wire, mb);
         return;
     }
     gvq_kparams_t own = *p; /* a bucket of one of several tensors (gvq_qsgd_t) */
     own.call = q->map_call[first / q->bucket];
     own.key[0] = q->map_seed[first / q->bucket];
-    k->qsgd_quantize(&own, (size_t)q->map_first[first / q->bucket], v, len, wire);
+    k->qsgd_quantize(&own, (size_t)q->map_first[first / q->bucket], v, len, wire, mb);
 }
 
 /* encode_combine: per bucket, (decode `in` and add the local values into the bucket's scratch,
@@ -81,17 +81,18 @@ static gvqResult_t qsgd_encode_combine(const gvq_codec_t *c, size_t off, size_t 
     for (size_t b = 0; b < count; b += q->bucket) {
         size_t len = GVQ_MIN(q->bucket, count - b), bytes = qsgd_bucket_bytes(q->bits, len);
         const float *src = x + b;
+        uint32_t mb = GVQ_K_MB_UNKNOWN;
         if (b + len < count) { /* the next bucket's values and wire, while this one is coded */
             size_t next = GVQ_MIN(q->bucket, count - b - len);
             gvq_prefetch_range(x + b + len, sizeof(float) * next);
             if (win != NULL) gvq_prefetch_range(win + bytes, qsgd_bucket_bytes(q->bits, next));
         }
-        if (win != NULL) { /* decode, add, re-encode */
-            k->qsgd_dequantize(&p, win, len, x + b, q->tmp);
+        if (win != NULL) {                                        /* decode, add, re-encode */
+            mb = k->qsgd_dequantize(&p, win, len, x + b, q->tmp); /* the sum's max with it */
             src = q->tmp;
             win += bytes;
         }
-        qsgd_quantize(k, q, &p, off + b, src, len, wout);
+        qsgd_quantize(k, q, &p, off + b, src, len, wout, mb);
         wout += bytes;
     }
     return gvqSuccess;
@@ -107,7 +108,7 @@ static gvqResult_t qsgd_decode(const gvq_codec_t *c, size_t off, size_t count, c
     (void)off;
     for (size_t b = 0; b < count; b += q->bucket) {
         size_t len = GVQ_MIN(q->bucket, count - b);
-        k->qsgd_dequantize(&p, w, len, NULL, d + b);
+        (void)k->qsgd_dequantize(&p, w, len, NULL, d + b);
         w += qsgd_bucket_bytes(q->bits, len);
     }
     return gvqSuccess;

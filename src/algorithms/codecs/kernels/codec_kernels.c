@@ -9,7 +9,8 @@
  * Per QSGD bucket: one pass over the values for the scale (integer max of |v|'s bit patterns,
  * or 16 lanes of double sums of squares), then one pass per tile of 128 values: draws, levels,
  * codes packed into the wire. A ring hop's decode-add runs on one bucket (512 values by
- * default: in L1) right before its quantize, so each value is read from memory once per hop.
+ * default: in L1) right before its quantize and hands it the sum's max (its scale, found in the
+ * same loop), so each value is read from memory once per hop and the sum once from L1.
  */
 #include <float.h>
 #include <math.h>
@@ -178,10 +179,10 @@ static inline void unpack(const uint8_t *in, size_t n, int bits, k_codes_t *c) {
 }
 
 static void k_qsgd_quantize(const gvq_kparams_t *p, uint64_t first, const float *v, size_t len,
-                            uint8_t *wire) {
+                            uint8_t *wire, uint32_t mb) {
     const int bits = p->bits;
     uint8_t *codes = wire + sizeof(float);
-    uint32_t mb = max_abs_bits(v, len);
+    if (mb == GVQ_K_MB_UNKNOWN) mb = max_abs_bits(v, len);
     float scale;
     if (mb > bits_of(GVQ_K_FINITE_MAX)) {
         scale = NAN; /* NaN or Inf in the bucket */
@@ -216,15 +217,16 @@ static void k_qsgd_quantize(const gvq_kparams_t *p, uint64_t first, const float 
     }
 }
 
-static void k_qsgd_dequantize(const gvq_kparams_t *p, const uint8_t *wire, size_t len,
-                              const float *add, float *out) {
+static uint32_t k_qsgd_dequantize(const gvq_kparams_t *p, const uint8_t *wire, size_t len,
+                                  const float *add, float *out) {
     float scale;
     memcpy(&scale, wire, sizeof scale);
     if (scale != scale) {
         for (size_t i = 0; i < len; i++)
             out[i] = add != NULL ? scale + add[i] : scale;
-        return;
+        return add != NULL ? max_abs_bits(out, len) : 0;
     }
+    uint32_t mx = 0; /* the sums' largest |bit pattern|, as max_abs_bits finds it (exact) */
     const int bits = p->bits;
     const unsigned mask = (1u << (bits - 1)) - 1u, sh = (unsigned)bits - 1u;
     const float unit = scale / (float)p->levels;
@@ -240,8 +242,10 @@ static void k_qsgd_dequantize(const gvq_kparams_t *p, const uint8_t *wire, size_
         if (add != NULL) {
             const float *a = add + t;
             for (size_t i = 0; i < n; i++) {
-                float mag = (float)(c[i] & mask) * unit;
-                o[i] = ((c[i] >> sh) ? -mag : mag) + a[i];
+                float mag = (float)(c[i] & mask) * unit, y = ((c[i] >> sh) ? -mag : mag) + a[i];
+                uint32_t b = bits_of(y) & 0x7fffffffu;
+                o[i] = y;
+                mx = b > mx ? b : mx;
             }
         } else {
             for (size_t i = 0; i < n; i++) {
@@ -250,6 +254,7 @@ static void k_qsgd_dequantize(const gvq_kparams_t *p, const uint8_t *wire, size_
             }
         }
     }
+    return mx;
 }
 
 /* ---- integer-summed wires ------------------------------------------------------------------- */

@@ -42,15 +42,20 @@ typedef struct {
     uint32_t call, tag;
 } gvq_kparams_t;
 
+#define GVQ_K_MB_UNKNOWN 0xffffffffu /* qsgd_quantize: find the bucket's max itself */
+
 typedef struct {
     const char *name; /* "scalar", "avx2", "avx512" */
     /* One QSGD bucket of len values, the first of which is value `first` of its stream, into
-     * wire ([float scale][codes]; codec_qsgd.c). */
+     * wire ([float scale][codes]; codec_qsgd.c); mb: the largest bit pattern of |v| when the
+     * caller knows it (qsgd_dequantize's result), else GVQ_K_MB_UNKNOWN. */
     void (*qsgd_quantize)(const gvq_kparams_t *p, uint64_t first, const float *v, size_t len,
-                          uint8_t *wire);
-    /* One bucket's wire back to len values, plus add[i] when add is not NULL. */
-    void (*qsgd_dequantize)(const gvq_kparams_t *p, const uint8_t *wire, size_t len,
-                            const float *add, float *out);
+                          uint8_t *wire, uint32_t mb);
+    /* One bucket's wire back to len values, plus add[i] when add is not NULL; returns the
+     * largest bit pattern of the |values| written when add is not NULL (a ring hop's sum, about
+     * to be quantized), else 0. */
+    uint32_t (*qsgd_dequantize)(const gvq_kparams_t *p, const uint8_t *wire, size_t len,
+                                const float *add, float *out);
     /* Integer wire: out[j] = round(|y[j]| mult) signed (+ in[j]) for n values, the first value
      * of the stream being k0; mult per value (stride 1) or one for all (stride 0), 0 for a
      * zero or non-finite block; p->bits 8 or 16 (int8/int16 wire), in may be NULL. */
